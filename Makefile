@@ -1,0 +1,51 @@
+# raftbroker: the two commands a newcomer needs are `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test proto lint typecheck unit cluster bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	$(MAKE) proto
+	touch $(STAMP)
+
+proto: $(BIN)/python
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/broker/v1/*.proto
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+run: $(STAMP)
+	@echo "Starting a local 3-node cluster (data under ./.raftbroker). In a second terminal:"
+	@echo "  $(BIN)/raftbroker topic create demo --partitions 3"
+	@echo "  $(BIN)/raftbroker publish demo hello world"
+	@echo "  $(BIN)/raftbroker consume demo --from earliest"
+	@echo "Ctrl-C stops every node."
+	$(BIN)/raftbroker dev --nodes 3 --data-dir ./.raftbroker --base-port 7001
+
+test: $(STAMP)
+	$(BIN)/ruff check broker tests
+	$(BIN)/mypy broker
+	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
+
+unit: $(STAMP)
+	$(BIN)/pytest -m unit
+
+cluster: $(STAMP)
+	$(BIN)/pytest -m cluster
+
+lint: $(STAMP)
+	$(BIN)/ruff check broker tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy broker
+
+bench: $(STAMP)
+	$(BIN)/raftbroker bench publish --spawn
+
+clean:
+	rm -rf $(VENV) .raftbroker build *.egg-info
