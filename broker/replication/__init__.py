@@ -1,0 +1,112 @@
+"""Replication seam: what the core needs from a consensus log, and what it gives back.
+
+The core hands opaque ``bytes`` commands to a :class:`Replicator`; once a majority has committed
+one, every node calls :meth:`StateMachine.apply` with it, in log order. Only
+``broker.replication.raft`` imports pysyncobj.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class StateMachine(Protocol):
+    """The deterministic state a Raft log drives.
+
+    ``apply`` must produce the same state on every node for the same (index, command) sequence,
+    must skip any index at or below :meth:`applied_index` (re-applies after restarts and resent
+    ranges), and must record the index atomically with the data it writes.
+    """
+
+    def apply(self, index: int, command: bytes) -> object:
+        """Apply one committed command; the return value is handed to the submitter's callback."""
+        ...
+
+    def applied_index(self) -> int:
+        """The highest Raft index whose effects are in the store (0 when empty)."""
+        ...
+
+    def write_snapshot(self, directory: str) -> None:
+        """Write a consistent copy of the whole state into ``directory`` (which must not exist)."""
+        ...
+
+    def restore_snapshot(self, directory: str, index: int) -> None:
+        """Replace the whole state with the snapshot in ``directory`` taken at Raft ``index``.
+
+        A state machine already at or past ``index`` may keep its own state.
+        """
+        ...
+
+
+class Role(enum.StrEnum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"
+
+
+class FailReason(enum.StrEnum):
+    """Why a submitted command was not applied."""
+
+    NOT_LEADER = "not_leader"  # this node is not the leader; the command was not appended
+    NO_LEADER = "no_leader"  # no leader is known (election in progress or no quorum)
+    QUEUE_FULL = "queue_full"  # back-pressure: the submit queue is full
+    DISCARDED = "discarded"  # appended but overwritten by a new leader: not applied
+    TIMEOUT = "timeout"  # no outcome within the caller's bound: outcome unknown
+    TOO_LARGE = "too_large"  # command above the replicator's size limit
+
+
+class ReplicationError(Exception):
+    """A command that was not (or not knowably) applied."""
+
+    def __init__(self, reason: FailReason, message: str = "") -> None:
+        super().__init__(message or reason.value)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One node's view of the Raft group."""
+
+    self_address: str
+    role: Role
+    term: int
+    commit_index: int
+    applied_index: int
+    leader_address: str | None
+    has_quorum: bool
+
+
+Callback = Callable[[object, ReplicationError | None], None]
+
+
+class Replicator(Protocol):
+    """A consensus log that feeds a :class:`StateMachine`."""
+
+    def start(self) -> None:
+        """Open the journal and snapshot, join the cluster and start ticking (non-blocking)."""
+        ...
+
+    def submit(self, command: bytes, callback: Callback) -> None:
+        """Append ``command`` on the leader; ``callback(result, None)`` runs after it is applied
+        locally, ``callback(None, error)`` when it will not be. Never blocks; callbacks run on the
+        replication thread and must not block either."""
+        ...
+
+    def status(self) -> ReplicaStatus:
+        """A point-in-time view; safe from any thread."""
+        ...
+
+    def transfer_leadership(self, target_address: str | None = None) -> bool:
+        """Ask to hand leadership to ``target_address`` (or any caught-up node)."""
+        ...
+
+    def force_compaction(self) -> None:
+        """Take a snapshot and drop the covered log prefix as soon as possible."""
+        ...
+
+    def close(self) -> None:
+        """Stop ticking and release files and sockets."""
+        ...
