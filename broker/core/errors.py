@@ -1,0 +1,44 @@
+"""Error types of the broker core. ``broker.services.errors`` maps each to one gRPC status."""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Base of every error the core reports to a caller."""
+
+
+class InvalidArgument(BrokerError):
+    """The request is malformed or breaks a limit; nothing was changed."""
+
+
+class TopicNotFound(BrokerError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"topic {name!r} does not exist")
+        self.name = name
+
+
+class TopicExists(BrokerError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"topic {name!r} already exists")
+        self.name = name
+
+
+class NotLeader(BrokerError):
+    """This node is not the leader; ``leader_address`` is the leader's gRPC address if known."""
+
+    def __init__(self, leader_address: str | None) -> None:
+        where = f"the leader is {leader_address}" if leader_address else "no leader is known"
+        super().__init__(f"this node is not the leader; {where}")
+        self.leader_address = leader_address
+
+
+class Unavailable(BrokerError):
+    """No quorum, no leader, or no outcome within the commit timeout."""
+
+
+class ResourceExhausted(BrokerError):
+    """Back-pressure or a full topic; the request may be retried later."""
+
+
+class Unimplemented(BrokerError):
+    """A declared part of the API that this version does not provide yet."""

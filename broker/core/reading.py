@@ -1,0 +1,200 @@
+"""Subscriptions without a group (SPEC §3.1, §3.3): positions, batches, events, live tail.
+
+A subscription reads the local node's applied log. It never sleeps on a timer to find new data:
+it waits on the state machine's change signal, which fires after every applied batch. Loss is
+never silent: a position that was pruned yields ``SKIP_FORWARD``, a record that fails its
+checksum yields ``BADMSG``, and a token from an older incarnation of the topic yields ``RESET``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from broker.core import records
+from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.state_machine import BrokerStateMachine
+from broker.core.topics import validate_name
+from broker.storage import Column
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
+
+DEFAULT_BATCH = 500
+MAX_BATCH = 10_000
+WAKE_S = 0.5  # how often an idle stream re-checks that its caller is still there
+
+
+@dataclass
+class _Cursor:
+    partition: int
+    offset: int
+    end: int | None  # stop here when the subscription ends at the log end
+
+
+def _event(kind: int, topic: str, incarnation: int, partition: int, before: int, after: int,
+           detail: str) -> broker_pb2.SubscribeResponse:
+    def token(offset: int) -> bytes:
+        return records.PositionToken(incarnation, partition, offset).encode()
+
+    return broker_pb2.SubscribeResponse(event=common_pb2.Event(
+        type=kind, topic=topic, partition=partition, offset_before=before, offset_after=after,  # type: ignore[arg-type]
+        position_before=token(before), position_after=token(after), detail=detail))
+
+
+class Reader:
+    """Serves stateless subscriptions from the local applied state."""
+
+    def __init__(self, state: BrokerStateMachine) -> None:
+        self._state = state
+
+    def subscribe(self, request: broker_pb2.SubscribeRequest,
+                  is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+        """Validate ``request`` eagerly (raising before the first item), then stream."""
+        validate_name(request.topic)
+        meta = self._state.topic(request.topic)
+        if meta is None:
+            raise TopicNotFound(request.topic)
+        if request.max_batch > MAX_BATCH:
+            raise InvalidArgument(f"max_batch must be at most {MAX_BATCH}, got {request.max_batch}")
+        if request.filter:
+            raise InvalidArgument("filters are not available in this version")
+        if request.group:
+            raise InvalidArgument("consumer groups are not available in this version")
+        cursors, first_events = self._start(request, meta)
+        return self._stream(request, meta, cursors, first_events, is_active)
+
+    # -- start positions ---------------------------------------------------------------------
+    def _start(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta
+               ) -> tuple[list[_Cursor], list[broker_pb2.SubscribeResponse]]:
+        tid, count = meta.topic_id, meta.config.partitions
+        if request.HasField("partition") and request.partition >= count:
+            raise InvalidArgument(f"partition {request.partition} does not exist (topic has {count})")
+        partitions = [request.partition] if request.HasField("partition") else list(range(count))
+        position = getattr(request, "from")
+        kind = position.WhichOneof("kind")
+        events: list[broker_pb2.SubscribeResponse] = []
+        if kind == "token":
+            token = records.PositionToken.decode(position.token)
+            if token.partition >= count or (request.HasField("partition") and token.partition != request.partition):
+                raise InvalidArgument(f"the position token is for partition {token.partition}, "
+                                      "which this subscription does not read")
+            partitions = [token.partition]
+            st = self._state.partition(tid, token.partition)
+            if token.incarnation != tid:
+                events.append(_event(common_pb2.EVENT_TYPE_RESET, meta.config.name, tid, token.partition,
+                                     token.next_offset, st.start_offset,
+                                     f"topic was re-created (incarnation {token.incarnation} -> {tid})"))
+                offsets = {token.partition: st.start_offset}
+            else:
+                if token.next_offset > st.end_offset:
+                    raise InvalidArgument(f"the position token's offset {token.next_offset} is past the end "
+                                          f"({st.end_offset}) of partition {token.partition}")
+                offsets = {token.partition: token.next_offset}
+        else:
+            offsets = {p: self._resolve(tid, p, position, kind, single=len(partitions) == 1) for p in partitions}
+        cursors = []
+        for p in partitions:
+            end = self._state.partition(tid, p).end_offset if request.stop_at_end else None
+            cursors.append(_Cursor(p, offsets[p], end))
+        return cursors, events
+
+    def _resolve(self, tid: int, partition: int, position: common_pb2.Position, kind: str | None,
+                 single: bool) -> int:
+        st = self._state.partition(tid, partition)
+        if kind is None or (kind == "start" and position.start != common_pb2.START_POSITION_LATEST):
+            if kind == "start" and position.start not in common_pb2.StartPosition.values():
+                raise InvalidArgument(f"unknown start position {position.start}")
+            return st.start_offset
+        if kind == "start":
+            return st.end_offset
+        if kind == "offset":
+            if position.offset > st.end_offset:
+                if single:
+                    raise InvalidArgument(f"offset {position.offset} is past the end ({st.end_offset}) "
+                                          f"of partition {partition}")
+                return st.end_offset
+            return position.offset
+        assert kind == "timestamp_ms"
+        return self._offset_for_time(tid, partition, position.timestamp_ms, st.start_offset, st.end_offset)
+
+    def _offset_for_time(self, tid: int, partition: int, ts: int, lo: int, hi: int) -> int:
+        """First offset whose timestamp is >= ``ts`` (timestamps never decrease in a partition)."""
+        store = self._state.store
+        while lo < hi:
+            mid = (lo + hi) // 2
+            value = store.get(Column.RECORDS, records.record_key(tid, partition, mid))
+            if value is None or records.frame_timestamp(value) < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- streaming ---------------------------------------------------------------------------
+    def _stream(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta,
+                cursors: list[_Cursor], first: list[broker_pb2.SubscribeResponse],
+                is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+        yield from first
+        batch_size = request.max_batch or DEFAULT_BATCH
+        name, tid = request.topic, meta.topic_id
+        while is_active():
+            seen = self._state.version
+            current = self._state.topic(name)
+            if current is None or current.topic_id != tid:
+                raise TopicNotFound(name)
+            produced = False
+            for cursor in cursors:
+                for item in self._read(name, tid, cursor, batch_size):
+                    produced = True
+                    yield item
+            if produced:
+                continue
+            if all(c.end is not None and c.offset >= c.end for c in cursors):
+                return
+            self._state.wait_for_change(seen, WAKE_S)
+
+    def _read(self, name: str, tid: int, cursor: _Cursor, limit: int) -> Iterator[broker_pb2.SubscribeResponse]:
+        st = self._state.partition(tid, cursor.partition)
+        p = cursor.partition
+        if cursor.offset < st.start_offset:
+            yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, st.start_offset,
+                         "records before this position were pruned or expired")
+            cursor.offset = st.start_offset
+        end = st.end_offset if cursor.end is None else min(st.end_offset, cursor.end)
+        if cursor.offset >= end:
+            return
+        response = broker_pb2.SubscribeResponse()
+        batch = response.batch
+        scan = self._state.store.scan(Column.RECORDS, records.record_key(tid, p, cursor.offset),
+                                      records.record_key(tid, p, end), limit)
+        for key, value in scan:
+            offset = records.RECORD_KEY.unpack(key)[2]
+            if offset != cursor.offset:  # pruned between our check and the scan
+                if batch.records:
+                    yield response
+                    response = broker_pb2.SubscribeResponse()
+                    batch = response.batch
+                yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, offset,
+                             "records before this position were pruned or expired")
+            rec = batch.records.add()
+            try:
+                stored = records.unframe(key, value)
+                rec.MergeFromString(stored.body)
+            except (records.CorruptRecord, DecodeError) as exc:
+                del batch.records[-1]
+                if batch.records:
+                    yield response
+                    response = broker_pb2.SubscribeResponse()
+                    batch = response.batch
+                yield _event(common_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
+                             f"record skipped: {exc}")
+                cursor.offset = offset + 1
+                continue
+            rec.topic = name
+            rec.partition = p
+            rec.offset = offset
+            rec.timestamp_ms = stored.timestamp_ms
+            rec.position = records.PositionToken(tid, p, offset + 1).encode()
+            cursor.offset = offset + 1
+        if batch.records:
+            yield response

@@ -1,0 +1,248 @@
+"""The deterministic state machine: the only writer of replicated state.
+
+Contract (see ``broker.replication.StateMachine``): every node applies the same committed
+commands in the same order and ends in the same state. Each apply writes its data, the updated
+partition counters and the applied Raft index in ONE store batch, and any index at or below the
+stored applied index is skipped, so replays after a restart or a resent range change nothing.
+A command that cannot be applied (e.g. the topic vanished between submit and commit) is rejected
+deterministically: the result carries the error and nothing is written except the index.
+
+Layout in ``Column.META``: ``applied`` -> >Q index; ``next_topic_id`` -> >I;
+``t/<name>`` -> TopicMeta; ``p/`` + >II(topic_id, partition) -> PartitionMeta.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import threading
+from dataclasses import dataclass, replace
+
+from broker.core import records
+from broker.core.errors import BrokerError, TopicExists, TopicNotFound
+from broker.storage import Batch, Column, Store
+from broker.v1 import internal_pb2
+
+_APPLIED = b"applied"
+_NEXT_TOPIC_ID = b"next_topic_id"
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+_PART = struct.Struct(">II")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Counters of one partition; replaced, never mutated, so readers see consistent values."""
+
+    start_offset: int = 0
+    end_offset: int = 0
+    records: int = 0
+    bytes: int = 0
+    last_timestamp_ms: int = 0
+
+    def to_proto(self) -> internal_pb2.PartitionMeta:
+        return internal_pb2.PartitionMeta(
+            start_offset=self.start_offset, end_offset=self.end_offset, records=self.records,
+            bytes=self.bytes, last_timestamp_ms=self.last_timestamp_ms,
+        )
+
+    @staticmethod
+    def from_proto(m: internal_pb2.PartitionMeta) -> PartitionState:
+        return PartitionState(m.start_offset, m.end_offset, m.records, m.bytes, m.last_timestamp_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The deterministic result of a command that was not applied."""
+
+    error: BrokerError
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Per-record (partition, offset, timestamp_ms), in command order."""
+
+    placements: list[tuple[int, int, int]]
+
+
+def _topic_key(name: str) -> bytes:
+    return b"t/" + name.encode()
+
+
+def _partition_key(topic_id: int, partition: int) -> bytes:
+    return b"p/" + _PART.pack(topic_id, partition)
+
+
+class BrokerStateMachine:
+    """Applies :class:`internal_pb2.Command` bytes to a :class:`Store` and keeps read caches."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._changed = threading.Condition()
+        self._version = 0
+        self._load_caches()
+
+    # -- caches ------------------------------------------------------------------------------
+    def _load_caches(self) -> None:
+        raw = self._store.get(Column.META, _APPLIED)
+        self._applied = _U64.unpack(raw)[0] if raw else 0
+        raw = self._store.get(Column.META, _NEXT_TOPIC_ID)
+        self._next_topic_id = _U32.unpack(raw)[0] if raw else 1
+        topics: dict[str, internal_pb2.TopicMeta] = {}
+        for _, value in self._store.scan(Column.META, b"t/", b"t0"):
+            meta = internal_pb2.TopicMeta.FromString(value)
+            topics[meta.config.name] = meta
+        partitions: dict[tuple[int, int], PartitionState] = {}
+        for key, value in self._store.scan(Column.META, b"p/", b"p0"):
+            partitions[_PART.unpack(key[2:])] = PartitionState.from_proto(
+                internal_pb2.PartitionMeta.FromString(value))
+        self._topics = topics
+        self._partitions = partitions
+
+    def topic(self, name: str) -> internal_pb2.TopicMeta | None:
+        """The applied metadata of ``name`` (treat as read-only)."""
+        return self._topics.get(name)
+
+    def topics(self) -> list[internal_pb2.TopicMeta]:
+        return sorted(self._topics.values(), key=lambda m: m.config.name)
+
+    def partition(self, topic_id: int, partition: int) -> PartitionState:
+        return self._partitions.get((topic_id, partition), PartitionState())
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    # -- change notification -----------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Increases after every apply that changed topics or records."""
+        return self._version
+
+    def wait_for_change(self, seen_version: int, timeout_s: float) -> int:
+        """Block until :attr:`version` differs from ``seen_version`` or the timeout passes."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._version != seen_version, timeout_s)
+            return self._version
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    # -- StateMachine protocol ---------------------------------------------------------------
+    def applied_index(self) -> int:
+        return self._applied
+
+    def apply(self, index: int, command: bytes) -> object:
+        if index <= self._applied:
+            return None
+        cmd = internal_pb2.Command.FromString(command)
+        batch = self._store.batch()
+        kind = cmd.WhichOneof("body")
+        result: object
+        commit: list[tuple[str, object]] = []
+        if kind == "append":
+            result = self._append(cmd.append, batch, commit)
+        elif kind == "create_topic":
+            result = self._create_topic(cmd.create_topic, batch, commit)
+        elif kind == "drop_topic":
+            result = self._drop_topic(cmd.drop_topic, batch, commit)
+        else:
+            result = Rejected(BrokerError(f"unknown command {kind!r}"))
+        batch.put(Column.META, _APPLIED, _U64.pack(index))
+        self._store.write(batch)
+        self._applied = index
+        self._commit_caches(commit)
+        if commit:
+            self._notify()
+        return result
+
+    def _commit_caches(self, changes: list[tuple[str, object]]) -> None:
+        """Publish cache changes only after the batch is in the store.
+
+        Updates of existing partitions are single dict stores; adding or removing keys
+        replaces the dicts (copy on write) so readers iterating them never see a resize.
+        """
+        topics, partitions = self._topics, self._partitions
+        for what, value in changes:
+            if what == "partition":
+                key, state = value  # type: ignore[misc]
+                if key not in partitions and partitions is self._partitions:
+                    partitions = dict(partitions)
+                partitions[key] = state
+            elif what == "topic":
+                meta: internal_pb2.TopicMeta = value  # type: ignore[assignment]
+                topics = dict(topics) if topics is self._topics else topics
+                topics[meta.config.name] = meta
+                self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
+            elif what == "drop":
+                dropped: internal_pb2.TopicMeta = value  # type: ignore[assignment]
+                topics = dict(topics) if topics is self._topics else topics
+                partitions = dict(partitions) if partitions is self._partitions else partitions
+                topics.pop(dropped.config.name, None)
+                for p in range(dropped.config.partitions):
+                    partitions.pop((dropped.topic_id, p), None)
+        self._topics, self._partitions = topics, partitions
+
+    def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch,
+                commit: list[tuple[str, object]]) -> object:
+        meta = self._topics.get(cmd.topic)
+        if meta is None or meta.topic_id != cmd.topic_id:
+            return Rejected(TopicNotFound(cmd.topic))
+        tid = meta.topic_id
+        touched: dict[int, PartitionState] = {}
+        placements: list[tuple[int, int, int]] = []
+        for partition, body in zip(cmd.partitions, cmd.bodies, strict=True):
+            state = touched.get(partition) or self.partition(tid, partition)
+            ts = max(cmd.now_ms, state.last_timestamp_ms)
+            offset = state.end_offset
+            key = records.record_key(tid, partition, offset)
+            batch.put(Column.RECORDS, key, records.frame(key, ts, body))
+            touched[partition] = replace(state, end_offset=offset + 1, records=state.records + 1,
+                                         bytes=state.bytes + len(body), last_timestamp_ms=ts)
+            placements.append((partition, offset, ts))
+        for partition, state in touched.items():
+            batch.put(Column.META, _partition_key(tid, partition), state.to_proto().SerializeToString())
+            commit.append(("partition", ((tid, partition), state)))
+        return Appended(placements)
+
+    def _create_topic(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch,
+                      commit: list[tuple[str, object]]) -> object:
+        name = cmd.config.name
+        if name in self._topics:
+            return Rejected(TopicExists(name))
+        meta = internal_pb2.TopicMeta(topic_id=self._next_topic_id, created_ms=cmd.now_ms)
+        meta.config.CopyFrom(cmd.config)
+        batch.put(Column.META, _topic_key(name), meta.SerializeToString())
+        batch.put(Column.META, _NEXT_TOPIC_ID, _U32.pack(meta.topic_id + 1))
+        empty = PartitionState().to_proto().SerializeToString()
+        for p in range(cmd.config.partitions):
+            batch.put(Column.META, _partition_key(meta.topic_id, p), empty)
+            commit.append(("partition", ((meta.topic_id, p), PartitionState())))
+        commit.append(("topic", meta))
+        return meta
+
+    def _drop_topic(self, cmd: internal_pb2.DropTopicCommand, batch: Batch,
+                    commit: list[tuple[str, object]]) -> object:
+        meta = self._topics.get(cmd.name)
+        if meta is None or (cmd.topic_id and meta.topic_id != cmd.topic_id):
+            return Rejected(TopicNotFound(cmd.name))
+        batch.delete(Column.META, _topic_key(cmd.name))
+        batch.delete_range(Column.META, _partition_key(meta.topic_id, 0), _partition_key(meta.topic_id + 1, 0))
+        begin, end = records.topic_range(meta.topic_id)
+        batch.delete_range(Column.RECORDS, begin, end)
+        commit.append(("drop", meta))
+        return meta
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def write_snapshot(self, directory: str) -> None:
+        self._store.checkpoint(directory)
+
+    def restore_snapshot(self, directory: str, index: int) -> None:
+        if index <= self._applied:
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        self._store.replace_with(directory)
+        self._load_caches()
+        self._notify()

@@ -1,0 +1,160 @@
+"""The broker's leader-side operations: validate, build a command, replicate, answer.
+
+``TopicLog`` is what the gRPC servicers delegate to. It checks every input before anything is
+submitted (so bad input changes nothing), assigns partitions and stamps time on the leader, and
+turns the state machine's results into API messages. The data model is the ``broker.v1``
+protobuf messages; gRPC specifics (status codes, metadata, streams) stay in ``broker.services``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker.core import partitioning
+from broker.core.errors import InvalidArgument, TopicNotFound, Unimplemented
+from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.core.submitter import CommandSubmitter
+from broker.core.topics import normalized_config, validate_name
+from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request limits; every one is checked before anything is replicated."""
+
+    max_record_bytes: int = 1 << 20
+    max_batch_bytes: int = 16 << 20
+    max_batch_records: int = 100_000
+
+
+def _origin_suffix(origin: str) -> bytes:
+    """Serialized ``RecordBody.origin`` (field 10), appended to every stored body."""
+    return internal_pb2.RecordBody(origin=origin).SerializeToString()
+
+
+class TopicLog:
+    """Topic administration and publishing on top of the replicated state machine."""
+
+    def __init__(self, state: BrokerStateMachine, submitter: CommandSubmitter, limits: Limits,
+                 origin: str, clock_ms: Callable[[], int] | None = None) -> None:
+        self._state = state
+        self._submitter = submitter
+        self._limits = limits
+        self._origin_bytes = _origin_suffix(origin)
+        self._round_robin = partitioning.RoundRobin()
+        self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    # -- admin -------------------------------------------------------------------------------
+    def create_topic(self, config: admin_pb2.TopicConfig) -> admin_pb2.TopicInfo:
+        config = normalized_config(config)
+        if config.durability != common_pb2.DURABILITY_DISK:
+            raise Unimplemented("only the 'disk' durability class is available in this version")
+        if config.schema_json or config.dedup_fields:
+            raise Unimplemented("topic schemas and dedup fields are not available in this version")
+        cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
+            config=config, now_ms=self._clock_ms()))
+        result = self._submitter.submit(cmd)
+        self._raise_rejected(result)
+        return self.describe_topic(config.name)
+
+    def drop_topic(self, name: str) -> None:
+        meta = self._meta(name)
+        cmd = internal_pb2.Command(drop_topic=internal_pb2.DropTopicCommand(name=name, topic_id=meta.topic_id))
+        self._raise_rejected(self._submitter.submit(cmd))
+
+    def describe_topic(self, name: str) -> admin_pb2.TopicInfo:
+        return self._info(self._meta(name))
+
+    def list_topics(self) -> list[admin_pb2.TopicInfo]:
+        return [self._info(meta) for meta in self._state.topics()]
+
+    def _meta(self, name: str) -> internal_pb2.TopicMeta:
+        validate_name(name)
+        meta = self._state.topic(name)
+        if meta is None:
+            raise TopicNotFound(name)
+        return meta
+
+    def _info(self, meta: internal_pb2.TopicMeta) -> admin_pb2.TopicInfo:
+        info = admin_pb2.TopicInfo(config=meta.config, incarnation=meta.topic_id, created_ms=meta.created_ms)
+        for p in range(meta.config.partitions):
+            st = self._state.partition(meta.topic_id, p)
+            info.partitions.add(partition=p, start_offset=st.start_offset, end_offset=st.end_offset,
+                                records=st.records, bytes=st.bytes)
+        return info
+
+    @staticmethod
+    def _raise_rejected(result: object) -> None:
+        if isinstance(result, Rejected):
+            raise result.error
+
+    # -- publish -----------------------------------------------------------------------------
+    def publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+        """Append a batch, all or nothing; answers after it is committed and applied here."""
+        self._submitter.ensure_leader()
+        meta = self._meta(request.topic)
+        cmd = internal_pb2.Command()
+        append = cmd.append
+        append.topic = request.topic
+        append.topic_id = meta.topic_id
+        append.partitions.extend(self._place(request, meta.config.partitions))
+        append.bodies.extend(self._bodies(request))
+        append.now_ms = self._clock_ms()
+        result = self._submitter.submit(cmd)
+        self._raise_rejected(result)
+        assert isinstance(result, Appended) and len(result.placements) == len(request.records)
+        response = broker_pb2.PublishResponse()
+        for partition, offset, ts in result.placements:
+            response.results.add(partition=partition, offset=offset, timestamp_ms=ts)
+        return response
+
+    def _place(self, request: broker_pb2.PublishRequest, partitions: int) -> list[int]:
+        records = request.records
+        if not records:
+            raise InvalidArgument("a publish needs at least one record")
+        if len(records) > self._limits.max_batch_records:
+            raise InvalidArgument(
+                f"batch of {len(records)} records is over the limit of {self._limits.max_batch_records}")
+        if request.dedup_id:
+            raise Unimplemented("dedup watermarks (dedup_id) are not available in this version")
+        placed: list[int] = []
+        for i, rec in enumerate(records):
+            if rec.idempotency_key or rec.msg_id:
+                raise Unimplemented("idempotency keys and msg ids are not available in this version")
+            if rec.op not in common_pb2.Op.values():
+                raise InvalidArgument(f"record {i}: unknown op {rec.op}")
+            if rec.HasField("partition"):
+                if rec.partition >= partitions:
+                    raise InvalidArgument(
+                        f"record {i}: partition {rec.partition} does not exist "
+                        f"(topic {request.topic!r} has {partitions})")
+                placed.append(rec.partition)
+            elif rec.HasField("key"):
+                placed.append(partitioning.partition_for_key(rec.key, partitions))
+            else:
+                placed.append(self._round_robin.next(request.topic, partitions))
+        return placed
+
+    def _bodies(self, request: broker_pb2.PublishRequest) -> list[bytes]:
+        limit = self._limits.max_record_bytes
+        total = 0
+        bodies: list[bytes] = []
+        origin = self._origin_bytes
+        for i, rec in enumerate(request.records):
+            if rec.HasField("partition"):
+                rec.ClearField("partition")
+            body = rec.SerializeToString() + origin
+            if len(body) > limit:
+                raise InvalidArgument(f"record {i} is {len(body)} bytes, over the limit of {limit} bytes")
+            total += len(body)
+            bodies.append(body)
+        if total > self._limits.max_batch_bytes:
+            raise InvalidArgument(
+                f"batch of {total} bytes is over the limit of {self._limits.max_batch_bytes} bytes")
+        return bodies

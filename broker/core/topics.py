@@ -1,0 +1,48 @@
+"""Topic configuration: validation and defaults (SPEC §2)."""
+
+from __future__ import annotations
+
+import re
+
+from broker.core.errors import InvalidArgument
+from broker.v1 import admin_pb2, common_pb2
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,248}$")
+PARTITIONS_MAX = 1024
+DEFAULT_DEDUP_WINDOW_MS = 120_000
+
+
+def validate_name(name: str) -> None:
+    """Topic names: 1-249 of ``[A-Za-z0-9._-]``, starting with a letter or digit."""
+    if not NAME_RE.match(name):
+        raise InvalidArgument(
+            f"invalid topic name {name!r}: use 1-249 characters of A-Z a-z 0-9 . _ - "
+            "starting with a letter or digit"
+        )
+
+
+def normalized_config(config: admin_pb2.TopicConfig) -> admin_pb2.TopicConfig:
+    """A validated copy of ``config`` with defaults filled in; raises :class:`InvalidArgument`."""
+    validate_name(config.name)
+    out = admin_pb2.TopicConfig()
+    out.CopyFrom(config)
+    if out.partitions == 0:
+        out.partitions = 1
+    if not 1 <= out.partitions <= PARTITIONS_MAX:
+        raise InvalidArgument(f"partitions must be between 1 and {PARTITIONS_MAX}, got {out.partitions}")
+    for field in ("max_age_ms", "max_records", "max_bytes"):
+        if out.retention.HasField(field) and getattr(out.retention, field) <= 0:
+            raise InvalidArgument(f"retention.{field} must be positive, got {getattr(out.retention, field)}")
+    if out.full_policy == common_pb2.FULL_POLICY_UNSPECIFIED:
+        out.full_policy = common_pb2.FULL_POLICY_DISCARD_OLD
+    if out.full_policy not in (common_pb2.FULL_POLICY_DISCARD_OLD, common_pb2.FULL_POLICY_REJECT):
+        raise InvalidArgument(f"unknown full_policy {out.full_policy}")
+    if out.durability == common_pb2.DURABILITY_UNSPECIFIED:
+        out.durability = common_pb2.DURABILITY_DISK
+    if out.durability not in common_pb2.Durability.values():
+        raise InvalidArgument(f"unknown durability {out.durability}")
+    if out.dedup_window_ms == 0:
+        out.dedup_window_ms = DEFAULT_DEDUP_WINDOW_MS
+    if out.dedup_window_ms < -1:
+        raise InvalidArgument("dedup_window_ms must be positive, 0 (default) or -1 (forever)")
+    return out

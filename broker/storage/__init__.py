@@ -1,0 +1,62 @@
+"""Storage seam: an ordered key-value store with column families, atomic batches and checkpoints.
+
+Only ``broker.storage.rocks`` imports rocksdict; ``broker.storage.memory`` is a complete in-memory
+implementation used by unit tests and by the ``memory`` durability class.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from typing import Protocol
+
+
+class Column(enum.StrEnum):
+    """Column families. Keys inside each are big-endian so range scans are seeks."""
+
+    META = "meta"  # applied index, counters, topic and partition metadata
+    RECORDS = "records"  # (topic_id, partition, offset) -> framed record
+
+
+class Batch(Protocol):
+    """An atomic set of writes; nothing is visible until :meth:`Store.write`."""
+
+    def put(self, column: Column, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, column: Column, key: bytes) -> None: ...
+
+    def delete_range(self, column: Column, begin: bytes, end: bytes) -> None:
+        """Delete every key in ``[begin, end)``."""
+        ...
+
+
+class Store(Protocol):
+    """An ordered byte store. Reads are safe from any thread while one thread writes."""
+
+    def batch(self) -> Batch: ...
+
+    def write(self, batch: Batch, *, sync: bool = False) -> None:
+        """Apply ``batch`` atomically; with ``sync`` it is on stable storage when this returns."""
+        ...
+
+    def get(self, column: Column, key: bytes) -> bytes | None: ...
+
+    def scan(self, column: Column, begin: bytes, end: bytes, limit: int | None = None) -> Iterator[
+        tuple[bytes, bytes]
+    ]:
+        """Keys in ``[begin, end)`` in ascending order, at most ``limit`` of them."""
+        ...
+
+    def checkpoint(self, directory: str) -> None:
+        """Write a consistent copy of the whole store into the new ``directory``."""
+        ...
+
+    def replace_with(self, directory: str) -> None:
+        """Replace the whole content with the checkpoint in ``directory`` (consumed)."""
+        ...
+
+    def size_bytes(self) -> int:
+        """Approximate bytes on disk (or in memory)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,160 @@
+"""RocksDB store through rocksdict (the only module that imports rocksdict).
+
+The live database is ``<root>/db-<generation>``; ``<root>/CURRENT`` names the generation.
+:meth:`RocksStore.replace_with` opens a restored checkpoint as the next generation, switches to it
+atomically and closes the previous one a little later, so readers iterating the old generation
+are never pulled out from under (they finish on a consistent, slightly older view).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocksdict import (
+    AccessType,
+    Checkpoint,
+    ColumnFamily,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
+
+from broker.storage import Column
+
+_OLD_DB_GRACE_S = 5.0
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class RocksBatch:
+    """A rocksdict WriteBatch addressed by :class:`Column`."""
+
+    def __init__(self, handles: dict[Column, ColumnFamily]) -> None:
+        self._wb = WriteBatch(raw_mode=True)
+        self._handles = handles
+
+    @property
+    def write_batch(self) -> WriteBatch:
+        return self._wb
+
+    def put(self, column: Column, key: bytes, value: bytes) -> None:
+        self._wb.put(key, value, self._handles[column])
+
+    def delete(self, column: Column, key: bytes) -> None:
+        self._wb.delete(key, self._handles[column])
+
+    def delete_range(self, column: Column, begin: bytes, end: bytes) -> None:
+        self._wb.delete_range(begin, end, self._handles[column])
+
+
+class RocksStore:
+    """A :class:`broker.storage.Store` on RocksDB."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = Path(root)
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._generation = self._read_generation()
+        self._db, self._cfs, self._handles = self._open(self._db_path(self._generation))
+        self._sync_opts = WriteOptions()
+        self._sync_opts.sync = True
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _db_path(self, generation: int) -> Path:
+        return self._root / f"db-{generation}"
+
+    def _read_generation(self) -> int:
+        current = self._root / "CURRENT"
+        return int(current.read_text().strip()) if current.exists() else 0
+
+    def _write_generation(self, generation: int) -> None:
+        tmp = self._root / "CURRENT.tmp"
+        tmp.write_text(str(generation))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self._root / "CURRENT")
+
+    @staticmethod
+    def _open(path: Path) -> tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]]:
+        column_families = {c.value: _options() for c in Column}
+        db = Rdict(str(path), options=_options(), column_families=column_families,
+                   access_type=AccessType.read_write())
+        cfs = {c: db.get_column_family(c.value) for c in Column}
+        handles = {c: db.get_column_family_handle(c.value) for c in Column}
+        return db, cfs, handles
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writes ------------------------------------------------------------------------------
+    def batch(self) -> RocksBatch:
+        return RocksBatch(self._handles)
+
+    def write(self, batch: RocksBatch, *, sync: bool = False) -> None:  # type: ignore[override]
+        if sync:
+            self._db.write(batch.write_batch, self._sync_opts)
+        else:
+            self._db.write(batch.write_batch)
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, column: Column, key: bytes) -> bytes | None:
+        value = self._cfs[column].get(key)
+        return value  # type: ignore[no-any-return]
+
+    def scan(self, column: Column, begin: bytes, end: bytes, limit: int | None = None) -> Iterator[
+        tuple[bytes, bytes]
+    ]:
+        read_opts = ReadOptions()
+        read_opts.set_iterate_upper_bound(end)
+        it = self._cfs[column].iter(read_opts)
+        it.seek(begin)
+        count = 0
+        while it.valid() and (limit is None or count < limit):
+            yield it.key(), it.value()
+            count += 1
+            it.next()
+
+    def size_bytes(self) -> int:
+        total = 0
+        for cf in self._cfs.values():
+            total += cf.property_int_value("rocksdb.total-sst-files-size") or 0
+            total += cf.property_int_value("rocksdb.size-all-mem-tables") or 0
+        return total
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def checkpoint(self, directory: str) -> None:
+        Checkpoint(self._db).create_checkpoint(directory)
+
+    def replace_with(self, directory: str) -> None:
+        with self._lock:
+            new_generation = self._generation + 1
+            new_path = self._db_path(new_generation)
+            if new_path.exists():
+                shutil.rmtree(new_path)
+            shutil.move(directory, new_path)
+            db, cfs, handles = self._open(new_path)
+            old_db, old_path = self._db, self._db_path(self._generation)
+            self._db, self._cfs, self._handles = db, cfs, handles
+            self._generation = new_generation
+            self._write_generation(new_generation)
+        timer = threading.Timer(_OLD_DB_GRACE_S, self._retire, args=(old_db, old_path))
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _retire(db: Rdict, path: Path) -> None:
+        db.close()
+        shutil.rmtree(path, ignore_errors=True)
+
