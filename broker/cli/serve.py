@@ -1,0 +1,96 @@
+"""``raftbroker serve`` (one node) and ``raftbroker dev`` (a local N-node cluster)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from broker.config import ConfigError, PeerConfig, load_config
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` and ``dev`` to the CLI."""
+    app.command("serve")(serve_command)
+    app.command("dev")(dev_command)
+
+
+def serve_command(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file")] = None,
+    node_id: Annotated[str | None, typer.Option(help="This node's id")] = None,
+    cluster_id: Annotated[str | None, typer.Option(help="Cluster id (stamped into record origins)")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where this node keeps its data")] = None,
+    grpc: Annotated[str | None, typer.Option("--grpc", help="gRPC listen address host:port")] = None,
+    raft: Annotated[str | None, typer.Option("--raft", help="Raft listen address host:port")] = None,
+    metrics: Annotated[str | None, typer.Option("--metrics", help="Prometheus metrics address host:port")] = None,
+    peer: Annotated[list[str] | None, typer.Option("--peer", help="Another node: ID=RAFT_HOST:PORT/GRPC_HOST:PORT",
+                                                   show_default=False)] = None,
+    max_record_bytes: Annotated[int | None, typer.Option(help="Largest record accepted")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback bind without auth")] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
+) -> None:
+    """Run one broker node until SIGTERM or Ctrl-C (config: file < RAFTBROKER_* env < flags)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        overrides = {
+            "node_id": node_id, "cluster_id": cluster_id, "data_dir": data_dir, "grpc_address": grpc,
+            "raft_address": raft, "metrics_address": metrics, "max_record_bytes": max_record_bytes,
+            "insecure": insecure or None,
+            "peers": [PeerConfig.parse(p).model_dump() for p in peer] if peer else None,
+        }
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    from broker.node import serve  # imported late: `raftbroker --help` stays fast
+
+    serve(cfg)
+
+
+def dev_command(
+    nodes: Annotated[int, typer.Option(min=1, max=9, help="Number of nodes")] = 3,
+    data_dir: Annotated[Path, typer.Option(help="Data directory (one sub-directory per node)")] = Path(".raftbroker"),
+    base_port: Annotated[int, typer.Option(min=1024, max=65000, help="gRPC port of node 1; Raft +100, metrics +200")]
+    = 7001,
+    ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for a leader")] = 60.0,
+) -> None:
+    """Start a local cluster of NODES separate processes on 127.0.0.1; Ctrl-C stops them all cleanly."""
+    from broker.devcluster import DevCluster
+
+    cluster = DevCluster(nodes, data_dir, base_port)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cluster.start()
+    try:
+        try:
+            cluster.wait_ready(ready_timeout_s)
+        except (TimeoutError, RuntimeError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        print(f"cluster ready: {','.join(cluster.addresses)}", flush=True)
+        for i in range(nodes):
+            print(f"  {cluster.node_id(i)}: grpc {cluster.grpc_address(i)}  raft {cluster.raft_address(i)}  "
+                  f"metrics http://{cluster.metrics_address(i)}/metrics  pid {cluster.pids[i]}  "
+                  f"log {cluster.log_path(i)}", flush=True)
+        reported: set[int] = set()
+        while not stop.wait(0.5):
+            for i, proc in enumerate(cluster.procs):
+                if i not in reported and proc is not None and proc.poll() is not None:
+                    reported.add(i)
+                    print(f"node {cluster.node_id(i)} (pid {proc.pid}) exited with code {proc.returncode}; "
+                          f"not restarting it (see {cluster.log_path(i)})", file=sys.stderr, flush=True)
+    finally:
+        print("stopping the cluster...", flush=True)
+        cluster.stop()
+        print("stopped", flush=True)

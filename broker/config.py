@@ -1,0 +1,132 @@
+"""Node configuration: a TOML file, overridden by ``RAFTBROKER_*`` environment variables, overridden
+by command-line flags; validated at start with messages that name the offending setting."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message says which setting and why."""
+
+
+def _check_address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not host:port")
+    return value
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class PeerConfig(BaseModel):
+    """Another member of the cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    raft_address: str
+    grpc_address: str
+    metrics_address: str = ""
+
+    _addr = field_validator("raft_address", "grpc_address")(_check_address)
+
+    @staticmethod
+    def parse(spec: str) -> PeerConfig:
+        """``ID=RAFT_HOST:PORT/GRPC_HOST:PORT`` (the form the ``--peer`` flag takes)."""
+        node_id, sep, rest = spec.partition("=")
+        raft, sep2, grpc_addr = rest.partition("/")
+        if not sep or not sep2:
+            raise ConfigError(f"--peer {spec!r}: expected ID=RAFT_HOST:PORT/GRPC_HOST:PORT")
+        try:
+            return PeerConfig(id=node_id, raft_address=raft, grpc_address=grpc_addr)
+        except ValidationError as exc:
+            raise ConfigError(f"--peer {spec!r}: {_first_error(exc)}") from None
+
+
+class NodeConfig(BaseModel):
+    """Everything one broker node needs to start."""
+
+    model_config = ConfigDict(extra="forbid")
+    node_id: str = "n1"
+    cluster_id: str = "local"
+    data_dir: Path = Path(".raftbroker/n1")
+    grpc_address: str = "127.0.0.1:7001"
+    raft_address: str = "127.0.0.1:7101"
+    metrics_address: str = "127.0.0.1:7201"
+    peers: list[PeerConfig] = Field(default_factory=list)
+    max_record_bytes: int = Field(default=1 << 20, gt=0, le=64 << 20)
+    max_batch_bytes: int = Field(default=16 << 20, gt=0, le=256 << 20)
+    commit_timeout_ms: int = Field(default=5000, gt=0)
+    raft_password: str | None = None
+    insecure: bool = False
+
+    _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodeConfig:
+        ids = [self.node_id, *(p.id for p in self.peers)]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"node ids must be unique, got {ids}")
+        if self.max_record_bytes > self.max_batch_bytes:
+            raise ValueError("max_record_bytes must not exceed max_batch_bytes")
+        exposed = [a for a in (self.grpc_address, self.raft_address) if not is_loopback(a)]
+        if exposed and not self.insecure:
+            raise ValueError(
+                f"refusing to bind {', '.join(exposed)} beyond loopback without authentication; "
+                "TLS and tokens are not available in this version, so pass --insecure to accept that explicitly")
+        if not is_loopback(self.raft_address) and not self.raft_password:
+            raise ValueError("a non-loopback Raft address needs raft_password (it encrypts the Raft transport)")
+        return self
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "config"
+    return f"{where}: {err['msg']}"
+
+
+_ENV_PREFIX = "RAFTBROKER_"
+
+
+def _from_env(environ: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in NodeConfig.model_fields:
+        value = environ.get(_ENV_PREFIX + name.upper())
+        if value is not None and name != "peers":
+            out[name] = value
+    peers = environ.get(_ENV_PREFIX + "PEERS")
+    if peers:
+        out["peers"] = [PeerConfig.parse(s).model_dump() for s in peers.split(",") if s.strip()]
+    return out
+
+
+def load_config(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] | None = None) -> NodeConfig:
+    """File < environment < ``overrides`` (flags; ``None`` values are ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    data.update(_from_env(dict(os.environ) if environ is None else environ))
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {_first_error(exc)}") from None

@@ -1,0 +1,200 @@
+"""A local cluster of broker nodes as separate OS processes (``raftbroker dev``, tests, benchmarks).
+
+Node i (0-based) listens on 127.0.0.1: gRPC ``base+i``, Raft ``base+100+i``, metrics
+``base+200+i``; its data lives in ``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
+Only the public gRPC API is used to watch the nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from broker.v1 import admin_pb2, admin_pb2_grpc
+
+RAFT_PORT_OFFSET = 100
+METRICS_PORT_OFFSET = 200
+STOP_TIMEOUT_S = 10.0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(nodes: int, attempts: int = 200) -> int:
+    """A base port whose gRPC, Raft and metrics ports are all free right now."""
+    rng = random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20000, 40000)
+        ports = [base + off + i for off in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET) for i in range(nodes)]
+        if all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+class DevCluster:
+    """Starts, watches, kills and restarts a local cluster."""
+
+    def __init__(self, nodes: int, data_dir: Path, base_port: int | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.nodes = nodes
+        self.data_dir = Path(data_dir)
+        self.base_port = base_port if base_port is not None else free_base_port(nodes)
+        self.extra_args = list(extra_args)
+        self.env = env
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
+        self._channels: dict[str, grpc.Channel] = {}
+
+    # -- addresses ---------------------------------------------------------------------------
+    def node_id(self, i: int) -> str:
+        return f"n{i + 1}"
+
+    def grpc_address(self, i: int) -> str:
+        return f"127.0.0.1:{self.base_port + i}"
+
+    def raft_address(self, i: int) -> str:
+        return f"127.0.0.1:{self.base_port + RAFT_PORT_OFFSET + i}"
+
+    def metrics_address(self, i: int) -> str:
+        return f"127.0.0.1:{self.base_port + METRICS_PORT_OFFSET + i}"
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.grpc_address(i) for i in range(self.nodes)]
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid if p is not None and p.poll() is None else None for p in self.procs]
+
+    def log_path(self, i: int) -> Path:
+        return self.data_dir / f"{self.node_id(i)}.log"
+
+    def node_data_dir(self, i: int) -> Path:
+        return self.data_dir / self.node_id(i)
+
+    def command(self, i: int) -> list[str]:
+        cmd = [sys.executable, "-m", "broker.cli.main", "serve", "--node-id", self.node_id(i),
+               "--data-dir", str(self.node_data_dir(i)), "--grpc", self.grpc_address(i),
+               "--raft", self.raft_address(i), "--metrics", self.metrics_address(i)]
+        for j in range(self.nodes):
+            if j != i:
+                cmd += ["--peer", f"{self.node_id(j)}={self.raft_address(j)}/{self.grpc_address(j)}"]
+        return cmd + self.extra_args
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> DevCluster:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.nodes):
+            self.spawn(i)
+        return self
+
+    def spawn(self, i: int) -> None:
+        """Start node ``i`` (it must not be running)."""
+        assert not self.alive(i), f"node {self.node_id(i)} is already running"
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        with open(self.log_path(i), "ab") as out:
+            self.procs[i] = subprocess.Popen(self.command(i), stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    def alive(self, i: int) -> bool:
+        proc = self.procs[i]
+        return proc is not None and proc.poll() is None
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to node ``i``; for SIGKILL and SIGTERM, wait until it has exited."""
+        proc = self.procs[i]
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def restart(self, i: int) -> None:
+        self.kill(i)
+        self.spawn(i)
+
+    def stop(self) -> None:
+        """SIGTERM every node, then SIGKILL whatever is still running after the timeout."""
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self.procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def __enter__(self) -> DevCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # -- status ------------------------------------------------------------------------------
+    def node_status(self, i: int, timeout_s: float = 1.0) -> admin_pb2.NodeInfo | None:
+        """Node ``i``'s own view, or ``None`` when it does not answer."""
+        address = self.grpc_address(i)
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        try:
+            info: admin_pb2.NodeInfo = admin_pb2_grpc.AdminStub(channel).NodeStatus(
+                admin_pb2.NodeStatusRequest(), timeout=timeout_s)
+            return info
+        except grpc.RpcError:
+            return None
+
+    def leader(self) -> int | None:
+        """The index of the node that every running node agrees is the leader, if any."""
+        views = [(i, self.node_status(i)) for i in range(self.nodes) if self.alive(i)]
+        leaders = {v.id for _, v in views if v is not None and v.role == "leader"}
+        if len(leaders) != 1 or any(v is None for _, v in views):
+            return None
+        leader_id = leaders.pop()
+        if any(v is not None and v.leader_id != leader_id for _, v in views):
+            return None
+        return int(leader_id[1:]) - 1
+
+    def wait_ready(self, timeout_s: float = 30.0) -> str:
+        """Wait until the running nodes agree on a leader; return its gRPC address."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            dead = [self.node_id(i) for i, p in enumerate(self.procs) if p is not None and p.poll() is not None
+                    and p.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM)]
+            if dead:
+                raise RuntimeError(f"node(s) {', '.join(dead)} exited; see {self.data_dir}/*.log")
+            leader = self.leader()
+            if leader is not None:
+                return self.grpc_address(leader)
+            time.sleep(0.05)
+        raise TimeoutError(f"no leader agreed on within {timeout_s:g} s; see {self.data_dir}/*.log")

@@ -1,0 +1,86 @@
+"""One broker node: store, state machine, replicator, core, gRPC server and metrics, wired together.
+
+Start order: the store and state machine are opened before the replicator (pysyncobj may restore
+a snapshot into them at once), then the replicator, then the metrics and gRPC servers. Stop order
+is the reverse; a SIGTERM or SIGINT stops the node gracefully (streams are given time to drain).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from broker.config import NodeConfig
+from broker.core.reading import Reader
+from broker.core.state_machine import BrokerStateMachine
+from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.core.topic_log import Limits, TopicLog
+from broker.replication.raft import PysyncobjReplicator, RaftOptions
+from broker.services.admin_service import AdminServicer
+from broker.services.broker_service import BrokerServicer
+from broker.services.metrics import NodeMetrics
+from broker.services.server import GrpcServer
+from broker.storage.rocks import RocksStore
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 3.0
+_MESSAGE_SLACK_BYTES = 1 << 20
+
+
+class Node:
+    """A running node; :meth:`close` releases everything it opened."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        me = Peer(config.node_id, config.raft_address, config.grpc_address, config.metrics_address)
+        peers = PeerDirectory([me, *(Peer(p.id, p.raft_address, p.grpc_address, p.metrics_address)
+                                     for p in config.peers)])
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = RocksStore(config.data_dir / "store")
+        self.state = BrokerStateMachine(self.store)
+        options = RaftOptions(password=config.raft_password) if config.raft_password else RaftOptions()
+        self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
+                                              config.data_dir / "raft", self.state, options)
+        submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
+        limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
+        self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}")
+        self.metrics = NodeMetrics()
+        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
+        self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
+        self.server = GrpcServer(config.grpc_address,
+                                 BrokerServicer(self.topic_log, Reader(self.state), self.metrics),
+                                 self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES)
+
+    def start(self) -> None:
+        self.replicator.start()
+        host, _, port = self.config.metrics_address.rpartition(":")
+        self.metrics.serve(host, int(port))
+        self.server.start()
+        log.info("node %s serving gRPC on %s (raft %s, metrics %s)", self.config.node_id,
+                 self.config.grpc_address, self.config.raft_address, self.config.metrics_address)
+
+    def close(self) -> None:
+        self.server.stop(GRACE_S)
+        self.admin.close()
+        self.replicator.close()
+        self.store.close()
+
+
+def serve(config: NodeConfig) -> None:
+    """Run a node until SIGTERM or SIGINT."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    node = Node(config)
+    node.start()
+    print(f"node {config.node_id} ready on {config.grpc_address}", flush=True)
+    stop.wait()
+    log.info("node %s stopping", config.node_id)
+    node.close()

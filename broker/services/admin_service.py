@@ -1,0 +1,123 @@
+"""``broker.v1.Admin``: topics and cluster status, delegated to ``broker.core``."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from broker.core.submitter import Peer, PeerDirectory
+from broker.core.topic_log import TopicLog
+from broker.replication import Replicator
+from broker.services import errors
+from broker.v1 import admin_pb2, admin_pb2_grpc
+
+PEER_STATUS_TIMEOUT_S = 1.0
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    """Control plane."""
+
+    def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory) -> None:
+        self._log = log
+        self._replicator = replicator
+        self._me = me
+        self._peers = peers
+        self._channels: dict[str, grpc.Channel] = {}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-status")
+
+    @errors.unary
+    def CreateTopic(self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
+        return self._log.create_topic(request.config)
+
+    @errors.unary
+    def DescribeTopic(self, request: admin_pb2.DescribeTopicRequest,
+                      context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
+        return self._log.describe_topic(request.name)
+
+    @errors.unary
+    def ListTopics(self, request: admin_pb2.ListTopicsRequest,
+                   context: grpc.ServicerContext) -> admin_pb2.ListTopicsResponse:
+        return admin_pb2.ListTopicsResponse(topics=self._log.list_topics())
+
+    @errors.unary
+    def DropTopic(self, request: admin_pb2.DropTopicRequest,
+                  context: grpc.ServicerContext) -> admin_pb2.DropTopicResponse:
+        self._log.drop_topic(request.name)
+        return admin_pb2.DropTopicResponse()
+
+    @errors.unary
+    def NodeStatus(self, request: admin_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> admin_pb2.NodeInfo:
+        return self._local_info()
+
+    @errors.unary
+    def ClusterStatus(self, request: admin_pb2.ClusterStatusRequest,
+                      context: grpc.ServicerContext) -> admin_pb2.ClusterStatusResponse:
+        others = [p for p in self._peers.all() if p.node_id != self._me.node_id]
+        infos = [self._local_info(), *self._pool.map(self._remote_info, others)]
+        infos.sort(key=lambda n: n.id)
+        leaders = {n.id for n in infos if n.reachable and n.role == "leader"}
+        return admin_pb2.ClusterStatusResponse(nodes=infos, leader_id=next(iter(leaders)) if len(leaders) == 1 else "")
+
+    def _local_info(self) -> admin_pb2.NodeInfo:
+        st = self._replicator.status()
+        leader = self._peers.by_raft(st.leader_address)
+        return admin_pb2.NodeInfo(
+            id=self._me.node_id, grpc_address=self._me.grpc_address, raft_address=self._me.raft_address,
+            metrics_address=self._me.metrics_address, role=st.role.value, term=st.term,
+            commit_index=st.commit_index, applied_index=st.applied_index, pid=os.getpid(),
+            leader_id=leader.node_id if leader else "", reachable=True)
+
+    def _remote_info(self, peer: Peer) -> admin_pb2.NodeInfo:
+        channel = self._channels.get(peer.grpc_address)
+        if channel is None:
+            channel = self._channels.setdefault(peer.grpc_address, grpc.insecure_channel(peer.grpc_address))
+        try:
+            return admin_pb2_grpc.AdminStub(channel).NodeStatus(admin_pb2.NodeStatusRequest(),
+                                                                 timeout=PEER_STATUS_TIMEOUT_S)
+        except grpc.RpcError:
+            return admin_pb2.NodeInfo(id=peer.node_id, grpc_address=peer.grpc_address,
+                                      raft_address=peer.raft_address, metrics_address=peer.metrics_address,
+                                      role="unreachable", reachable=False)
+
+    def _unavailable(self, context: grpc.ServicerContext, what: str) -> None:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not available in this version")
+
+    def AlterTopic(self, request: admin_pb2.AlterTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
+        self._unavailable(context, "altering retention")
+        return admin_pb2.TopicInfo()
+
+    def ClearTopic(self, request: admin_pb2.ClearTopicRequest,
+                   context: grpc.ServicerContext) -> admin_pb2.ClearTopicResponse:
+        self._unavailable(context, "clearing a topic")
+        return admin_pb2.ClearTopicResponse()
+
+    def Prune(self, request: admin_pb2.PruneRequest, context: grpc.ServicerContext) -> admin_pb2.PruneResponse:
+        self._unavailable(context, "prune")
+        return admin_pb2.PruneResponse()
+
+    def GetWatermarks(self, request: admin_pb2.GetWatermarksRequest,
+                      context: grpc.ServicerContext) -> admin_pb2.GetWatermarksResponse:
+        self._unavailable(context, "dedup watermarks")
+        return admin_pb2.GetWatermarksResponse()
+
+    def ResetWatermark(self, request: admin_pb2.ResetWatermarkRequest,
+                       context: grpc.ServicerContext) -> admin_pb2.ResetWatermarkResponse:
+        self._unavailable(context, "dedup watermarks")
+        return admin_pb2.ResetWatermarkResponse()
+
+    def AddNode(self, request: admin_pb2.AddNodeRequest,
+                context: grpc.ServicerContext) -> admin_pb2.MembershipResponse:
+        self._unavailable(context, "membership change")
+        return admin_pb2.MembershipResponse()
+
+    def RemoveNode(self, request: admin_pb2.RemoveNodeRequest,
+                   context: grpc.ServicerContext) -> admin_pb2.MembershipResponse:
+        self._unavailable(context, "membership change")
+        return admin_pb2.MembershipResponse()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for channel in self._channels.values():
+            channel.close()
