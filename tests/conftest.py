@@ -1,0 +1,54 @@
+"""Shared fixtures: real clusters of separate processes, torn down by PID."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.devcluster import DevCluster
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def start_cluster(tmp: Path, nodes: int = 3, extra_args: tuple[str, ...] = ()) -> DevCluster:
+    cluster = DevCluster(nodes, tmp, extra_args=extra_args)
+    cluster.start()
+    try:
+        cluster.wait_ready(60)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A started 3-node cluster shared by one test module (tests must not break it)."""
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path: Path) -> Iterator[DevCluster]:
+    """A started 3-node cluster of the test's own, which it may kill and restart freely."""
+    c = start_cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
