@@ -1,0 +1,89 @@
+"""`raftbroker dev` as a user runs it, and the metrics every node serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.devcluster import DevCluster, free_base_port
+from broker.v1 import admin_pb2, broker_pb2
+from tests.cluster.stubs import stubs
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_dev_prints_ready_and_stops_every_node_on_sigint(tmp_path: Path) -> None:
+    base = free_base_port(3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli.main", "dev", "--nodes", "3", "--data-dir", str(tmp_path),
+         "--base-port", str(base)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("cluster ready: "):
+                break
+        ready = lines[-1]
+        assert ready.strip() == "cluster ready: " + ",".join(f"127.0.0.1:{base + i}" for i in range(3)), lines
+        s = stubs(f"127.0.0.1:{base}")
+        status = s.admin.ClusterStatus(admin_pb2.ClusterStatusRequest(), timeout=10)
+        s.close()
+        pids = [n.pid for n in status.nodes]
+        assert len(pids) == 3 and all(n.reachable for n in status.nodes)
+        assert sum(n.role == "leader" for n in status.nodes) == 1
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        assert proc.returncode == 0
+        wait_until(lambda: not any(_pid_alive(p) for p in pids), 15, "every node to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def scrape(address: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name + "".join(f"{{{k}={v}}}" for k, v in sorted(sample.labels.items()))
+            out[key] = sample.value
+    return out
+
+
+def test_metrics_report_raft_state_and_publishes(cluster: DevCluster) -> None:
+    leader = cluster.wait_ready()
+    s = stubs(leader)
+    s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="metered")))
+    s.broker.Publish(broker_pb2.PublishRequest(topic="metered", records=[broker_pb2.PublishRecord(value=b"x" * 10)
+                                                                         for _ in range(7)]))
+    s.close()
+    index = cluster.addresses.index(leader)
+    m = scrape(cluster.metrics_address(index))
+    assert m["raftbroker_raft_role{role=leader}"] == 1
+    assert m["raftbroker_raft_term"] >= 1
+    assert m["raftbroker_raft_applied_index"] >= 2
+    assert m["raftbroker_publish_records_total{topic=metered}"] == 7
+    assert m["raftbroker_publish_bytes_total{topic=metered}"] == 70
+    assert m["raftbroker_publish_latency_seconds_count"] >= 1
+    assert "raftbroker_subscribers" in m and "raftbroker_store_size_bytes" in m
+    follower = scrape(cluster.metrics_address((index + 1) % cluster.nodes))
+    assert follower["raftbroker_raft_role{role=follower}"] == 1

@@ -1,0 +1,53 @@
+"""Configuration: file < environment < flags, validated with messages naming the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.config import ConfigError, PeerConfig, load_config
+
+pytestmark = pytest.mark.unit
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    f = tmp_path / "n.toml"
+    f.write_text('node_id = "file"\ngrpc_address = "127.0.0.1:9001"\nmax_record_bytes = 100\n'
+                 '[[peers]]\nid = "n2"\nraft_address = "127.0.0.1:9102"\ngrpc_address = "127.0.0.1:9002"\n')
+    cfg = load_config(f, {"node_id": None}, environ={"RAFTBROKER_NODE_ID": "env"})
+    assert cfg.node_id == "env" and cfg.grpc_address == "127.0.0.1:9001" and cfg.max_record_bytes == 100
+    assert cfg.peers[0].id == "n2"
+    cfg = load_config(f, {"node_id": "flag"}, environ={"RAFTBROKER_NODE_ID": "env"})
+    assert cfg.node_id == "flag"
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"grpc_address": "nowhere"}, "grpc_address"),
+    ({"grpc_address": "127.0.0.1:99999"}, "grpc_address"),
+    ({"max_record_bytes": -1}, "max_record_bytes"),
+    ({"grpc_address": "0.0.0.0:7001"}, "--insecure"),
+    ({"raft_address": "10.0.0.1:7101", "insecure": True}, "raft_password"),
+    ({"peers": [{"id": "n1", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "unique"),
+    ({"unknown_setting": 1}, "unknown_setting"),
+])
+def test_invalid_settings_are_named(overrides: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides, environ={})
+    assert fragment in str(info.value)
+
+
+def test_peer_flag_syntax() -> None:
+    peer = PeerConfig.parse("n2=127.0.0.1:7102/127.0.0.1:7002")
+    assert (peer.id, peer.raft_address, peer.grpc_address) == ("n2", "127.0.0.1:7102", "127.0.0.1:7002")
+    with pytest.raises(ConfigError):
+        PeerConfig.parse("n2:127.0.0.1:7102")
+
+
+def test_missing_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.toml", {}, environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("node_id = ")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(bad, {}, environ={})
