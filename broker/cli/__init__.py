@@ -1,0 +1,1 @@
+"""The ``raftbroker`` command line (typer): ``broker.cli.main:app``."""

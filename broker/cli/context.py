@@ -1,0 +1,93 @@
+"""What every client-facing command shares: the global options, the client, error reporting.
+
+Contract: a command never shows a traceback. A server or connection error prints one line
+``raftbroker: error: ...`` to stderr and exits 1; bad usage exits 2 (typer's usage message).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import typer
+
+from broker.client import BrokerError, Client
+
+EXIT_SERVER_ERROR = 1
+EXIT_USAGE = 2
+DEFAULT_BOOTSTRAP = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+
+
+@dataclass(frozen=True)
+class CliState:
+    """The global options, stored in ``ctx.obj`` by the app callback."""
+
+    bootstrap: tuple[str, ...]
+    json: bool = False
+    timeout_s: float = 10.0
+    retry_deadline_s: float = 10.0
+
+
+def state(ctx: typer.Context) -> CliState:
+    """The global options (defaults when a command is invoked without the app callback)."""
+    root = ctx.find_root()
+    obj = root.obj if isinstance(root.obj, CliState) else None
+    return obj or CliState(bootstrap=tuple(DEFAULT_BOOTSTRAP.split(",")))
+
+
+def parse_bootstrap(text: str) -> tuple[str, ...]:
+    """``host:port,host:port`` as a tuple; raises ``typer.BadParameter`` when empty or malformed."""
+    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not addresses:
+        raise typer.BadParameter("give at least one host:port", param_hint="--bootstrap")
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise typer.BadParameter(f"{address!r} is not host:port", param_hint="--bootstrap")
+    return addresses
+
+
+def fail(message: str, code: int = EXIT_SERVER_ERROR) -> NoReturn:
+    """Print one error line to stderr and exit with ``code``."""
+    sys.stderr.write(f"raftbroker: error: {message}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
+
+@contextmanager
+def connect(ctx: typer.Context) -> Iterator[Client]:
+    """A client for the command's cluster; SDK errors become one stderr line and exit code 1."""
+    opts = state(ctx)
+    try:
+        with Client(opts.bootstrap, timeout_s=opts.timeout_s, retry_deadline_s=opts.retry_deadline_s) as client:
+            yield client
+    except BrokerError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        _silence_stdout()
+        raise typer.Exit(0) from None
+    except Exception as err:  # a bug; the brief is one line, RAFTBROKER_DEBUG=1 shows the trace
+        if os.environ.get("RAFTBROKER_DEBUG"):
+            raise
+        fail(f"internal error: {type(err).__name__}: {err} (set RAFTBROKER_DEBUG=1 for a traceback)")
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe (``| head``), stop Python from complaining again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def emit_json(obj: Any) -> None:
+    """One compact JSON document on its own line of stdout."""
+    sys.stdout.write(json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n")

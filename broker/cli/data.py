@@ -1,0 +1,246 @@
+"""``raftbroker publish`` and ``raftbroker consume``."""
+
+from __future__ import annotations
+
+import base64
+import os
+import select
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from typing import IO, Annotated
+
+import typer
+
+from broker.cli import render
+from broker.cli.context import connect, emit_json, state
+from broker.client import Client, Event, OutgoingRecord, PublishResult
+
+STDIN_BATCH_RECORDS = 500
+STDIN_BATCH_BYTES_MAX = 1024 * 1024  # keeps one Publish well below gRPC's message limit
+TIMESTAMP_MS_MIN = 10**12  # a bare number at or above this is a timestamp (2001-09-09 and later)
+
+FROM_HELP = (
+    "Where to start: 'earliest' (default), 'latest', an OFFSET, or a timestamp in ms since the epoch. "
+    f"A bare number below {TIMESTAMP_MS_MIN} is an offset, at or above it a timestamp; be explicit "
+    "with 'offset:N', 'ts:MS' or 'ts:2024-05-01T12:00:00Z' (ISO 8601), or resume after a record "
+    "with 'token:POSITION' (the base64 'position' of --json output)."
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``publish`` and ``consume`` to the CLI."""
+    app.command("publish")(publish)
+    app.command("consume")(consume)
+
+
+# -- publish ------------------------------------------------------------------------------------
+
+
+def parse_headers(pairs: list[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` as a dict; raises ``typer.BadParameter`` for an item without ``=``."""
+    headers: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{pair!r} is not k=v", param_hint="--header")
+        headers[name] = value
+    return headers
+
+
+def stdin_batches(stream: IO[bytes], batch_records: int) -> Iterator[list[bytes]]:
+    """Lines of ``stream`` (newline stripped) in batches of at most ``batch_records`` lines and
+    about ``STDIN_BATCH_BYTES_MAX`` bytes. A batch is also sent as soon as no more input is
+    waiting, so ``tail -f | raftbroker publish`` does not sit on a half-full batch."""
+    lines = _LineReader(stream)
+    batch: list[bytes] = []
+    size = 0
+    for line in lines:
+        batch.append(line)
+        size += len(line)
+        if len(batch) >= batch_records or size >= STDIN_BATCH_BYTES_MAX or not lines.waiting():
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+class _LineReader:
+    """Lines of a binary stream that can tell whether more input is waiting right now.
+
+    A real file descriptor is read in chunks with ``os.read`` (so no input hides in a Python
+    buffer); anything else (tests) is iterated and always reports more input waiting."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        try:
+            self._fd: int | None = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            self._fd = None
+        self._buffered_lines = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._fd is None:
+            for line in self._stream:
+                yield line[:-1] if line.endswith(b"\n") else line
+            return
+        pending = b""
+        while chunk := os.read(self._fd, 1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            self._buffered_lines = len(lines)
+            for line in lines:
+                self._buffered_lines -= 1
+                yield line
+        if pending:
+            yield pending
+
+    def waiting(self) -> bool:
+        if self._fd is None or self._buffered_lines > 0:
+            return True
+        ready, _, _ = select.select([self._fd], [], [], 0)
+        return bool(ready)
+
+
+def publish(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic to publish to.")],
+    values: Annotated[
+        list[str] | None,
+        typer.Argument(help="Record values; none: read stdin, one record per line (newline stripped).",
+                       show_default=False),
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", "-k", help="Record key (picks the partition).")] = None,
+    partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Explicit partition.")] = None,
+    header: Annotated[
+        list[str] | None, typer.Option("--header", "-H", help="Header k=v (repeatable).", show_default=False)
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Records per Publish request when reading stdin.")
+    ] = STDIN_BATCH_RECORDS,
+) -> None:
+    """Publish records and print the partition and offset of each.
+
+    --json prints one object per record and line: {"partition": P, "offset": O, "duplicate": B}.
+    """
+    headers = parse_headers(header)
+    json_output = state(ctx).json
+    with connect(ctx) as client:
+        if values:
+            batches: Iterator[list[bytes]] = iter([[v.encode() for v in values]])
+        else:
+            batches = stdin_batches(_binary_stdin(), batch_size)
+        for batch in batches:
+            records = [OutgoingRecord(value=v, key=key, partition=partition, headers=headers) for v in batch]
+            for result in _publish_chunks(client, topic, records, batch_size):
+                _print_result(result, json_output)
+            sys.stdout.flush()
+
+
+def _publish_chunks(
+    client: Client, topic: str, records: list[OutgoingRecord], batch_size: int
+) -> Iterator[PublishResult]:
+    for start in range(0, len(records), batch_size):
+        yield from client.publish_batch(topic, records[start : start + batch_size])
+
+
+def _binary_stdin() -> IO[bytes]:
+    buffer = getattr(sys.stdin, "buffer", None)
+    return buffer if buffer is not None else _EncodedText(sys.stdin)  # type: ignore[return-value]
+
+
+class _EncodedText:
+    """A text stream read as UTF-8 bytes lines (for stdin replacements without ``.buffer``)."""
+
+    def __init__(self, text: IO[str]) -> None:
+        self._text = text
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (line.encode() for line in self._text)
+
+
+def _print_result(result: PublishResult, json_output: bool) -> None:
+    if json_output:
+        emit_json(render.publish_json(result))
+    else:
+        dup = " duplicate" if result.duplicate else ""
+        sys.stdout.write(f"partition={result.partition} offset={result.offset}{dup}\n")
+
+
+# -- consume ------------------------------------------------------------------------------------
+
+
+def parse_from(text: str) -> tuple[str | int | bytes, int | None]:
+    """``--from`` as ``(start, timestamp_ms)`` for ``Client.subscribe`` (see ``FROM_HELP``)."""
+    value = text.strip()
+    kind, sep, rest = value.partition(":")
+    try:
+        if value in ("earliest", "latest"):
+            return value, None
+        if not sep:
+            number = int(value)
+            if number < 0:
+                raise ValueError("negative")
+            return ("earliest", number) if number >= TIMESTAMP_MS_MIN else (number, None)
+        if kind == "offset":
+            offset = int(rest)
+            if offset < 0:
+                raise ValueError("negative")
+            return offset, None
+        if kind in ("ts", "time"):
+            return "earliest", _timestamp_ms(rest)
+        if kind == "token":
+            return base64.b64decode(rest, validate=True), None
+    except ValueError:
+        pass
+    raise typer.BadParameter(f"cannot read {text!r}; {FROM_HELP}", param_hint="--from")
+
+
+def _timestamp_ms(text: str) -> int:
+    if text.lstrip("-").isdigit():
+        return int(text)
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError("an ISO timestamp needs a time zone (e.g. Z)")
+    return int(moment.timestamp() * 1000)
+
+
+def consume(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic to read.")],
+    from_: Annotated[str, typer.Option("--from", "-f", help=FROM_HELP)] = "earliest",
+    partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Only this partition.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Stop after N records.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new records (live tail).")] = False,
+) -> None:
+    """Print records from a position; stops at the end of the log unless --follow.
+
+    Human output: 'PARTITION:OFFSET [key=KEY] VALUE' per record; events go to stderr.
+    --json: one object per line. Records: {"topic", "partition", "offset", "key", "value",
+    "headers", "timestamp_ms", "position"}; key and value are UTF-8 text, or null with
+    "key_b64"/"value_b64" (base64) when not valid UTF-8. Events (data loss or a reset is never
+    silent): {"event": "skip_forward"|"reset"|"badmsg"|"gap", "topic", "partition",
+    "offset_before", "offset_after", "detail"}.
+    """
+    start, timestamp_ms = parse_from(from_)
+    json_output = state(ctx).json
+    delivered = 0
+    with connect(ctx) as client, client.subscribe(
+        topic, partition=partition, start=start, timestamp_ms=timestamp_ms, stop_at_end=not follow
+    ) as subscription:
+        for item in subscription:
+            if isinstance(item, Event):
+                if json_output:
+                    emit_json(render.event_json(item))
+                else:
+                    sys.stderr.write(f"raftbroker: {render.event_line(item)}\n")
+                continue
+            if json_output:
+                emit_json(render.record_json(item))
+            else:
+                sys.stdout.write(render.record_line(item) + "\n")
+            delivered += 1
+            if follow:
+                sys.stdout.flush()
+            if limit is not None and delivered >= limit:
+                break
+        sys.stdout.flush()

@@ -1,0 +1,71 @@
+"""``raftbroker``: the command line of the broker (``python -m broker.cli.main`` works too).
+
+Global options come before the command: ``raftbroker --bootstrap h:p,h:p --json topic list``.
+Human-readable tables by default; ``--json`` prints JSON for scripts (one document per command,
+or one object per line for streams: ``publish`` results and ``consume`` records/events).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from broker.cli import bench, cluster, data, topic
+from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
+from broker.cli.serve import register as register_serve
+
+app = typer.Typer(
+    name="raftbroker",
+    help="A durable, Raft-replicated message broker: run nodes, manage topics, publish and consume.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    bootstrap: Annotated[
+        str,
+        typer.Option(
+            "--bootstrap",
+            "-b",
+            envvar="RAFTBROKER_BOOTSTRAP",
+            help="Comma-separated gRPC addresses of any cluster nodes (the leader is found from them).",
+        ),
+    ] = DEFAULT_BOOTSTRAP,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds one attempt of a request may take.")
+    ] = 10.0,
+    retry_deadline_s: Annotated[
+        float,
+        typer.Option(
+            "--retry-deadline",
+            min=0.0,
+            envvar="RAFTBROKER_RETRY_DEADLINE",
+            help="Seconds to keep retrying while no leader is reachable.",
+        ),
+    ] = 10.0,
+) -> None:
+    """Global options shared by every client command."""
+    ctx.obj = CliState(
+        bootstrap=parse_bootstrap(bootstrap),
+        json=json_output,
+        timeout_s=timeout_s,
+        retry_deadline_s=retry_deadline_s,
+    )
+
+
+app.add_typer(topic.app, name="topic")
+app.add_typer(cluster.app, name="cluster")
+app.add_typer(bench.app, name="bench")
+data.register(app)
+register_serve(app)
+
+
+if __name__ == "__main__":
+    app(prog_name="raftbroker")

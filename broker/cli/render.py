@@ -1,0 +1,175 @@
+"""How SDK values look on the terminal: JSON-ready dicts and rich tables.
+
+JSON shapes (stable, for scripts):
+- topic: ``{"name", "partition_count", "durability", "full_policy", "retention": {"max_age_ms",
+  "max_records", "max_bytes"}, "incarnation", "created_ms", "records", "bytes",
+  "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``
+- record: ``{"topic", "partition", "offset", "key", "value", "headers", "timestamp_ms",
+  "position"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
+  (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
+  ``position`` is the base64 resume token (``consume --from token:...``).
+- event: ``{"event", "topic", "partition", "offset_before", "offset_after", "detail"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from broker.client import ClusterStatus, Event, PublishResult, Record, TopicInfo
+
+
+def topic_json(info: TopicInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "partition_count": info.partition_count,
+        "durability": info.durability,
+        "full_policy": info.full_policy,
+        "retention": {
+            "max_age_ms": info.retention.max_age_ms,
+            "max_records": info.retention.max_records,
+            "max_bytes": info.retention.max_bytes,
+        },
+        "incarnation": info.incarnation,
+        "created_ms": info.created_ms,
+        "records": info.records,
+        "bytes": info.bytes,
+        "partitions": [
+            {
+                "partition": p.partition,
+                "start_offset": p.start_offset,
+                "end_offset": p.end_offset,
+                "records": p.records,
+                "bytes": p.bytes,
+            }
+            for p in info.partitions
+        ],
+    }
+
+
+def _text_or_b64(out: dict[str, Any], name: str, data: bytes | None) -> None:
+    if data is None:
+        out[name] = None
+        return
+    try:
+        out[name] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        out[name] = None
+        out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    out: dict[str, Any] = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+    _text_or_b64(out, "key", record.key)
+    _text_or_b64(out, "value", record.value)
+    out["headers"] = dict(record.headers)
+    out["timestamp_ms"] = record.timestamp_ms
+    out["position"] = base64.b64encode(record.position).decode("ascii")
+    return out
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    return {
+        "event": event.type,
+        "topic": event.topic,
+        "partition": event.partition,
+        "offset_before": event.offset_before,
+        "offset_after": event.offset_after,
+        "detail": event.detail,
+    }
+
+
+def publish_json(result: PublishResult) -> dict[str, Any]:
+    return {"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate}
+
+
+def record_line(record: Record) -> str:
+    """``partition:offset [key=K] value`` with undecodable bytes escaped."""
+    value = record.value.decode("utf-8", errors="backslashreplace")
+    if record.key is None:
+        return f"{record.partition}:{record.offset} {value}"
+    key = record.key.decode("utf-8", errors="backslashreplace")
+    return f"{record.partition}:{record.offset} key={key} {value}"
+
+
+def event_line(event: Event) -> str:
+    detail = f" ({event.detail})" if event.detail else ""
+    return (
+        f"event {event.type} on {event.topic}/{event.partition}: "
+        f"offset {event.offset_before} -> {event.offset_after}{detail}"
+    )
+
+
+def _retention_text(info: TopicInfo) -> str:
+    r = info.retention
+    parts = [
+        f"{label}={value}"
+        for label, value in (("age_ms", r.max_age_ms), ("records", r.max_records), ("bytes", r.max_bytes))
+        if value is not None
+    ]
+    return " ".join(parts) or "unlimited"
+
+
+def print_topics(console: Console, topics: list[TopicInfo]) -> None:
+    table = Table("name", "partitions", "durability", "records", "bytes", "retention", box=None)
+    for info in topics:
+        table.add_row(
+            info.name,
+            str(info.partition_count),
+            info.durability,
+            str(info.records),
+            str(info.bytes),
+            _retention_text(info),
+        )
+    console.print(table if topics else "no topics")
+
+
+def print_topic(console: Console, info: TopicInfo) -> None:
+    console.print(
+        f"topic {info.name}: {info.partition_count} partition(s), durability {info.durability}, "
+        f"full policy {info.full_policy}, retention {_retention_text(info)}, incarnation {info.incarnation}"
+    )
+    table = Table("partition", "start offset", "end offset", "records", "bytes", box=None)
+    for p in info.partitions:
+        table.add_row(str(p.partition), str(p.start_offset), str(p.end_offset), str(p.records), str(p.bytes))
+    console.print(table)
+
+
+def status_json(status: ClusterStatus) -> dict[str, Any]:
+    return {
+        "leader_id": status.leader_id,
+        "nodes": [
+            {
+                "id": n.id,
+                "address": n.grpc_address,
+                "role": n.role,
+                "term": n.term,
+                "commit_index": n.commit_index,
+                "applied_index": n.applied_index,
+                "pid": n.pid,
+                "reachable": n.reachable,
+                "leader_id": n.leader_id,
+            }
+            for n in status.nodes
+        ],
+    }
+
+
+def print_status(console: Console, status: ClusterStatus) -> None:
+    table = Table("id", "address", "role", "term", "commit", "applied", "pid", "reachable", box=None)
+    for n in status.nodes:
+        table.add_row(
+            n.id,
+            n.grpc_address,
+            n.role,
+            str(n.term),
+            str(n.commit_index),
+            str(n.applied_index),
+            str(n.pid or "-"),
+            "yes" if n.reachable else "NO",
+        )
+    console.print(table)
+    console.print(f"leader: {status.leader_id or 'none'}")

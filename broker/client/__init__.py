@@ -1,0 +1,53 @@
+"""Python SDK of raftbroker (synchronous): ``with Client(["127.0.0.1:7001"]) as c: ...``.
+
+Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
+:class:`PartitionInfo`, :class:`PublishResult`, :class:`Record`, :class:`Event`,
+:class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`), the
+iterator :class:`Subscription`, and the error types rooted at :class:`BrokerError`.
+"""
+
+from broker.client.client import Client
+from broker.client.errors import (
+    BrokerError,
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    TopicExists,
+    TopicNotFound,
+    Unavailable,
+    Unimplemented,
+)
+from broker.client.models import (
+    ClusterStatus,
+    Event,
+    NodeInfo,
+    OutgoingRecord,
+    PartitionInfo,
+    PublishResult,
+    Record,
+    Retention,
+    TopicInfo,
+)
+from broker.client.subscription import Subscription
+
+__all__ = [
+    "BrokerError",
+    "Client",
+    "ClusterStatus",
+    "DeadlineExceeded",
+    "Event",
+    "InvalidArgument",
+    "NodeInfo",
+    "OutgoingRecord",
+    "PartitionInfo",
+    "PublishResult",
+    "Record",
+    "ResourceExhausted",
+    "Retention",
+    "Subscription",
+    "TopicExists",
+    "TopicInfo",
+    "TopicNotFound",
+    "Unavailable",
+    "Unimplemented",
+]

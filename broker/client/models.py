@@ -1,0 +1,144 @@
+"""Plain, typed values the SDK returns and accepts (never protobuf messages).
+
+Every type is a frozen dataclass. Names of enumerations are lower-case strings
+(``"disk"``, ``"discard_old"``, ``"skip_forward"``, ``"insert"``), the same words the CLI uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DURABILITIES = ("ephemeral", "memory", "disk", "fsync")
+FULL_POLICIES = ("discard_old", "reject")
+OPS = ("insert", "update", "delete", "tombstone")
+EVENT_TYPES = ("skip_forward", "reset", "badmsg", "gap")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Retention caps of a topic; ``None`` means no cap."""
+
+    max_age_ms: int | None = None
+    max_records: int | None = None
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition's retained range ``[start_offset, end_offset)`` and its size."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    records: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """A topic's configuration and, when the server reports them, its partitions' state."""
+
+    name: str
+    partition_count: int
+    retention: Retention
+    durability: str
+    full_policy: str
+    incarnation: int
+    created_ms: int
+    partitions: tuple[PartitionInfo, ...] = ()
+    schema_json: str = ""
+    dedup_fields: tuple[str, ...] = ()
+    dedup_window_ms: int = 0
+
+    @property
+    def records(self) -> int:
+        """Records retained over all partitions."""
+        return sum(p.records for p in self.partitions)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes retained over all partitions."""
+        return sum(p.bytes for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class OutgoingRecord:
+    """A record to publish. ``partition`` wins over ``key``; neither means round-robin."""
+
+    value: bytes | str
+    key: bytes | str | None = None
+    partition: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    op: str = "insert"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Where one published record was stored; ``duplicate`` if it had been stored before."""
+
+    partition: int
+    offset: int
+    duplicate: bool
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class Record:
+    """A stored record as delivered. ``position`` is the opaque token to resume right after it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, str]
+    timestamp_ms: int
+    position: bytes
+    producer: str = ""
+    op: str = "insert"
+    origin: str = ""
+    msg_id: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A non-record item of a subscription (SPEC §3.3): data loss or a reset, never silent."""
+
+    type: str
+    topic: str
+    partition: int
+    offset_before: int
+    offset_after: int
+    position_before: bytes = b""
+    position_after: bytes = b""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as the cluster reports it."""
+
+    id: str
+    grpc_address: str
+    role: str
+    term: int
+    commit_index: int
+    applied_index: int
+    pid: int
+    reachable: bool
+    leader_id: str
+    raft_address: str = ""
+    metrics_address: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """Every node of the cluster and the leader's id (empty when there is none)."""
+
+    leader_id: str
+    nodes: tuple[NodeInfo, ...]
+
+    @property
+    def leader(self) -> NodeInfo | None:
+        return next((n for n in self.nodes if n.id == self.leader_id and self.leader_id), None)

@@ -1,0 +1,264 @@
+"""Channels per node, the leader guess, and the retry loop every unary call runs through.
+
+Contract of :meth:`Router.call`:
+- a refusal naming the leader (``x-leader`` trailing metadata) is followed at once: the request
+  was provably not applied;
+- a refusal without a leader (election, no quorum), a connection that fails or drops, and a
+  deadline are retried on the next known node after a short capped backoff, until
+  ``retry_deadline_s`` has passed; then :class:`~broker.client.errors.Unavailable` is raised;
+- any other status is final and raised as its SDK error at once.
+A write that was retried after a dropped connection or a deadline may have been applied twice
+(at-least-once); its final error carries ``after_unknown_outcome=True``.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from broker.client.errors import (
+    BrokerError,
+    Unavailable,
+    error_from_rpc,
+    leader_hint,
+    rpc_code,
+    rpc_details,
+)
+from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
+
+T = TypeVar("T")
+Call = Callable[[str, float], T]
+
+_CHANNEL_OPTIONS = [
+    # A killed node that comes back is reachable again within a second, not after minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+_DISCOVERY_TIMEOUT_S = 2.0
+_DISCOVERY_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Limits of one call: per-attempt timeout, total retry time, backoff between nodes."""
+
+    timeout_s: float = 10.0
+    retry_deadline_s: float = 30.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 0.5
+    redirects_max: int = 3  # consecutive redirects followed without pausing
+
+
+class Backoff:
+    """Capped exponential backoff with jitter: ``initial * 2**n``, at most ``cap_s``."""
+
+    def __init__(self, initial_s: float, cap_s: float) -> None:
+        assert 0 < initial_s <= cap_s
+        self._initial_s = initial_s
+        self._cap_s = cap_s
+        self._attempt = 0
+
+    def next_delay_s(self) -> float:
+        delay = min(self._cap_s, self._initial_s * 2**self._attempt)
+        self._attempt = min(self._attempt + 1, 16)
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+class Outcome(enum.Enum):
+    """What a failed attempt tells about the request."""
+
+    REDIRECTED = "redirected"  # a follower named the leader: not applied
+    NOT_SENT = "not_sent"  # the connection could not be made: not applied
+    UNKNOWN = "unknown"  # no leader / dropped / deadline: maybe applied, retry
+    FINAL = "final"  # an answer to report to the caller
+
+
+def classify(err: grpc.RpcError) -> tuple[Outcome, str | None]:
+    """The outcome of a failed attempt and the leader address it named, if any."""
+    code = rpc_code(err)
+    hint = leader_hint(err)
+    if hint and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
+        return Outcome.REDIRECTED, hint
+    if code is grpc.StatusCode.UNAVAILABLE:
+        details = rpc_details(err).lower()
+        if "failed to connect" in details or "connection refused" in details:
+            return Outcome.NOT_SENT, None
+        return Outcome.UNKNOWN, None
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Outcome.UNKNOWN, None
+    return Outcome.FINAL, None
+
+
+def is_retryable(err: grpc.RpcError) -> bool:
+    return classify(err)[0] is not Outcome.FINAL
+
+
+class Router:
+    """Owns one channel per node address and the current leader guess; thread-safe."""
+
+    def __init__(self, bootstrap: Sequence[str], policy: RetryPolicy) -> None:
+        known = [a.strip() for a in bootstrap if a.strip()]
+        if not known:
+            raise ValueError("bootstrap needs at least one host:port address")
+        self.policy = policy
+        self._known = list(dict.fromkeys(known))
+        self._leader: str | None = None
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._next_discovery = 0.0
+
+    # -- channels -------------------------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.Channel:
+        """The (reused) channel to ``address``."""
+        with self._lock:
+            if self._closed:
+                raise BrokerError("CANCELLED", "the client is closed")
+            chan = self._channels.get(address)
+            if chan is None:
+                chan = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                self._channels[address] = chan
+            return chan
+
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        return broker_pb2_grpc.BrokerStub(self.channel(address))
+
+    def admin(self, address: str) -> admin_pb2_grpc.AdminStub:
+        return admin_pb2_grpc.AdminStub(self.channel(address))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for chan in channels:
+            chan.close()
+
+    # -- leader guess ---------------------------------------------------------------------------
+
+    @property
+    def known_addresses(self) -> list[str]:
+        return list(self._known)
+
+    @property
+    def leader(self) -> str | None:
+        return self._leader
+
+    def learn(self, address: str, *, is_leader: bool = False) -> None:
+        """Remember a node address (and that it leads, if so)."""
+        with self._lock:
+            if address not in self._known:
+                self._known.append(address)
+            if is_leader:
+                self._leader = address
+
+    def forget_leader(self, address: str) -> None:
+        """``address`` failed: stop sending to it first."""
+        with self._lock:
+            if self._leader == address:
+                self._leader = None
+
+    def next_address(self, after: str | None) -> str:
+        """The known node after ``after`` in round-robin order."""
+        with self._lock:
+            if after not in self._known:
+                return self._known[0]
+            return self._known[(self._known.index(after) + 1) % len(self._known)]
+
+    def read_address(self) -> str:
+        """Where a read goes: the leader if it can be found quickly (so reads see the caller's
+        writes), else any node (every node serves reads from its applied state)."""
+        return self._leader or self.discover_leader() or self.next_address(None)
+
+    def discover_leader(self) -> str | None:
+        """Ask the known nodes who leads (NodeStatus, then ClusterStatus for an address)."""
+        now = time.monotonic()
+        if now < self._next_discovery:
+            return self._leader
+        self._next_discovery = now + _DISCOVERY_INTERVAL_S
+        leader_id = ""
+        for address in self.known_addresses:
+            try:
+                node = self.admin(address).NodeStatus(
+                    admin_pb2.NodeStatusRequest(), timeout=_DISCOVERY_TIMEOUT_S
+                )
+            except grpc.RpcError:
+                continue
+            if node.role == "leader":
+                self.learn(address, is_leader=True)
+                return address
+            leader_id = leader_id or node.leader_id
+            if leader_id:
+                located = self._locate(address, leader_id)
+                if located:
+                    return located
+        return None
+
+    def _locate(self, address: str, leader_id: str) -> str | None:
+        try:
+            status = self.admin(address).ClusterStatus(
+                admin_pb2.ClusterStatusRequest(), timeout=_DISCOVERY_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+        for node in status.nodes:
+            if node.grpc_address:
+                self.learn(node.grpc_address, is_leader=node.id == leader_id)
+        return self._leader
+
+    # -- the retry loop -------------------------------------------------------------------------
+
+    def call(self, fn: Call[T], *, write: bool, what: str) -> T:
+        """``fn(address, timeout_s)`` on the leader, following redirects and retrying (see module doc)."""
+        deadline = time.monotonic() + self.policy.retry_deadline_s
+        backoff = Backoff(self.policy.backoff_initial_s, self.policy.backoff_max_s)
+        address = (self._leader or self.next_address(None)) if write else self.read_address()
+        unknown_outcome, redirects, tried = False, 0, []
+        while True:
+            tried.append(address)
+            try:
+                result = fn(address, self.policy.timeout_s)
+            except grpc.RpcError as err:
+                outcome, hint = classify(err)
+                if outcome is Outcome.FINAL:
+                    raise error_from_rpc(err, after_unknown_outcome=unknown_outcome) from None
+                unknown_outcome = unknown_outcome or (write and outcome is Outcome.UNKNOWN)
+                pause = True
+                if hint is not None:
+                    redirects += 1
+                    self.learn(hint, is_leader=True)
+                    pause, address = redirects > self.policy.redirects_max, hint
+                else:
+                    redirects = 0
+                    self.forget_leader(address)
+                    address = self.next_address(address)
+                delay = backoff.next_delay_s() if pause else 0.0
+                if time.monotonic() + delay >= deadline:
+                    raise self._gave_up(what, err, tried, unknown_outcome) from None
+                time.sleep(delay)
+                continue
+            if write:
+                self.learn(address, is_leader=True)
+            return result
+
+    def _gave_up(self, what: str, err: grpc.RpcError, tried: list[str], unknown: bool) -> Unavailable:
+        nodes = ", ".join(dict.fromkeys(tried))
+        return Unavailable(
+            "UNAVAILABLE",
+            f"{what}: no leader answered within {self.policy.retry_deadline_s:g}s (tried {nodes}); "
+            f"last error: {rpc_code(err).name}: {rpc_details(err)}",
+            after_unknown_outcome=unknown,
+        )

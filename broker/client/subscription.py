@@ -1,0 +1,228 @@
+"""A stateless subscription (SPEC §3.1) that survives node failures.
+
+Contract: records of each partition are delivered in offset order, each at least once and,
+across a failover, never skipped: after a retryable failure the subscription re-subscribes on
+the leader (or any node, if none is known) from the position token of the last record it
+delivered for that partition. A subscription over all partitions of a multi-partition topic
+that fails after delivering records continues as one stream per partition (merged by threads)
+because one ``Position`` cannot carry a token per partition. Events are delivered as they come
+(a resumed stream may repeat an event). ``stop_at_end`` is re-evaluated on each re-subscribe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from broker.client import wire
+from broker.client.errors import Unavailable, error_from_rpc, leader_hint, rpc_details
+from broker.client.models import Event, Record
+from broker.client.routing import Backoff, Router, is_retryable
+from broker.v1 import broker_pb2, common_pb2
+
+Item = Record | Event
+_ESTABLISHED_S = 1.0  # a stream that lived this long before failing had been working
+_QUEUE_MAX = 1024
+
+
+class _Interrupted(Exception):
+    """A retryable failure of the all-partitions stream after records were delivered."""
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+_DONE = object()
+
+
+class Subscription(Iterator[Item]):
+    """Iterator of :class:`Record` and :class:`Event`; ``close()`` (any thread) ends it."""
+
+    def __init__(
+        self,
+        router: Router,
+        topic: str,
+        *,
+        partition: int | None,
+        position: common_pb2.Position,
+        stop_at_end: bool,
+        max_batch: int,
+        partition_count: Callable[[], int],
+    ) -> None:
+        self._router = router
+        self._topic = topic
+        self._partition = partition
+        self._position = position
+        self._stop_at_end = stop_at_end
+        self._max_batch = max_batch
+        self._partition_count = partition_count
+        self._tokens: dict[int, bytes] = {}  # partition -> position of the last delivered record
+        self._calls: set[grpc.Call] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._items = self._run()
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> Item:
+        return next(self._items)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel the open streams; iteration then ends. Safe to call from any thread, twice."""
+        with self._lock:
+            self._closed = True
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
+        # ValueError: being iterated by another thread, which stops on the cancellation.
+        with contextlib.suppress(ValueError):
+            self._items.close()
+
+    # -- plan -----------------------------------------------------------------------------------
+
+    def _run(self) -> Generator[Item, None, None]:
+        if self._partition is not None:
+            yield from self._stream(self._partition, resumable=True)
+            return
+        try:
+            yield from self._stream(None, resumable=False)
+            return
+        except _Interrupted:
+            pass
+        count = self._partition_count()
+        if count == 1:
+            yield from self._stream(0, resumable=True)
+        else:
+            yield from self._merge([self._stream(p, resumable=True) for p in range(count)])
+
+    def _merge(self, streams: list[Iterator[Item]]) -> Iterator[Item]:
+        """Items of every stream as they arrive, through a bounded queue fed by one thread each."""
+        items: queue.Queue[object] = queue.Queue(maxsize=_QUEUE_MAX)
+
+        def pump(stream: Iterator[Item]) -> None:
+            try:
+                for item in stream:
+                    while not self._closed:
+                        try:
+                            items.put(item, timeout=0.2)
+                            break
+                        except queue.Full:
+                            continue
+                    if self._closed:
+                        return
+            except BaseException as err:  # handed to the consumer thread
+                items.put(_Failed(err))
+            finally:
+                items.put(_DONE)
+
+        threads = [threading.Thread(target=pump, args=(s,), daemon=True) for s in streams]
+        for thread in threads:
+            thread.start()
+        remaining = len(threads)
+        try:
+            while remaining:
+                item = items.get()
+                if item is _DONE:
+                    remaining -= 1
+                elif isinstance(item, _Failed):
+                    raise item.error
+                else:
+                    assert isinstance(item, Record | Event)
+                    yield item
+        finally:
+            self.close()
+
+    # -- one stream -----------------------------------------------------------------------------
+
+    def _request(self, partition: int | None) -> broker_pb2.SubscribeRequest:
+        token = self._tokens.get(partition) if partition is not None else None
+        position = common_pb2.Position(token=token) if token else self._position
+        request = broker_pb2.SubscribeRequest(
+            topic=self._topic,
+            stop_at_end=self._stop_at_end,
+            max_batch=self._max_batch,
+            **{"from": position},  # "from" is a Python keyword
+        )
+        if partition is not None:
+            request.partition = partition
+        return request
+
+    def _stream(self, partition: int | None, *, resumable: bool) -> Iterator[Item]:
+        """Subscribe calls one after another from the last delivered position until one ends.
+
+        Not ``resumable`` (all partitions in one stream): a retryable failure after a record was
+        delivered raises :class:`_Interrupted`; before any, the stream is simply opened again.
+        """
+        policy = self._router.policy
+        backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
+        address = self._router.read_address()
+        failing_since: float | None = None
+        while not self._closed:
+            call = self._open(address, self._request(partition))
+            started = time.monotonic()
+            try:
+                for response in call:
+                    failing_since = None
+                    backoff.reset()
+                    yield from self._items_of(response)
+                return
+            except grpc.RpcError as err:
+                if self._closed:
+                    return
+                if not is_retryable(err):
+                    raise error_from_rpc(err) from None
+                if not resumable and self._tokens:
+                    raise _Interrupted() from None
+                now = time.monotonic()
+                if failing_since is None or now - started >= _ESTABLISHED_S:
+                    failing_since = now
+                if now - failing_since >= policy.retry_deadline_s:
+                    raise Unavailable(
+                        "UNAVAILABLE",
+                        f"subscribe {self._topic}: no node served the stream within "
+                        f"{policy.retry_deadline_s:g}s; last error: {rpc_details(err)}",
+                    ) from None
+                self._router.forget_leader(address)
+                hint = leader_hint(err)
+                address = hint or self._router.discover_leader() or self._router.next_address(address)
+                time.sleep(backoff.next_delay_s())
+            finally:
+                self._release(call)
+
+    def _items_of(self, response: broker_pb2.SubscribeResponse) -> Iterator[Item]:
+        if response.HasField("batch"):
+            for msg in response.batch.records:
+                record = wire.record(msg)
+                if record.position:
+                    self._tokens[record.partition] = record.position
+                yield record
+        elif response.HasField("event"):
+            yield wire.event(response.event)
+
+    def _open(self, address: str, request: broker_pb2.SubscribeRequest) -> grpc.Call:
+        call = self._router.broker(address).Subscribe(request)
+        with self._lock:
+            self._calls.add(call)
+            if self._closed:  # close() ran before the call was registered
+                call.cancel()
+        return call
+
+    def _release(self, call: grpc.Call) -> None:
+        call.cancel()  # a no-op on a finished call; stops the server stream on early exit
+        with self._lock:
+            self._calls.discard(call)

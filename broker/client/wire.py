@@ -1,0 +1,212 @@
+"""Translation between the SDK's plain values and the protobuf messages of ``broker.v1``.
+
+Pure functions, no I/O. Input checks that need no server (types, enum names, the shape of a
+start position) raise :class:`~broker.client.errors.InvalidArgument` here, before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from broker.client.errors import invalid_argument
+from broker.client.models import (
+    DURABILITIES,
+    EVENT_TYPES,
+    FULL_POLICIES,
+    OPS,
+    ClusterStatus,
+    Event,
+    NodeInfo,
+    OutgoingRecord,
+    PartitionInfo,
+    PublishResult,
+    Record,
+    Retention,
+    TopicInfo,
+)
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
+
+Start = str | int | bytes
+_RETENTION_FIELDS = ("max_age_ms", "max_records", "max_bytes")
+
+
+def to_bytes(value: bytes | str, what: str) -> bytes:
+    """``value`` as bytes (str is encoded as UTF-8)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    raise invalid_argument(f"{what} must be bytes or str, got {type(value).__name__}")
+
+
+def _enum_value(name: str | None, names: tuple[str, ...], prefix: str, what: str) -> str:
+    """The proto enum value name for ``name`` (``None``: ``<PREFIX>_UNSPECIFIED``)."""
+    if name is None:
+        return f"{prefix}_UNSPECIFIED"
+    if name not in names:
+        raise invalid_argument(f"unknown {what} {name!r}; use one of {', '.join(names)}")
+    return f"{prefix}_{name.upper()}"
+
+
+def _enum_name(value: int, names: tuple[str, ...], offset: int = 1) -> str:
+    index = value - offset
+    return names[index] if 0 <= index < len(names) else f"unknown({value})"
+
+
+def topic_config(
+    name: str,
+    partitions: int,
+    retention: Mapping[str, int | None] | Retention | None,
+    durability: str | None,
+    full_policy: str | None,
+) -> admin_pb2.TopicConfig:
+    """The ``TopicConfig`` of a create request."""
+    if not isinstance(partitions, int) or isinstance(partitions, bool):
+        raise invalid_argument(f"partitions must be an int, got {type(partitions).__name__}")
+    if partitions <= 0:
+        raise invalid_argument(f"partitions must be at least 1, got {partitions}")
+    config = admin_pb2.TopicConfig(
+        name=name,
+        partitions=partitions,
+        durability=_enum_value(durability, DURABILITIES, "DURABILITY", "durability"),
+        full_policy=_enum_value(full_policy, FULL_POLICIES, "FULL_POLICY", "full_policy"),
+    )
+    caps = retention.__dict__ if isinstance(retention, Retention) else dict(retention or {})
+    unknown = set(caps) - set(_RETENTION_FIELDS)
+    if unknown:
+        raise invalid_argument(f"unknown retention field(s) {sorted(unknown)}; use {_RETENTION_FIELDS}")
+    for key, cap in caps.items():
+        if cap is not None:
+            setattr(config.retention, key, int(cap))
+    return config
+
+
+def topic_info(msg: admin_pb2.TopicInfo) -> TopicInfo:
+    cfg = msg.config
+    retention = Retention(
+        **{f: getattr(cfg.retention, f) if cfg.retention.HasField(f) else None for f in _RETENTION_FIELDS}
+    )
+    return TopicInfo(
+        name=cfg.name,
+        partition_count=cfg.partitions or len(msg.partitions),
+        retention=retention,
+        durability=_enum_name(cfg.durability, DURABILITIES),
+        full_policy=_enum_name(cfg.full_policy, FULL_POLICIES),
+        incarnation=msg.incarnation,
+        created_ms=msg.created_ms,
+        partitions=tuple(
+            PartitionInfo(p.partition, p.start_offset, p.end_offset, p.records, p.bytes)
+            for p in msg.partitions
+        ),
+        schema_json=cfg.schema_json,
+        dedup_fields=tuple(cfg.dedup_fields),
+        dedup_window_ms=cfg.dedup_window_ms,
+    )
+
+
+def outgoing(item: OutgoingRecord | Mapping[str, Any] | bytes | str) -> OutgoingRecord:
+    """Accept a record as an :class:`OutgoingRecord`, a dict of its fields, or a bare value."""
+    if isinstance(item, OutgoingRecord):
+        return item
+    if isinstance(item, bytes | str):
+        return OutgoingRecord(value=item)
+    if isinstance(item, Mapping):
+        unknown = set(item) - {"value", "key", "partition", "headers", "op"}
+        if unknown or "value" not in item:
+            raise invalid_argument(
+                f"a record dict needs 'value' and may have key/partition/headers/op; got {sorted(item)}"
+            )
+        return OutgoingRecord(**item)
+    raise invalid_argument(f"cannot publish a {type(item).__name__}; use bytes, str, dict or OutgoingRecord")
+
+
+def publish_record(record: OutgoingRecord, idempotency_key: str) -> broker_pb2.PublishRecord:
+    """The wire form of one record; ``idempotency_key`` is empty until SPEC §4 keys are attached."""
+    msg = broker_pb2.PublishRecord(
+        value=to_bytes(record.value, "value"),
+        op=_enum_value(record.op, OPS, "OP", "op"),
+        idempotency_key=idempotency_key,
+    )
+    if record.key is not None:
+        msg.key = to_bytes(record.key, "key")
+    if record.partition is not None:
+        if record.partition < 0:
+            raise invalid_argument(f"partition must be >= 0, got {record.partition}")
+        msg.partition = record.partition
+    for name, text in record.headers.items():
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise invalid_argument("headers must map str to str")
+        msg.headers[name] = text
+    return msg
+
+
+def publish_result(msg: broker_pb2.PublishResult) -> PublishResult:
+    return PublishResult(msg.partition, msg.offset, msg.duplicate, msg.timestamp_ms)
+
+
+def position(start: Start, timestamp_ms: int | None) -> common_pb2.Position:
+    """The ``Position`` for ``start`` ("earliest", "latest", an offset, a token) or a timestamp."""
+    if timestamp_ms is not None:
+        if start not in ("earliest", None):
+            raise invalid_argument("give either start or timestamp_ms, not both")
+        return common_pb2.Position(timestamp_ms=int(timestamp_ms))
+    if start == "earliest":
+        return common_pb2.Position(start=common_pb2.START_POSITION_EARLIEST)
+    if start == "latest":
+        return common_pb2.Position(start=common_pb2.START_POSITION_LATEST)
+    if isinstance(start, bytes):
+        return common_pb2.Position(token=start)
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
+        return common_pb2.Position(offset=start)
+    raise invalid_argument(f"start must be 'earliest', 'latest', an offset >= 0 or a token; got {start!r}")
+
+
+def record(msg: common_pb2.Record) -> Record:
+    return Record(
+        topic=msg.topic,
+        partition=msg.partition,
+        offset=msg.offset,
+        key=msg.key if msg.HasField("key") else None,
+        value=msg.value,
+        headers=dict(msg.headers),
+        timestamp_ms=msg.timestamp_ms,
+        position=msg.position,
+        producer=msg.producer,
+        op=_enum_name(msg.op, OPS, offset=0),
+        origin=msg.origin,
+        msg_id=msg.msg_id,
+    )
+
+
+def event(msg: common_pb2.Event) -> Event:
+    return Event(
+        type=_enum_name(msg.type, EVENT_TYPES),
+        topic=msg.topic,
+        partition=msg.partition,
+        offset_before=msg.offset_before,
+        offset_after=msg.offset_after,
+        position_before=msg.position_before,
+        position_after=msg.position_after,
+        detail=msg.detail,
+    )
+
+
+def cluster_status(msg: admin_pb2.ClusterStatusResponse) -> ClusterStatus:
+    nodes = tuple(
+        NodeInfo(
+            id=n.id,
+            grpc_address=n.grpc_address,
+            role=n.role,
+            term=n.term,
+            commit_index=n.commit_index,
+            applied_index=n.applied_index,
+            pid=n.pid,
+            reachable=n.reachable,
+            leader_id=n.leader_id,
+            raft_address=n.raft_address,
+            metrics_address=n.metrics_address,
+        )
+        for n in msg.nodes
+    )
+    return ClusterStatus(leader_id=msg.leader_id, nodes=nodes)
