@@ -1,0 +1,142 @@
+"""An in-process gRPC node with scripted behaviour, for SDK tests that need exact failures.
+
+Not a broker: it answers from a script (redirect to a leader, refuse without a leader a number
+of times, break a Subscribe stream after N records) and records what it was asked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from broker.core.records import PositionToken
+from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2
+
+
+@dataclass
+class Script:
+    """What the fake does; tests change it between calls."""
+
+    redirect_to: str | None = None  # refuse writes with UNAVAILABLE + x-leader
+    refuse_without_leader: int = 0  # refuse this many next calls with UNAVAILABLE, no x-leader
+    role: str = "leader"
+    leader_id: str = ""
+    topics: dict[str, int] = field(default_factory=dict)  # name -> partitions
+    logs: dict[tuple[str, int], list[bytes]] = field(default_factory=dict)  # (topic, partition) -> values
+    break_stream_after: int | None = None  # abort Subscribe with UNAVAILABLE after N records
+    create_then_drop_connection: bool = False  # apply CreateTopic, then answer UNAVAILABLE
+
+
+def _token(partition: int, next_offset: int) -> bytes:
+    return PositionToken(1, partition, next_offset).encode()
+
+
+class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
+    """One fake node on 127.0.0.1 with an OS-chosen port."""
+
+    def __init__(self, node_id: str = "f1") -> None:
+        self.node_id = node_id
+        self.script = Script()
+        self.requests: list[tuple[str, object]] = []
+        self._lock = threading.Lock()
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=8))
+        broker_pb2_grpc.add_BrokerServicer_to_server(self, self._server)
+        admin_pb2_grpc.add_AdminServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop(grace=None)
+
+    def calls(self, method: str) -> list[object]:
+        with self._lock:
+            return [r for m, r in self.requests if m == method]
+
+    def _enter(self, method: str, request: object, context: grpc.ServicerContext, write: bool) -> None:
+        with self._lock:
+            self.requests.append((method, request))
+            refuse = self.script.refuse_without_leader > 0
+            if refuse:
+                self.script.refuse_without_leader -= 1
+        if refuse:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no leader (scripted)")
+        if write and self.script.redirect_to:
+            context.set_trailing_metadata((("x-leader", self.script.redirect_to),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader (scripted)")
+
+    # -- Admin ----------------------------------------------------------------------------------
+
+    def _info(self, name: str) -> admin_pb2.TopicInfo:
+        parts = self.script.topics[name]
+        return admin_pb2.TopicInfo(
+            config=admin_pb2.TopicConfig(name=name, partitions=parts),
+            incarnation=1,
+            partitions=[
+                admin_pb2.PartitionInfo(partition=p, end_offset=len(self.script.logs.get((name, p), [])))
+                for p in range(parts)
+            ],
+        )
+
+    def CreateTopic(self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:  # noqa: N802
+        self._enter("CreateTopic", request, context, write=True)
+        name = request.config.name
+        if name in self.script.topics:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"topic {name!r} already exists")
+        self.script.topics[name] = request.config.partitions or 1
+        if self.script.create_then_drop_connection:
+            self.script.create_then_drop_connection = False
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection dropped (scripted)")
+        return self._info(name)
+
+    def DescribeTopic(self, request: admin_pb2.DescribeTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:  # noqa: N802
+        self._enter("DescribeTopic", request, context, write=False)
+        if request.name not in self.script.topics:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} does not exist")
+        return self._info(request.name)
+
+    def NodeStatus(self, request: admin_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> admin_pb2.NodeInfo:  # noqa: N802
+        return admin_pb2.NodeInfo(id=self.node_id, grpc_address=self.address, role=self.script.role,
+                                  leader_id=self.script.leader_id or (self.node_id if self.script.role == "leader" else ""))
+
+    # -- Broker ---------------------------------------------------------------------------------
+
+    def Publish(self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:  # noqa: N802
+        self._enter("Publish", request, context, write=True)
+        if request.topic not in self.script.topics:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} does not exist")
+        results = []
+        for rec in request.records:
+            partition = rec.partition if rec.HasField("partition") else 0
+            log = self.script.logs.setdefault((request.topic, partition), [])
+            log.append(rec.value)
+            results.append(broker_pb2.PublishResult(partition=partition, offset=len(log) - 1))
+        return broker_pb2.PublishResponse(results=results)
+
+    def Subscribe(self, request: broker_pb2.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[broker_pb2.SubscribeResponse]:  # noqa: N802
+        self._enter("Subscribe", request, context, write=False)
+        parts = [request.partition] if request.HasField("partition") else range(self.script.topics[request.topic])
+        position = getattr(request, "from")
+        sent = 0
+        for p in parts:
+            start = 0
+            if position.HasField("token"):
+                token = PositionToken.decode(position.token)
+                assert token.partition == p, "a token is only sent for its own partition"
+                start = token.next_offset
+            elif position.HasField("offset"):
+                start = position.offset
+            for offset, value in enumerate(self.script.logs.get((request.topic, p), [])):
+                if offset < start:
+                    continue
+                if self.script.break_stream_after is not None and sent >= self.script.break_stream_after:
+                    self.script.break_stream_after = None
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "stream broken (scripted)")
+                sent += 1
+                record = common_pb2.Record(topic=request.topic, partition=p, offset=offset, value=value,
+                                           position=_token(p, offset + 1))
+                yield broker_pb2.SubscribeResponse(batch=broker_pb2.RecordBatch(records=[record]))

@@ -1,0 +1,85 @@
+"""The SDK rides through a leader kill -9: publishes retry, subscriptions resume (own cluster)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.client import Client, Record
+from broker.devcluster import DevCluster
+from tests.conftest import start_cluster, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """This module's own cluster: tests kill its leader and restart the node afterwards."""
+    c = start_cluster(tmp_path_factory.mktemp("failover"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def kill_leader(c: DevCluster) -> int:
+    c.wait_ready(60)
+    index = c.leader()
+    assert index is not None
+    c.kill(index)
+    return index
+
+
+def heal(c: DevCluster, index: int) -> None:
+    c.spawn(index)
+    wait_until(lambda: c.leader() is not None, 60, "every node to agree on a leader")
+
+
+def stored_values(client: Client, topic: str) -> list[bytes]:
+    return [r.value for r in client.subscribe(topic, stop_at_end=True) if isinstance(r, Record)]
+
+
+def test_publish_keeps_working_across_a_leader_kill(killable: DevCluster, tmp_path: Path) -> None:
+    with Client(killable.addresses, retry_deadline_s=60) as client:
+        client.create_topic("fo-pub", 1)
+        acked = []
+        killed = None
+        for i in range(60):
+            if i == 20:
+                killed = kill_leader(killable)
+            value = f"m{i}".encode()
+            client.publish("fo-pub", value)
+            acked.append(value)
+        assert killed is not None
+        assert client.leader != killable.grpc_address(killed)
+        stored = stored_values(client, "fo-pub")
+        assert set(acked) <= set(stored), "every acknowledged record is stored"
+        first_seen = [stored.index(v) for v in acked]
+        assert first_seen == sorted(first_seen), "in publish order (retries may add duplicates)"
+    heal(killable, killed)
+
+
+def test_subscription_resumes_after_the_leader_dies(killable: DevCluster) -> None:
+    with Client(killable.addresses, retry_deadline_s=60) as client:
+        client.create_topic("fo-sub", 2)
+        got: list[Record] = []
+        sub = client.subscribe("fo-sub", start=0)
+        reader = threading.Thread(target=lambda: got.extend(r for r in sub if isinstance(r, Record)),
+                                  daemon=True)
+        reader.start()
+        client.publish_batch("fo-sub", [{"value": f"a{i}", "partition": i % 2} for i in range(10)])
+        wait_until(lambda: len(got) >= 10, 20, "the first records")
+        killed = kill_leader(killable)
+        client.publish_batch("fo-sub", [{"value": f"b{i}", "partition": i % 2} for i in range(10)])
+        wait_until(lambda: len(got) >= 20, 60, "the records published after the kill")
+        sub.close()
+        reader.join(10)
+        values = [r.value.decode() for r in got]
+        assert sorted(values) == sorted([f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)])
+        for p in (0, 1):
+            offsets = [r.offset for r in got if r.partition == p]
+            assert offsets == list(range(10)), f"partition {p}: no loss, no repeat, in order"
+    heal(killable, killed)

@@ -1,0 +1,127 @@
+"""Leader discovery, redirects, retries and error types of the SDK against scripted fake nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from broker.client import Client, InvalidArgument, TopicExists, TopicNotFound, Unavailable
+from tests.client.fakes import FakeNode
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def nodes() -> Iterator[tuple[FakeNode, FakeNode]]:
+    """A leader and a follower that redirects writes to it."""
+    leader, follower = FakeNode("n1"), FakeNode("n2")
+    follower.script.redirect_to = leader.address
+    follower.script.role, follower.script.leader_id = "follower", "n1"
+    for node in (leader, follower):
+        node.script.topics["t"] = 1
+    yield leader, follower
+    leader.stop()
+    follower.stop()
+
+
+def test_write_to_a_follower_follows_the_redirect(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, follower = nodes
+    with Client([follower.address], retry_deadline_s=5) as client:
+        result = client.publish("t", "v")
+        assert (result.partition, result.offset) == (0, 0)
+        assert client.leader == leader.address
+        client.publish("t", "w")
+    assert len(follower.calls("Publish")) == 1, "the leader is remembered after one redirect"
+    assert len(leader.calls("Publish")) == 2
+
+
+def test_reads_go_to_the_leader_found_by_node_status(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, follower = nodes
+    with Client([follower.address, leader.address], retry_deadline_s=5) as client:
+        client.describe_topic("t")
+    assert leader.calls("DescribeTopic") and not follower.calls("DescribeTopic")
+
+
+def test_no_leader_is_retried_until_one_answers(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    leader.script.refuse_without_leader = 3
+    with Client([leader.address], retry_deadline_s=10) as client:
+        assert client.publish("t", "v").offset == 0
+    assert len(leader.calls("Publish")) == 4
+
+
+def test_no_leader_past_the_deadline_raises_unavailable(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    leader.script.refuse_without_leader = 10**6
+    with Client([leader.address], retry_deadline_s=0.5) as client, pytest.raises(Unavailable) as info:
+        client.publish("t", "v")
+    assert info.value.code == "UNAVAILABLE" and "no leader answered" in info.value.message
+
+
+def test_dead_bootstrap_node_is_skipped(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, follower = nodes
+    dead = FakeNode("dead")
+    dead.stop()
+    with Client([dead.address, follower.address], retry_deadline_s=10) as client:
+        assert client.publish("t", "v").offset == 0
+    assert leader.calls("Publish")
+
+
+def test_nothing_listening_raises_unavailable_after_the_deadline() -> None:
+    dead = FakeNode("dead")
+    dead.stop()
+    with Client(dead.address, retry_deadline_s=0.3) as client, pytest.raises(Unavailable):
+        client.list_topics()
+
+
+def test_server_errors_map_to_types(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    with Client([leader.address]) as client:
+        with pytest.raises(TopicNotFound) as info:
+            client.describe_topic("nope")
+        assert info.value.code == "NOT_FOUND"
+        with pytest.raises(TopicExists):
+            client.create_topic("t")
+        with pytest.raises(TopicNotFound):
+            client.publish("nope", "v")
+
+
+def test_client_side_bad_arguments_raise_invalid_argument_without_sending(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    with Client([leader.address]) as client:
+        for call in (
+            lambda: client.create_topic("x", 0),
+            lambda: client.create_topic("x", durability="forever"),
+            lambda: client.create_topic("x", retention={"max_age": 1}),
+            lambda: client.publish("t", 42),  # type: ignore[arg-type]
+            lambda: client.publish("t", "v", partition=-1),
+            lambda: client.subscribe("t", start="middle"),
+            lambda: client.subscribe("t", start=5, timestamp_ms=1),
+        ):
+            with pytest.raises(InvalidArgument):
+                call()
+    assert not leader.calls("CreateTopic") and not leader.calls("Publish")
+
+
+def test_create_whose_first_attempt_was_lost_returns_the_topic(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    leader.script.create_then_drop_connection = True
+    with Client([leader.address], retry_deadline_s=5) as client:
+        info = client.create_topic("new", 3)
+    assert info.name == "new" and info.partition_count == 3
+    assert len(leader.calls("CreateTopic")) == 2
+
+
+def test_publish_batch_accepts_dicts_values_and_records(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    leader.script.topics["t"] = 2
+    from broker.client import OutgoingRecord
+
+    with Client([leader.address]) as client:
+        results = client.publish_batch(
+            "t", [b"a", "b", {"value": "c", "partition": 1, "headers": {"h": "1"}}, OutgoingRecord("d", key="k")]
+        )
+    assert [(r.partition, r.offset) for r in results] == [(0, 0), (0, 1), (1, 0), (0, 2)]
+    sent = leader.calls("Publish")[0]
+    assert sent.records[2].headers["h"] == "1" and sent.records[3].key == b"k"  # type: ignore[attr-defined]

@@ -1,0 +1,87 @@
+"""Translation between SDK values and protobuf messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.client import InvalidArgument, OutgoingRecord, Retention
+from broker.client import wire
+from broker.client.errors import error_from_rpc
+from broker.v1 import admin_pb2, common_pb2
+
+pytestmark = pytest.mark.unit
+
+
+def test_topic_config_carries_every_option() -> None:
+    cfg = wire.topic_config("t", 3, {"max_records": 10, "max_age_ms": None}, "fsync", "reject")
+    assert cfg.partitions == 3 and cfg.retention.max_records == 10
+    assert not cfg.retention.HasField("max_age_ms")
+    assert cfg.durability == common_pb2.DURABILITY_FSYNC and cfg.full_policy == common_pb2.FULL_POLICY_REJECT
+    assert wire.topic_config("t", 1, Retention(max_bytes=5), None, None).retention.max_bytes == 5
+
+
+def test_topic_info_round_trips_names_and_unset_retention() -> None:
+    msg = admin_pb2.TopicInfo(
+        config=admin_pb2.TopicConfig(name="t", partitions=2, durability=common_pb2.DURABILITY_MEMORY,
+                                     full_policy=common_pb2.FULL_POLICY_DISCARD_OLD),
+        partitions=[admin_pb2.PartitionInfo(partition=0, end_offset=4, records=4, bytes=40),
+                    admin_pb2.PartitionInfo(partition=1, start_offset=1, end_offset=2, records=1, bytes=9)],
+    )
+    msg.config.retention.max_records = 7
+    info = wire.topic_info(msg)
+    assert (info.durability, info.full_policy, info.partition_count) == ("memory", "discard_old", 2)
+    assert info.retention == Retention(max_records=7)
+    assert (info.records, info.bytes) == (5, 49)
+
+
+@pytest.mark.parametrize(
+    ("start", "timestamp_ms", "field", "value"),
+    [
+        ("earliest", None, "start", common_pb2.START_POSITION_EARLIEST),
+        ("latest", None, "start", common_pb2.START_POSITION_LATEST),
+        (0, None, "offset", 0),
+        (17, None, "offset", 17),
+        (b"\x01tok", None, "token", b"\x01tok"),
+        ("earliest", 1_700_000_000_000, "timestamp_ms", 1_700_000_000_000),
+    ],
+)
+def test_positions(start: str | int | bytes, timestamp_ms: int | None, field: str, value: object) -> None:
+    pos = wire.position(start, timestamp_ms)
+    assert pos.WhichOneof("kind") == field and getattr(pos, field) == value
+
+
+def test_publish_record_keeps_key_partition_headers_and_op() -> None:
+    msg = wire.publish_record(OutgoingRecord("v", key="k", partition=2, headers={"a": "b"}, op="delete"), "idem")
+    assert (msg.value, msg.key, msg.partition, dict(msg.headers)) == (b"v", b"k", 2, {"a": "b"})
+    assert msg.op == common_pb2.OP_DELETE and msg.idempotency_key == "idem"
+    bare = wire.publish_record(OutgoingRecord(b"\xff"), "")
+    assert not bare.HasField("key") and not bare.HasField("partition")
+
+
+def test_bad_record_shapes_are_invalid_arguments() -> None:
+    for bad in ({"key": "k"}, {"value": "v", "colour": 1}, 3.5):
+        with pytest.raises(InvalidArgument):
+            wire.outgoing(bad)  # type: ignore[arg-type]
+
+
+def test_record_and_event_conversion() -> None:
+    rec = wire.record(common_pb2.Record(topic="t", partition=1, offset=2, value=b"v", position=b"p",
+                                        op=common_pb2.OP_TOMBSTONE))
+    assert rec.key is None and rec.op == "tombstone" and rec.position == b"p"
+    ev = wire.event(common_pb2.Event(type=common_pb2.EVENT_TYPE_SKIP_FORWARD, partition=1, offset_before=3,
+                                     offset_after=9))
+    assert (ev.type, ev.offset_before, ev.offset_after) == ("skip_forward", 3, 9)
+
+
+def test_unknown_status_codes_become_the_base_error() -> None:
+    import grpc
+
+    class Err(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.PERMISSION_DENIED
+
+        def details(self) -> str:
+            return "no"
+
+    err = error_from_rpc(Err())
+    assert type(err).__name__ == "BrokerError" and err.code == "PERMISSION_DENIED" and str(err) == "no (PERMISSION_DENIED)"
