@@ -82,7 +82,9 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
             ],
         )
 
-    def CreateTopic(self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:  # noqa: N802
+    def CreateTopic(
+        self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext
+    ) -> admin_pb2.TopicInfo:
         self._enter("CreateTopic", request, context, write=True)
         name = request.config.name
         if name in self.script.topics:
@@ -93,19 +95,26 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "connection dropped (scripted)")
         return self._info(name)
 
-    def DescribeTopic(self, request: admin_pb2.DescribeTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:  # noqa: N802
+    def DescribeTopic(
+        self, request: admin_pb2.DescribeTopicRequest, context: grpc.ServicerContext
+    ) -> admin_pb2.TopicInfo:
         self._enter("DescribeTopic", request, context, write=False)
         if request.name not in self.script.topics:
             context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} does not exist")
         return self._info(request.name)
 
-    def NodeStatus(self, request: admin_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> admin_pb2.NodeInfo:  # noqa: N802
+    def NodeStatus(
+        self, request: admin_pb2.NodeStatusRequest, context: grpc.ServicerContext
+    ) -> admin_pb2.NodeInfo:
+        leader_id = self.script.leader_id or (self.node_id if self.script.role == "leader" else "")
         return admin_pb2.NodeInfo(id=self.node_id, grpc_address=self.address, role=self.script.role,
-                                  leader_id=self.script.leader_id or (self.node_id if self.script.role == "leader" else ""))
+                                  leader_id=leader_id)
 
     # -- Broker ---------------------------------------------------------------------------------
 
-    def Publish(self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:  # noqa: N802
+    def Publish(
+        self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.PublishResponse:
         self._enter("Publish", request, context, write=True)
         if request.topic not in self.script.topics:
             context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} does not exist")
@@ -117,7 +126,9 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
             results.append(broker_pb2.PublishResult(partition=partition, offset=len(log) - 1))
         return broker_pb2.PublishResponse(results=results)
 
-    def Subscribe(self, request: broker_pb2.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[broker_pb2.SubscribeResponse]:  # noqa: N802
+    def Subscribe(
+        self, request: broker_pb2.SubscribeRequest, context: grpc.ServicerContext
+    ) -> Iterator[broker_pb2.SubscribeResponse]:
         self._enter("Subscribe", request, context, write=False)
         parts = [request.partition] if request.HasField("partition") else range(self.script.topics[request.topic])
         position = getattr(request, "from")

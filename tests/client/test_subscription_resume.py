@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -19,7 +19,7 @@ def node() -> Iterator[FakeNode]:
     n.stop()
 
 
-def values(items: list[object]) -> list[tuple[int, int, bytes]]:
+def values(items: Sequence[object]) -> list[tuple[int, int, bytes]]:
     return [(r.partition, r.offset, r.value) for r in items if isinstance(r, Record)]
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client import InvalidArgument, OutgoingRecord, Retention
-from broker.client import wire
+from broker.client import InvalidArgument, OutgoingRecord, Retention, wire
 from broker.client.errors import error_from_rpc
 from broker.v1 import admin_pb2, common_pb2
 
@@ -76,7 +75,7 @@ def test_record_and_event_conversion() -> None:
 def test_unknown_status_codes_become_the_base_error() -> None:
     import grpc
 
-    class Err(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    class Err(grpc.RpcError, grpc.Call):
         def code(self) -> grpc.StatusCode:
             return grpc.StatusCode.PERMISSION_DENIED
 
@@ -84,4 +83,5 @@ def test_unknown_status_codes_become_the_base_error() -> None:
             return "no"
 
     err = error_from_rpc(Err())
-    assert type(err).__name__ == "BrokerError" and err.code == "PERMISSION_DENIED" and str(err) == "no (PERMISSION_DENIED)"
+    assert type(err).__name__ == "BrokerError" and err.code == "PERMISSION_DENIED"
+    assert str(err) == "no (PERMISSION_DENIED)"

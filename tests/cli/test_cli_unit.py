@@ -1,0 +1,107 @@
+"""CLI parsing, output shapes and error reporting that need no cluster."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import threading
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from broker.cli import render
+from broker.cli.data import parse_from, parse_headers, stdin_batches
+from broker.cli.main import app
+from broker.client import Record
+from broker.devcluster import free_base_port
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("earliest", ("earliest", None)),
+        ("latest", ("latest", None)),
+        ("42", (42, None)),
+        ("999999999999", (999_999_999_999, None)),
+        ("1700000000000", ("earliest", 1_700_000_000_000)),
+        ("offset:1700000000000", (1_700_000_000_000, None)),
+        ("ts:5", ("earliest", 5)),
+        ("ts:1970-01-01T00:00:01Z", ("earliest", 1000)),
+        ("token:" + base64.b64encode(b"\x01abc").decode(), (b"\x01abc", None)),
+    ],
+)
+def test_from_distinguishes_offsets_timestamps_and_tokens(text: str, expected: object) -> None:
+    assert parse_from(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-1", "soon", "offset:x", "ts:yesterday", "ts:2024-01-01T00:00:00", "token:%%"])
+def test_bad_from_is_a_usage_error(text: str) -> None:
+    with pytest.raises(typer.BadParameter):
+        parse_from(text)
+
+
+def test_headers_parse_and_reject_items_without_equals() -> None:
+    assert parse_headers(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
+    with pytest.raises(typer.BadParameter):
+        parse_headers(["novalue"])
+
+
+def test_stdin_batches_by_count_without_a_file_descriptor() -> None:
+    lines = b"".join(b"%d\n" % i for i in range(7)) + b"last-without-newline"
+    batches = list(stdin_batches(io.BytesIO(lines), 3))
+    assert [len(b) for b in batches] == [3, 3, 2]
+    assert batches[0] == [b"0", b"1", b"2"] and batches[-1][-1] == b"last-without-newline"
+
+
+def test_stdin_batch_is_sent_when_no_more_input_is_waiting() -> None:
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"a\nb\n")
+    batches = stdin_batches(os.fdopen(read_fd, "rb"), 500)
+    first: list[list[bytes]] = []
+    reader = threading.Thread(target=lambda: first.append(next(batches)), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert first == [[b"a", b"b"]], "a half-full batch goes out while the writer is still open"
+    os.write(write_fd, b"c\n")
+    os.close(write_fd)
+    assert list(batches) == [[b"c"]]
+
+
+def test_record_json_falls_back_to_base64_for_binary() -> None:
+    rec = Record(topic="t", partition=1, offset=2, key=b"\xfe", value=b"\xff\x00", headers={"h": "v"},
+                 timestamp_ms=3, position=b"\x01")
+    out = render.record_json(rec)
+    assert out["key"] is None and base64.b64decode(out["key_b64"]) == b"\xfe"
+    assert out["value"] is None and base64.b64decode(out["value_b64"]) == b"\xff\x00"
+    text = render.record_json(Record("t", 0, 0, None, "é".encode(), {}, 1, b""))
+    assert text["value"] == "é" and text["key"] is None and "value_b64" not in text
+
+
+def test_unreachable_cluster_is_one_line_on_stderr_and_exit_1() -> None:
+    dead = f"127.0.0.1:{free_base_port(1)}"
+    result = runner.invoke(app, ["--bootstrap", dead, "--retry-deadline", "0.3", "topic", "list"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("raftbroker: error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output and dead in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["consume", "t", "--from", "soon"],
+        ["publish", "t", "x", "--header", "novalue"],
+        ["--bootstrap", "nohostport", "topic", "list"],
+        ["topic", "create"],
+        ["topic", "create", "t", "--partitions", "0"],
+        ["bench", "publish", "--batch-sizes", "0"],
+    ],
+)
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
