@@ -69,7 +69,7 @@ class NodeConfig(BaseModel):
     metrics_address: str = "127.0.0.1:7201"
     peers: list[PeerConfig] = Field(default_factory=list)
     max_record_bytes: int = Field(default=1 << 20, gt=0, le=64 << 20)
-    max_batch_bytes: int = Field(default=16 << 20, gt=0, le=256 << 20)
+    max_batch_bytes: int = Field(default=8 << 20, gt=0, le=64 << 20)
     commit_timeout_ms: int = Field(default=5000, gt=0)
     raft_password: str | None = None
     insecure: bool = False

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 3.0
 _MESSAGE_SLACK_BYTES = 1 << 20
+# per-record framing inside a command (length prefixes, partition numbers) on top of the bodies
+_COMMAND_OVERHEAD_BYTES = 1 << 20
 
 
 class Node:
@@ -41,7 +43,8 @@ class Node:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store)
-        options = RaftOptions(password=config.raft_password) if config.raft_password else RaftOptions()
+        options = RaftOptions(password=config.raft_password,
+                              max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)

@@ -25,7 +25,7 @@ class Limits:
     """Request limits; every one is checked before anything is replicated."""
 
     max_record_bytes: int = 1 << 20
-    max_batch_bytes: int = 16 << 20
+    max_batch_bytes: int = 8 << 20
     max_batch_records: int = 100_000
 
 

@@ -13,6 +13,7 @@ import pytest
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 from tests.cluster.stubs import Stubs, stubs
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -78,6 +79,15 @@ def test_live_subscriber_sees_a_new_record_within_a_bounded_time(cluster: DevClu
     leader_index = cluster.leader()
     assert leader_index is not None
     follower = stubs(cluster.grpc_address((leader_index + 1) % cluster.nodes))
+
+    def follower_knows_topic() -> bool:
+        try:
+            follower.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="live"), timeout=2)
+            return True
+        except grpc.RpcError:
+            return False
+
+    wait_until(follower_knows_topic, 10, "the follower to apply the topic's creation")
     got: queue.Queue[tuple[float, common_pb2.Record]] = queue.Queue()
     call = follower.broker.Subscribe(broker_pb2.SubscribeRequest(
         topic="live", **{"from": common_pb2.Position(start=common_pb2.START_POSITION_LATEST)}))
