@@ -1,0 +1,299 @@
+"""Pinned source patches to pysyncobj 0.3.17 (see docs/design/replication.md for the reasoning).
+
+Every patch names the exact source it rewrites: at import this module checks the pysyncobj version
+and the sha256 of each method it patches, and builds every patched method (each textual replacement
+must match exactly once), so an upgraded or different pysyncobj fails loudly here instead of running
+with a silently wrong patch. :func:`apply_patches` switches each patch on or off independently; it is
+process-wide and only affects ``SyncObj`` instances created afterwards (pysyncobj binds the message
+handler when a node is constructed). The environment variable ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF``
+(comma-separated patch names) is read by :func:`apply_patches_from_env`, which ``raft.py`` calls at
+import: tests use it to prove that each patch matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import linecache
+import os
+import textwrap
+import types
+from dataclasses import dataclass
+
+import pysyncobj.pickle as pysyncobj_pickle
+import pysyncobj.syncobj as pysyncobj_syncobj
+import pysyncobj.version as pysyncobj_version
+
+PINNED_VERSION = "0.3.17"
+PATCH_NAMES = ("pickle5", "large_command", "append_entries")
+ENV_PATCHES_OFF = "RAFTBROKER_PYSYNCOBJ_PATCHES_OFF"
+
+_STOCK_PICKLE_PROTOCOL = 2
+PATCHED_PICKLE_PROTOCOL = 5
+_PICKLE_SOURCE_SHA256 = {
+    "dump": "8632a4ffab1a6a8ad533a7c2d382d689623a7d138a2e2d8ab5bcf5a3240c6108",
+    "dumps": "9d907d0e2ec813650c6498b0bdb9b996ae8f058f520a5c810363f7c07f51bc5d",
+}
+
+
+class PysyncobjPatchError(ImportError):
+    """The installed pysyncobj is not the source these patches were written and reviewed against."""
+
+
+@dataclass(frozen=True)
+class _MethodPatch:
+    """Exact textual replacements in one ``SyncObj`` method (``attr`` is the mangled name)."""
+
+    name: str
+    attr: str
+    source_sha256: str
+    replacements: tuple[tuple[str, str], ...]
+
+
+# (b) Chunked transfer of one entry >= appendEntriesBatchSizeBytes: the "finish" chunk is chosen by
+# comparing with the command's length, but the chunks slice the pickled entry, which is longer. When
+# the entry's last chunk starts past the command's end, the follower unpickles a truncated entry on
+# every resend and replication wedges. Compare with the pickled entry's length.
+_LARGE_COMMAND = _MethodPatch(
+    name="large_command",
+    attr="_SyncObj__sendAppendEntries",
+    source_sha256="9cb9073128c392fa9e5efc4691420ba435bfafb4c74e83a34f931fa16aa760c6",
+    replacements=(
+        (
+            "elif pos + batchSizeBytes >= len(entries[0][0]):",
+            "elif pos + batchSizeBytes >= len(entry):  # raftbroker patch: the pickled entry's length",
+        ),
+    ),
+)
+
+_FOLLOWER_OLD = """\
+                if len(prevEntries) > 1:
+                    # rollback cluster changes
+                    if self.__conf.dynamicMembershipChange:
+                        for entry in reversed(prevEntries[1:]):
+                            clusterChangeRequest = self.__parseChangeClusterRequest(entry[0])
+                            if clusterChangeRequest is not None:
+                                self.__doChangeCluster(clusterChangeRequest, reverse=True)
+
+                    if prevLogIdx + 1 <= self.__raftLastApplied:
+                        logger.critical(
+                            'truncating already-applied log entries from index %d '
+                            '(last applied: %d) - state machine may have diverged from '
+                            'other cluster members', prevLogIdx + 1, self.__raftLastApplied)
+                    self.__deleteEntriesFrom(prevLogIdx + 1)
+                for entry in newEntries:
+                    self.__raftLog.add(*entry)
+
+                # apply cluster changes
+                if self.__conf.dynamicMembershipChange:
+                    for entry in newEntries:
+                        clusterChangeRequest = self.__parseChangeClusterRequest(entry[0])
+                        if clusterChangeRequest is not None:
+                            self.__doChangeCluster(clusterChangeRequest)
+
+                nextNodeIdx = prevLogIdx + 1
+                if newEntries:
+                    nextNodeIdx = newEntries[-1][1] + 1
+
+                self.__sendNextNodeIdx(node, nextNodeIdx=nextNodeIdx, success=True)
+"""
+
+_FOLLOWER_NEW = """\
+                # raftbroker patch (append_entries): Raft receiver rules 3-4. Skip the entries this
+                # log already holds with the same term; delete only from the first real conflict.
+                lastLogIdx = self.__getCurrentLogIndex()
+                heldCount = 0
+                for entry in newEntries:
+                    if entry[1] > lastLogIdx or self.__getEntries(entry[1], 1)[0][2] != entry[2]:
+                        break
+                    heldCount += 1
+                appendedEntries = newEntries[heldCount:]
+                if appendedEntries and appendedEntries[0][1] <= lastLogIdx:
+                    conflictIdx = appendedEntries[0][1]
+                    # rollback cluster changes
+                    if self.__conf.dynamicMembershipChange:
+                        for entry in reversed(self.__getEntries(conflictIdx)):
+                            clusterChangeRequest = self.__parseChangeClusterRequest(entry[0])
+                            if clusterChangeRequest is not None:
+                                self.__doChangeCluster(clusterChangeRequest, reverse=True)
+
+                    if conflictIdx <= self.__raftLastApplied:
+                        logger.critical(
+                            'truncating already-applied log entries from index %d '
+                            '(last applied: %d) - state machine may have diverged from '
+                            'other cluster members', conflictIdx, self.__raftLastApplied)
+                    self.__deleteEntriesFrom(conflictIdx)
+                for entry in appendedEntries:
+                    self.__raftLog.add(*entry)
+
+                # apply cluster changes
+                if self.__conf.dynamicMembershipChange:
+                    for entry in appendedEntries:
+                        clusterChangeRequest = self.__parseChangeClusterRequest(entry[0])
+                        if clusterChangeRequest is not None:
+                            self.__doChangeCluster(clusterChangeRequest)
+
+                nextNodeIdx = prevLogIdx + 1
+                if newEntries:
+                    nextNodeIdx = newEntries[-1][1] + 1
+                # Entries after this index were not checked against the leader's log.
+                coveredIdx = nextNodeIdx - 1
+
+                self.__sendNextNodeIdx(node, nextNodeIdx=nextNodeIdx, success=True)
+"""
+
+# (c) AppendEntries safety: the follower rules above, plus the commit index a follower adopts is
+# capped at the last index the message proved to match the leader (entries past it may be a stale
+# tail), plus the leader keeps the larger next index on success and the smaller one on reset.
+_APPEND_ENTRIES = _MethodPatch(
+    name="append_entries",
+    attr="_SyncObj__onMessageReceived",
+    source_sha256="ddfe34b6c02821795146dc533fb7c0fcf6574a082a68a227b4c885c9e14be206",
+    replacements=(
+        (
+            "            # Regular append entries\n            if 'prevLogIdx' in message:\n",
+            "            # raftbroker patch: the last index this message proved to match the leader's log\n"
+            "            coveredIdx = self.__raftCommitIndex\n"
+            "            # Regular append entries\n            if 'prevLogIdx' in message:\n",
+        ),
+        (_FOLLOWER_OLD, _FOLLOWER_NEW),
+        (
+            "                    self.__loadDumpFile(clearJournal=True)\n",
+            "                    self.__loadDumpFile(clearJournal=True)\n"
+            "                    coveredIdx = self.__getCurrentLogIndex()  # raftbroker patch\n",
+        ),
+        (
+            "            if leaderCommitIndex > self.__raftCommitIndex:\n"
+            "                self.__raftCommitIndex = min(leaderCommitIndex, self.__getCurrentLogIndex())\n",
+            "            # raftbroker patch: never adopt a commit index past what this message proved.\n"
+            "            newCommitIndex = min(leaderCommitIndex, coveredIdx, self.__getCurrentLogIndex())\n"
+            "            if newCommitIndex > self.__raftCommitIndex:\n"
+            "                self.__raftCommitIndex = newCommitIndex\n",
+        ),
+        (
+            "                if reset:\n"
+            "                    self.__raftNextIndex[node] = nextNodeIdx\n"
+            "                if success:\n"
+            "                    if self.__raftMatchIndex[node] < currentNodeIdx:\n"
+            "                        self.__raftMatchIndex[node] = currentNodeIdx\n"
+            "                        self.__raftNextIndex[node] = nextNodeIdx\n",
+            "                # raftbroker patch: replies to pipelined requests arrive out of step with the\n"
+            "                # optimistic next index; a success never moves it back, a reset never forward.\n"
+            "                if reset and nextNodeIdx < self.__raftNextIndex[node]:\n"
+            "                    self.__raftNextIndex[node] = nextNodeIdx\n"
+            "                if success:\n"
+            "                    if self.__raftMatchIndex[node] < currentNodeIdx:\n"
+            "                        self.__raftMatchIndex[node] = currentNodeIdx\n"
+            "                    if self.__raftNextIndex[node] < nextNodeIdx:\n"
+            "                        self.__raftNextIndex[node] = nextNodeIdx\n",
+        ),
+    ),
+)
+
+_METHOD_PATCHES = (_LARGE_COMMAND, _APPEND_ENTRIES)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _mismatch(what: str, detail: str) -> PysyncobjPatchError:
+    return PysyncobjPatchError(
+        f"raftbroker's pysyncobj patches were written against pysyncobj {PINNED_VERSION}; "
+        f"{what} {detail}. Re-review broker/replication/_patches.py against the installed source "
+        "before changing the pinned version."
+    )
+
+
+def _build(patch: _MethodPatch, original: types.FunctionType) -> types.FunctionType:
+    """Compile ``original``'s source with ``patch.replacements`` as a ``SyncObj`` method."""
+    source = inspect.getsource(original)
+    digest = _sha256(source)
+    if digest != patch.source_sha256:
+        raise _mismatch(f"SyncObj.{patch.attr} (patch {patch.name})", f"has sha256 {digest}")
+    for old, new in patch.replacements:
+        count = source.count(old)
+        if count != 1:
+            raise _mismatch(f"patch {patch.name}", f"expected 1 match of {old[:60]!r}, found {count}")
+        source = source.replace(old, new)
+    # Compiling inside ``class SyncObj`` gives the same name mangling (self.__x -> self._SyncObj__x).
+    body = textwrap.indent(textwrap.dedent(source), "    ")
+    filename = f"<raftbroker patch {patch.name}: pysyncobj/syncobj.py SyncObj.{patch.attr}>"
+    wrapped = "class SyncObj:\n" + body
+    linecache.cache[filename] = (len(wrapped), None, wrapped.splitlines(True), filename)
+    namespace: dict[str, object] = {}
+    exec(compile(wrapped, filename, "exec"), pysyncobj_syncobj.__dict__, namespace)
+    patched = vars(namespace["SyncObj"])[patch.attr]
+    assert isinstance(patched, types.FunctionType), patch.attr
+    return patched
+
+
+def _check_pickle_module() -> None:
+    protocol = pysyncobj_pickle.__dict__.get("__protocol")
+    if protocol not in (_STOCK_PICKLE_PROTOCOL, PATCHED_PICKLE_PROTOCOL):
+        raise _mismatch("pysyncobj.pickle.__protocol", f"is {protocol!r}, expected 2")
+    for name, expected in _PICKLE_SOURCE_SHA256.items():
+        digest = _sha256(inspect.getsource(getattr(pysyncobj_pickle, name)))
+        if digest != expected:
+            raise _mismatch(f"pysyncobj.pickle.{name}", f"has sha256 {digest}")
+
+
+def _load() -> tuple[dict[str, types.FunctionType], dict[str, types.FunctionType]]:
+    if pysyncobj_version.VERSION != PINNED_VERSION:
+        raise _mismatch("the installed version", f"is {pysyncobj_version.VERSION}")
+    _check_pickle_module()
+    originals: dict[str, types.FunctionType] = {}
+    patched: dict[str, types.FunctionType] = {}
+    for patch in _METHOD_PATCHES:
+        original = vars(pysyncobj_syncobj.SyncObj)[patch.attr]
+        originals[patch.name] = original
+        patched[patch.name] = _build(patch, original)
+    return originals, patched
+
+
+# Runs at import: a mismatching pysyncobj fails here, before any node starts.
+_ORIGINALS, _PATCHED = _load()
+_active: set[str] = set()
+
+
+def apply_patches(*, pickle5: bool = True, large_command: bool = True, append_entries: bool = True) -> None:
+    """Switch each patch on (True) or back to stock pysyncobj (False); idempotent, process-wide.
+
+    Affects ``SyncObj`` instances created afterwards. Every node of a cluster should run the same set.
+    """
+    wanted = {"pickle5": pickle5, "large_command": large_command, "append_entries": append_entries}
+    protocol = PATCHED_PICKLE_PROTOCOL if pickle5 else _STOCK_PICKLE_PROTOCOL
+    pysyncobj_pickle.__dict__["__protocol"] = protocol  # the module global is literally "__protocol"
+    for patch in _METHOD_PATCHES:
+        chosen = _PATCHED if wanted[patch.name] else _ORIGINALS
+        setattr(pysyncobj_syncobj.SyncObj, patch.attr, chosen[patch.name])
+    _active.clear()
+    _active.update(name for name, on in wanted.items() if on)
+
+
+def patches_off_from_env(environ: dict[str, str] | None = None) -> frozenset[str]:
+    """The patch names listed in ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` (unknown names are an error)."""
+    raw = (os.environ if environ is None else environ).get(ENV_PATCHES_OFF, "")
+    names = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    unknown = names - set(PATCH_NAMES)
+    if unknown:
+        raise ValueError(f"{ENV_PATCHES_OFF}: unknown patch names {sorted(unknown)}; known: {PATCH_NAMES}")
+    return names
+
+
+def apply_patches_from_env() -> None:
+    """Apply every patch except those named in ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF``."""
+    off = patches_off_from_env()
+    apply_patches(**{name: name not in off for name in PATCH_NAMES})
+
+
+def active_patches() -> frozenset[str]:
+    """The names of the patches currently switched on."""
+    return frozenset(_active)
+
+
+def pickle_protocol() -> int:
+    """The pickle protocol pysyncobj currently uses for commands, log entries and messages."""
+    protocol = pysyncobj_pickle.__dict__["__protocol"]
+    assert isinstance(protocol, int)
+    return protocol
