@@ -1,0 +1,387 @@
+"""The pysyncobj implementation of :class:`broker.replication.Replicator`.
+
+One ``SyncObj`` subclass with a single ``@replicated`` method that hands each committed ``bytes``
+command to the :class:`StateMachine` with its Raft index. Importing this module applies the pinned
+pysyncobj patches (see ``_patches.py``; ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` switches them off).
+
+Threads: pysyncobj's tick thread does all the work (network, append, apply, callbacks, snapshots).
+``submit``/``status``/``transfer_leadership``/``force_compaction`` may be called from any thread;
+work that must touch pysyncobj's state is handed to the tick thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from broker.replication import (
+    Callback,
+    FailReason,
+    ReplicaStatus,
+    ReplicationError,
+    Role,
+    StateMachine,
+    _patches,
+)
+from broker.replication.snapshot import SnapshotCodec
+
+logger = logging.getLogger(__name__)
+
+_patches.apply_patches_from_env()
+
+JOURNAL_FILE_NAME = "raft.journal"
+DUMP_FILE_NAME = "raft.snapshot"
+SNAPSHOT_WORK_DIR_NAME = "snapshot-work"
+_TRANSFER_WAIT_S = 1.0
+_CLOSE_JOIN_S = 5.0
+_ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
+
+# pysyncobj's FAIL_REASON -> ours. LEADER_CHANGED and UNKNOWN_OUTCOME only concern forwarded
+# commands (we never forward): the command may or may not be applied, which is TIMEOUT's meaning.
+_FAIL_REASONS = {
+    FAIL_REASON.QUEUE_FULL: FailReason.QUEUE_FULL,
+    FAIL_REASON.MISSING_LEADER: FailReason.NO_LEADER,
+    FAIL_REASON.DISCARDED: FailReason.DISCARDED,
+    FAIL_REASON.NOT_LEADER: FailReason.NOT_LEADER,
+    FAIL_REASON.LEADER_CHANGED: FailReason.TIMEOUT,
+    FAIL_REASON.REQUEST_DENIED: FailReason.DISCARDED,
+    FAIL_REASON.UNKNOWN_OUTCOME: FailReason.TIMEOUT,
+}
+
+
+def map_fail_reason(code: int) -> FailReason:
+    """Our :class:`FailReason` for a pysyncobj ``FAIL_REASON`` code other than SUCCESS."""
+    assert code != FAIL_REASON.SUCCESS
+    return _FAIL_REASONS.get(code, FailReason.TIMEOUT)
+
+
+@dataclass(frozen=True)
+class RaftOptions:
+    """Tunables of :class:`PysyncobjReplicator` (defaults measured on a 2-core machine, see the design
+    note). Timeouts in seconds, sizes in bytes."""
+
+    raft_min_timeout_s: float = 0.4  # election timeout range; must exceed 3 x append period
+    raft_max_timeout_s: float = 0.8
+    append_entries_period_s: float = 0.05  # heartbeat period (and batch-send period in batch mode)
+    auto_tick_period_s: float = 0.01  # tick thread's poll timeout; bounds commit latency in batch mode
+    append_entries_use_batch: bool = False  # False: send each command at once (~1 ms vs ~11 ms idle)
+    append_entries_batch_bytes: int = 64 * 1024
+    compaction_min_entries: int = 20_000  # compact when the log holds more entries than this...
+    compaction_min_time_s: float = 300.0  # ...or this long after the previous compaction...
+    compaction_max_log_bytes: int = 256 * 1024 * 1024  # ...or after this many command bytes applied
+    password: str | None = None  # set: encrypted, authenticated transport between nodes
+    max_command_bytes: int = 4 * 1024 * 1024  # larger commands fail with TOO_LARGE
+    commands_queue_size: int = 10_000  # pysyncobj's submit queue (QUEUE_FULL beyond)
+    max_pending_bytes: int = 256 * 1024 * 1024  # bytes submitted and not yet resolved (QUEUE_FULL)
+    leader_fallback_timeout_s: float = 3.0  # a leader without a majority for this long steps down
+    connection_timeout_s: float = 3.5
+    connection_retry_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "raft_min_timeout_s > 3 * append_entries_period_s": (
+                self.raft_min_timeout_s > 3 * self.append_entries_period_s
+            ),
+            "raft_max_timeout_s > raft_min_timeout_s": self.raft_max_timeout_s > self.raft_min_timeout_s,
+            "auto_tick_period_s > 0": self.auto_tick_period_s > 0,
+            "append_entries_batch_bytes > 0": self.append_entries_batch_bytes > 0,
+            "compaction_min_entries >= 2": self.compaction_min_entries >= 2,
+            "compaction_min_time_s > 0": self.compaction_min_time_s > 0,
+            "compaction_max_log_bytes > 0": self.compaction_max_log_bytes > 0,
+            "max_command_bytes > 0": self.max_command_bytes > 0,
+            "commands_queue_size > 0": self.commands_queue_size > 0,
+            "max_pending_bytes >= max_command_bytes": self.max_pending_bytes >= self.max_command_bytes,
+            "leader_fallback_timeout_s > append_entries_period_s": (
+                self.leader_fallback_timeout_s > self.append_entries_period_s
+            ),
+            "connection_timeout_s >= raft_max_timeout_s": self.connection_timeout_s >= self.raft_max_timeout_s,
+            "connection_retry_s >= 0": self.connection_retry_s >= 0,
+        }
+        failed = [rule for rule, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError(f"invalid RaftOptions: {', '.join(failed)}")
+
+    def to_conf(
+        self,
+        journal_file: Path,
+        dump_file: Path,
+        serializer: Callable[[str, object], None],
+        deserializer: Callable[[str], tuple[object, ...]],
+    ) -> SyncObjConf:
+        """The pysyncobj configuration for these options."""
+        return SyncObjConf(
+            raftMinTimeout=self.raft_min_timeout_s,
+            raftMaxTimeout=self.raft_max_timeout_s,
+            appendEntriesPeriod=self.append_entries_period_s,
+            autoTickPeriod=self.auto_tick_period_s,
+            appendEntriesUseBatch=self.append_entries_use_batch,
+            appendEntriesBatchSizeBytes=self.append_entries_batch_bytes,
+            logCompactionMinEntries=self.compaction_min_entries,
+            logCompactionMinTime=self.compaction_min_time_s,
+            password=self.password,
+            commandsQueueSize=self.commands_queue_size,
+            commandsWaitLeader=False,
+            leaderFallbackTimeout=self.leader_fallback_timeout_s,
+            connectionTimeout=self.connection_timeout_s,
+            connectionRetryTime=self.connection_retry_s,
+            journalFile=str(journal_file),
+            fullDumpFile=str(dump_file),
+            serializer=serializer,
+            deserializer=deserializer,
+            useFork=False,
+            dynamicMembershipChange=False,
+        )
+
+
+class _RaftNode(SyncObj):
+    """The SyncObj: one replicated method, no forwarding to the leader, a status snapshot per tick."""
+
+    def __init__(
+        self,
+        self_address: str,
+        peer_addresses: list[str],
+        conf: SyncObjConf,
+        state_machine: StateMachine,
+        compaction_max_log_bytes: int,
+    ) -> None:
+        # Set before SyncObj.__init__: its tick thread may apply entries at once.
+        self._state_machine = state_machine
+        self._compaction_max_log_bytes = compaction_max_log_bytes
+        self._applied_bytes_since_compaction = 0
+        super().__init__(self_address, peer_addresses, conf)
+
+    @replicated
+    def _apply_command(self, command: bytes) -> object:
+        # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception
+        # here makes the next tick retry the same index (the state machine skips what it has).
+        result = self._state_machine.apply(self.raftLastApplied + 1, command)
+        self._applied_bytes_since_compaction += len(command)
+        if self._applied_bytes_since_compaction >= self._compaction_max_log_bytes:
+            self._applied_bytes_since_compaction = 0
+            self.forceLogCompaction()
+        return result
+
+    def _checkCommandsToApply(self) -> None:
+        """Append queued commands when leader; otherwise fail them (stock pysyncobj forwards them)."""
+        if self._isLeader():
+            super()._checkCommandsToApply()
+            return
+        reason = FAIL_REASON.NOT_LEADER if self._getLeader() is not None else FAIL_REASON.MISSING_LEADER
+        commands = self._SyncObj__commandsQueue
+        for _ in range(self.conf.commandsQueueSize):
+            try:
+                _command, callback = commands.get_nowait()
+            except queue.Empty:
+                return
+            self._SyncObj__callErrCallback(reason, callback)
+
+    def status_fields(self) -> tuple[Role, int, int, int, str | None, bool]:
+        """(role, term, commit index, last applied, leader address, has quorum); tick thread only."""
+        leader = self._getLeader()
+        return (
+            _ROLES[self._SyncObj__raftState],
+            self.raftCurrentTerm,
+            self.raftCommitIndex,
+            self.raftLastApplied,
+            None if leader is None else str(leader.id),
+            bool(self.hasQuorum),
+        )
+
+    def log_entry_size_bytes(self, index: int) -> int | None:
+        """Size of the stored (and sent) entry at Raft ``index``, or None when not in the log."""
+        log = self._SyncObj__raftLog
+        try:
+            first = log[0][1]
+            entry = log[index - first] if index >= first else None
+        except IndexError:
+            return None
+        if entry is None or entry[1] != index:
+            return None
+        return len(entry[0])
+
+
+class PysyncobjReplicator:
+    """A :class:`broker.replication.Replicator` backed by pysyncobj (patched, see ``_patches``).
+
+    Commands are accepted only on the leader: elsewhere ``submit`` fails at once with NOT_LEADER (or
+    NO_LEADER when no leader is known) so the caller can redirect its client. Immediate failures
+    (TOO_LARGE, NOT_LEADER, NO_LEADER, QUEUE_FULL) call the callback on the submitting thread; every
+    other outcome arrives on the replication thread. ``close`` fails still-pending callbacks with
+    TIMEOUT (outcome unknown). The journal and the snapshot file live in ``data_dir``.
+    """
+
+    def __init__(
+        self,
+        self_address: str,
+        peer_addresses: list[str],
+        data_dir: Path,
+        state_machine: StateMachine,
+        options: RaftOptions | None = None,
+    ) -> None:
+        for address in [self_address, *peer_addresses]:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"raft address must be 'host:port', got {address!r}")
+        self._self_address = self_address
+        self._peer_addresses = [a for a in dict.fromkeys(peer_addresses) if a != self_address]
+        self._data_dir = Path(data_dir)
+        self._state_machine = state_machine
+        self._options = options or RaftOptions()
+        self._node: _RaftNode | None = None
+        self._closed = False
+        self._lock = threading.Lock()  # guards _pending and _pending_bytes
+        self._pending: dict[int, tuple[Callback, int]] = {}
+        self._pending_bytes = 0
+        self._tokens = itertools.count(1)
+        self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._last_fields: tuple[Role, int, int, int, str | None, bool] | None = None
+        self._status = ReplicaStatus(self_address, Role.FOLLOWER, 0, 0, 0, None, False)
+
+    @property
+    def options(self) -> RaftOptions:
+        return self._options
+
+    @property
+    def data_dir(self) -> Path:
+        return self._data_dir
+
+    def start(self) -> None:
+        """Open journal and snapshot under ``data_dir``, bind the raft port, start the tick thread."""
+        assert self._node is None and not self._closed, "start() may be called once"
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME)
+        conf = self._options.to_conf(
+            self._data_dir / JOURNAL_FILE_NAME, self._data_dir / DUMP_FILE_NAME, codec.write, codec.read
+        )
+        node = _RaftNode(
+            self._self_address,
+            self._peer_addresses,
+            conf,
+            self._state_machine,
+            self._options.compaction_max_log_bytes,
+        )
+        # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
+        node._SyncObj__mainThread = threading.main_thread()
+        node.addOnTickCallback(functools.partial(self._on_tick, node))
+        self._node = node
+
+    def submit(self, command: bytes, callback: Callback) -> None:
+        """Append ``command`` if this node leads; see the class docstring for where callbacks run."""
+        size = len(command)
+        if size > self._options.max_command_bytes:
+            limit = self._options.max_command_bytes
+            _call(callback, None, ReplicationError(FailReason.TOO_LARGE, f"{size} > {limit} bytes"))
+            return
+        node = self._node
+        if node is None or self._closed:
+            _call(callback, None, ReplicationError(FailReason.NO_LEADER, "replicator is not running"))
+            return
+        if not node._isLeader():
+            leader = node._getLeader()
+            reason = FailReason.NO_LEADER if leader is None else FailReason.NOT_LEADER
+            _call(callback, None, ReplicationError(reason, "" if leader is None else str(leader.id)))
+            return
+        token = next(self._tokens)
+        with self._lock:
+            admitted = self._pending_bytes + size <= self._options.max_pending_bytes
+            if admitted:
+                self._pending[token] = (callback, size)
+                self._pending_bytes += size
+        if not admitted:
+            _call(callback, None, ReplicationError(FailReason.QUEUE_FULL, "too many pending bytes"))
+            return
+        node._apply_command(command, callback=functools.partial(self._complete, token))
+
+    def _complete(self, token: int, result: object, code: int) -> None:
+        with self._lock:
+            entry = self._pending.pop(token, None)
+            if entry is not None:
+                self._pending_bytes -= entry[1]
+        if entry is None:  # already failed by close()
+            return
+        if code == FAIL_REASON.SUCCESS:
+            _call(entry[0], result, None)
+        else:
+            _call(entry[0], None, ReplicationError(map_fail_reason(code)))
+
+    def _on_tick(self, node: _RaftNode) -> None:
+        fields = node.status_fields()
+        if fields != self._last_fields:
+            self._last_fields = fields
+            self._status = ReplicaStatus(self._self_address, *fields)
+        while self._tick_calls:
+            self._tick_calls.popleft()()
+
+    def status(self) -> ReplicaStatus:
+        """The view published by the tick thread at its last tick (one attribute read: thread-safe)."""
+        return self._status
+
+    def pending_count(self) -> int:
+        """Commands submitted and not yet resolved."""
+        return len(self._pending)
+
+    def log_entry_size_bytes(self, index: int) -> int | None:
+        """Diagnostics: bytes of the Raft log entry at ``index`` as stored and sent, None if not held."""
+        node = self._node
+        return None if node is None else node.log_entry_size_bytes(index)
+
+    def transfer_leadership(self, target_address: str | None = None) -> bool:
+        """Ask the tick thread to send TimeoutNow to ``target_address`` (or the most caught-up peer).
+
+        True when the request was sent (the target was caught up); poll :meth:`status` to see the
+        new leader. Waits at most about a second; must not be called from a callback.
+        """
+        node = self._node
+        if node is None or self._closed or threading.current_thread() is node._SyncObj__thread:
+            return False
+        sent = threading.Event()
+        outcome: list[bool] = []
+
+        def on_result(_result: object, code: int) -> None:
+            outcome.append(code == FAIL_REASON.SUCCESS)
+            sent.set()
+
+        self._tick_calls.append(lambda: node.transferLeadership(target_address, on_result))
+        return sent.wait(_TRANSFER_WAIT_S) and outcome[0]
+
+    def force_compaction(self) -> None:
+        """Snapshot and drop the covered log prefix at the next tick."""
+        if self._node is not None:
+            self._node.forceLogCompaction()
+
+    def close(self) -> None:
+        """Stop the tick thread, close sockets and files; fail pending callbacks with TIMEOUT."""
+        node = self._node
+        if node is None or self._closed:
+            self._closed = True
+            return
+        self._closed = True
+        node.destroy()
+        thread = node._SyncObj__thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_CLOSE_JOIN_S)
+            if thread.is_alive():
+                logger.error("raft tick thread did not stop within %.1f s", _CLOSE_JOIN_S)
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._pending_bytes = 0
+        for callback, _size in pending:
+            _call(callback, None, ReplicationError(FailReason.TIMEOUT, "replicator closed"))
+
+
+def _call(callback: Callback, result: object, error: ReplicationError | None) -> None:
+    """Run a user callback; never let its exception reach pysyncobj (it would re-apply the entry)."""
+    try:
+        callback(result, error)
+    except Exception:
+        logger.exception("replication callback failed")

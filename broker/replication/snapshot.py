@@ -1,0 +1,194 @@
+"""The single snapshot file pysyncobj stores and ships: a state-machine snapshot plus Raft metadata.
+
+pysyncobj keeps one "full dump" file per node, written at log compaction and streamed to followers
+that are too far behind. :class:`SnapshotCodec` provides its ``serializer``/``deserializer`` pair:
+the file is an uncompressed tar holding ``raft-data.pickle`` (pysyncobj's ``raftData`` tuple, first
+so it can be read without scanning the rest), the directory written by
+:meth:`StateMachine.write_snapshot` under ``state/``, and ``manifest.json`` (size and CRC-32 of
+every state file, checked on restore). No pysyncobj import is needed here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import shutil
+import tarfile
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from broker.replication import StateMachine
+
+logger = logging.getLogger(__name__)
+
+RAFT_DATA_NAME = "raft-data.pickle"
+MANIFEST_NAME = "manifest.json"
+STATE_PREFIX = "state/"
+_COPY_CHUNK_BYTES = 1 << 20
+
+
+class SnapshotError(Exception):
+    """A snapshot file that is malformed or does not match its manifest."""
+
+
+def snapshot_index(raft_data: object) -> int:
+    """The Raft index a snapshot covers: ``raftData`` is (last applied entry, previous entry, nodes)
+    and an entry is (command, index, term)."""
+    if not (isinstance(raft_data, tuple) and len(raft_data) == 3):
+        raise SnapshotError(f"raftData must be a 3-tuple, got {type(raft_data).__name__}")
+    last_applied = raft_data[0]
+    if not (isinstance(last_applied, tuple) and len(last_applied) == 3 and isinstance(last_applied[1], int)):
+        raise SnapshotError("raftData[0] must be a (command, index, term) entry")
+    index = last_applied[1]
+    if index < 1:
+        raise SnapshotError(f"snapshot index must be positive, got {index}")
+    return index
+
+
+class _Crc32Reader:
+    """A read-only file wrapper that computes the CRC-32 of what passes through it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.crc32 = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self.crc32 = zlib.crc32(data, self.crc32)
+        return data
+
+
+def _state_files(root: Path) -> Iterator[tuple[str, Path]]:
+    for directory, _subdirs, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            path = Path(directory) / name
+            yield path.relative_to(root).as_posix(), path
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _safe_relative(name: str) -> PurePosixPath:
+    relative = PurePosixPath(name[len(STATE_PREFIX) :])
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise SnapshotError(f"unsafe path in snapshot: {name!r}")
+    return relative
+
+
+class SnapshotCodec:
+    """pysyncobj's custom ``serializer(file_name, raft_data)`` and ``deserializer(file_name)``.
+
+    Both run on the replication thread. ``work_dir`` holds temporary directories only and is emptied
+    by the constructor.
+    """
+
+    def __init__(self, state_machine: StateMachine, work_dir: Path) -> None:
+        self._state_machine = state_machine
+        self._work_dir = work_dir
+        shutil.rmtree(work_dir, ignore_errors=True)
+        work_dir.mkdir(parents=True)
+
+    def write(self, file_name: str, raft_data: object) -> None:
+        """Write the state machine's snapshot and ``raft_data`` into ``file_name`` (fsynced)."""
+        try:
+            self._write(file_name, raft_data)
+        except Exception:
+            # pysyncobj swallows serializer errors without a trace; keep one.
+            logger.exception("writing snapshot %s failed", file_name)
+            raise
+
+    def _write(self, file_name: str, raft_data: object) -> None:
+        index = snapshot_index(raft_data)
+        scratch = self._work_dir / f"write-{index}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        try:
+            state_dir = scratch / "state"
+            self._state_machine.write_snapshot(str(state_dir))
+            manifest: dict[str, list[int]] = {}
+            with open(file_name, "wb") as raw, tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+                _add_bytes(tar, RAFT_DATA_NAME, pickle.dumps(raft_data, protocol=5))
+                for relative, path in _state_files(state_dir):
+                    info = tar.gettarinfo(str(path), arcname=STATE_PREFIX + relative)
+                    with open(path, "rb") as source:
+                        reader = _Crc32Reader(source)
+                        tar.addfile(info, reader)
+                    manifest[relative] = [info.size, reader.crc32]
+                _add_bytes(tar, MANIFEST_NAME, json.dumps({"index": index, "files": manifest}).encode())
+                tar.close()
+                raw.flush()
+                os.fsync(raw.fileno())
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        logger.info("wrote snapshot at index %d (%d files) to %s", index, len(manifest), file_name)
+
+    def read(self, file_name: str) -> tuple[object, ...]:
+        """Restore the state machine from ``file_name`` unless it is already at or past the snapshot's
+        index; return the snapshot's ``raft_data``."""
+        try:
+            return self._read(file_name)
+        except Exception:
+            logger.critical("restoring snapshot %s failed", file_name, exc_info=True)
+            raise
+
+    def _read(self, file_name: str) -> tuple[object, ...]:
+        with tarfile.open(file_name, mode="r:") as tar:
+            first = tar.next()
+            if first is None or first.name != RAFT_DATA_NAME:
+                raise SnapshotError(f"{file_name}: first member must be {RAFT_DATA_NAME}")
+            extracted = tar.extractfile(first)
+            assert extracted is not None
+            raft_data = pickle.loads(extracted.read())
+            index = snapshot_index(raft_data)
+            applied = self._state_machine.applied_index()
+            if applied >= index:
+                logger.info("state machine at %d is at or past snapshot %d: keeping it", applied, index)
+                return raft_data
+            scratch = self._work_dir / f"read-{index}"
+            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                state_dir = scratch / "state"
+                state_dir.mkdir(parents=True)
+                self._extract_state(tar, state_dir, index)
+                self._state_machine.restore_snapshot(str(state_dir), index)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        logger.info("restored state machine from snapshot at index %d", index)
+        return raft_data
+
+    def _extract_state(self, tar: tarfile.TarFile, state_dir: Path, index: int) -> None:
+        seen: dict[str, list[int]] = {}
+        manifest: dict[str, object] | None = None
+        for member in tar:
+            if member.name == MANIFEST_NAME:
+                extracted = tar.extractfile(member)
+                assert extracted is not None
+                manifest = json.loads(extracted.read())
+                continue
+            if not (member.name.startswith(STATE_PREFIX) and member.isfile()):
+                raise SnapshotError(f"unexpected member {member.name!r} ({member.type!r})")
+            relative = _safe_relative(member.name)
+            target = state_dir.joinpath(*relative.parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            assert source is not None
+            crc32 = 0
+            with open(target, "wb") as sink:
+                while chunk := source.read(_COPY_CHUNK_BYTES):
+                    crc32 = zlib.crc32(chunk, crc32)
+                    sink.write(chunk)
+            seen[relative.as_posix()] = [member.size, crc32]
+        if manifest is None or manifest.get("index") != index:
+            raise SnapshotError(f"missing manifest or manifest index != {index}")
+        if manifest.get("files") != seen:
+            raise SnapshotError("state files do not match the manifest (size or CRC-32)")
