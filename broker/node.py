@@ -44,7 +44,9 @@ class Node:
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store)
         options = RaftOptions(password=config.raft_password,
-                              max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES)
+                              max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
+                              compaction_min_entries=config.raft_compaction_min_entries,
+                              compaction_min_time_s=config.raft_compaction_min_time_s)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)

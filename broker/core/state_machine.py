@@ -13,6 +13,7 @@ Layout in ``Column.META``: ``applied`` -> >Q index; ``next_topic_id`` -> >I;
 
 from __future__ import annotations
 
+import logging
 import shutil
 import struct
 import threading
@@ -22,6 +23,8 @@ from broker.core import records
 from broker.core.errors import BrokerError, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, Store
 from broker.v1 import internal_pb2
+
+log = logging.getLogger(__name__)
 
 _APPLIED = b"applied"
 _NEXT_TOPIC_ID = b"next_topic_id"
@@ -245,4 +248,5 @@ class BrokerStateMachine:
             return
         self._store.replace_with(directory)
         self._load_caches()
+        log.info("restored snapshot at index %d (applied index now %d)", index, self._applied)
         self._notify()
