@@ -184,16 +184,18 @@ class _RaftNode(SyncObj):
                 return
             self._SyncObj__callErrCallback(reason, callback)
 
-    def status_fields(self) -> tuple[Role, int, int, int, str | None, bool]:
-        """(role, term, commit index, last applied, leader address, has quorum); tick thread only."""
+    def status_fields(self, has_quorum: bool) -> tuple[Role, int, int, int, str | None, bool]:
+        """(role, term, commit index, last applied, leader address, has quorum) from any thread: each
+        is one attribute read of a value the tick thread replaces atomically."""
+        applied = self.raftLastApplied  # before the commit index, which is never below it
         leader = self._getLeader()
         return (
             _ROLES[self._SyncObj__raftState],
             self.raftCurrentTerm,
-            self.raftCommitIndex,
-            self.raftLastApplied,
+            max(self.raftCommitIndex, applied),
+            applied,
             None if leader is None else str(leader.id),
-            bool(self.hasQuorum),
+            has_quorum,
         )
 
     def log_entry_size_bytes(self, index: int) -> int | None:
@@ -243,8 +245,7 @@ class PysyncobjReplicator:
         self._pending_bytes = 0
         self._tokens = itertools.count(1)
         self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
-        self._last_fields: tuple[Role, int, int, int, str | None, bool] | None = None
-        self._status = ReplicaStatus(self_address, Role.FOLLOWER, 0, 0, 0, None, False)
+        self._has_quorum = False  # set by the tick thread (pysyncobj's set arithmetic is not thread-safe)
 
     @property
     def options(self) -> RaftOptions:
@@ -314,16 +315,22 @@ class PysyncobjReplicator:
             _call(entry[0], None, ReplicationError(map_fail_reason(code)))
 
     def _on_tick(self, node: _RaftNode) -> None:
-        fields = node.status_fields()
-        if fields != self._last_fields:
-            self._last_fields = fields
-            self._status = ReplicaStatus(self._self_address, *fields)
+        self._has_quorum = bool(node.hasQuorum)
         while self._tick_calls:
             self._tick_calls.popleft()()
 
     def status(self) -> ReplicaStatus:
-        """The view published by the tick thread at its last tick (one attribute read: thread-safe)."""
-        return self._status
+        """Live role, term, indexes and leader (thread-safe reads); ``has_quorum`` as of the last tick.
+
+        Cheap (a few microseconds): fine to poll from metrics or per request.
+        """
+        node = self._node
+        if node is None:
+            return ReplicaStatus(self._self_address, Role.FOLLOWER, 0, 0, 0, None, False)
+        if self._closed:
+            return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
+                                 node.raftLastApplied, None, False)
+        return ReplicaStatus(self._self_address, *node.status_fields(self._has_quorum))
 
     def pending_count(self) -> int:
         """Commands submitted and not yet resolved."""
