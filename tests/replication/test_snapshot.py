@@ -1,0 +1,77 @@
+"""SnapshotCodec: the single tar file pysyncobj stores at compaction and streams to followers."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from broker.replication.snapshot import SnapshotCodec, SnapshotError, snapshot_index
+
+from .chain_sm import ChainStateMachine, read_records
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+RAFT_DATA = ((b"\x00cmd", 7, 2), (b"\x01", 6, 2), {"127.0.0.1:1", "127.0.0.1:2"})
+
+
+def filled(directory: Path, commands: int) -> ChainStateMachine:
+    sm = ChainStateMachine(directory)
+    for index in range(1, commands + 1):
+        sm.apply(index, b"command %d" % index)
+    return sm
+
+
+def test_round_trip_restores_state_and_returns_raft_data(tmp_path: Path) -> None:
+    source = filled(tmp_path / "a", 5)
+    SnapshotCodec(source, tmp_path / "work-a").write(str(tmp_path / "dump"), RAFT_DATA)
+    target = ChainStateMachine(tmp_path / "b")
+    raft_data = SnapshotCodec(target, tmp_path / "work-b").read(str(tmp_path / "dump"))
+    assert raft_data == RAFT_DATA
+    assert target.applied_index() == 7  # the snapshot's raft index, past the last command (5)
+    assert target.chain() == source.chain()
+    assert [r.kind for r in read_records(target.log_path)] == ["A"] * 5 + ["R"]
+    assert not list((tmp_path / "work-b").iterdir()), "temporary directories are removed"
+
+
+def test_state_machine_at_or_past_the_index_keeps_its_state(tmp_path: Path) -> None:
+    SnapshotCodec(filled(tmp_path / "a", 5), tmp_path / "work-a").write(str(tmp_path / "dump"), RAFT_DATA)
+    ahead = filled(tmp_path / "b", 9)
+    chain = ahead.chain()
+    assert SnapshotCodec(ahead, tmp_path / "work-b").read(str(tmp_path / "dump")) == RAFT_DATA
+    assert ahead.applied_index() == 9 and ahead.chain() == chain
+
+
+def test_corrupted_state_file_is_detected(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    SnapshotCodec(filled(tmp_path / "a", 5), tmp_path / "work-a").write(str(dump), RAFT_DATA)
+    data = bytearray(dump.read_bytes())
+    position = data.index(b"\nA 3 ") + 3  # the record of index 3 now claims index 4
+    data[position : position + 1] = b"4"
+    dump.write_bytes(bytes(data))
+    target = ChainStateMachine(tmp_path / "b")
+    with pytest.raises(SnapshotError, match="do not match the manifest"):
+        SnapshotCodec(target, tmp_path / "work-b").read(str(dump))
+    assert target.applied_index() == 0
+
+
+def test_paths_escaping_the_state_directory_are_rejected(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    with tarfile.open(dump, "w:") as tar:
+        for name, payload in [("raft-data.pickle", __import__("pickle").dumps(RAFT_DATA)),
+                              ("state/../../escape", b"x")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    with pytest.raises(SnapshotError, match="unsafe path"):
+        SnapshotCodec(ChainStateMachine(tmp_path / "b"), tmp_path / "work").read(str(dump))
+    assert not (tmp_path / "escape").exists()
+
+
+def test_snapshot_index_validates_raft_data() -> None:
+    assert snapshot_index(RAFT_DATA) == 7
+    for bad in [None, (1, 2), ((b"", "7", 1), None, None), ((b"", 0, 1), None, None)]:
+        with pytest.raises(SnapshotError):
+            snapshot_index(bad)
