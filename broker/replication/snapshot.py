@@ -159,17 +159,19 @@ class SnapshotCodec:
             try:
                 state_dir = scratch / "state"
                 state_dir.mkdir(parents=True)
-                self._extract_state(tar, state_dir, index)
+                self._extract_state(tar, first, state_dir, index)
                 self._state_machine.restore_snapshot(str(state_dir), index)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
         logger.info("restored state machine from snapshot at index %d", index)
         return raft_data
 
-    def _extract_state(self, tar: tarfile.TarFile, state_dir: Path, index: int) -> None:
+    def _extract_state(self, tar: tarfile.TarFile, first: tarfile.TarInfo, state_dir: Path, index: int) -> None:
         seen: dict[str, list[int]] = {}
         manifest: dict[str, object] | None = None
-        for member in tar:
+        for member in tar:  # iterates from the first member again
+            if member is first:
+                continue
             if member.name == MANIFEST_NAME:
                 extracted = tar.extractfile(member)
                 assert extracted is not None
