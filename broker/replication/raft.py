@@ -157,7 +157,19 @@ class _RaftNode(SyncObj):
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
+        self.halted = False
         super().__init__(self_address, peer_addresses, conf)
+
+    def halt(self) -> None:
+        """Stop for good without another word to the leader (after a failed snapshot restore)."""
+        self.halted = True
+        self.destroy()
+
+    def _SyncObj__sendNextNodeIdx(self, node: object, reset: bool = False, nextNodeIdx: int | None = None,
+                                  success: bool = False) -> None:
+        if self.halted:  # do not acknowledge a snapshot that could not be restored
+            return
+        super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
 
     @replicated
     def _apply_command(self, command: bytes) -> object:
@@ -245,6 +257,7 @@ class PysyncobjReplicator:
         self._pending_bytes = 0
         self._tokens = itertools.count(1)
         self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._failure: BaseException | None = None
         self._has_quorum = False  # set by the tick thread (pysyncobj's set arithmetic is not thread-safe)
 
     @property
@@ -259,7 +272,7 @@ class PysyncobjReplicator:
         """Open journal and snapshot under ``data_dir``, bind the raft port, start the tick thread."""
         assert self._node is None and not self._closed, "start() may be called once"
         self._data_dir.mkdir(parents=True, exist_ok=True)
-        codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME)
+        codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME, self._halt)
         conf = self._options.to_conf(
             self._data_dir / JOURNAL_FILE_NAME, self._data_dir / DUMP_FILE_NAME, codec.write, codec.read
         )
@@ -274,6 +287,19 @@ class PysyncobjReplicator:
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))
         self._node = node
+        if self._failure is not None:  # the tick thread failed a restore before _node was set
+            node.halt()
+
+    def _halt(self, failure: BaseException) -> None:
+        """Called on the tick thread when a snapshot cannot be restored: stop serving for good."""
+        self._failure = failure
+        if self._node is not None:
+            self._node.halt()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why this node halted (a snapshot it could not restore), or None while healthy."""
+        return self._failure
 
     def submit(self, command: bytes, callback: Callback) -> None:
         """Append ``command`` if this node leads; see the class docstring for where callbacks run."""
@@ -283,7 +309,7 @@ class PysyncobjReplicator:
             _call(callback, None, ReplicationError(FailReason.TOO_LARGE, f"{size} > {limit} bytes"))
             return
         node = self._node
-        if node is None or self._closed:
+        if node is None or self._closed or node.halted:
             _call(callback, None, ReplicationError(FailReason.NO_LEADER, "replicator is not running"))
             return
         if not node._isLeader():
@@ -327,7 +353,7 @@ class PysyncobjReplicator:
         node = self._node
         if node is None:
             return ReplicaStatus(self._self_address, Role.FOLLOWER, 0, 0, 0, None, False)
-        if self._closed:
+        if self._closed or node.halted:
             return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
                                  node.raftLastApplied, None, False)
         return ReplicaStatus(self._self_address, *node.status_fields(self._has_quorum))

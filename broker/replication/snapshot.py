@@ -19,7 +19,7 @@ import shutil
 import tarfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -89,11 +89,15 @@ class SnapshotCodec:
     """pysyncobj's custom ``serializer(file_name, raft_data)`` and ``deserializer(file_name)``.
 
     Both run on the replication thread. ``work_dir`` holds temporary directories only and is emptied
-    by the constructor.
+    by the constructor. pysyncobj logs and swallows a deserializer error and carries on (it would even
+    acknowledge the snapshot to the leader), so ``on_restore_failure`` is called first: the node must
+    stop rather than run without the state it was sent.
     """
 
-    def __init__(self, state_machine: StateMachine, work_dir: Path) -> None:
+    def __init__(self, state_machine: StateMachine, work_dir: Path,
+                 on_restore_failure: Callable[[BaseException], None] | None = None) -> None:
         self._state_machine = state_machine
+        self._on_restore_failure = on_restore_failure
         self._work_dir = work_dir
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
@@ -137,8 +141,10 @@ class SnapshotCodec:
         index; return the snapshot's ``raft_data``."""
         try:
             return self._read(file_name)
-        except Exception:
+        except Exception as exc:
             logger.critical("restoring snapshot %s failed", file_name, exc_info=True)
+            if self._on_restore_failure is not None:
+                self._on_restore_failure(exc)
             raise
 
     def _read(self, file_name: str) -> tuple[object, ...]:
