@@ -110,4 +110,6 @@ class ChainStateMachine:
         self._open()
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

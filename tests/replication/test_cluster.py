@@ -163,3 +163,11 @@ def test_wiped_follower_catches_up_through_a_snapshot(cluster_factory: ClusterFa
     records: list[Record] = victim.records()
     assert any(r.kind == "R" for r in records), "the follower did not restore a snapshot"
     assert sum(r.kind == "A" for r in records) == 400
+
+
+@pytest.mark.timeout(60)
+def test_encrypted_transport_replicates(cluster_factory: ClusterFactory) -> None:
+    cluster = cluster_factory(options={"password": "correct horse battery staple"})
+    leader = cluster.leader()
+    assert leader.request("submit", count=50, size=1000, prefix="secret")["ok"] == 50
+    assert_converged(cluster, leader)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from broker.replication import FailReason, Role
+from broker.replication.raft import DUMP_FILE_NAME, PysyncobjReplicator
 from broker.replication.snapshot import SnapshotCodec, SnapshotError, snapshot_index
 
 from .chain_sm import ChainStateMachine, read_records
+from .cluster import wait_until
+from .conftest import FAST_OPTIONS, Outcomes
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -75,3 +82,37 @@ def test_snapshot_index_validates_raft_data() -> None:
     for bad in [None, (1, 2), ((b"", "7", 1), None, None), ((b"", 0, 1), None, None)]:
         with pytest.raises(SnapshotError):
             snapshot_index(bad)
+
+
+def test_node_that_cannot_restore_its_snapshot_halts(single_node: Callable[..., Any]) -> None:
+    """pysyncobj would log the error and run on without the state: the replicator stops instead."""
+    rep, sm = single_node()
+    outcomes = Outcomes()
+    for i in range(5):
+        rep.submit(b"cmd %d" % i, outcomes.callback(i))
+    outcomes.wait(5)
+    rep.force_compaction()
+    dump = rep.data_dir / DUMP_FILE_NAME
+    wait_until(lambda: dump.exists(), 5, "the snapshot file")
+    rep.close()
+    sm.close()
+    data = bytearray(dump.read_bytes())
+    position = data.index(b"\nA 4 ") + 3
+    data[position : position + 1] = b"5"
+    dump.write_bytes(bytes(data))
+    shutil.rmtree(sm.log_path.parent)  # a fresh state machine must restore from the snapshot
+
+    fresh = ChainStateMachine(sm.log_path.parent)
+    again = PysyncobjReplicator(rep.status().self_address, [], rep.data_dir, fresh, FAST_OPTIONS)
+    again.start()
+    try:
+        wait_until(lambda: again.failure is not None, 5, "the restore to fail")
+        assert isinstance(again.failure, SnapshotError)
+        assert again.status().role is Role.FOLLOWER and fresh.applied_index() == 0
+        late = Outcomes()
+        again.submit(b"x", late.callback(0))
+        error = late.results[0][1]
+        assert error is not None and error.reason is FailReason.NO_LEADER
+    finally:
+        again.close()
+        fresh.close()
