@@ -1,7 +1,8 @@
 """Publish benchmark: ``raftbroker bench publish`` and :func:`run_publish_bench` (for ``make bench``).
 
-For each batch size, ``count`` records of ``size_bytes`` bytes are published in batches, first
-one batch at a time (sequential), then from ``threads`` threads sharing one client (concurrent).
+For each batch size, ``count`` records of ``size_bytes`` bytes are published in batches (or as
+many as fit in ``run_s_max`` seconds), first one batch at a time (sequential), then from
+``threads`` threads sharing one client (concurrent).
 A record counts once its Publish is acknowledged (committed by a majority). Latency is per
 Publish call. The benchmark topic is created (and dropped afterwards) unless one is given.
 """
@@ -24,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from broker.cli.context import connect, emit_json, fail, state
+from broker.cli.context import emit_json, fail, reported_errors, state
 from broker.client import Client, TopicExists
 
 app = typer.Typer(help="Measure the cluster.", no_args_is_help=True)
@@ -52,24 +53,27 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     return sorted_values[rank - 1]
 
 
-def _timed_batches(client: Client, topic: str, batch: list[bytes], batches: int) -> list[float]:
+def _timed_batches(client: Client, topic: str, batch: list[bytes], batches: int, deadline: float) -> list[float]:
     latencies = []
     for _ in range(batches):
         t0 = time.perf_counter()
+        if t0 >= deadline:
+            break
         client.publish_batch(topic, batch)
         latencies.append(time.perf_counter() - t0)
     return latencies
 
 
 def _measure(client: Client, topic: str, mode: str, batch_size: int, count: int, threads: int,
-             payload: bytes) -> BenchResult:
+             payload: bytes, run_s_max: float) -> BenchResult:
     batch = [payload] * batch_size
     batches = max(1, math.ceil(count / batch_size))
     workers = threads if mode == "concurrent" else 1
     shares = [batches // workers + (1 if i < batches % workers else 0) for i in range(workers)]
     started = time.perf_counter()
+    deadline = started + run_s_max
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        parts = list(pool.map(lambda n: _timed_batches(client, topic, batch, n), [s for s in shares if s]))
+        parts = list(pool.map(lambda n: _timed_batches(client, topic, batch, n, deadline), [s for s in shares if s]))
     duration = time.perf_counter() - started
     latencies = sorted(lat for part in parts for lat in part)
     records = len(latencies) * batch_size
@@ -94,22 +98,29 @@ def run_publish_bench(
     topic: str | None = None,
     threads: int = 8,
     partitions: int = 1,
+    run_s_max: float = 10.0,
+    timeout_s: float = 10.0,
+    retry_deadline_s: float = 30.0,
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> list[BenchResult]:
-    """Run the benchmark against a running cluster; one result per (batch size, mode)."""
+    """Run the benchmark against a running cluster; one result per (batch size, mode).
+
+    Each run publishes ``count`` records or stops starting batches after ``run_s_max`` seconds,
+    whichever comes first (``records`` in the result says how many were acknowledged)."""
     assert count > 0 and size_bytes >= 0 and threads > 0 and all(b > 0 for b in batch_sizes)
+    assert run_s_max > 0
     payload = os.urandom(size_bytes)
     own_topic = topic is None
     name = topic or f"bench-{uuid.uuid4().hex[:8]}"
     results = []
-    with Client(bootstrap) as client:
+    with Client(bootstrap, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s) as client:
         with contextlib.suppress(TopicExists):
             client.create_topic(name, partitions)
         try:
             client.publish_batch(name, [payload])  # warm-up: channels and the leader are found
             for batch_size in batch_sizes:
                 for mode in ("sequential", "concurrent"):
-                    result = _measure(client, name, mode, batch_size, count, threads, payload)
+                    result = _measure(client, name, mode, batch_size, count, threads, payload, run_s_max)
                     results.append(result)
                     if on_result is not None:
                         on_result(result)
@@ -148,6 +159,9 @@ def publish(
     topic: Annotated[str | None, typer.Option(help="Topic to use (default: a temporary one).")] = None,
     threads: Annotated[int, typer.Option(min=1, max=64, help="Threads of the concurrent variant.")] = 8,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the temporary topic.")] = 1,
+    max_seconds: Annotated[
+        float, typer.Option(min=0.1, help="Stop a run after this many seconds even if COUNT is not reached.")
+    ] = 10.0,
     spawn: Annotated[bool, typer.Option("--spawn", help="Start a temporary 3-node cluster for the run.")] = False,
 ) -> None:
     """Acknowledged msgs/s and p50/p99 Publish latency per batch size, sequential and concurrent.
@@ -158,13 +172,14 @@ def publish(
     sizes = _parse_sizes(batch_sizes)
     opts = state(ctx)
     console = Console(stderr=True)
-    config = {"count": count, "batch_sizes": sizes, "size_bytes": size, "threads": threads, "spawn": spawn}
+    config = {"count": count, "batch_sizes": sizes, "size_bytes": size, "threads": threads,
+              "max_seconds": max_seconds, "spawn": spawn}
 
     def progress(result: BenchResult) -> None:
         if not opts.json:
             console.print(f"  {result.mode:<10} batch {result.batch_size:>5}: {result.msgs_per_s:>10,.0f} msg/s")
 
-    with connect(ctx), contextlib.ExitStack() as stack:  # connect: the same error reporting as every command
+    with reported_errors(), contextlib.ExitStack() as stack:
         if spawn:
             try:
                 bootstrap: Sequence[str] = stack.enter_context(spawned_cluster())
@@ -174,7 +189,8 @@ def publish(
             bootstrap = opts.bootstrap
         results = run_publish_bench(
             bootstrap, count=count, batch_sizes=sizes, size_bytes=size, topic=topic,
-            threads=threads, partitions=partitions, on_result=progress,
+            threads=threads, partitions=partitions, run_s_max=max_seconds,
+            timeout_s=opts.timeout_s, retry_deadline_s=max(opts.retry_deadline_s, 30.0), on_result=progress,
         )
     if opts.json:
         emit_json({"config": config, "results": [asdict(r) for r in results]})

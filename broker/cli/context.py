@@ -60,12 +60,10 @@ def fail(message: str, code: int = EXIT_SERVER_ERROR) -> NoReturn:
 
 
 @contextmanager
-def connect(ctx: typer.Context) -> Iterator[Client]:
-    """A client for the command's cluster; SDK errors become one stderr line and exit code 1."""
-    opts = state(ctx)
+def reported_errors() -> Iterator[None]:
+    """Turn SDK errors into one stderr line and exit 1; Ctrl-C exits 130; a closed pipe exits 0."""
     try:
-        with Client(opts.bootstrap, timeout_s=opts.timeout_s, retry_deadline_s=opts.retry_deadline_s) as client:
-            yield client
+        yield
     except BrokerError as err:
         fail(str(err))
     except KeyboardInterrupt:
@@ -73,10 +71,20 @@ def connect(ctx: typer.Context) -> Iterator[Client]:
     except BrokenPipeError:
         _silence_stdout()
         raise typer.Exit(0) from None
-    except Exception as err:  # a bug; the brief is one line, RAFTBROKER_DEBUG=1 shows the trace
+    except Exception as err:  # a bug: still one line, unless RAFTBROKER_DEBUG=1 asks for the trace
         if os.environ.get("RAFTBROKER_DEBUG"):
             raise
         fail(f"internal error: {type(err).__name__}: {err} (set RAFTBROKER_DEBUG=1 for a traceback)")
+
+
+@contextmanager
+def connect(ctx: typer.Context) -> Iterator[Client]:
+    """A client for the command's cluster, inside :func:`reported_errors`."""
+    opts = state(ctx)
+    with reported_errors(), Client(
+        opts.bootstrap, timeout_s=opts.timeout_s, retry_deadline_s=opts.retry_deadline_s
+    ) as client:
+        yield client
 
 
 def _silence_stdout() -> None:
