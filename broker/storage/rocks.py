@@ -96,7 +96,16 @@ class RocksStore:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._release(self._db, self._cfs, self._handles)
+
+    @staticmethod
+    def _release(db: Rdict, cfs: dict[Column, Rdict], handles: dict[Column, ColumnFamily]) -> None:
+        """Close the database; the column-family objects share it, so drop them too (else the LOCK stays)."""
+        for cf in cfs.values():
+            cf.close()
+        cfs.clear()
+        handles.clear()
+        db.close()
 
     # -- writes ------------------------------------------------------------------------------
     def batch(self) -> RocksBatch:
@@ -145,16 +154,17 @@ class RocksStore:
                 shutil.rmtree(new_path)
             shutil.move(directory, new_path)
             db, cfs, handles = self._open(new_path)
-            old_db, old_path = self._db, self._db_path(self._generation)
+            old = (self._db, self._cfs, self._handles)
+            old_path = self._db_path(self._generation)
             self._db, self._cfs, self._handles = db, cfs, handles
             self._generation = new_generation
             self._write_generation(new_generation)
-        timer = threading.Timer(_OLD_DB_GRACE_S, self._retire, args=(old_db, old_path))
+        timer = threading.Timer(_OLD_DB_GRACE_S, self._retire, args=(old, old_path))
         timer.daemon = True
         timer.start()
 
-    @staticmethod
-    def _retire(db: Rdict, path: Path) -> None:
-        db.close()
+    @classmethod
+    def _retire(cls, old: tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]], path: Path) -> None:
+        cls._release(*old)
         shutil.rmtree(path, ignore_errors=True)
 
