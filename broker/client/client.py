@@ -53,6 +53,11 @@ class Client:
         self._router.close()
 
     @property
+    def known_addresses(self) -> list[str]:
+        """Every node address the client may try: the bootstrap list plus those it learned."""
+        return self._router.known_addresses
+
+    @property
     def leader(self) -> str | None:
         """The address of the node believed to lead (None until a call found it)."""
         return self._router.leader

@@ -7,6 +7,8 @@ Contract of :meth:`Router.call`:
   deadline are retried on the next known node after a short capped backoff, until
   ``retry_deadline_s`` has passed; then :class:`~broker.client.errors.Unavailable` is raised;
 - any other status is final and raised as its SDK error at once.
+After its first answered call a router learns every node's address (ClusterStatus, in the
+background), so "the other known nodes" include nodes missing from the bootstrap list.
 A write that was retried after a dropped connection or a deadline may have been applied twice
 (at-least-once); its final error carries ``after_unknown_outcome=True``.
 """
@@ -120,6 +122,7 @@ class Router:
         self._lock = threading.Lock()
         self._closed = False
         self._next_discovery = 0.0
+        self._members_asked = False
 
     # -- channels -------------------------------------------------------------------------------
 
@@ -207,6 +210,27 @@ class Router:
                     return located
         return None
 
+    def learn_members_soon(self, address: str) -> None:
+        """Once per router, learn every node's address from ``address`` in the background, so a
+        client bootstrapped with one address can still fail over when that node dies."""
+        with self._lock:
+            if self._members_asked or self._closed:
+                return
+            self._members_asked = True
+        threading.Thread(target=self._learn_members, args=(address,), name="raftbroker-members",
+                         daemon=True).start()
+
+    def _learn_members(self, address: str) -> None:
+        try:
+            status = self.admin(address).ClusterStatus(
+                admin_pb2.ClusterStatusRequest(), timeout=self.policy.timeout_s
+            )
+        except (grpc.RpcError, BrokerError):  # best effort: unimplemented, unreachable or closed
+            return
+        for node in status.nodes:
+            if node.grpc_address:
+                self.learn(node.grpc_address)
+
     def _locate(self, address: str, leader_id: str) -> str | None:
         try:
             status = self.admin(address).ClusterStatus(
@@ -252,6 +276,7 @@ class Router:
                 continue
             if write:
                 self.learn(address, is_leader=True)
+            self.learn_members_soon(address)
             return result
 
     def _gave_up(self, what: str, err: grpc.RpcError, tried: list[str], unknown: bool) -> Unavailable:

@@ -83,3 +83,16 @@ def test_subscription_resumes_after_the_leader_dies(killable: DevCluster) -> Non
             offsets = [r.offset for r in got if r.partition == p]
             assert offsets == list(range(10)), f"partition {p}: no loss, no repeat, in order"
     heal(killable, killed)
+
+
+def test_a_client_bootstrapped_with_the_leader_alone_survives_its_death(killable: DevCluster) -> None:
+    leader = killable.wait_ready(60)
+    with Client([leader], retry_deadline_s=60) as client:
+        client.create_topic("fo-one", 1)
+        wait_until(lambda: len(client.known_addresses) >= killable.nodes, 10,
+                   "the client to learn every node from the cluster")
+        killed = kill_leader(killable)
+        assert killable.grpc_address(killed) == leader
+        assert client.publish("fo-one", "after").offset == 0
+        assert client.leader != leader
+    heal(killable, killed)
