@@ -7,6 +7,7 @@ of times, break a Subscribe stream after N records) and records what it was aske
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ class Script:
     logs: dict[tuple[str, int], list[bytes]] = field(default_factory=dict)  # (topic, partition) -> values
     break_stream_after: int | None = None  # abort Subscribe with UNAVAILABLE after N records
     create_then_drop_connection: bool = False  # apply CreateTopic, then answer UNAVAILABLE
+    publish_delays_s: list[float] = field(default_factory=list)  # sleep before answering Publish #i
 
 
 def _token(partition: int, next_offset: int) -> bytes:
@@ -116,6 +118,8 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext
     ) -> broker_pb2.PublishResponse:
         self._enter("Publish", request, context, write=True)
+        if self.script.publish_delays_s:
+            time.sleep(self.script.publish_delays_s.pop(0))
         if request.topic not in self.script.topics:
             context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} does not exist")
         results = []

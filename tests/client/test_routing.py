@@ -8,6 +8,7 @@ import pytest
 
 from broker.client import Client, InvalidArgument, TopicExists, TopicNotFound, Unavailable
 from tests.client.fakes import FakeNode
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -125,3 +126,25 @@ def test_publish_batch_accepts_dicts_values_and_records(nodes: tuple[FakeNode, F
     assert [(r.partition, r.offset) for r in results] == [(0, 0), (0, 1), (1, 0), (0, 2)]
     sent = leader.calls("Publish")[0]
     assert sent.records[2].headers["h"] == "1" and sent.records[3].key == b"k"  # type: ignore[attr-defined]
+
+
+def test_a_publish_past_its_deadline_is_retried_at_least_once(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    leader.script.publish_delays_s = [1.0]  # the first attempt is applied but answers too late
+    with Client([leader.address], timeout_s=0.3, retry_deadline_s=10) as client:
+        result = client.publish("t", "v")
+    assert len(leader.calls("Publish")) == 2 and result.offset in (0, 1)
+    # at-least-once: the late first attempt is stored too (until idempotency keys, SPEC §4)
+    wait_until(lambda: len(leader.script.logs[("t", 0)]) == 2, 5, "the late attempt to be stored")
+
+
+def test_nodes_redirecting_to_each_other_end_in_unavailable() -> None:
+    a, b = FakeNode("a"), FakeNode("b")
+    a.script.redirect_to, b.script.redirect_to = b.address, a.address
+    try:
+        with Client([a.address], retry_deadline_s=0.5) as client, pytest.raises(Unavailable):
+            client.publish("t", "v")
+        assert len(a.calls("Publish")) + len(b.calls("Publish")) < 100, "redirect loops back off"
+    finally:
+        a.stop()
+        b.stop()
