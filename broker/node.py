@@ -13,10 +13,12 @@ import threading
 from types import FrameType
 
 from broker.config import NodeConfig
+from broker.core.housekeeping import Housekeeper
 from broker.core.reading import Reader
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, TopicLog
+from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
@@ -27,6 +29,7 @@ from broker.storage.rocks import RocksStore
 log = logging.getLogger(__name__)
 
 GRACE_S = 3.0
+HOUSEKEEPING_PERIOD_S = 10.0
 _MESSAGE_SLACK_BYTES = 1 << 20
 # per-record framing inside a command (length prefixes, partition numbers) on top of the bodies
 _COMMAND_OVERHEAD_BYTES = 1 << 20
@@ -52,6 +55,8 @@ class Node:
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}")
+        self.housekeeper = Housekeeper([self.topic_log.expire_dedup],
+                                       lambda: self.replicator.status().role == Role.LEADER, HOUSEKEEPING_PERIOD_S)
         self.metrics = NodeMetrics()
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
@@ -64,10 +69,12 @@ class Node:
         host, _, port = self.config.metrics_address.rpartition(":")
         self.metrics.serve(host, int(port))
         self.server.start()
+        self.housekeeper.start()
         log.info("node %s serving gRPC on %s (raft %s, metrics %s)", self.config.node_id,
                  self.config.grpc_address, self.config.raft_address, self.config.metrics_address)
 
     def close(self) -> None:
+        self.housekeeper.stop()
         self.server.stop(GRACE_S)
         self.admin.close()
         self.replicator.close()

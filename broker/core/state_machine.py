@@ -19,8 +19,8 @@ import struct
 import threading
 from dataclasses import dataclass, replace
 
-from broker.core import records
-from broker.core.errors import BrokerError, TopicExists, TopicNotFound
+from broker.core import dedup, records
+from broker.core.errors import BrokerError, InvalidArgument, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, Store
 from broker.v1 import internal_pb2
 
@@ -63,9 +63,11 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """Per-record (partition, offset, timestamp_ms), in command order."""
+    """Per-record (partition, offset, timestamp_ms, duplicate), in command order. A duplicate of
+    an idempotency key carries the first copy's place; one below its producer's watermark carries
+    offset 0 and timestamp 0 (it was discarded and its original place is not kept)."""
 
-    placements: list[tuple[int, int, int]]
+    placements: list[tuple[int, int, int, bool]]
 
 
 def _topic_key(name: str) -> bytes:
@@ -151,6 +153,10 @@ class BrokerStateMachine:
             result = self._create_topic(cmd.create_topic, batch, commit)
         elif kind == "drop_topic":
             result = self._drop_topic(cmd.drop_topic, batch, commit)
+        elif kind == "expire_dedup":
+            result = self._expire_dedup(cmd.expire_dedup, batch)
+        elif kind == "reset_watermark":
+            result = self._reset_watermark(cmd.reset_watermark, batch)
         else:
             result = Rejected(BrokerError(f"unknown command {kind!r}"))
         batch.put(Column.META, _APPLIED, _U64.pack(index))
@@ -194,21 +200,76 @@ class BrokerStateMachine:
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
         tid = meta.topic_id
+        fresh = self._check_watermark(cmd, tid, batch)
+        if isinstance(fresh, Rejected):
+            return fresh
+        keys = cmd.idempotency_keys
+        window = meta.config.dedup_window_ms
+        seen: dict[str, tuple[int, int, int]] = {}
         touched: dict[int, PartitionState] = {}
-        placements: list[tuple[int, int, int]] = []
-        for partition, body in zip(cmd.partitions, cmd.bodies, strict=True):
+        placements: list[tuple[int, int, int, bool]] = []
+        for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True)):
+            if not fresh[i]:  # at or below its producer's watermark: discarded
+                placements.append((partition, 0, 0, True))
+                continue
+            key = keys[i] if keys else ""
+            if key:
+                hit = seen.get(key) or dedup.lookup_key(self._store, tid, key, cmd.now_ms, window)
+                if hit is not None:
+                    placements.append((*hit, True))
+                    continue
             state = touched.get(partition) or self.partition(tid, partition)
             ts = max(cmd.now_ms, state.last_timestamp_ms)
             offset = state.end_offset
-            key = records.record_key(tid, partition, offset)
-            batch.put(Column.RECORDS, key, records.frame(key, ts, body))
+            record_key = records.record_key(tid, partition, offset)
+            batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
             touched[partition] = replace(state, end_offset=offset + 1, records=state.records + 1,
                                          bytes=state.bytes + len(body), last_timestamp_ms=ts)
-            placements.append((partition, offset, ts))
+            placements.append((partition, offset, ts, False))
+            if key:
+                seen[key] = (partition, offset, ts)
+                dedup.remember_key(batch, self._store, tid, key, seen[key])
         for partition, state in touched.items():
             batch.put(Column.META, _partition_key(tid, partition), state.to_proto().SerializeToString())
             commit.append(("partition", ((tid, partition), state)))
         return Appended(placements)
+
+    def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int, batch: Batch) -> list[bool] | Rejected:
+        """Which records are new for their producer session; the whole batch is rejected when an
+        id breaks the rule that ``|msg_id|`` rises by one per message."""
+        if not cmd.dedup_id:
+            return [True] * len(cmd.bodies)
+        mark = start = dedup.watermark(self._store, tid, cmd.dedup_id)
+        fresh: list[bool] = []
+        for i, msg_id in enumerate(cmd.msg_ids):
+            size = abs(msg_id)
+            if size <= mark:
+                fresh.append(False)
+            elif size == mark + 1:
+                fresh.append(True)
+                mark = size
+            else:
+                return Rejected(InvalidArgument(
+                    f"record {i}: msg_id {msg_id} breaks the sequence of dedup_id {cmd.dedup_id!r} "
+                    f"(its watermark is {mark}: the next id must be {mark + 1} or {-(mark + 1)})"))
+        if mark != start:
+            dedup.set_watermark(batch, tid, cmd.dedup_id, mark)
+        return fresh
+
+    def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> int:
+        expired = 0
+        for meta in self._topics.values():
+            window = meta.config.dedup_window_ms
+            if window != dedup.FOREVER:
+                expired += dedup.expire_keys(batch, self._store, meta.topic_id, cmd.now_ms - window)
+        return expired
+
+    def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
+        meta = self._topics.get(cmd.topic)
+        if meta is None or meta.topic_id != cmd.topic_id:
+            return Rejected(TopicNotFound(cmd.topic))
+        dedup.reset_watermark(batch, meta.topic_id, cmd.dedup_id)
+        return None
 
     def _create_topic(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch,
                       commit: list[tuple[str, object]]) -> object:
@@ -235,6 +296,7 @@ class BrokerStateMachine:
         batch.delete_range(Column.META, _partition_key(meta.topic_id, 0), _partition_key(meta.topic_id + 1, 0))
         begin, end = records.topic_range(meta.topic_id)
         batch.delete_range(Column.RECORDS, begin, end)
+        batch.delete_range(Column.DEDUP, *dedup.topic_range(meta.topic_id))
         commit.append(("drop", meta))
         return meta
 

@@ -12,12 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.core import partitioning
+from broker.core import dedup, partitioning
 from broker.core.errors import InvalidArgument, TopicNotFound, Unimplemented
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.submitter import CommandSubmitter
 from broker.core.topics import normalized_config, validate_name
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
+
+MAX_ID_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -104,15 +106,61 @@ class TopicLog:
         append.topic = request.topic
         append.topic_id = meta.topic_id
         append.partitions.extend(self._place(request, meta.config.partitions))
+        self._dedup_fields(request, append)
         append.bodies.extend(self._bodies(request))
         append.now_ms = self._clock_ms()
         result = self._submitter.submit(cmd)
         self._raise_rejected(result)
         assert isinstance(result, Appended) and len(result.placements) == len(request.records)
         response = broker_pb2.PublishResponse()
-        for partition, offset, ts in result.placements:
-            response.results.add(partition=partition, offset=offset, timestamp_ms=ts)
+        for partition, offset, ts, duplicate in result.placements:
+            response.results.add(partition=partition, offset=offset, timestamp_ms=ts, duplicate=duplicate)
         return response
+
+    def _dedup_fields(self, request: broker_pb2.PublishRequest, append: internal_pb2.AppendCommand) -> None:
+        """Idempotency keys and producer-session ids, checked before anything is replicated."""
+        records = request.records
+        keys = [r.idempotency_key for r in records]
+        for i, key in enumerate(keys):
+            if len(key) > MAX_ID_CHARS:
+                raise InvalidArgument(f"record {i}: idempotency_key is longer than {MAX_ID_CHARS} characters")
+        if any(keys):
+            append.idempotency_keys.extend(keys)
+        ids = [r.msg_id for r in records]
+        if not request.dedup_id:
+            if any(ids):
+                raise InvalidArgument("msg_id needs a dedup_id on the request")
+            return
+        if len(request.dedup_id) > MAX_ID_CHARS:
+            raise InvalidArgument(f"dedup_id is longer than {MAX_ID_CHARS} characters")
+        for i, msg_id in enumerate(ids):
+            if msg_id == 0:
+                raise InvalidArgument(f"record {i}: a msg_id (non-zero) is required with dedup_id")
+            if i and abs(msg_id) != abs(ids[i - 1]) + 1:
+                raise InvalidArgument(
+                    f"record {i}: msg_id {msg_id} breaks the sequence (|msg_id| must rise by one per message: "
+                    f"expected {abs(ids[i - 1]) + 1} or {-(abs(ids[i - 1]) + 1)})")
+        append.dedup_id = request.dedup_id
+        append.msg_ids.extend(ids)
+
+    # -- dedup watermarks ----------------------------------------------------------------------
+    def watermarks(self, topic: str) -> list[tuple[str, int]]:
+        """Every producer session's high watermark on ``topic`` (local applied state)."""
+        return list(dedup.watermarks(self._state.store, self._meta(topic).topic_id))
+
+    def reset_watermark(self, topic: str, dedup_id: str) -> None:
+        """Forget ``dedup_id``'s watermark: its next message may start again at 1."""
+        if not dedup_id:
+            raise InvalidArgument("dedup_id is required")
+        meta = self._meta(topic)
+        cmd = internal_pb2.Command(reset_watermark=internal_pb2.ResetWatermarkCommand(
+            topic=topic, topic_id=meta.topic_id, dedup_id=dedup_id))
+        self._raise_rejected(self._submitter.submit(cmd))
+
+    def expire_dedup(self) -> None:
+        """Forget idempotency keys older than their topic's window (leader housekeeping)."""
+        self._submitter.submit(internal_pb2.Command(expire_dedup=internal_pb2.ExpireDedupCommand(
+            now_ms=self._clock_ms())))
 
     def _place(self, request: broker_pb2.PublishRequest, partitions: int) -> list[int]:
         records = request.records
@@ -121,12 +169,8 @@ class TopicLog:
         if len(records) > self._limits.max_batch_records:
             raise InvalidArgument(
                 f"batch of {len(records)} records is over the limit of {self._limits.max_batch_records}")
-        if request.dedup_id:
-            raise Unimplemented("dedup watermarks (dedup_id) are not available in this version")
         placed: list[int] = []
         for i, rec in enumerate(records):
-            if rec.idempotency_key or rec.msg_id:
-                raise Unimplemented("idempotency keys and msg ids are not available in this version")
             if rec.op not in common_pb2.Op.values():
                 raise InvalidArgument(f"record {i}: unknown op {rec.op}")
             if rec.HasField("partition"):
@@ -147,9 +191,14 @@ class TopicLog:
         bodies: list[bytes] = []
         origin = self._origin_bytes
         for i, rec in enumerate(request.records):
-            if rec.HasField("partition"):
+            msg_id = rec.msg_id
+            if rec.HasField("partition") or rec.idempotency_key or msg_id:
                 rec.ClearField("partition")
+                rec.ClearField("idempotency_key")
+                rec.ClearField("msg_id")
             body = rec.SerializeToString() + origin
+            if msg_id:
+                body += internal_pb2.RecordBody(msg_id=str(msg_id)).SerializeToString()
             if len(body) > limit:
                 raise InvalidArgument(f"record {i} is {len(body)} bytes, over the limit of {limit} bytes")
             total += len(body)

@@ -97,14 +97,17 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._unavailable(context, "prune")
         return admin_pb2.PruneResponse()
 
+    @errors.unary
     def GetWatermarks(self, request: admin_pb2.GetWatermarksRequest,
                       context: grpc.ServicerContext) -> admin_pb2.GetWatermarksResponse:
-        self._unavailable(context, "dedup watermarks")
-        return admin_pb2.GetWatermarksResponse()
+        marks = self._log.watermarks(request.topic)
+        return admin_pb2.GetWatermarksResponse(
+            watermarks=[admin_pb2.Watermark(dedup_id=d, msg_id=m) for d, m in marks])
 
+    @errors.unary
     def ResetWatermark(self, request: admin_pb2.ResetWatermarkRequest,
                        context: grpc.ServicerContext) -> admin_pb2.ResetWatermarkResponse:
-        self._unavailable(context, "dedup watermarks")
+        self._log.reset_watermark(request.topic, request.dedup_id)
         return admin_pb2.ResetWatermarkResponse()
 
     def AddNode(self, request: admin_pb2.AddNodeRequest,

@@ -16,6 +16,7 @@ class Column(enum.StrEnum):
 
     META = "meta"  # applied index, counters, topic and partition metadata
     RECORDS = "records"  # (topic_id, partition, offset) -> framed record
+    DEDUP = "dedup"  # idempotency keys (and their expiry index) and dedup watermarks
 
 
 class Batch(Protocol):

@@ -43,7 +43,7 @@ def test_append_assigns_contiguous_offsets_per_partition() -> None:
     assert isinstance(meta, internal_pb2.TopicMeta)
     result = sm.apply(2, append("t", meta.topic_id, [0, 1, 0, 0]))
     assert isinstance(result, Appended)
-    assert [(p, o) for p, o, _ in result.placements] == [(0, 0), (1, 0), (0, 1), (0, 2)]
+    assert [(p, o) for p, o, _, _ in result.placements] == [(0, 0), (1, 0), (0, 1), (0, 2)]
     assert sm.partition(meta.topic_id, 0).end_offset == 3
     assert sm.applied_index() == 2
 
