@@ -21,6 +21,7 @@ import types
 from dataclasses import dataclass
 
 import pysyncobj.pickle as pysyncobj_pickle
+import pysyncobj.serializer as pysyncobj_serializer
 import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.version as pysyncobj_version
 
@@ -33,6 +34,24 @@ PATCHED_PICKLE_PROTOCOL = 5
 _PICKLE_SOURCE_SHA256 = {
     "dump": "8632a4ffab1a6a8ad533a7c2d382d689623a7d138a2e2d8ab5bcf5a3240c6108",
     "dumps": "9d907d0e2ec813650c6498b0bdb9b996ae8f058f520a5c810363f7c07f51bc5d",
+}
+
+
+# Not patched, but relied upon: snapshot.SnapshotCodec raises from the serializer to continue in the
+# background (serialize() then leaves pid at -2, skips its rename, and defers to serializeChecker,
+# which alone resets pid on SUCCESS/FAILED); the raft node overrides __loadDumpFile and
+# __sendNextNodeIdx, keeping their signatures.
+_RELIED_UPON_SHA256 = {
+    (pysyncobj_serializer.Serializer, "serialize"): "a26f44b07da07430234d4ef0c194ad8bd4d73a89c396dbe4520ff4273c10ce3e",
+    (pysyncobj_serializer.Serializer, "checkSerializing"): (
+        "5b461fab822814ee266e12a2ffc23af4c5350620524f534eb00ddb61117cb339"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__loadDumpFile"): (
+        "ec66e83905de703bcead2735be875e71870a6bbe271c854867611e555a90bbba"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__sendNextNodeIdx"): (
+        "68aaeefc267b8896bc1074280ac2aa014c3306d9f207949ed945569cef5d114c"
+    ),
 }
 
 
@@ -242,6 +261,10 @@ def _load() -> tuple[dict[str, types.FunctionType], dict[str, types.FunctionType
     if pysyncobj_version.VERSION != PINNED_VERSION:
         raise _mismatch("the installed version", f"is {pysyncobj_version.VERSION}")
     _check_pickle_module()
+    for (owner, attr), expected in _RELIED_UPON_SHA256.items():
+        digest = _sha256(inspect.getsource(vars(owner)[attr]))
+        if digest != expected:
+            raise _mismatch(f"{owner.__name__}.{attr}", f"has sha256 {digest}")
     originals: dict[str, types.FunctionType] = {}
     patched: dict[str, types.FunctionType] = {}
     for patch in _METHOD_PATCHES:

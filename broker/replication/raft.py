@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import (
     Callback,
@@ -32,7 +33,7 @@ from broker.replication import (
     StateMachine,
     _patches,
 )
-from broker.replication.snapshot import SnapshotCodec
+from broker.replication.snapshot import PackState, SnapshotCodec
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ SNAPSHOT_WORK_DIR_NAME = "snapshot-work"
 _TRANSFER_WAIT_S = 1.0
 _CLOSE_JOIN_S = 5.0
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
+_SERIALIZER_STATES = {
+    PackState.IDLE: SERIALIZER_STATE.NOT_SERIALIZING,
+    PackState.RUNNING: SERIALIZER_STATE.SERIALIZING,
+    PackState.SUCCEEDED: SERIALIZER_STATE.SUCCESS,
+    PackState.FAILED: SERIALIZER_STATE.FAILED,
+}
 
 # pysyncobj's FAIL_REASON -> ours. LEADER_CHANGED and UNKNOWN_OUTCOME only concern forwarded
 # commands (we never forward): the command may or may not be applied, which is TIMEOUT's meaning.
@@ -78,6 +85,7 @@ class RaftOptions:
     compaction_min_entries: int = 20_000  # compact when the log holds more entries than this...
     compaction_min_time_s: float = 300.0  # ...or this long after the previous compaction...
     compaction_max_log_bytes: int = 256 * 1024 * 1024  # ...or after this many command bytes applied
+    snapshot_in_background: bool = True  # pack the snapshot file off the replication thread
     password: str | None = None  # set: encrypted, authenticated transport between nodes
     max_command_bytes: int = 4 * 1024 * 1024  # larger commands fail with TOO_LARGE
     commands_queue_size: int = 10_000  # pysyncobj's submit queue (QUEUE_FULL beyond)
@@ -87,26 +95,21 @@ class RaftOptions:
     connection_retry_s: float = 1.0
 
     def __post_init__(self) -> None:
-        checks = {
-            "raft_min_timeout_s > 3 * append_entries_period_s": (
-                self.raft_min_timeout_s > 3 * self.append_entries_period_s
-            ),
-            "raft_max_timeout_s > raft_min_timeout_s": self.raft_max_timeout_s > self.raft_min_timeout_s,
-            "auto_tick_period_s > 0": self.auto_tick_period_s > 0,
-            "append_entries_batch_bytes > 0": self.append_entries_batch_bytes > 0,
-            "compaction_min_entries >= 2": self.compaction_min_entries >= 2,
-            "compaction_min_time_s > 0": self.compaction_min_time_s > 0,
-            "compaction_max_log_bytes > 0": self.compaction_max_log_bytes > 0,
-            "max_command_bytes > 0": self.max_command_bytes > 0,
-            "commands_queue_size > 0": self.commands_queue_size > 0,
-            "max_pending_bytes >= max_command_bytes": self.max_pending_bytes >= self.max_command_bytes,
-            "leader_fallback_timeout_s > append_entries_period_s": (
-                self.leader_fallback_timeout_s > self.append_entries_period_s
-            ),
-            "connection_timeout_s >= raft_max_timeout_s": self.connection_timeout_s >= self.raft_max_timeout_s,
-            "connection_retry_s >= 0": self.connection_retry_s >= 0,
-        }
-        failed = [rule for rule, ok in checks.items() if not ok]
+        o = self
+        checks = [
+            ("raft_min_timeout_s > 3 * append_entries_period_s", o.raft_min_timeout_s > 3 * o.append_entries_period_s),
+            ("raft_max_timeout_s > raft_min_timeout_s", o.raft_max_timeout_s > o.raft_min_timeout_s),
+            ("connection_timeout_s >= raft_max_timeout_s", o.connection_timeout_s >= o.raft_max_timeout_s),
+            ("leader_fallback_timeout_s > append_entries_period_s",
+             o.leader_fallback_timeout_s > o.append_entries_period_s),
+            ("max_pending_bytes >= max_command_bytes", o.max_pending_bytes >= o.max_command_bytes),
+            ("compaction_min_entries >= 2", o.compaction_min_entries >= 2),
+            ("positive periods, sizes and limits", min(
+                o.auto_tick_period_s, o.append_entries_batch_bytes, o.compaction_min_time_s,
+                o.compaction_max_log_bytes, o.max_command_bytes, o.commands_queue_size) > 0),
+            ("connection_retry_s >= 0", o.connection_retry_s >= 0),
+        ]
+        failed = [rule for rule, ok in checks if not ok]
         if failed:
             raise ValueError(f"invalid RaftOptions: {', '.join(failed)}")
 
@@ -116,6 +119,7 @@ class RaftOptions:
         dump_file: Path,
         serializer: Callable[[str, object], None],
         deserializer: Callable[[str], tuple[object, ...]],
+        serialize_checker: Callable[[], int] | None = None,
     ) -> SyncObjConf:
         """The pysyncobj configuration for these options."""
         return SyncObjConf(
@@ -137,6 +141,7 @@ class RaftOptions:
             fullDumpFile=str(dump_file),
             serializer=serializer,
             deserializer=deserializer,
+            serializeChecker=serialize_checker,
             useFork=False,
             dynamicMembershipChange=False,
         )
@@ -170,6 +175,12 @@ class _RaftNode(SyncObj):
         if self.halted:  # do not acknowledge a snapshot that could not be restored
             return
         super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        super()._SyncObj__loadDumpFile(clearJournal)
+        # Restoring a large snapshot can outlast the election timeout that the leader's message
+        # just reset; count the leader as heard from now, or this follower would depose it.
+        self._SyncObj__raftElectionDeadline = pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout()
 
     @replicated
     def _apply_command(self, command: bytes) -> object:
@@ -258,6 +269,7 @@ class PysyncobjReplicator:
         self._tokens = itertools.count(1)
         self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
         self._failure: BaseException | None = None
+        self._codec: SnapshotCodec | None = None
         self._has_quorum = False  # set by the tick thread (pysyncobj's set arithmetic is not thread-safe)
 
     @property
@@ -272,10 +284,14 @@ class PysyncobjReplicator:
         """Open journal and snapshot under ``data_dir``, bind the raft port, start the tick thread."""
         assert self._node is None and not self._closed, "start() may be called once"
         self._data_dir.mkdir(parents=True, exist_ok=True)
-        codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME, self._halt)
-        conf = self._options.to_conf(
-            self._data_dir / JOURNAL_FILE_NAME, self._data_dir / DUMP_FILE_NAME, codec.write, codec.read
-        )
+        dump_path = self._data_dir / DUMP_FILE_NAME
+        background = self._options.snapshot_in_background
+        codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME, dump_path,
+                              background=background, on_restore_failure=self._halt)
+        checker = (lambda: _SERIALIZER_STATES[codec.poll()]) if background else None
+        conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,
+                                     checker)
+        self._codec = codec
         node = _RaftNode(
             self._self_address,
             self._peer_addresses,
@@ -404,6 +420,8 @@ class PysyncobjReplicator:
             thread.join(_CLOSE_JOIN_S)
             if thread.is_alive():
                 logger.error("raft tick thread did not stop within %.1f s", _CLOSE_JOIN_S)
+        if self._codec is not None:
+            self._codec.close(_CLOSE_JOIN_S)
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()

@@ -10,6 +10,7 @@ every state file, checked on restore). No pysyncobj import is needed here.
 
 from __future__ import annotations
 
+import enum
 import io
 import json
 import logging
@@ -17,6 +18,7 @@ import os
 import pickle
 import shutil
 import tarfile
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -78,6 +80,14 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _safe_relative(name: str) -> PurePosixPath:
     relative = PurePosixPath(name[len(STATE_PREFIX) :])
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
@@ -85,56 +95,142 @@ def _safe_relative(name: str) -> PurePosixPath:
     return relative
 
 
-class SnapshotCodec:
-    """pysyncobj's custom ``serializer(file_name, raft_data)`` and ``deserializer(file_name)``.
+class PackState(enum.Enum):
+    """Progress of a background snapshot, as reported to pysyncobj's ``serializeChecker``."""
 
-    Both run on the replication thread. ``work_dir`` holds temporary directories only and is emptied
-    by the constructor. pysyncobj logs and swallows a deserializer error and carries on (it would even
-    acknowledge the snapshot to the leader), so ``on_restore_failure`` is called first: the node must
-    stop rather than run without the state it was sent.
+    IDLE = "idle"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # reported once; the new file is in place
+    FAILED = "failed"  # reported once
+
+
+class SerializingInBackground(Exception):
+    """Raised by :meth:`SnapshotCodec.write` in background mode: pysyncobj then skips renaming its
+    temporary file and waits for the ``serializeChecker`` (pinned in ``_patches``)."""
+
+
+def pack(state_dir: Path, raft_data: object, target: Path) -> int:
+    """Write ``raft_data`` and every file under ``state_dir`` into the tar ``target`` (fsynced);
+    return the number of state files."""
+    index = snapshot_index(raft_data)
+    manifest: dict[str, list[int]] = {}
+    with open(target, "wb") as raw, tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+        _add_bytes(tar, RAFT_DATA_NAME, pickle.dumps(raft_data, protocol=5))
+        for relative, path in _state_files(state_dir):
+            info = tar.gettarinfo(str(path), arcname=STATE_PREFIX + relative)
+            with open(path, "rb") as source:
+                reader = _Crc32Reader(source)
+                tar.addfile(info, reader)
+            manifest[relative] = [info.size, reader.crc32]
+        _add_bytes(tar, MANIFEST_NAME, json.dumps({"index": index, "files": manifest}).encode())
+        tar.close()
+        raw.flush()
+        os.fsync(raw.fileno())
+    return len(manifest)
+
+
+class SnapshotCodec:
+    """pysyncobj's custom ``serializer(file_name, raft_data)``, ``deserializer(file_name)`` and (in
+    background mode) ``serializeChecker``, all called on the replication thread.
+
+    ``write`` takes the state machine's snapshot on the calling thread (the consistent point: the
+    state at the last applied index) and, in background mode, packs it into the tar in a separate
+    thread so a large store does not stall heartbeats; :meth:`poll` moves the finished file to
+    ``dump_path`` on the replication thread (never over a snapshot installed meanwhile).
+    ``work_dir`` holds temporary files only and is emptied by the constructor. pysyncobj logs and
+    swallows a deserializer error and carries on (it would even acknowledge the snapshot to the
+    leader), so ``on_restore_failure`` is called first: the node must stop rather than run without
+    the state it was sent.
     """
 
-    def __init__(self, state_machine: StateMachine, work_dir: Path,
+    def __init__(self, state_machine: StateMachine, work_dir: Path, dump_path: Path, *,
+                 background: bool = True,
                  on_restore_failure: Callable[[BaseException], None] | None = None) -> None:
         self._state_machine = state_machine
-        self._on_restore_failure = on_restore_failure
         self._work_dir = work_dir
+        self._dump_path = dump_path
+        self._background = background
+        self._on_restore_failure = on_restore_failure
+        self._job: threading.Thread | None = None
+        self._job_target: Path | None = None
+        self._job_error: BaseException | None = None
+        self._job_restores = 0
+        self._restores = 0  # snapshots restored or installed since start
+        self._unreported: PackState | None = None
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
 
     def write(self, file_name: str, raft_data: object) -> None:
-        """Write the state machine's snapshot and ``raft_data`` into ``file_name`` (fsynced)."""
+        """Snapshot the state machine with ``raft_data`` into ``file_name`` (synchronous mode) or
+        start packing it in a thread and raise :class:`SerializingInBackground`."""
         try:
-            self._write(file_name, raft_data)
+            assert self._job is None, "pysyncobj serializes one snapshot at a time"
+            index = snapshot_index(raft_data)
+            scratch = self._work_dir / f"write-{index}"
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir()
+            try:
+                self._state_machine.write_snapshot(str(scratch / "state"))
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            if not self._background:
+                try:
+                    files = pack(scratch / "state", raft_data, Path(file_name))
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                logger.info("wrote snapshot at index %d (%d files)", index, files)
+                return
+            self._job_target = self._work_dir / f"snapshot-{index}.tar"
+            self._job_error = None
+            self._job_restores = self._restores
+            self._job = threading.Thread(target=self._pack_job, args=(scratch, raft_data, self._job_target),
+                                         name=f"raft-snapshot-{index}", daemon=True)
+            self._job.start()
         except Exception:
             # pysyncobj swallows serializer errors without a trace; keep one.
             logger.exception("writing snapshot %s failed", file_name)
+            if self._background:
+                self._unreported = PackState.FAILED  # pysyncobj waits for the checker to say so
             raise
+        raise SerializingInBackground(index)
 
-    def _write(self, file_name: str, raft_data: object) -> None:
-        index = snapshot_index(raft_data)
-        scratch = self._work_dir / f"write-{index}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir()
+    def _pack_job(self, scratch: Path, raft_data: object, target: Path) -> None:
         try:
-            state_dir = scratch / "state"
-            self._state_machine.write_snapshot(str(state_dir))
-            manifest: dict[str, list[int]] = {}
-            with open(file_name, "wb") as raw, tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as tar:
-                _add_bytes(tar, RAFT_DATA_NAME, pickle.dumps(raft_data, protocol=5))
-                for relative, path in _state_files(state_dir):
-                    info = tar.gettarinfo(str(path), arcname=STATE_PREFIX + relative)
-                    with open(path, "rb") as source:
-                        reader = _Crc32Reader(source)
-                        tar.addfile(info, reader)
-                    manifest[relative] = [info.size, reader.crc32]
-                _add_bytes(tar, MANIFEST_NAME, json.dumps({"index": index, "files": manifest}).encode())
-                tar.close()
-                raw.flush()
-                os.fsync(raw.fileno())
+            files = pack(scratch / "state", raft_data, target)
+            logger.info("packed snapshot at index %d (%d files)", snapshot_index(raft_data), files)
+        except BaseException as exc:
+            logger.exception("packing snapshot %s failed", target)
+            self._job_error = exc
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        logger.info("wrote snapshot at index %d (%d files) to %s", index, len(manifest), file_name)
+
+    def poll(self) -> PackState:
+        """Background progress; on completion moves the file into place (replication thread only)."""
+        if self._unreported is not None:
+            state, self._unreported = self._unreported, None
+            return state
+        job, target = self._job, self._job_target
+        if job is None or target is None:
+            return PackState.IDLE
+        if job.is_alive():
+            return PackState.RUNNING
+        self._job = self._job_target = None
+        if self._job_error is not None:
+            return PackState.FAILED
+        if self._restores != self._job_restores:
+            logger.info("discarding snapshot %s: a newer one was installed meanwhile", target.name)
+            target.unlink(missing_ok=True)
+            return PackState.FAILED
+        os.replace(target, self._dump_path)
+        _fsync_directory(self._dump_path.parent)
+        return PackState.SUCCEEDED
+
+    def close(self, timeout_s: float) -> None:
+        """Wait (bounded) for a background pack to finish."""
+        job = self._job
+        if job is not None:
+            job.join(timeout_s)
 
     def read(self, file_name: str) -> tuple[object, ...]:
         """Restore the state machine from ``file_name`` unless it is already at or past the snapshot's
@@ -148,6 +244,7 @@ class SnapshotCodec:
             raise
 
     def _read(self, file_name: str) -> tuple[object, ...]:
+        self._restores += 1
         with tarfile.open(file_name, mode="r:") as tar:
             first = tar.next()
             if first is None or first.name != RAFT_DATA_NAME:
