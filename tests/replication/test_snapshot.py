@@ -5,15 +5,22 @@ from __future__ import annotations
 import io
 import shutil
 import tarfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.replication import FailReason, Role
+from broker.replication import FailReason, Role, snapshot
 from broker.replication.raft import DUMP_FILE_NAME, PysyncobjReplicator
-from broker.replication.snapshot import SnapshotCodec, SnapshotError, snapshot_index
+from broker.replication.snapshot import (
+    PackState,
+    SerializingInBackground,
+    SnapshotCodec,
+    SnapshotError,
+    snapshot_index,
+)
 
 from .chain_sm import ChainStateMachine, read_records
 from .cluster import wait_until
@@ -22,6 +29,10 @@ from .conftest import FAST_OPTIONS, Outcomes
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 RAFT_DATA = ((b"\x00cmd", 7, 2), (b"\x01", 6, 2), {"127.0.0.1:1", "127.0.0.1:2"})
+
+
+def sync_codec(sm: ChainStateMachine, work_dir: Path) -> SnapshotCodec:
+    return SnapshotCodec(sm, work_dir, work_dir.parent / "dump", background=False)
 
 
 def filled(directory: Path, commands: int) -> ChainStateMachine:
@@ -33,9 +44,9 @@ def filled(directory: Path, commands: int) -> ChainStateMachine:
 
 def test_round_trip_restores_state_and_returns_raft_data(tmp_path: Path) -> None:
     source = filled(tmp_path / "a", 5)
-    SnapshotCodec(source, tmp_path / "work-a").write(str(tmp_path / "dump"), RAFT_DATA)
+    sync_codec(source, tmp_path / "work-a").write(str(tmp_path / "dump"), RAFT_DATA)
     target = ChainStateMachine(tmp_path / "b")
-    raft_data = SnapshotCodec(target, tmp_path / "work-b").read(str(tmp_path / "dump"))
+    raft_data = sync_codec(target, tmp_path / "work-b").read(str(tmp_path / "dump"))
     assert raft_data == RAFT_DATA
     assert target.applied_index() == 7  # the snapshot's raft index, past the last command (5)
     assert target.chain() == source.chain()
@@ -44,23 +55,23 @@ def test_round_trip_restores_state_and_returns_raft_data(tmp_path: Path) -> None
 
 
 def test_state_machine_at_or_past_the_index_keeps_its_state(tmp_path: Path) -> None:
-    SnapshotCodec(filled(tmp_path / "a", 5), tmp_path / "work-a").write(str(tmp_path / "dump"), RAFT_DATA)
+    sync_codec(filled(tmp_path / "a", 5), tmp_path / "work-a").write(str(tmp_path / "dump"), RAFT_DATA)
     ahead = filled(tmp_path / "b", 9)
     chain = ahead.chain()
-    assert SnapshotCodec(ahead, tmp_path / "work-b").read(str(tmp_path / "dump")) == RAFT_DATA
+    assert sync_codec(ahead, tmp_path / "work-b").read(str(tmp_path / "dump")) == RAFT_DATA
     assert ahead.applied_index() == 9 and ahead.chain() == chain
 
 
 def test_corrupted_state_file_is_detected(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
-    SnapshotCodec(filled(tmp_path / "a", 5), tmp_path / "work-a").write(str(dump), RAFT_DATA)
+    sync_codec(filled(tmp_path / "a", 5), tmp_path / "work-a").write(str(dump), RAFT_DATA)
     data = bytearray(dump.read_bytes())
     position = data.index(b"\nA 3 ") + 3  # the record of index 3 now claims index 4
     data[position : position + 1] = b"4"
     dump.write_bytes(bytes(data))
     target = ChainStateMachine(tmp_path / "b")
     with pytest.raises(SnapshotError, match="do not match the manifest"):
-        SnapshotCodec(target, tmp_path / "work-b").read(str(dump))
+        sync_codec(target, tmp_path / "work-b").read(str(dump))
     assert target.applied_index() == 0
 
 
@@ -73,7 +84,7 @@ def test_paths_escaping_the_state_directory_are_rejected(tmp_path: Path) -> None
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
     with pytest.raises(SnapshotError, match="unsafe path"):
-        SnapshotCodec(ChainStateMachine(tmp_path / "b"), tmp_path / "work").read(str(dump))
+        sync_codec(ChainStateMachine(tmp_path / "b"), tmp_path / "work").read(str(dump))
     assert not (tmp_path / "escape").exists()
 
 
@@ -116,3 +127,58 @@ def test_node_that_cannot_restore_its_snapshot_halts(single_node: Callable[..., 
     finally:
         again.close()
         fresh.close()
+
+
+def test_background_pack_reports_running_then_moves_the_file_into_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    real_pack = snapshot.pack
+
+    def gated_pack(state_dir: Path, raft_data: object, target: Path) -> int:
+        assert gate.wait(10)
+        return real_pack(state_dir, raft_data, target)
+
+    monkeypatch.setattr(snapshot, "pack", gated_pack)
+    dump = tmp_path / "dump"
+    codec = SnapshotCodec(filled(tmp_path / "a", 5), tmp_path / "work", dump)
+    assert codec.poll() is PackState.IDLE
+    with pytest.raises(SerializingInBackground):
+        codec.write(str(dump) + ".tmp", RAFT_DATA)
+    assert codec.poll() is PackState.RUNNING and not dump.exists()
+    gate.set()
+    assert wait_until(lambda: codec.poll() is not PackState.RUNNING or None, 5, "the pack") is True
+    assert dump.exists() and codec.poll() is PackState.IDLE
+    target = ChainStateMachine(tmp_path / "b")
+    SnapshotCodec(target, tmp_path / "work-b", dump).read(str(dump))
+    assert target.applied_index() == 7
+
+
+def test_background_pack_never_replaces_a_snapshot_installed_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = tmp_path / "installed"
+    sync_codec(filled(tmp_path / "leader", 9), tmp_path / "work-l").write(
+        str(installed), ((b"", 9, 3), (b"", 8, 3), set()))
+    gate = threading.Event()
+    real_pack = snapshot.pack
+    monkeypatch.setattr(snapshot, "pack", lambda *args: gate.wait(10) and real_pack(*args))
+    dump = tmp_path / "dump"
+    codec = SnapshotCodec(filled(tmp_path / "a", 5), tmp_path / "work", dump)
+    with pytest.raises(SerializingInBackground):
+        codec.write(str(dump) + ".tmp", RAFT_DATA)
+    shutil.copyfile(installed, dump)  # what pysyncobj does when the leader sends a snapshot...
+    codec.read(str(dump))  # ...before it calls the deserializer
+    gate.set()
+    wait_until(lambda: codec.poll() is not PackState.RUNNING, 5, "the pack")
+    assert dump.read_bytes() == installed.read_bytes()
+
+
+def test_a_failing_state_machine_snapshot_is_reported_once_as_failed(tmp_path: Path) -> None:
+    class Failing(ChainStateMachine):
+        def write_snapshot(self, directory: str) -> None:
+            raise OSError("disk full")
+
+    codec = SnapshotCodec(Failing(tmp_path / "a"), tmp_path / "work", tmp_path / "dump")
+    with pytest.raises(OSError):
+        codec.write(str(tmp_path / "dump.tmp"), RAFT_DATA)
+    assert codec.poll() is PackState.FAILED  # pysyncobj only retries after hearing this
+    assert codec.poll() is PackState.IDLE

@@ -1,0 +1,109 @@
+"""PysyncobjReplicator specifics, in-process: options, failure mapping, back-pressure, close."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from broker.replication import FailReason, ReplicationError, Role, raft
+from broker.replication.raft import RaftOptions, map_fail_reason
+
+from .chain_sm import ChainStateMachine
+from .cluster import wait_until
+from .conftest import Outcomes
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class GatedStateMachine(ChainStateMachine):
+    """Blocks the replication thread inside ``apply`` until the gate opens."""
+
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def apply(self, index: int, command: bytes) -> object:
+        self.entered.set()
+        assert self.gate.wait(10)
+        return super().apply(index, command)
+
+
+@pytest.mark.parametrize("overrides, rule", [
+    ({"raft_min_timeout_s": 0.15, "append_entries_period_s": 0.05}, "raft_min_timeout_s > 3"),
+    ({"raft_max_timeout_s": 0.3}, "raft_max_timeout_s > raft_min_timeout_s"),
+    ({"max_pending_bytes": 10}, "max_pending_bytes >= max_command_bytes"),
+    ({"commands_queue_size": 0}, "positive"),
+])
+def test_inconsistent_options_are_rejected(overrides: dict[str, Any], rule: str) -> None:
+    with pytest.raises(ValueError, match=rule):
+        RaftOptions(**overrides)
+
+
+def test_every_pysyncobj_failure_maps_to_a_fail_reason() -> None:
+    assert map_fail_reason(1) is FailReason.QUEUE_FULL
+    assert map_fail_reason(2) is FailReason.NO_LEADER
+    assert map_fail_reason(3) is FailReason.DISCARDED
+    assert map_fail_reason(4) is FailReason.NOT_LEADER
+    assert {map_fail_reason(code) for code in (5, 7)} == {FailReason.TIMEOUT}  # outcome unknown
+    assert map_fail_reason(6) is FailReason.DISCARDED
+
+
+def test_lone_member_without_a_leader_fails_fast_with_no_leader(single_node: Callable[..., Any]) -> None:
+    rep, sm = single_node(peers=2, wait_leader=False)
+    outcomes = Outcomes()
+    rep.submit(b"x", outcomes.callback(0))
+    error = outcomes.results[0][1]  # called before submit returned
+    assert error is not None and error.reason is FailReason.NO_LEADER
+    assert rep.status().role is not Role.LEADER and not rep.status().has_quorum
+
+
+def test_pending_bytes_limit_gives_queue_full(single_node: Callable[..., Any], tmp_path: Any) -> None:
+    GatedStateMachine.gate.clear()
+    options = RaftOptions(raft_min_timeout_s=0.16, raft_max_timeout_s=0.3,
+                          max_command_bytes=1000, max_pending_bytes=1500)
+    rep, _ = single_node(options=options)
+    sm = GatedStateMachine(tmp_path / "gated")
+    rep._node._state_machine = sm
+    outcomes = Outcomes()
+    rep.submit(b"a" * 1000, outcomes.callback(0))  # blocks the replication thread in apply
+    rep.submit(b"b" * 1000, outcomes.callback(1))
+    error = outcomes.results[1][1]
+    assert error is not None and error.reason is FailReason.QUEUE_FULL
+    GatedStateMachine.gate.set()
+    outcomes.wait(2)
+    assert outcomes.results[0][1] is None and rep.pending_count() == 0
+    sm.close()
+
+
+def test_close_fails_pending_callbacks_once_with_timeout(
+        single_node: Callable[..., Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    GatedStateMachine.gate.clear()
+    GatedStateMachine.entered.clear()
+    monkeypatch.setattr(raft, "_CLOSE_JOIN_S", 0.2)
+    rep, _ = single_node()
+    sm = GatedStateMachine(tmp_path / "gated")
+    rep._node._state_machine = sm
+    outcomes = Outcomes()
+    for i in range(3):
+        rep.submit(b"c%d" % i, outcomes.callback(i))
+    assert GatedStateMachine.entered.wait(5) and rep.pending_count() == 3
+    rep.close()  # the replication thread is stuck in apply: close gives up waiting for it
+    assert {error.reason for _, error in outcomes.results.values() if error} == {FailReason.TIMEOUT}
+    GatedStateMachine.gate.set()
+    wait_until(lambda: sm.applied_index() > 0, 5, "the stuck apply to finish")
+    assert outcomes.duplicates == 0 and len(outcomes.results) == 3
+    sm.close()
+
+
+def test_transfer_leadership_from_the_replication_thread_is_refused(single_node: Callable[..., Any]) -> None:
+    rep, _ = single_node()
+    answers: list[bool] = []
+
+    def from_callback(result: object, error: ReplicationError | None) -> None:
+        answers.append(rep.transfer_leadership())
+
+    rep.submit(b"x", from_callback)
+    wait_until(lambda: answers, 5, "the callback")
+    assert answers == [False]
