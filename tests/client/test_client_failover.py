@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from broker.client import Client, Record
+from broker.client import Client, Record, Unavailable
 from broker.devcluster import DevCluster
 from tests.conftest import start_cluster, wait_until
 
@@ -96,3 +97,20 @@ def test_a_client_bootstrapped_with_the_leader_alone_survives_its_death(killable
         assert client.publish("fo-one", "after").offset == 0
         assert client.leader != leader
     heal(killable, killed)
+
+
+def test_no_quorum_raises_unavailable_within_the_retry_deadline(killable: DevCluster) -> None:
+    leader = killable.wait_ready(60)
+    followers = [i for i in range(killable.nodes) if killable.grpc_address(i) != leader]
+    with Client(killable.addresses, timeout_s=2, retry_deadline_s=3) as client:
+        client.create_topic("fo-quorum", 1)
+        for i in followers:
+            killable.kill(i)
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as info:
+            client.publish("fo-quorum", "lost")
+        assert time.monotonic() - started < 3 + 2 + 5, "bounded by the retry deadline plus one attempt"
+        assert info.value.code == "UNAVAILABLE"
+    for i in followers:
+        killable.spawn(i)
+    wait_until(lambda: killable.leader() is not None, 60, "a leader once the quorum is back")
