@@ -17,7 +17,7 @@ import logging
 import shutil
 import struct
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from broker.core import dedup, records
 from broker.core.errors import BrokerError, InvalidArgument, TopicExists, TopicNotFound
@@ -52,6 +52,18 @@ class PartitionState:
     @staticmethod
     def from_proto(m: internal_pb2.PartitionMeta) -> PartitionState:
         return PartitionState(m.start_offset, m.end_offset, m.records, m.bytes, m.last_timestamp_ms)
+
+
+@dataclass
+class _CacheChanges:
+    """What an apply changes in the read caches, published only after its batch is written."""
+
+    partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
+    created: list[internal_pb2.TopicMeta] = field(default_factory=list)
+    dropped: list[internal_pb2.TopicMeta] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.partitions or self.created or self.dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +158,7 @@ class BrokerStateMachine:
         batch = self._store.batch()
         kind = cmd.WhichOneof("body")
         result: object
-        commit: list[tuple[str, object]] = []
+        commit = _CacheChanges()
         if kind == "append":
             result = self._append(cmd.append, batch, commit)
         elif kind == "create_topic":
@@ -167,35 +179,27 @@ class BrokerStateMachine:
             self._notify()
         return result
 
-    def _commit_caches(self, changes: list[tuple[str, object]]) -> None:
+    def _commit_caches(self, changes: _CacheChanges) -> None:
         """Publish cache changes only after the batch is in the store.
 
         Updates of existing partitions are single dict stores; adding or removing keys
         replaces the dicts (copy on write) so readers iterating them never see a resize.
         """
         topics, partitions = self._topics, self._partitions
-        for what, value in changes:
-            if what == "partition":
-                key, state = value  # type: ignore[misc]
-                if key not in partitions and partitions is self._partitions:
-                    partitions = dict(partitions)
-                partitions[key] = state
-            elif what == "topic":
-                meta: internal_pb2.TopicMeta = value  # type: ignore[assignment]
-                topics = dict(topics) if topics is self._topics else topics
-                topics[meta.config.name] = meta
-                self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
-            elif what == "drop":
-                dropped: internal_pb2.TopicMeta = value  # type: ignore[assignment]
-                topics = dict(topics) if topics is self._topics else topics
-                partitions = dict(partitions) if partitions is self._partitions else partitions
-                topics.pop(dropped.config.name, None)
-                for p in range(dropped.config.partitions):
-                    partitions.pop((dropped.topic_id, p), None)
+        if changes.created or changes.dropped or not changes.partitions.keys() <= partitions.keys():
+            topics, partitions = dict(topics), dict(partitions)
+        for meta in changes.dropped:
+            topics.pop(meta.config.name, None)
+            for p in range(meta.config.partitions):
+                partitions.pop((meta.topic_id, p), None)
+        for meta in changes.created:
+            topics[meta.config.name] = meta
+            self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
+        partitions.update(changes.partitions)
         self._topics, self._partitions = topics, partitions
 
     def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch,
-                commit: list[tuple[str, object]]) -> object:
+                commit: _CacheChanges) -> object:
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
@@ -231,7 +235,7 @@ class BrokerStateMachine:
                 dedup.remember_key(batch, self._store, tid, key, seen[key])
         for partition, state in touched.items():
             batch.put(Column.META, _partition_key(tid, partition), state.to_proto().SerializeToString())
-            commit.append(("partition", ((tid, partition), state)))
+            commit.partitions[(tid, partition)] = state
         return Appended(placements)
 
     def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int, batch: Batch) -> list[bool] | Rejected:
@@ -272,7 +276,7 @@ class BrokerStateMachine:
         return None
 
     def _create_topic(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch,
-                      commit: list[tuple[str, object]]) -> object:
+                      commit: _CacheChanges) -> object:
         name = cmd.config.name
         if name in self._topics:
             return Rejected(TopicExists(name))
@@ -283,12 +287,12 @@ class BrokerStateMachine:
         empty = PartitionState().to_proto().SerializeToString()
         for p in range(cmd.config.partitions):
             batch.put(Column.META, _partition_key(meta.topic_id, p), empty)
-            commit.append(("partition", ((meta.topic_id, p), PartitionState())))
-        commit.append(("topic", meta))
+            commit.partitions[(meta.topic_id, p)] = PartitionState()
+        commit.created.append(meta)
         return meta
 
     def _drop_topic(self, cmd: internal_pb2.DropTopicCommand, batch: Batch,
-                    commit: list[tuple[str, object]]) -> object:
+                    commit: _CacheChanges) -> object:
         meta = self._topics.get(cmd.name)
         if meta is None or (cmd.topic_id and meta.topic_id != cmd.topic_id):
             return Rejected(TopicNotFound(cmd.name))
@@ -297,7 +301,7 @@ class BrokerStateMachine:
         begin, end = records.topic_range(meta.topic_id)
         batch.delete_range(Column.RECORDS, begin, end)
         batch.delete_range(Column.DEDUP, *dedup.topic_range(meta.topic_id))
-        commit.append(("drop", meta))
+        commit.dropped.append(meta)
         return meta
 
     # -- snapshots ---------------------------------------------------------------------------

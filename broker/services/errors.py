@@ -41,6 +41,7 @@ def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
         context.abort(status_code(exc), str(exc))
     log.exception("internal error")
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable: context.abort raises")
 
 
 F = TypeVar("F", bound=Callable[..., Any])

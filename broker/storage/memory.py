@@ -11,7 +11,7 @@ import pickle
 import threading
 from collections.abc import Iterator
 
-from broker.storage import Column
+from broker.storage import Batch, Column
 
 _Op = tuple[str, Column, bytes, bytes]
 
@@ -63,7 +63,8 @@ class MemoryStore:
     def batch(self) -> MemoryBatch:
         return MemoryBatch()
 
-    def write(self, batch: MemoryBatch, *, sync: bool = False) -> None:  # type: ignore[override]
+    def write(self, batch: Batch, *, sync: bool = False) -> None:
+        assert isinstance(batch, MemoryBatch), "a batch from another store"
         with self._lock:
             for op, column, a, b in batch.ops:
                 col = self._columns[column]

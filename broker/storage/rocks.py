@@ -25,7 +25,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from broker.storage import Column
+from broker.storage import Batch, Column
 
 _OLD_DB_GRACE_S = 5.0
 
@@ -111,7 +111,8 @@ class RocksStore:
     def batch(self) -> RocksBatch:
         return RocksBatch(self._handles)
 
-    def write(self, batch: RocksBatch, *, sync: bool = False) -> None:  # type: ignore[override]
+    def write(self, batch: Batch, *, sync: bool = False) -> None:
+        assert isinstance(batch, RocksBatch), "a batch from another store"
         if sync:
             self._db.write(batch.write_batch, self._sync_opts)
         else:
@@ -119,8 +120,8 @@ class RocksStore:
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, column: Column, key: bytes) -> bytes | None:
-        value = self._cfs[column].get(key)
-        return value  # type: ignore[no-any-return]
+        value: bytes | None = self._cfs[column].get(key)
+        return value
 
     def scan(self, column: Column, begin: bytes, end: bytes, limit: int | None = None) -> Iterator[
         tuple[bytes, bytes]
