@@ -161,6 +161,8 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
     elif op == "compact":
         rep.force_compaction()
         reply({"id": req["id"]})
+    elif op == "transfer":
+        reply({"id": req["id"], "sent": rep.transfer_leadership(req.get("target"))})
     elif op == "entry_size":
         reply({"id": req["id"], "size": rep.log_entry_size_bytes(req["index"])})
     elif op == "exit":

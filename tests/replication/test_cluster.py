@@ -107,10 +107,13 @@ def test_append_entries_stock_truncates_acknowledged_entries(cluster_factory: Cl
 # --- failover, restarts, snapshots ----------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_follower_fails_fast_and_a_new_leader_takes_over_after_kill9(cluster_factory: ClusterFactory) -> None:
+def test_leadership_transfer_then_kill9_failover_while_followers_fail_fast(cluster_factory: ClusterFactory) -> None:
     cluster = cluster_factory()
-    leader = cluster.leader()
-    assert leader.request("submit", count=50, size=200, prefix="first")["ok"] == 50
+    first = cluster.leader()
+    assert first.request("submit", count=50, size=200, prefix="first")["ok"] == 50
+    target = followers(cluster, first)[0]
+    wait_until(lambda: first.request("transfer", target=target.address)["sent"], 5, "a caught-up target")
+    leader = wait_until(lambda: (ld := cluster.leader()) is target and ld, 10, "the target to lead")
     follower = followers(cluster, leader)[0]
     reply = follower.request("submit", count=5, size=200, prefix="wrong-node")
     assert reply["errors"] == {"not_leader": 5} and reply["elapsed"] < 0.5, reply
