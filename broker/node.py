@@ -13,6 +13,7 @@ import threading
 from types import FrameType
 
 from broker.config import NodeConfig
+from broker.core.ephemeral import EphemeralHub
 from broker.core.housekeeping import Housekeeper
 from broker.core.reading import Reader
 from broker.core.state_machine import BrokerStateMachine
@@ -54,14 +55,16 @@ class Node:
                                               config.data_dir / "raft", self.state, options)
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
-        self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}")
+        hub = EphemeralHub(self.state.notify_change)
+        self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
+                                  hub=hub)
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup],
                                        lambda: self.replicator.status().role == Role.LEADER, HOUSEKEEPING_PERIOD_S)
         self.metrics = NodeMetrics()
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
-        self.server = GrpcServer(config.grpc_address,
-                                 BrokerServicer(self.topic_log, Reader(self.state), self.metrics),
+        reader = Reader(self.state, hub, submitter.ensure_leader)
+        self.server = GrpcServer(config.grpc_address, BrokerServicer(self.topic_log, reader, self.metrics),
                                  self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES)
 
     def start(self) -> None:

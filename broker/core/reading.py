@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker.core import records
+from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
@@ -45,8 +46,11 @@ def _event(kind: int, topic: str, incarnation: int, partition: int, before: int,
 class Reader:
     """Serves stateless subscriptions from the local applied state."""
 
-    def __init__(self, state: BrokerStateMachine) -> None:
+    def __init__(self, state: BrokerStateMachine, hub: EphemeralHub | None = None,
+                 require_leader: Callable[[], None] | None = None) -> None:
         self._state = state
+        self._hub = hub if hub is not None else EphemeralHub(state.notify_change)
+        self._require_leader = require_leader or (lambda: None)
 
     def subscribe(self, request: broker_pb2.SubscribeRequest,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
@@ -61,6 +65,8 @@ class Reader:
             raise InvalidArgument("filters are not available in this version")
         if request.group:
             raise InvalidArgument("consumer groups are not available in this version")
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            self._require_leader()  # only the leader holds an ephemeral topic's live records
         cursors, first_events = self._start(request, meta)
         return self._stream(request, meta, cursors, first_events, is_active)
 
@@ -80,47 +86,57 @@ class Reader:
                 raise InvalidArgument(f"the position token is for partition {token.partition}, "
                                       "which this subscription does not read")
             partitions = [token.partition]
-            st = self._state.partition(tid, token.partition)
+            start, end = self._bounds(meta, token.partition)
             if token.incarnation != tid:
                 events.append(_event(common_pb2.EVENT_TYPE_RESET, meta.config.name, tid, token.partition,
-                                     token.next_offset, st.start_offset,
+                                     token.next_offset, start,
                                      f"topic was re-created (incarnation {token.incarnation} -> {tid})"))
-                offsets = {token.partition: st.start_offset}
+                offsets = {token.partition: start}
             else:
-                if token.next_offset > st.end_offset:
+                if token.next_offset > end:
                     raise InvalidArgument(f"the position token's offset {token.next_offset} is past the end "
-                                          f"({st.end_offset}) of partition {token.partition}")
+                                          f"({end}) of partition {token.partition}")
                 offsets = {token.partition: token.next_offset}
         else:
-            offsets = {p: self._resolve(tid, p, position, kind, single=len(partitions) == 1) for p in partitions}
+            offsets = {p: self._resolve(meta, p, position, kind, single=len(partitions) == 1) for p in partitions}
         cursors = []
         for p in partitions:
-            end = self._state.partition(tid, p).end_offset if request.stop_at_end else None
-            cursors.append(_Cursor(p, offsets[p], end))
+            stop = self._bounds(meta, p)[1] if request.stop_at_end else None
+            cursors.append(_Cursor(p, offsets[p], stop))
         return cursors, events
 
-    def _resolve(self, tid: int, partition: int, position: common_pb2.Position, kind: str | None,
-                 single: bool) -> int:
-        st = self._state.partition(tid, partition)
+    def _bounds(self, meta: internal_pb2.TopicMeta, partition: int) -> tuple[int, int]:
+        """(start, end) offsets of one partition as this node holds it."""
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            start, end, _, _ = self._hub.bounds(meta.topic_id, partition)
+            return start, end
+        st = self._state.partition(meta.topic_id, partition)
+        return st.start_offset, st.end_offset
+
+    def _resolve(self, meta: internal_pb2.TopicMeta, partition: int, position: common_pb2.Position,
+                 kind: str | None, single: bool) -> int:
+        tid = meta.topic_id
+        start, end = self._bounds(meta, partition)
         if kind is None or (kind == "start" and position.start != common_pb2.START_POSITION_LATEST):
             if kind == "start" and position.start not in common_pb2.StartPosition.values():
                 raise InvalidArgument(f"unknown start position {position.start}")
-            return st.start_offset
+            return start
         if kind == "start":
-            return st.end_offset
+            return end
         if kind == "offset":
-            if position.offset > st.end_offset:
+            if position.offset > end:
                 if single:
-                    raise InvalidArgument(f"offset {position.offset} is past the end ({st.end_offset}) "
-                                          f"of partition {partition}")
-                return st.end_offset
+                    raise InvalidArgument(f"offset {position.offset} is past the end ({end}) of partition {partition}")
+                return end
             return position.offset
         assert kind == "timestamp_ms"
-        return self._offset_for_time(tid, partition, position.timestamp_ms, st.start_offset, st.end_offset)
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            return self._hub.first_at_or_after(tid, partition, position.timestamp_ms)
+        return self._offset_for_time(tid, partition, position.timestamp_ms, start, end)
 
     def _offset_for_time(self, tid: int, partition: int, ts: int, lo: int, hi: int) -> int:
         """First offset whose timestamp is >= ``ts`` (timestamps never decrease in a partition)."""
-        store = self._state.store
+        store = self._state.records_store(tid)
         while lo < hi:
             mid = (lo + hi) // 2
             value = store.get(Column.RECORDS, records.record_key(tid, partition, mid))
@@ -143,8 +159,9 @@ class Reader:
             if current is None or current.topic_id != tid:
                 raise TopicNotFound(name)
             produced = False
+            read = self._read_ephemeral if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL else self._read
             for cursor in cursors:
-                for item in self._read(name, tid, cursor, batch_size):
+                for item in read(name, tid, cursor, batch_size):
                     produced = True
                     yield item
             if produced:
@@ -152,6 +169,28 @@ class Reader:
             if all(c.end is not None and c.offset >= c.end for c in cursors):
                 return
             self._state.wait_for_change(seen, WAKE_S)
+
+    def _read_ephemeral(self, name: str, tid: int, cursor: _Cursor,
+                        limit: int) -> Iterator[broker_pb2.SubscribeResponse]:
+        start, end, _, _ = self._hub.bounds(tid, cursor.partition)
+        if cursor.offset < start:
+            yield _event(common_pb2.EVENT_TYPE_GAP, name, tid, cursor.partition, cursor.offset, start,
+                         "records were dropped: this reader fell behind the ephemeral buffer (or the leader changed)")
+            cursor.offset = start
+        if cursor.end is not None:
+            end = min(end, cursor.end)
+        if cursor.offset >= end:
+            return
+        response = broker_pb2.SubscribeResponse()
+        for item in self._hub.read(tid, cursor.partition, cursor.offset, min(limit, end - cursor.offset)):
+            rec = response.batch.records.add()
+            rec.MergeFromString(item.body)
+            rec.topic, rec.partition = name, cursor.partition
+            rec.offset, rec.timestamp_ms = item.offset, item.timestamp_ms
+            rec.position = records.PositionToken(tid, cursor.partition, item.offset + 1).encode()
+            cursor.offset = item.offset + 1
+        if response.batch.records:
+            yield response
 
     def _read(self, name: str, tid: int, cursor: _Cursor, limit: int) -> Iterator[broker_pb2.SubscribeResponse]:
         st = self._state.partition(tid, cursor.partition)
@@ -165,7 +204,7 @@ class Reader:
             return
         response = broker_pb2.SubscribeResponse()
         batch = response.batch
-        scan = self._state.store.scan(Column.RECORDS, records.record_key(tid, p, cursor.offset),
+        scan = self._state.records_store(tid).scan(Column.RECORDS, records.record_key(tid, p, cursor.offset),
                                       records.record_key(tid, p, end), limit)
         for key, value in scan:
             offset = records.RECORD_KEY.unpack(key)[2]

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from broker.core import dedup, records
 from broker.core.errors import BrokerError, InvalidArgument, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, Store
-from broker.v1 import internal_pb2
+from broker.storage.memory import MemoryStore
+from broker.v1 import common_pb2, internal_pb2
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,11 @@ def _partition_key(topic_id: int, partition: int) -> bytes:
 class BrokerStateMachine:
     """Applies :class:`internal_pb2.Command` bytes to a :class:`Store` and keeps read caches."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, volatile: Store | None = None) -> None:
         self._store = store
+        # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
+        self._volatile = volatile if volatile is not None else MemoryStore()
+        self._volatile_batch: Batch | None = None
         self._changed = threading.Condition()
         self._version = 0
         self._load_caches()
@@ -113,8 +117,21 @@ class BrokerStateMachine:
         for key, value in self._store.scan(Column.META, b"p/", b"p0"):
             partitions[_PART.unpack(key[2:])] = PartitionState.from_proto(
                 internal_pb2.PartitionMeta.FromString(value))
+        memory = common_pb2.DURABILITY_MEMORY
+        self._volatile_ids = {m.topic_id for m in topics.values() if m.config.durability == memory}
+        self._drop_volatile_records(partitions)
         self._topics = topics
         self._partitions = partitions
+
+    def _drop_volatile_records(self, partitions: dict[tuple[int, int], PartitionState]) -> None:
+        """After a (re)load, `memory` topics keep their offsets but no records: this node's view
+        starts at their end offset, so a reader asking for older records gets SKIP_FORWARD."""
+        batch = self._volatile.batch()
+        batch.delete_range(Column.RECORDS, b"", b"\xff" * records.RECORD_KEY.size)
+        self._volatile.write(batch)
+        for key, st in partitions.items():
+            if key[0] in self._volatile_ids:
+                partitions[key] = replace(st, start_offset=st.end_offset, records=0, bytes=0)
 
     def topic(self, name: str) -> internal_pb2.TopicMeta | None:
         """The applied metadata of ``name`` (treat as read-only)."""
@@ -130,6 +147,10 @@ class BrokerStateMachine:
     def store(self) -> Store:
         return self._store
 
+    def records_store(self, topic_id: int) -> Store:
+        """Where the records of ``topic_id`` live: RocksDB, or memory for `memory` topics."""
+        return self._volatile if topic_id in self._volatile_ids else self._store
+
     # -- change notification -----------------------------------------------------------------
     @property
     def version(self) -> int:
@@ -141,6 +162,10 @@ class BrokerStateMachine:
         with self._changed:
             self._changed.wait_for(lambda: self._version != seen_version, timeout_s)
             return self._version
+
+    def notify_change(self) -> None:
+        """Wake every reader waiting in :meth:`wait_for_change`."""
+        self._notify()
 
     def _notify(self) -> None:
         with self._changed:
@@ -156,6 +181,7 @@ class BrokerStateMachine:
             return None
         cmd = internal_pb2.Command.FromString(command)
         batch = self._store.batch()
+        self._volatile_batch = None
         kind = cmd.WhichOneof("body")
         result: object
         commit = _CacheChanges()
@@ -172,6 +198,8 @@ class BrokerStateMachine:
         else:
             result = Rejected(BrokerError(f"unknown command {kind!r}"))
         batch.put(Column.META, _APPLIED, _U64.pack(index))
+        if self._volatile_batch is not None:
+            self._volatile.write(self._volatile_batch)
         self._store.write(batch)
         self._applied = index
         self._commit_caches(commit)
@@ -192,8 +220,12 @@ class BrokerStateMachine:
             topics.pop(meta.config.name, None)
             for p in range(meta.config.partitions):
                 partitions.pop((meta.topic_id, p), None)
+        for meta in changes.dropped:
+            self._volatile_ids.discard(meta.topic_id)
         for meta in changes.created:
             topics[meta.config.name] = meta
+            if meta.config.durability == common_pb2.DURABILITY_MEMORY:
+                self._volatile_ids.add(meta.topic_id)
             self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
         partitions.update(changes.partitions)
         self._topics, self._partitions = topics, partitions
@@ -204,6 +236,9 @@ class BrokerStateMachine:
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
         tid = meta.topic_id
+        record_batch = batch
+        if tid in self._volatile_ids:
+            record_batch = self._volatile_batch = self._volatile.batch()
         fresh = self._check_watermark(cmd, tid, batch)
         if isinstance(fresh, Rejected):
             return fresh
@@ -226,7 +261,7 @@ class BrokerStateMachine:
             ts = max(cmd.now_ms, state.last_timestamp_ms)
             offset = state.end_offset
             record_key = records.record_key(tid, partition, offset)
-            batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
+            record_batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
             touched[partition] = replace(state, end_offset=offset + 1, records=state.records + 1,
                                          bytes=state.bytes + len(body), last_timestamp_ms=ts)
             placements.append((partition, offset, ts, False))
@@ -300,6 +335,9 @@ class BrokerStateMachine:
         batch.delete_range(Column.META, _partition_key(meta.topic_id, 0), _partition_key(meta.topic_id + 1, 0))
         begin, end = records.topic_range(meta.topic_id)
         batch.delete_range(Column.RECORDS, begin, end)
+        if meta.topic_id in self._volatile_ids:
+            self._volatile_batch = self._volatile.batch()
+            self._volatile_batch.delete_range(Column.RECORDS, begin, end)
         batch.delete_range(Column.DEDUP, *dedup.topic_range(meta.topic_id))
         commit.dropped.append(meta)
         return meta

@@ -69,6 +69,11 @@ class CommandSubmitter:
         if not status.has_quorum:
             raise Unavailable("the leader cannot reach a majority of the cluster (no quorum); nothing was written")
 
+    def leader_term(self) -> int:
+        """The current term, checking that this node leads it."""
+        self.ensure_leader()
+        return self._replicator.status().term
+
     def submit(self, command: internal_pb2.Command) -> object:
         """Replicate ``command``; return the state machine's result once applied here."""
         self.ensure_leader()

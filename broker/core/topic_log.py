@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.core import dedup, partitioning
+from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import InvalidArgument, TopicNotFound, Unimplemented
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.submitter import CommandSubmitter
@@ -40,8 +41,9 @@ class TopicLog:
     """Topic administration and publishing on top of the replicated state machine."""
 
     def __init__(self, state: BrokerStateMachine, submitter: CommandSubmitter, limits: Limits,
-                 origin: str, clock_ms: Callable[[], int] | None = None) -> None:
+                 origin: str, clock_ms: Callable[[], int] | None = None, hub: EphemeralHub | None = None) -> None:
         self._state = state
+        self._hub = hub if hub is not None else EphemeralHub(state.notify_change)
         self._submitter = submitter
         self._limits = limits
         self._origin_bytes = _origin_suffix(origin)
@@ -55,8 +57,8 @@ class TopicLog:
     # -- admin -------------------------------------------------------------------------------
     def create_topic(self, config: admin_pb2.TopicConfig) -> admin_pb2.TopicInfo:
         config = normalized_config(config)
-        if config.durability != common_pb2.DURABILITY_DISK:
-            raise Unimplemented("only the 'disk' durability class is available in this version")
+        if config.durability == common_pb2.DURABILITY_FSYNC:
+            raise Unimplemented("the 'fsync' durability class is not available in this version")
         if config.schema_json or config.dedup_fields:
             raise Unimplemented("topic schemas and dedup fields are not available in this version")
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
@@ -69,6 +71,7 @@ class TopicLog:
         meta = self._meta(name)
         cmd = internal_pb2.Command(drop_topic=internal_pb2.DropTopicCommand(name=name, topic_id=meta.topic_id))
         self._raise_rejected(self._submitter.submit(cmd))
+        self._hub.forget_topic(meta.topic_id)
 
     def describe_topic(self, name: str) -> admin_pb2.TopicInfo:
         return self._info(self._meta(name))
@@ -85,11 +88,20 @@ class TopicLog:
 
     def _info(self, meta: internal_pb2.TopicMeta) -> admin_pb2.TopicInfo:
         info = admin_pb2.TopicInfo(config=meta.config, incarnation=meta.topic_id, created_ms=meta.created_ms)
+        ephemeral = meta.config.durability == common_pb2.DURABILITY_EPHEMERAL
         for p in range(meta.config.partitions):
+            if ephemeral:
+                start, end, count, size = self._hub.bounds(meta.topic_id, p)
+                info.partitions.add(partition=p, start_offset=start, end_offset=end, records=count, bytes=size)
+                continue
             st = self._state.partition(meta.topic_id, p)
             info.partitions.add(partition=p, start_offset=st.start_offset, end_offset=st.end_offset,
                                 records=st.records, bytes=st.bytes)
         return info
+
+    @property
+    def hub(self) -> EphemeralHub:
+        return self._hub
 
     @staticmethod
     def _raise_rejected(result: object) -> None:
@@ -109,13 +121,24 @@ class TopicLog:
         self._dedup_fields(request, append)
         append.bodies.extend(self._bodies(request))
         append.now_ms = self._clock_ms()
-        result = self._submitter.submit(cmd)
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            result: object = self._publish_ephemeral(meta, append)
+        else:
+            result = self._submitter.submit(cmd)
         self._raise_rejected(result)
         assert isinstance(result, Appended) and len(result.placements) == len(request.records)
         response = broker_pb2.PublishResponse()
         for partition, offset, ts, duplicate in result.placements:
             response.results.add(partition=partition, offset=offset, timestamp_ms=ts, duplicate=duplicate)
         return response
+
+    def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
+        """Leader-only fan-out: no Raft, no store (SPEC §2.1)."""
+        if append.idempotency_keys or append.dedup_id:
+            raise InvalidArgument("ephemeral topics do not deduplicate: drop idempotency_key, dedup_id and msg_id")
+        term = self._submitter.leader_term()
+        return Appended(self._hub.publish(meta.topic_id, term, list(append.partitions), list(append.bodies),
+                                          append.now_ms))
 
     def _dedup_fields(self, request: broker_pb2.PublishRequest, append: internal_pb2.AppendCommand) -> None:
         """Idempotency keys and producer-session ids, checked before anything is replicated."""

@@ -1,0 +1,99 @@
+"""`ephemeral` topics (SPEC §2.1): leader-only fan-out, never replicated, never stored.
+
+Each partition keeps a bounded ring of its latest records in the leader's memory; a subscriber
+that falls further behind than the ring gets a ``GAP`` event and continues at the oldest record
+still held. Offsets start at ``term << 32`` when a node becomes leader (so they never go back
+across leader changes) and are contiguous within one leadership.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_RING_RECORDS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class EphemeralRecord:
+    offset: int
+    timestamp_ms: int
+    body: bytes
+
+
+class _Ring:
+    def __init__(self, base: int, capacity: int) -> None:
+        self.records: deque[EphemeralRecord] = deque(maxlen=capacity)
+        self.next_offset = base
+        self.bytes = 0
+
+    @property
+    def start_offset(self) -> int:
+        return self.records[0].offset if self.records else self.next_offset
+
+
+class EphemeralHub:
+    """The rings of every ephemeral partition on this node (meaningful on the leader only)."""
+
+    def __init__(self, on_publish: Callable[[], None], capacity: int = DEFAULT_RING_RECORDS) -> None:
+        assert capacity > 0
+        self._lock = threading.Lock()
+        self._rings: dict[tuple[int, int], _Ring] = {}
+        self._term = -1
+        self._capacity = capacity
+        self._on_publish = on_publish
+
+    def _ring(self, topic_id: int, partition: int) -> _Ring:
+        ring = self._rings.get((topic_id, partition))
+        if ring is None:
+            ring = self._rings[(topic_id, partition)] = _Ring(max(self._term, 0) << 32, self._capacity)
+        return ring
+
+    def publish(self, topic_id: int, term: int, partitions: list[int], bodies: list[bytes],
+                now_ms: int) -> list[tuple[int, int, int, bool]]:
+        """Append to the rings; returns (partition, offset, timestamp, duplicate=False) per record."""
+        placements = []
+        with self._lock:
+            if term != self._term:  # a new leadership: what an old one held is gone
+                self._term = term
+                self._rings.clear()
+            for partition, body in zip(partitions, bodies, strict=True):
+                ring = self._ring(topic_id, partition)
+                if len(ring.records) == ring.records.maxlen:
+                    ring.bytes -= len(ring.records[0].body)
+                ring.records.append(EphemeralRecord(ring.next_offset, now_ms, body))
+                ring.bytes += len(body)
+                placements.append((partition, ring.next_offset, now_ms, False))
+                ring.next_offset += 1
+        self._on_publish()
+        return placements
+
+    def bounds(self, topic_id: int, partition: int) -> tuple[int, int, int, int]:
+        """(start offset, end offset, records, bytes) held for one partition."""
+        with self._lock:
+            ring = self._ring(topic_id, partition)
+            return ring.start_offset, ring.next_offset, len(ring.records), ring.bytes
+
+    def read(self, topic_id: int, partition: int, offset: int, limit: int) -> list[EphemeralRecord]:
+        """Up to ``limit`` records from ``offset`` (the caller checks :meth:`bounds` for gaps)."""
+        with self._lock:
+            ring = self._ring(topic_id, partition)
+            if not ring.records or offset >= ring.next_offset:
+                return []
+            first = max(offset - ring.records[0].offset, 0)
+            return [ring.records[i] for i in range(first, min(first + limit, len(ring.records)))]
+
+    def first_at_or_after(self, topic_id: int, partition: int, timestamp_ms: int) -> int:
+        with self._lock:
+            ring = self._ring(topic_id, partition)
+            for rec in ring.records:
+                if rec.timestamp_ms >= timestamp_ms:
+                    return rec.offset
+            return ring.next_offset
+
+    def forget_topic(self, topic_id: int) -> None:
+        with self._lock:
+            for key in [k for k in self._rings if k[0] == topic_id]:
+                del self._rings[key]

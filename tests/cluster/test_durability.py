@@ -1,0 +1,97 @@
+"""Durability classes across a whole-cluster kill -9, and large batches (SPEC §2.1, §9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
+from tests.cluster.digests import wait_converged
+from tests.cluster.stubs import stubs
+from tests.conftest import start_cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+CLASSES = {
+    "disk": common_pb2.DURABILITY_DISK,
+    "memory": common_pb2.DURABILITY_MEMORY,
+    "ephemeral": common_pb2.DURABILITY_EPHEMERAL,
+}
+
+
+def read(address: str, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
+    s = stubs(address)
+    try:
+        out: list[common_pb2.Record | common_pb2.Event] = []
+        req = broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw)  # type: ignore[arg-type]
+        for item in s.broker.Subscribe(req, timeout=30):
+            out.extend(item.batch.records) if item.HasField("batch") else out.append(item.event)
+        return out
+    finally:
+        s.close()
+
+
+def test_whole_cluster_kill_keeps_disk_and_metadata_and_tells_readers(tmp_path: Path) -> None:
+    c = start_cluster(tmp_path)
+    try:
+        s = stubs(c.wait_ready())
+        tokens = {}
+        for name, durability in CLASSES.items():
+            s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+                name=name, durability=durability)))
+            s.broker.Publish(broker_pb2.PublishRequest(topic=name, records=[
+                broker_pb2.PublishRecord(value=b"%s-%d" % (name.encode(), i)) for i in range(100)]))
+        for name in CLASSES:
+            got = read(c.wait_ready(), name)
+            assert len(got) == 100, name
+            tokens[name] = got[49].position  # type: ignore[union-attr]
+        s.close()
+
+        for i in range(c.nodes):
+            c.kill(i)
+        for i in range(c.nodes):
+            c.spawn(i)
+        leader = c.wait_ready(60)
+
+        assert [r.value for r in read(leader, "disk")] == [b"disk-%d" % i for i in range(100)]  # type: ignore[union-attr]
+        s = stubs(leader)
+        names = [t.config.name for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest()).topics]
+        assert sorted(names) == sorted(CLASSES)  # metadata of every class survives
+        s.close()
+        for name in ("memory", "ephemeral"):
+            assert [x for x in read(leader, name) if isinstance(x, common_pb2.Record)] == [], name
+        # a reader resuming inside lost data is told, never silently moved on
+        told = read(leader, "memory", **{"from": common_pb2.Position(token=tokens["memory"])})
+        assert [e.type for e in told] == [common_pb2.EVENT_TYPE_SKIP_FORWARD]  # type: ignore[union-attr]
+        resumed = read(leader, "disk", **{"from": common_pb2.Position(token=tokens["disk"])})
+        assert [r.offset for r in resumed] == list(range(50, 100))  # type: ignore[union-attr]
+    finally:
+        c.stop()
+
+
+def test_large_batches_replicate(tmp_path: Path) -> None:
+    """A 4 MiB publish batch and a 1 MiB record are committed on every node."""
+    c = start_cluster(tmp_path)
+    try:
+        leader = c.wait_ready()
+        s = stubs(leader)
+        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="big")))
+        batch = [broker_pb2.PublishRecord(value=bytes([i % 256]) * (64 << 10)) for i in range(64)]  # 4 MiB
+        assert len(s.broker.Publish(broker_pb2.PublishRequest(topic="big", records=batch), timeout=30).results) == 64
+        one_mib = broker_pb2.PublishRecord(value=b"x" * ((1 << 20) - 64))  # at the limit with its framing
+        s.broker.Publish(broker_pb2.PublishRequest(topic="big", records=[one_mib]), timeout=30)
+        with pytest.raises(grpc.RpcError) as info:
+            s.broker.Publish(broker_pb2.PublishRequest(topic="big", records=[
+                broker_pb2.PublishRecord(value=b"x" * ((1 << 20) + 1))]))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        s.close()
+        wait_converged(c)
+        for i in range(c.nodes):
+            got = read(c.grpc_address(i), "big", max_batch=4)
+            assert len(got) == 65, f"node {i} has {len(got)} records"
+            assert all(r.value == bytes([j % 256]) * (64 << 10) for j, r in enumerate(got[:64]))  # type: ignore[union-attr]
+            assert got[64].value == one_mib.value  # type: ignore[union-attr]
+    finally:
+        c.stop()

@@ -1,0 +1,86 @@
+"""`memory` and `ephemeral` topics in the core (SPEC §2.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from broker.core.ephemeral import EphemeralHub
+from broker.core.reading import Reader
+from broker.core.state_machine import BrokerStateMachine
+from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.core.topic_log import Limits, TopicLog
+from broker.replication.memory import InMemoryReplicator
+from broker.storage import Column
+from broker.storage.memory import MemoryStore
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
+
+pytestmark = pytest.mark.unit
+
+
+def make(store: MemoryStore, ring: int = 10_000) -> tuple[TopicLog, Reader, InMemoryReplicator]:
+    state = BrokerStateMachine(store)
+    replicator = InMemoryReplicator(state)
+    replicator.start()
+    submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
+    hub = EphemeralHub(state.notify_change, capacity=ring)
+    log = TopicLog(state, submitter, Limits(), "c/n1", hub=hub)
+    return log, Reader(state, hub, submitter.ensure_leader), replicator
+
+
+def read(reader: Reader, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
+    out: list[common_pb2.Record | common_pb2.Event] = []
+    req = broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw)  # type: ignore[arg-type]
+    for item in reader.subscribe(req, lambda: True):
+        out.extend(item.batch.records) if item.HasField("batch") else out.append(item.event)
+    return out
+
+
+def publish(log: TopicLog, topic: str, n: int) -> list[broker_pb2.PublishResult]:
+    recs = [broker_pb2.PublishRecord(value=b"%d" % i) for i in range(n)]
+    return list(log.publish(broker_pb2.PublishRequest(topic=topic, records=recs)).results)
+
+
+@pytest.fixture
+def store() -> Iterator[MemoryStore]:
+    yield MemoryStore()
+
+
+def test_memory_topic_keeps_offsets_but_not_records_across_a_reload(store: MemoryStore) -> None:
+    log, reader, rep = make(store)
+    log.create_topic(admin_pb2.TopicConfig(name="m", durability=common_pb2.DURABILITY_MEMORY))
+    log.create_topic(admin_pb2.TopicConfig(name="d"))
+    publish(log, "m", 5)
+    publish(log, "d", 5)
+    first = read(reader, "m")
+    assert len(first) == 5
+    token = first[1].position  # type: ignore[union-attr]
+    rep.close()
+    log, reader, rep = make(store)  # a restart: same durable store, new process memory
+    assert log.describe_topic("m").partitions[0].end_offset == 5  # metadata survives
+    assert read(reader, "m") == []
+    events = read(reader, "m", **{"from": common_pb2.Position(token=token)})
+    assert len(events) == 1 and events[0].type == common_pb2.EVENT_TYPE_SKIP_FORWARD  # type: ignore[union-attr]
+    assert (events[0].offset_before, events[0].offset_after) == (2, 5)  # type: ignore[union-attr]
+    assert [r.offset for r in publish(log, "m", 2)] == [5, 6]  # offsets are never reused
+    assert len(read(reader, "d")) == 5  # disk topics are untouched
+    rep.close()
+
+
+def test_ephemeral_topic_fans_out_from_a_bounded_buffer_and_signals_gaps(store: MemoryStore) -> None:
+    log, reader, rep = make(store, ring=10)
+    log.create_topic(admin_pb2.TopicConfig(name="e", durability=common_pb2.DURABILITY_EPHEMERAL))
+    results = publish(log, "e", 25)
+    base = results[0].offset
+    assert [r.offset for r in results] == list(range(base, base + 25))
+    items = read(reader, "e", partition=0, **{"from": common_pb2.Position(offset=base)})
+    gap = items[0]
+    assert gap.type == common_pb2.EVENT_TYPE_GAP  # type: ignore[union-attr]
+    assert (gap.offset_before, gap.offset_after) == (base, base + 15)  # type: ignore[union-attr]
+    assert [r.value for r in items[1:]] == [b"%d" % i for i in range(15, 25)]  # type: ignore[union-attr]
+    assert list(store.scan(Column.RECORDS, b"", b"\xff" * 16)) == []
+    with pytest.raises(Exception, match="do not deduplicate"):
+        log.publish(broker_pb2.PublishRequest(topic="e", records=[broker_pb2.PublishRecord(value=b"x",
+                                                                                             idempotency_key="k")]))
+    rep.close()
