@@ -95,3 +95,20 @@ def test_large_batches_replicate(tmp_path: Path) -> None:
             assert got[64].value == one_mib.value  # type: ignore[union-attr]
     finally:
         c.stop()
+
+
+def test_graceful_stop_of_the_leader_hands_leadership_over(tmp_path: Path) -> None:
+    import signal
+
+    from tests.conftest import wait_until
+
+    c = start_cluster(tmp_path)
+    try:
+        old = c.leader()
+        assert old is not None
+        c.kill(old, signal.SIGTERM)
+        assert "handed leadership over" in c.log_path(old).read_text()
+        wait_until(lambda: c.leader() is not None, 10, "the new leader")
+        assert c.leader() != old
+    finally:
+        c.stop()
