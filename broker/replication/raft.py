@@ -24,15 +24,7 @@ from pathlib import Path
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
-from broker.replication import (
-    Callback,
-    FailReason,
-    ReplicaStatus,
-    ReplicationError,
-    Role,
-    StateMachine,
-    _patches,
-)
+from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
 from broker.replication.snapshot import PackState, SnapshotCodec
 
 logger = logging.getLogger(__name__)
@@ -113,14 +105,9 @@ class RaftOptions:
         if failed:
             raise ValueError(f"invalid RaftOptions: {', '.join(failed)}")
 
-    def to_conf(
-        self,
-        journal_file: Path,
-        dump_file: Path,
-        serializer: Callable[[str, object], None],
-        deserializer: Callable[[str], tuple[object, ...]],
-        serialize_checker: Callable[[], int] | None = None,
-    ) -> SyncObjConf:
+    def to_conf(self, journal_file: Path, dump_file: Path, serializer: Callable[[str, object], None],
+                deserializer: Callable[[str], tuple[object, ...]],
+                serialize_checker: Callable[[], int] | None = None) -> SyncObjConf:
         """The pysyncobj configuration for these options."""
         return SyncObjConf(
             raftMinTimeout=self.raft_min_timeout_s,
@@ -148,16 +135,10 @@ class RaftOptions:
 
 
 class _RaftNode(SyncObj):
-    """The SyncObj: one replicated method, no forwarding to the leader, a status snapshot per tick."""
+    """The SyncObj: one replicated method, no forwarding to the leader, halts on a failed restore."""
 
-    def __init__(
-        self,
-        self_address: str,
-        peer_addresses: list[str],
-        conf: SyncObjConf,
-        state_machine: StateMachine,
-        compaction_max_log_bytes: int,
-    ) -> None:
+    def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
+                 state_machine: StateMachine, compaction_max_log_bytes: int) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once.
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
@@ -292,13 +273,8 @@ class PysyncobjReplicator:
         conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,
                                      checker)
         self._codec = codec
-        node = _RaftNode(
-            self._self_address,
-            self._peer_addresses,
-            conf,
-            self._state_machine,
-            self._options.compaction_max_log_bytes,
-        )
+        node = _RaftNode(self._self_address, self._peer_addresses, conf, self._state_machine,
+                         self._options.compaction_max_log_bytes)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))
@@ -334,13 +310,17 @@ class PysyncobjReplicator:
             _call(callback, None, ReplicationError(reason, "" if leader is None else str(leader.id)))
             return
         token = next(self._tokens)
-        with self._lock:
-            admitted = self._pending_bytes + size <= self._options.max_pending_bytes
-            if admitted:
+        with self._lock:  # close() drains _pending under this lock after setting _closed
+            refusal = None
+            if self._closed:
+                refusal = ReplicationError(FailReason.NO_LEADER, "replicator is not running")
+            elif self._pending_bytes + size > self._options.max_pending_bytes:
+                refusal = ReplicationError(FailReason.QUEUE_FULL, "too many pending bytes")
+            else:
                 self._pending[token] = (callback, size)
                 self._pending_bytes += size
-        if not admitted:
-            _call(callback, None, ReplicationError(FailReason.QUEUE_FULL, "too many pending bytes"))
+        if refusal is not None:
+            _call(callback, None, refusal)
             return
         node._apply_command(command, callback=functools.partial(self._complete, token))
 
@@ -359,7 +339,10 @@ class PysyncobjReplicator:
     def _on_tick(self, node: _RaftNode) -> None:
         self._has_quorum = bool(node.hasQuorum)
         while self._tick_calls:
-            self._tick_calls.popleft()()
+            try:
+                self._tick_calls.popleft()()
+            except Exception:
+                logger.exception("call on the replication thread failed")
 
     def status(self) -> ReplicaStatus:
         """Live role, term, indexes and leader (thread-safe reads); ``has_quorum`` as of the last tick.
@@ -409,11 +392,11 @@ class PysyncobjReplicator:
 
     def close(self) -> None:
         """Stop the tick thread, close sockets and files; fail pending callbacks with TIMEOUT."""
+        with self._lock:
+            already_closed, self._closed = self._closed, True
         node = self._node
-        if node is None or self._closed:
-            self._closed = True
+        if node is None or already_closed:
             return
-        self._closed = True
         node.destroy()
         thread = node._SyncObj__thread
         if thread is not None and thread is not threading.current_thread():
