@@ -2,8 +2,13 @@
 
 Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
 :class:`PartitionInfo`, :class:`PublishResult`, :class:`Record`, :class:`Event`,
-:class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`), the
-iterator :class:`Subscription`, and the error types rooted at :class:`BrokerError`.
+:class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`,
+:class:`Watermark`), the iterator :class:`Subscription`, and the error types rooted at
+:class:`BrokerError`.
+
+Delivery guarantees: publishing is exactly-once in effect, because every record carries an
+idempotency key that retries reuse (see :meth:`Client.publish_batch`); reading is at-least-once
+per record and never skips one (see :mod:`broker.client.subscription`).
 """
 
 from broker.client.client import Client
@@ -27,6 +32,7 @@ from broker.client.models import (
     Record,
     Retention,
     TopicInfo,
+    Watermark,
 )
 from broker.client.subscription import Subscription
 
@@ -50,4 +56,5 @@ __all__ = [
     "TopicNotFound",
     "Unavailable",
     "Unimplemented",
+    "Watermark",
 ]

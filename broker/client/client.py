@@ -4,16 +4,25 @@ Every call goes to the leader (found by following ``x-leader`` redirects, or by 
 for reads), so a caller reads its own writes; failover is retried transparently within
 ``retry_deadline_s`` (see :mod:`broker.client.routing`). Thread-safe: one client may be shared
 by many threads; channels are kept per node address and reused.
+
+Publishing is exactly-once in effect (SPEC §4, §9): every record carries an idempotency key (the
+caller's, or a random one the client chooses once per call) and every retry of a call resends
+the same keys, so a retry whose earlier attempt was applied unseen stores nothing new and
+answers the first copy's place with ``duplicate=True``. This holds while the retry comes within
+the topic's dedup window (``dedup_window_ms``, default 2 minutes; keep ``retry_deadline_s``
+below it). A call that finally raises leaves its outcome unknown (``after_unknown_outcome``); to
+repeat it without risking a second copy, publish again with your own keys (or a ``dedup_id``).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.client import wire
 from broker.client.errors import BrokerError, TopicExists, TopicNotFound, invalid_argument
-from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo
+from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
 from broker.client.routing import RetryPolicy, Router
 from broker.client.subscription import Subscription
 from broker.v1 import admin_pb2, broker_pb2
@@ -72,14 +81,17 @@ class Client:
         retention: Mapping[str, int | None] | Retention | None = None,
         durability: str | None = None,
         full_policy: str | None = None,
+        dedup_window_ms: int | None = None,
     ) -> TopicInfo:
         """Create a topic; raises ``TopicExists`` if it exists, ``InvalidArgument`` for a bad config.
 
+        ``dedup_window_ms``: how long an idempotency key is remembered (``None``: the server
+        default, 120000; ``-1``: forever).
         If an earlier attempt's outcome was unknown (connection lost mid-call) and the retry finds
         the topic existing, that attempt created it: the topic is described and returned.
         """
         request = admin_pb2.CreateTopicRequest(
-            config=wire.topic_config(name, partitions, retention, durability, full_policy)
+            config=wire.topic_config(name, partitions, retention, durability, full_policy, dedup_window_ms)
         )
         try:
             info = self._router.call(
@@ -135,26 +147,59 @@ class Client:
         key: bytes | str | None = None,
         partition: int | None = None,
         headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        dedup_id: str | None = None,
+        msg_id: int | None = None,
     ) -> PublishResult:
-        """Publish one record; returns where it was stored once it is committed by a majority."""
-        record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}))
-        return self.publish_batch(topic, [record])[0]
+        """Publish one record; returns where it is stored once it is committed by a majority.
 
-    def publish_batch(self, topic: str, records: Sequence[RecordLike]) -> list[PublishResult]:
-        """Publish records all-or-nothing; one result per record, in order.
+        ``idempotency_key``: yours, to deduplicate repeats across calls (``None``: a random key
+        that deduplicates this call's own retries). ``dedup_id`` + ``msg_id``: a producer session
+        (see :meth:`publish_batch`). ``result.duplicate`` tells whether the broker had it already.
+        """
+        record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
+                                idempotency_key=idempotency_key, msg_id=msg_id)
+        return self.publish_batch(topic, [record], dedup_id=dedup_id)[0]
 
-        Records may be :class:`OutgoingRecord`, dicts of its fields, or bare values. Retried on
-        failover; a retry after a lost connection may store the batch twice (at-least-once)
-        until idempotency keys are attached (see :meth:`_idempotency_keys`).
+    def publish_batch(
+        self,
+        topic: str,
+        records: Sequence[RecordLike],
+        *,
+        dedup_id: str | None = None,
+        first_msg_id: int | None = None,
+    ) -> list[PublishResult]:
+        """Publish records all-or-nothing; one result per record, in request order.
+
+        Records may be :class:`OutgoingRecord`, dicts of its fields (``value``, ``key``,
+        ``partition``, ``headers``, ``op``, ``idempotency_key``, ``msg_id``), or bare values.
+
+        Exactly-once in effect: each record is sent with its ``idempotency_key``, or with a
+        random one (uuid4 hex) chosen once before the first attempt; retries on failover (a
+        redirect, no leader, a dropped connection, a deadline) resend the same keys, so the
+        broker stores each record once. ``PublishResult.duplicate`` marks a record the broker
+        already had; its place is the first copy's. Repeats of a key inside one batch are
+        deduplicated too.
+
+        Producer session (SPEC §4 watermarks): with ``dedup_id``, every record has a message id
+        whose absolute value rises by exactly one per record, within the batch and from one
+        batch to the next (1, -2, 3, 4 is valid). Give either ``first_msg_id`` (>= 1: the records
+        get ``first_msg_id``, ``first_msg_id + 1``, ...) or a ``msg_id`` on every record (to choose
+        signs). A record whose ``|msg_id|`` is at or below the session's replicated watermark is
+        discarded and reported ``duplicate=True`` with ``offset`` 0 (no original place is kept);
+        a gap or a repeat inside the batch raises :class:`InvalidArgument` before sending.
         """
         batch = [wire.outgoing(r) for r in records]
+        ids = wire.msg_ids(batch, dedup_id, first_msg_id)
         if not batch:
             return []
         if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
             raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
         keys = self._idempotency_keys(batch)
         request = broker_pb2.PublishRequest(
-            topic=topic, records=[wire.publish_record(r, k) for r, k in zip(batch, keys, strict=True)]
+            topic=topic,
+            dedup_id=dedup_id or "",
+            records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)],
         )
         response = self._router.call(
             lambda addr, t: self._router.broker(addr).Publish(request, timeout=t),
@@ -165,12 +210,41 @@ class Client:
             raise BrokerError(
                 "INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records"
             )
-        return [wire.publish_result(r) for r in response.results]
+        return [wire.publish_result(r, k) for r, k in zip(response.results, keys, strict=True)]
 
-    def _idempotency_keys(self, batch: Sequence[OutgoingRecord]) -> list[str]:
-        """The seam for SPEC §4: one key per record, chosen once before the first attempt so
-        every retry resends the same keys. Empty keys mean "no deduplication" (today)."""
-        return [""] * len(batch)
+    @staticmethod
+    def _idempotency_keys(batch: Sequence[OutgoingRecord]) -> list[str]:
+        """One key per record (SPEC §4): the caller's, else a random uuid4 hex. Chosen once per
+        call, before the first attempt, so every retry resends the same keys."""
+        return [
+            uuid.uuid4().hex
+            if r.idempotency_key is None
+            else wire.check_id(r.idempotency_key, f"record {i}: idempotency_key")
+            for i, r in enumerate(batch)
+        ]
+
+    # -- producer-session watermarks --------------------------------------------------------------
+
+    def get_watermarks(self, topic: str) -> list[Watermark]:
+        """Every producer session's high watermark on ``topic`` (the highest ``|msg_id|`` stored
+        per ``dedup_id``), as the leader has applied them; raises ``TopicNotFound``."""
+        request = admin_pb2.GetWatermarksRequest(topic=topic)
+        response = self._router.call(
+            lambda addr, t: self._router.admin(addr).GetWatermarks(request, timeout=t),
+            write=False,
+            what=f"get watermarks of {topic}",
+        )
+        return [wire.watermark(m) for m in response.watermarks]
+
+    def reset_watermark(self, topic: str, dedup_id: str) -> None:
+        """Forget ``dedup_id``'s watermark on ``topic`` (replicated): its next message may start
+        again at 1. Resetting an unknown ``dedup_id`` is a no-op; raises ``TopicNotFound``."""
+        request = admin_pb2.ResetWatermarkRequest(topic=topic, dedup_id=wire.check_id(dedup_id, "dedup_id"))
+        self._router.call(
+            lambda addr, t: self._router.admin(addr).ResetWatermark(request, timeout=t),
+            write=True,
+            what=f"reset watermark {dedup_id} of {topic}",
+        )
 
     # -- consuming ------------------------------------------------------------------------------
 

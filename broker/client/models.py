@@ -64,23 +64,48 @@ class TopicInfo:
 
 @dataclass(frozen=True)
 class OutgoingRecord:
-    """A record to publish. ``partition`` wins over ``key``; neither means round-robin."""
+    """A record to publish. ``partition`` wins over ``key``; neither means round-robin.
+
+    ``idempotency_key`` (at most 256 characters): a repeat of the key within the topic's dedup
+    window stores nothing and answers the first copy's place with ``duplicate=True``. ``None``
+    lets the client choose a random key (the same one on every retry of one call).
+    ``msg_id``: this record's id in a producer session (``Client.publish_batch(dedup_id=...)``).
+    """
 
     value: bytes | str
     key: bytes | str | None = None
     partition: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     op: str = "insert"
+    idempotency_key: str | None = None
+    msg_id: int | None = None
 
 
 @dataclass(frozen=True)
 class PublishResult:
-    """Where one published record was stored; ``duplicate`` if it had been stored before."""
+    """Where one published record is stored.
+
+    ``duplicate``: the broker already had this record and stored nothing new. For a repeated
+    idempotency key, ``partition``/``offset``/``timestamp_ms`` are the first copy's (which may
+    have been stored by an earlier attempt of the same call whose answer was lost). For a
+    ``msg_id`` at or below its producer session's watermark, no original place is kept:
+    ``partition`` is where it would have gone and ``offset`` and ``timestamp_ms`` are 0.
+    ``idempotency_key`` is the key the record was sent with (the caller's or the generated one).
+    """
 
     partition: int
     offset: int
     duplicate: bool
     timestamp_ms: int
+    idempotency_key: str = ""
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """A producer session's high watermark on a topic: the highest ``|msg_id|`` stored."""
+
+    dedup_id: str
+    msg_id: int
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ Contract of :meth:`Router.call`:
 - any other status is final and raised as its SDK error at once.
 After its first answered call a router learns every node's address (ClusterStatus, in the
 background), so "the other known nodes" include nodes missing from the bootstrap list.
-A write that was retried after a dropped connection or a deadline may have been applied twice
-(at-least-once); its final error carries ``after_unknown_outcome=True``.
+A write retried after a dropped connection or a deadline may have been applied by the earlier
+attempt: the router resends the very same request, so callers make writes idempotent (a publish
+carries idempotency keys, see :meth:`broker.client.Client.publish_batch`; create/drop check
+``after_unknown_outcome``). A final error after such a retry carries ``after_unknown_outcome=True``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ start position) raise :class:`~broker.client.errors.InvalidArgument` here, befor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.client.errors import invalid_argument
@@ -24,11 +24,15 @@ from broker.client.models import (
     Record,
     Retention,
     TopicInfo,
+    Watermark,
 )
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 Start = str | int | bytes
 _RETENTION_FIELDS = ("max_age_ms", "max_records", "max_bytes")
+_RECORD_FIELDS = ("value", "key", "partition", "headers", "op", "idempotency_key", "msg_id")
+MAX_ID_CHARS = 256  # idempotency keys and dedup ids (the server's limit)
+DEDUP_FOREVER = -1
 
 
 def to_bytes(value: bytes | str, what: str) -> bytes:
@@ -60,17 +64,26 @@ def topic_config(
     retention: Mapping[str, int | None] | Retention | None,
     durability: str | None,
     full_policy: str | None,
+    dedup_window_ms: int | None = None,
 ) -> admin_pb2.TopicConfig:
-    """The ``TopicConfig`` of a create request."""
-    if not isinstance(partitions, int) or isinstance(partitions, bool):
+    """The ``TopicConfig`` of a create request (``dedup_window_ms`` ``None``: server default)."""
+    if not _is_int(partitions):
         raise invalid_argument(f"partitions must be an int, got {type(partitions).__name__}")
     if partitions <= 0:
         raise invalid_argument(f"partitions must be at least 1, got {partitions}")
+    if dedup_window_ms is not None and (
+        not _is_int(dedup_window_ms) or (dedup_window_ms <= 0 and dedup_window_ms != DEDUP_FOREVER)
+    ):
+        raise invalid_argument(
+            f"dedup_window_ms must be a positive int or -1 (forever), got {dedup_window_ms!r}; "
+            "None means the server default"
+        )
     config = admin_pb2.TopicConfig(
         name=name,
         partitions=partitions,
         durability=_enum_value(durability, DURABILITIES, "DURABILITY", "durability"),
         full_policy=_enum_value(full_policy, FULL_POLICIES, "FULL_POLICY", "full_policy"),
+        dedup_window_ms=dedup_window_ms or 0,
     )
     caps = retention.__dict__ if isinstance(retention, Retention) else dict(retention or {})
     unknown = set(caps) - set(_RETENTION_FIELDS)
@@ -80,6 +93,10 @@ def topic_config(
         if cap is not None:
             setattr(config.retention, key, int(cap))
     return config
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def topic_info(msg: admin_pb2.TopicInfo) -> TopicInfo:
@@ -112,21 +129,63 @@ def outgoing(item: OutgoingRecord | Mapping[str, Any] | bytes | str) -> Outgoing
     if isinstance(item, bytes | str):
         return OutgoingRecord(value=item)
     if isinstance(item, Mapping):
-        unknown = set(item) - {"value", "key", "partition", "headers", "op"}
+        unknown = set(item) - set(_RECORD_FIELDS)
         if unknown or "value" not in item:
             raise invalid_argument(
-                f"a record dict needs 'value' and may have key/partition/headers/op; got {sorted(item)}"
+                f"a record dict needs 'value' and may have {'/'.join(_RECORD_FIELDS[1:])}; got {sorted(item)}"
             )
         return OutgoingRecord(**item)
     raise invalid_argument(f"cannot publish a {type(item).__name__}; use bytes, str, dict or OutgoingRecord")
 
 
-def publish_record(record: OutgoingRecord, idempotency_key: str) -> broker_pb2.PublishRecord:
-    """The wire form of one record; ``idempotency_key`` is empty until SPEC §4 keys are attached."""
+def check_id(value: object, what: str) -> str:
+    """An idempotency key or dedup id: a non-empty str of at most ``MAX_ID_CHARS`` characters."""
+    if not isinstance(value, str):
+        raise invalid_argument(f"{what} must be a str, got {type(value).__name__}")
+    if not value or len(value) > MAX_ID_CHARS:
+        raise invalid_argument(f"{what} must have 1 to {MAX_ID_CHARS} characters, got {len(value)}")
+    return value
+
+
+def msg_ids(batch: Sequence[OutgoingRecord], dedup_id: str | None, first_msg_id: int | None) -> list[int]:
+    """The ``msg_id`` of each record of a batch (all 0 without a producer session).
+
+    With ``dedup_id``: either ``first_msg_id`` (>= 1; the records get N, N+1, ...) or a ``msg_id``
+    on every record, whose absolute values rise by exactly one (1, -2, 3 is valid)."""
+    given = [r.msg_id for r in batch]
+    if dedup_id is None:
+        if first_msg_id is not None or any(m is not None for m in given):
+            raise invalid_argument("msg_id and first_msg_id need a dedup_id")
+        return [0] * len(batch)
+    check_id(dedup_id, "dedup_id")
+    if first_msg_id is not None:
+        if any(m is not None for m in given):
+            raise invalid_argument("give either first_msg_id or a msg_id on every record, not both")
+        if not _is_int(first_msg_id) or first_msg_id < 1:
+            raise invalid_argument(f"first_msg_id must be an int >= 1, got {first_msg_id!r}")
+        return [first_msg_id + i for i in range(len(batch))]
+    ids: list[int] = []
+    for i, msg_id in enumerate(given):
+        if msg_id is None:
+            raise invalid_argument(f"record {i} has no msg_id: with a dedup_id give first_msg_id or every msg_id")
+        if not _is_int(msg_id) or msg_id == 0:
+            raise invalid_argument(f"record {i}: msg_id must be a non-zero int, got {msg_id!r}")
+        if ids and abs(msg_id) != abs(ids[-1]) + 1:
+            raise invalid_argument(
+                f"record {i}: msg_id {msg_id} breaks the sequence (|msg_id| must rise by one per record; "
+                f"expected {abs(ids[-1]) + 1} or {-(abs(ids[-1]) + 1)})"
+            )
+        ids.append(msg_id)
+    return ids
+
+
+def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0) -> broker_pb2.PublishRecord:
+    """The wire form of one record with the key and producer-session id it is sent with."""
     msg = broker_pb2.PublishRecord(
         value=to_bytes(record.value, "value"),
         op=_enum_value(record.op, OPS, "OP", "op"),
         idempotency_key=idempotency_key,
+        msg_id=msg_id,
     )
     if record.key is not None:
         msg.key = to_bytes(record.key, "key")
@@ -141,8 +200,12 @@ def publish_record(record: OutgoingRecord, idempotency_key: str) -> broker_pb2.P
     return msg
 
 
-def publish_result(msg: broker_pb2.PublishResult) -> PublishResult:
-    return PublishResult(msg.partition, msg.offset, msg.duplicate, msg.timestamp_ms)
+def publish_result(msg: broker_pb2.PublishResult, idempotency_key: str = "") -> PublishResult:
+    return PublishResult(msg.partition, msg.offset, msg.duplicate, msg.timestamp_ms, idempotency_key)
+
+
+def watermark(msg: admin_pb2.Watermark) -> Watermark:
+    return Watermark(dedup_id=msg.dedup_id, msg_id=msg.msg_id)
 
 
 def position(start: Start, timestamp_ms: int | None) -> common_pb2.Position:

@@ -1,7 +1,9 @@
 """An in-process gRPC node with scripted behaviour, for SDK tests that need exact failures.
 
 Not a broker: it answers from a script (redirect to a leader, refuse without a leader a number
-of times, break a Subscribe stream after N records) and records what it was asked.
+of times, break a Subscribe stream after N records, apply a publish and then drop the answer)
+and records what it was asked. Like the broker, it stores a record whose idempotency key it has
+seen (in this fake: ever) only once and answers the first copy's place with ``duplicate``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Script:
     break_stream_after: int | None = None  # abort Subscribe with UNAVAILABLE after N records
     create_then_drop_connection: bool = False  # apply CreateTopic, then answer UNAVAILABLE
     publish_delays_s: list[float] = field(default_factory=list)  # sleep before answering Publish #i
+    publish_then_drop_connection: int = 0  # apply this many next Publishes, then answer UNAVAILABLE
 
 
 def _token(partition: int, next_offset: int) -> bytes:
@@ -44,6 +47,8 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self.node_id = node_id
         self.script = Script()
         self.requests: list[tuple[str, object]] = []
+        self.publishes_applied = 0
+        self.keys: dict[tuple[str, str], tuple[int, int]] = {}  # (topic, idempotency key) -> place
         self._lock = threading.Lock()
         self._server = grpc.server(ThreadPoolExecutor(max_workers=8))
         broker_pb2_grpc.add_BrokerServicer_to_server(self, self._server)
@@ -123,11 +128,24 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         if request.topic not in self.script.topics:
             context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} does not exist")
         results = []
-        for rec in request.records:
-            partition = rec.partition if rec.HasField("partition") else 0
-            log = self.script.logs.setdefault((request.topic, partition), [])
-            log.append(rec.value)
-            results.append(broker_pb2.PublishResult(partition=partition, offset=len(log) - 1))
+        with self._lock:
+            for rec in request.records:
+                known = self.keys.get((request.topic, rec.idempotency_key)) if rec.idempotency_key else None
+                if known is not None:
+                    results.append(broker_pb2.PublishResult(partition=known[0], offset=known[1], duplicate=True))
+                    continue
+                partition = rec.partition if rec.HasField("partition") else 0
+                log = self.script.logs.setdefault((request.topic, partition), [])
+                log.append(rec.value)
+                if rec.idempotency_key:
+                    self.keys[(request.topic, rec.idempotency_key)] = (partition, len(log) - 1)
+                results.append(broker_pb2.PublishResult(partition=partition, offset=len(log) - 1))
+            self.publishes_applied += 1
+            drop = self.script.publish_then_drop_connection > 0
+            if drop:
+                self.script.publish_then_drop_connection -= 1
+        if drop:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection dropped after applying (scripted)")
         return broker_pb2.PublishResponse(results=results)
 
     def Subscribe(

@@ -128,14 +128,16 @@ def test_publish_batch_accepts_dicts_values_and_records(nodes: tuple[FakeNode, F
     assert sent.records[2].headers["h"] == "1" and sent.records[3].key == b"k"  # type: ignore[attr-defined]
 
 
-def test_a_publish_past_its_deadline_is_retried_at_least_once(nodes: tuple[FakeNode, FakeNode]) -> None:
+def test_a_publish_past_its_deadline_is_retried_and_stored_once(nodes: tuple[FakeNode, FakeNode]) -> None:
     leader, _ = nodes
     leader.script.publish_delays_s = [1.0]  # the first attempt is applied but answers too late
     with Client([leader.address], timeout_s=0.3, retry_deadline_s=10) as client:
         result = client.publish("t", "v")
-    assert len(leader.calls("Publish")) == 2 and result.offset in (0, 1)
-    # at-least-once: the late first attempt is stored too (until idempotency keys, SPEC §4)
-    wait_until(lambda: len(leader.script.logs[("t", 0)]) == 2, 5, "the late attempt to be stored")
+    first, retry = leader.calls("Publish")
+    assert first == retry, "the retry resends the same request, idempotency key included"
+    assert (result.offset, result.duplicate) == (0, False), "the retry overtook the late first attempt"
+    wait_until(lambda: leader.publishes_applied == 2, 5, "the late first attempt to be applied")
+    assert leader.script.logs[("t", 0)] == [b"v"], "the late attempt is a duplicate: stored once"
 
 
 def test_nodes_redirecting_to_each_other_end_in_unavailable() -> None:
