@@ -14,6 +14,7 @@ from broker.client import (
     Record,
     TopicExists,
     TopicNotFound,
+    Watermark,
 )
 from broker.devcluster import DevCluster
 from tests.conftest import wait_until
@@ -129,3 +130,46 @@ def test_error_types(client: Client) -> None:
     with pytest.raises(InvalidArgument):
         client.publish("errs", "x", partition=5)
     assert client.describe_topic("errs").records == 0, "nothing was stored by the bad requests"
+
+
+def test_idempotency_keys_and_dedup_window(client: Client) -> None:
+    info = client.create_topic("keys", 2, dedup_window_ms=-1)
+    assert info.dedup_window_ms == -1
+    assert client.create_topic("keys-default", 1).dedup_window_ms == 120_000, "None: the server default"
+    first = client.publish("keys", "a", idempotency_key="order-1", partition=1)
+    again = client.publish("keys", "a", idempotency_key="order-1", partition=0)
+    assert not first.duplicate and again.duplicate
+    assert (again.partition, again.offset, again.timestamp_ms) == (first.partition, first.offset, first.timestamp_ms)
+    batch = client.publish_batch("keys", [{"value": "b", "idempotency_key": "order-2"},
+                                          {"value": "b", "idempotency_key": "order-2"}, "c"])
+    assert [r.duplicate for r in batch] == [False, True, False], "repeats inside one batch too"
+    assert (batch[1].partition, batch[1].offset) == (batch[0].partition, batch[0].offset)
+    assert client.describe_topic("keys").records == 3
+
+
+def test_watermarks_api(client: Client) -> None:
+    client.create_topic("marks", 2)
+    assert client.get_watermarks("marks") == []
+    sent = client.publish_batch("marks", ["m1", "m2", "m3"], dedup_id="feed", first_msg_id=1)
+    assert not any(r.duplicate for r in sent)
+    client.publish_batch("marks", [{"value": "x1", "msg_id": 1}, {"value": "x2", "msg_id": -2}], dedup_id="other")
+    assert client.get_watermarks("marks") == [Watermark("feed", 3), Watermark("other", 2)]
+
+    resent = client.publish_batch("marks", ["m2", "m3", "m4"], dedup_id="feed", first_msg_id=2)
+    assert [r.duplicate for r in resent] == [True, True, False], "at or below the watermark: discarded"
+    assert [(r.offset, r.timestamp_ms) for r in resent[:2]] == [(0, 0), (0, 0)], "no original place is kept"
+    with pytest.raises(InvalidArgument):
+        client.publish("marks", "gap", dedup_id="feed", msg_id=9)  # the watermark is 4: 5 comes next
+    assert client.get_watermarks("marks")[0] == Watermark("feed", 4)
+
+    client.reset_watermark("marks", "feed")
+    assert client.get_watermarks("marks") == [Watermark("other", 2)]
+    assert not client.publish("marks", "again", dedup_id="feed", msg_id=1).duplicate, "a reset session restarts at 1"
+    client.reset_watermark("marks", "never-seen")  # a no-op
+    got = records(list(client.subscribe("marks", stop_at_end=True)))
+    assert sorted(r.msg_id for r in got) == sorted(["1", "2", "3", "1", "-2", "4", "1"])
+    assert len(got) == 7, "discarded duplicates stored nothing"
+    with pytest.raises(TopicNotFound):
+        client.get_watermarks("missing")
+    with pytest.raises(TopicNotFound):
+        client.reset_watermark("missing", "feed")
