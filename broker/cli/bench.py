@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from broker.cli.context import emit_json, fail, reported_errors, state
+from broker.cli.context import BootstrapOption, JsonFlag, emit_json, fail, reported_errors, state
 from broker.client import Client, TopicExists
 
 app = typer.Typer(help="Measure the cluster.", no_args_is_help=True)
@@ -163,6 +163,8 @@ def publish(
         float, typer.Option(min=0.1, help="Stop a run after this many seconds even if COUNT is not reached.")
     ] = 10.0,
     spawn: Annotated[bool, typer.Option("--spawn", help="Start a temporary 3-node cluster for the run.")] = False,
+    json_: JsonFlag = False,
+    bootstrap_: BootstrapOption = None,
 ) -> None:
     """Acknowledged msgs/s and p50/p99 Publish latency per batch size, sequential and concurrent.
 

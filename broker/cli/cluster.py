@@ -6,13 +6,13 @@ import typer
 from rich.console import Console
 
 from broker.cli import render
-from broker.cli.context import connect, emit_json, state
+from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 
 app = typer.Typer(help="Inspect the cluster.", no_args_is_help=True)
 
 
 @app.command("status")
-def status(ctx: typer.Context) -> None:
+def status(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
     """Every node: id, address, role, term, commit and applied index, pid, reachable.
 
     --json: {"leader_id", "nodes": [{"id", "address", "role", "term", "commit_index",

@@ -2,6 +2,10 @@
 
 Contract: a command never shows a traceback. A server or connection error prints one line
 ``raftbroker: error: ...`` to stderr and exits 1; bad usage exits 2 (typer's usage message).
+
+``--json`` and ``--bootstrap`` are global options (before the command) and are accepted after
+every client command too (:data:`JsonFlag`, :data:`BootstrapOption`): ``raftbroker topic list
+--json`` is ``raftbroker --json topic list``; a ``--bootstrap`` after the command wins.
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -52,6 +56,39 @@ def parse_bootstrap(text: str) -> tuple[str, ...]:
     return addresses
 
 
+def _override(ctx: typer.Context, **changes: Any) -> None:
+    """Change the global options for the rest of this invocation (from a command's own flag)."""
+    root = ctx.find_root()
+    root.obj = replace(state(ctx), **changes)
+
+
+def _json_after_command(ctx: typer.Context, value: bool) -> bool:
+    if value and not ctx.resilient_parsing:
+        _override(ctx, json=True)
+    return value
+
+
+def _bootstrap_after_command(ctx: typer.Context, value: str | None) -> str | None:
+    if value is not None and not ctx.resilient_parsing:
+        _override(ctx, bootstrap=parse_bootstrap(value))
+    return value
+
+
+# The global --json and --bootstrap, repeated on each client command so they may follow it. The
+# parameters exist for parsing only: their callbacks update the global options, which commands
+# read through :func:`state` (so a command body ignores the values it receives).
+JsonFlag = Annotated[
+    bool,
+    typer.Option("--json", help="Print JSON instead of tables (also accepted before the command).",
+                 callback=_json_after_command),
+]
+BootstrapOption = Annotated[
+    str | None,
+    typer.Option("--bootstrap", "-b", help="Comma-separated node addresses (overrides the global --bootstrap).",
+                 callback=_bootstrap_after_command, show_default=False),
+]
+
+
 def fail(message: str, code: int = EXIT_SERVER_ERROR) -> NoReturn:
     """Print one error line to stderr and exit with ``code``."""
     sys.stderr.write(f"raftbroker: error: {message}\n")
@@ -64,6 +101,8 @@ def reported_errors() -> Iterator[None]:
     """Turn SDK errors into one stderr line and exit 1; Ctrl-C exits 130; a closed pipe exits 0."""
     try:
         yield
+    except (typer.Exit, typer.Abort, typer.TyperException):  # usage errors and exits keep their codes
+        raise
     except BrokerError as err:
         fail(str(err))
     except KeyboardInterrupt:

@@ -13,8 +13,9 @@ from typing import IO, Annotated
 import typer
 
 from broker.cli import render
-from broker.cli.context import connect, emit_json, state
-from broker.client import Client, Event, OutgoingRecord, PublishResult
+from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
+from broker.client import Client, Event, InvalidArgument, OutgoingRecord, PublishResult
+from broker.client.wire import check_id
 
 STDIN_BATCH_RECORDS = 500
 STDIN_BATCH_BYTES_MAX = 1024 * 1024  # keeps one Publish well below gRPC's message limit
@@ -117,30 +118,93 @@ def publish(
     batch_size: Annotated[
         int, typer.Option(min=1, max=10_000, help="Records per Publish request when reading stdin.")
     ] = STDIN_BATCH_RECORDS,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Idempotency key of the record (exactly one record): a repeat "
+                     "within the topic's dedup window stores nothing and prints the first copy's place "
+                     "as a duplicate. Without it, each record gets a random key that makes retries safe.",
+                     show_default=False),
+    ] = None,
+    dedup_id: Annotated[
+        str | None,
+        typer.Option("--dedup-id", help="Producer session id (with --msg-id): records at or below the "
+                     "session's watermark are discarded as duplicates.", show_default=False),
+    ] = None,
+    msg_id: Annotated[
+        int | None,
+        typer.Option("--msg-id", min=1, help="Message id of the first record (with --dedup-id); the records "
+                     "get N, N+1, N+2, ... in order.", show_default=False),
+    ] = None,
+    json_: JsonFlag = False,
+    bootstrap_: BootstrapOption = None,
 ) -> None:
     """Publish records and print the partition and offset of each.
 
-    --json prints one object per record and line: {"partition": P, "offset": O, "duplicate": B}.
+    Human output: 'partition=P offset=O' per record, with ' duplicate' appended when the broker
+    had the record already (nothing new stored). --json prints one object per record and line:
+    {"partition": P, "offset": O, "duplicate": B}. A duplicate by --idempotency-key shows the
+    first copy's place; one below the --dedup-id watermark has offset 0 (no place is kept).
     """
     headers = parse_headers(header)
+    _check_ids(idempotency_key, dedup_id, msg_id)
     json_output = state(ctx).json
     with connect(ctx) as client:
         if values:
             batches: Iterator[list[bytes]] = iter([[v.encode() for v in values]])
         else:
             batches = stdin_batches(_binary_stdin(), batch_size)
+        if idempotency_key is not None:
+            batches = iter([_exactly_one(batches)])
+        session = _Session(dedup_id, msg_id) if dedup_id is not None and msg_id is not None else None
         for batch in batches:
-            records = [OutgoingRecord(value=v, key=key, partition=partition, headers=headers) for v in batch]
-            for result in _publish_chunks(client, topic, records, batch_size):
+            records = [
+                OutgoingRecord(value=v, key=key, partition=partition, headers=headers,
+                               idempotency_key=idempotency_key)
+                for v in batch
+            ]
+            for result in _publish_chunks(client, topic, records, batch_size, session):
                 _print_result(result, json_output)
             sys.stdout.flush()
 
 
+def _check_ids(idempotency_key: str | None, dedup_id: str | None, msg_id: int | None) -> None:
+    """Usage errors of the dedup options (exit 2), before anything is read or sent."""
+    if (dedup_id is None) != (msg_id is None):
+        raise typer.BadParameter("--dedup-id and --msg-id go together", param_hint="--dedup-id/--msg-id")
+    for value, hint in ((idempotency_key, "--idempotency-key"), (dedup_id, "--dedup-id")):
+        if value is not None:
+            try:
+                check_id(value, hint)
+            except InvalidArgument as err:
+                raise typer.BadParameter(err.message, param_hint=hint) from None
+
+
+def _exactly_one(batches: Iterator[list[bytes]]) -> list[bytes]:
+    values = [v for batch in batches for v in batch]
+    if len(values) != 1:
+        raise typer.BadParameter(f"needs exactly one record, got {len(values)}", param_hint="--idempotency-key")
+    return values
+
+
+class _Session:
+    """The next message id of a producer session (``--dedup-id``/``--msg-id``)."""
+
+    def __init__(self, dedup_id: str, first_msg_id: int) -> None:
+        self.dedup_id = dedup_id
+        self.next_msg_id = first_msg_id
+
+
 def _publish_chunks(
-    client: Client, topic: str, records: list[OutgoingRecord], batch_size: int
+    client: Client, topic: str, records: list[OutgoingRecord], batch_size: int, session: _Session | None = None
 ) -> Iterator[PublishResult]:
     for start in range(0, len(records), batch_size):
-        yield from client.publish_batch(topic, records[start : start + batch_size])
+        chunk = records[start : start + batch_size]
+        if session is None:
+            yield from client.publish_batch(topic, chunk)
+            continue
+        results = client.publish_batch(topic, chunk, dedup_id=session.dedup_id, first_msg_id=session.next_msg_id)
+        session.next_msg_id += len(chunk)
+        yield from results
 
 
 def _binary_stdin() -> IO[bytes]:
@@ -211,12 +275,14 @@ def consume(
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Only this partition.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Stop after N records.")] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new records (live tail).")] = False,
+    json_: JsonFlag = False,
+    bootstrap_: BootstrapOption = None,
 ) -> None:
     """Print records from a position; stops at the end of the log unless --follow.
 
     Human output: 'PARTITION:OFFSET [key=KEY] VALUE' per record; events go to stderr.
     --json: one object per line. Records: {"topic", "partition", "offset", "key", "value",
-    "headers", "timestamp_ms", "position"}; key and value are UTF-8 text, or null with
+    "headers", "timestamp_ms", "position", "msg_id"}; key and value are UTF-8 text, or null with
     "key_b64"/"value_b64" (base64) when not valid UTF-8. Events (data loss or a reset is never
     silent): {"event": "skip_forward"|"reset"|"badmsg"|"gap", "topic", "partition",
     "offset_before", "offset_after", "detail"}.

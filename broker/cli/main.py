@@ -1,6 +1,7 @@
 """``raftbroker``: the command line of the broker (``python -m broker.cli.main`` works too).
 
-Global options come before the command: ``raftbroker --bootstrap h:p,h:p --json topic list``.
+Global options come before the command: ``raftbroker --bootstrap h:p,h:p --json topic list``;
+``--json`` and ``--bootstrap`` may also follow it: ``raftbroker topic list --json``.
 Human-readable tables by default; ``--json`` prints JSON for scripts (one document per command,
 or one object per line for streams: ``publish`` results and ``consume`` records/events).
 """
@@ -11,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import bench, cluster, data, topic
+from broker.cli import bench, cluster, data, dedup, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.serve import register as register_serve
 
@@ -63,6 +64,7 @@ def main(
 app.add_typer(topic.app, name="topic")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(bench.app, name="bench")
+app.add_typer(dedup.app, name="dedup")
 data.register(app)
 register_serve(app)
 

@@ -2,12 +2,15 @@
 
 JSON shapes (stable, for scripts):
 - topic: ``{"name", "partition_count", "durability", "full_policy", "retention": {"max_age_ms",
-  "max_records", "max_bytes"}, "incarnation", "created_ms", "records", "bytes",
-  "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``
+  "max_records", "max_bytes"}, "dedup_window_ms", "incarnation", "created_ms", "records", "bytes",
+  "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``;
+  ``dedup_window_ms`` is -1 when idempotency keys are kept forever.
 - record: ``{"topic", "partition", "offset", "key", "value", "headers", "timestamp_ms",
-  "position"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
+  "position", "msg_id"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
   (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
-  ``position`` is the base64 resume token (``consume --from token:...``).
+  ``position`` is the base64 resume token (``consume --from token:...``); ``msg_id`` is the
+  producer-session message id as a decimal string, ``""`` when the record had none.
+- publish result: ``{"partition", "offset", "duplicate"}``.
 - event: ``{"event", "topic", "partition", "offset_before", "offset_after", "detail"}``.
 """
 
@@ -33,6 +36,7 @@ def topic_json(info: TopicInfo) -> dict[str, Any]:
             "max_records": info.retention.max_records,
             "max_bytes": info.retention.max_bytes,
         },
+        "dedup_window_ms": info.dedup_window_ms,
         "incarnation": info.incarnation,
         "created_ms": info.created_ms,
         "records": info.records,
@@ -68,6 +72,7 @@ def record_json(record: Record) -> dict[str, Any]:
     out["headers"] = dict(record.headers)
     out["timestamp_ms"] = record.timestamp_ms
     out["position"] = base64.b64encode(record.position).decode("ascii")
+    out["msg_id"] = record.msg_id
     return out
 
 
@@ -113,6 +118,12 @@ def _retention_text(info: TopicInfo) -> str:
     return " ".join(parts) or "unlimited"
 
 
+def _dedup_window_text(info: TopicInfo) -> str:
+    if info.dedup_window_ms == -1:
+        return "forever"
+    return f"{info.dedup_window_ms} ms" if info.dedup_window_ms else "default"
+
+
 def print_topics(console: Console, topics: list[TopicInfo]) -> None:
     table = Table("name", "partitions", "durability", "records", "bytes", "retention", box=None)
     for info in topics:
@@ -130,7 +141,8 @@ def print_topics(console: Console, topics: list[TopicInfo]) -> None:
 def print_topic(console: Console, info: TopicInfo) -> None:
     console.print(
         f"topic {info.name}: {info.partition_count} partition(s), durability {info.durability}, "
-        f"full policy {info.full_policy}, retention {_retention_text(info)}, incarnation {info.incarnation}"
+        f"full policy {info.full_policy}, retention {_retention_text(info)}, "
+        f"dedup window {_dedup_window_text(info)}, incarnation {info.incarnation}"
     )
     table = Table("partition", "start offset", "end offset", "records", "bytes", box=None)
     for p in info.partitions:

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from broker.cli import render
-from broker.cli.context import connect, emit_json, state
+from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 
 app = typer.Typer(help="Create, list, describe and drop topics.", no_args_is_help=True)
 
@@ -40,8 +40,17 @@ def create(
     max_age_ms: Annotated[int | None, typer.Option(min=1, help="Retention: delete records older than this.")] = None,
     max_records: Annotated[int | None, typer.Option(min=1, help="Retention: records kept per partition.")] = None,
     max_bytes: Annotated[int | None, typer.Option(min=1, help="Retention: bytes kept per partition.")] = None,
+    dedup_window_ms: Annotated[
+        int | None,
+        typer.Option(min=-1, help="How long idempotency keys are remembered, in ms; -1: forever "
+                     "(server default: 120000).", show_default=False),
+    ] = None,
+    json_: JsonFlag = False,
+    bootstrap_: BootstrapOption = None,
 ) -> None:
     """Create a topic (exit 1 if it exists)."""
+    if dedup_window_ms == 0:
+        raise typer.BadParameter("give a positive number of ms or -1 (forever)", param_hint="--dedup-window-ms")
     retention = {"max_age_ms": max_age_ms, "max_records": max_records, "max_bytes": max_bytes}
     with connect(ctx) as client:
         info = client.create_topic(
@@ -50,6 +59,7 @@ def create(
             retention=retention,
             durability=durability.value if durability else None,
             full_policy=full_policy.value if full_policy else None,
+            dedup_window_ms=dedup_window_ms,
         )
     if state(ctx).json:
         emit_json(render.topic_json(info))
@@ -60,7 +70,7 @@ def create(
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
+def list_(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
     """List every topic with its size (--json: an array of topic objects)."""
     with connect(ctx) as client:
         topics = client.list_topics()
@@ -71,7 +81,12 @@ def list_(ctx: typer.Context) -> None:
 
 
 @app.command("describe")
-def describe(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Topic name.")]) -> None:
+def describe(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    json_: JsonFlag = False,
+    bootstrap_: BootstrapOption = None,
+) -> None:
     """Show a topic's config and each partition's offsets, record and byte counts."""
     with connect(ctx) as client:
         info = client.describe_topic(name)
@@ -82,7 +97,12 @@ def describe(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Topic
 
 
 @app.command("drop")
-def drop(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Topic name.")]) -> None:
+def drop(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    json_: JsonFlag = False,
+    bootstrap_: BootstrapOption = None,
+) -> None:
     """Drop a topic and all its records (exit 1 if it does not exist)."""
     with connect(ctx) as client:
         client.drop_topic(name)

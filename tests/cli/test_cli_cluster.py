@@ -130,3 +130,53 @@ def test_module_entry_point_and_bootstrap_env(bootstrap: str) -> None:
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert isinstance(json.loads(out.stdout), list)
+
+
+def test_json_after_the_command(bootstrap: str) -> None:
+    runner_args = ["topic", "create", "cli-after", "--json", "--bootstrap", bootstrap]
+    created = runner.invoke(app, runner_args)  # no global option at all
+    assert created.exit_code == 0, created.output
+    assert json.loads(created.stdout)["name"] == "cli-after"
+    published = json_lines(cli(bootstrap, "publish", "cli-after", "x", "--json"))
+    assert published == [{"partition": 0, "offset": 0, "duplicate": False}]
+    (record,) = json_lines(cli(bootstrap, "consume", "cli-after", "--json"))
+    assert record["value"] == "x" and record["msg_id"] == ""
+    status = json.loads(cli(bootstrap, "cluster", "status", "--json").stdout)
+    assert status["leader_id"] and len(status["nodes"]) == 3
+    assert [t["name"] for t in json.loads(cli(bootstrap, "topic", "list", "--json").stdout)].count("cli-after") == 1
+
+
+def test_idempotency_key_and_producer_session(bootstrap: str) -> None:
+    created = json.loads(cli(bootstrap, "topic", "create", "cli-dedup", "--dedup-window-ms", "-1", "--json").stdout)
+    assert created["dedup_window_ms"] == -1
+    assert "dedup window forever" in cli(bootstrap, "topic", "describe", "cli-dedup").stdout
+    first = cli(bootstrap, "publish", "cli-dedup", "once", "--idempotency-key", "k1").stdout
+    assert first == "partition=0 offset=0\n"
+    assert cli(bootstrap, "publish", "cli-dedup", "once", "--idempotency-key", "k1").stdout == (
+        "partition=0 offset=0 duplicate\n")
+    assert json_lines(cli(bootstrap, "publish", "cli-dedup", "once", "--idempotency-key", "k1", "--json")) == [
+        {"partition": 0, "offset": 0, "duplicate": True}]
+
+    lines = "".join(f"s{i}\n" for i in range(5))
+    session = json_lines(cli(bootstrap, "publish", "cli-dedup", "--dedup-id", "feed", "--msg-id", "1",
+                             "--batch-size", "2", "--json", input=lines))
+    assert [(r["offset"], r["duplicate"]) for r in session] == [(i, False) for i in range(1, 6)]
+    resent = cli(bootstrap, "publish", "cli-dedup", "s3", "s4", "s5", "--dedup-id", "feed", "--msg-id", "4")
+    assert resent.stdout.splitlines() == ["partition=0 offset=0 duplicate", "partition=0 offset=0 duplicate",
+                                          "partition=0 offset=6"]
+    (last,) = [r for r in json_lines(cli(bootstrap, "consume", "cli-dedup", "--json")) if r["value"] == "s5"]
+    assert last["msg_id"] == "6"
+
+    assert json.loads(cli(bootstrap, "dedup", "watermarks", "cli-dedup", "--json").stdout) == [
+        {"dedup_id": "feed", "msg_id": 6}]
+    table = cli(bootstrap, "dedup", "watermarks", "cli-dedup").stdout
+    assert "dedup id" in table and "feed" in table and "6" in table
+    assert json.loads(cli(bootstrap, "dedup", "reset", "cli-dedup", "feed", "--json").stdout) == {
+        "topic": "cli-dedup", "dedup_id": "feed", "reset": True}
+    assert cli(bootstrap, "dedup", "watermarks", "cli-dedup").stdout.strip() == "no watermarks on cli-dedup"
+    assert cli(bootstrap, "--json", "dedup", "watermarks", "cli-dedup").stdout.strip() == "[]"
+    cli(bootstrap, "dedup", "reset", "cli-dedup", "feed")
+    missing = cli(bootstrap, "dedup", "watermarks", "nope", expect=1)
+    assert missing.stderr.startswith("raftbroker: error: ") and "does not exist" in missing.stderr
+    gap = cli(bootstrap, "publish", "cli-dedup", "g", "--dedup-id", "feed", "--msg-id", "3", expect=1)
+    assert "breaks the sequence" in gap.stderr, "after the reset the session must start at 1"

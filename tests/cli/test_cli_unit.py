@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import threading
+from collections.abc import Iterator
 
 import pytest
 import typer
@@ -16,6 +18,7 @@ from broker.cli.data import parse_from, parse_headers, stdin_batches
 from broker.cli.main import app
 from broker.client import Record
 from broker.devcluster import free_base_port
+from tests.client.fakes import FakeNode
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 runner = CliRunner()
@@ -99,9 +102,62 @@ def test_unreachable_cluster_is_one_line_on_stderr_and_exit_1() -> None:
         ["topic", "create"],
         ["topic", "create", "t", "--partitions", "0"],
         ["bench", "publish", "--batch-sizes", "0"],
+        ["topic", "list", "--bootstrap", "nohostport"],
+        ["topic", "create", "t", "--dedup-window-ms", "0"],
+        ["topic", "create", "t", "--dedup-window-ms", "-2"],
+        ["publish", "t", "a", "b", "--idempotency-key", "k"],
+        ["publish", "t", "--idempotency-key", "k"],  # stdin is empty: no record
+        ["publish", "t", "a", "--idempotency-key", ""],
+        ["publish", "t", "a", "--idempotency-key", "k" * 257],
+        ["publish", "t", "a", "--dedup-id", "d"],
+        ["publish", "t", "a", "--msg-id", "1"],
+        ["publish", "t", "a", "--dedup-id", "d", "--msg-id", "0"],
+        ["publish", "t", "a", "--dedup-id", "", "--msg-id", "1"],
+        ["dedup", "reset", "t"],
     ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_an_idempotency_key_with_several_stdin_lines_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["publish", "t", "--idempotency-key", "k"], input="a\nb\n")
+    assert result.exit_code == 2 and "exactly one record, got 2" in result.output
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeNode]:
+    node = FakeNode("n1")
+    node.script.topics["t"] = 1
+    yield node
+    node.stop()
+
+
+def test_json_and_bootstrap_are_accepted_after_the_command(fake: FakeNode) -> None:
+    dead = f"127.0.0.1:{free_base_port(1)}"
+    published = runner.invoke(app, ["publish", "t", "x", "--json", "--bootstrap", fake.address])
+    assert published.exit_code == 0, published.output
+    assert [json.loads(line) for line in published.stdout.splitlines()] == [
+        {"partition": 0, "offset": 0, "duplicate": False}]
+    described = runner.invoke(app, ["--bootstrap", dead, "topic", "describe", "t", "-b", fake.address, "--json"])
+    assert described.exit_code == 0, described.output
+    assert json.loads(described.stdout)["name"] == "t", "the --bootstrap after the command wins"
+    consumed = runner.invoke(app, ["--json", "consume", "t", "-b", fake.address])
+    assert consumed.exit_code == 0, consumed.output
+    assert json.loads(consumed.stdout)["value"] == "x"
+    human = runner.invoke(app, ["consume", "t", "-b", fake.address])
+    assert human.stdout == "0:0 x\n", "without --json anywhere the output stays human"
+
+
+def test_publish_prints_duplicates_of_an_idempotency_key(fake: FakeNode) -> None:
+    args = ["publish", "t", "once", "--idempotency-key", "order-1", "-b", fake.address]
+    assert runner.invoke(app, args).stdout == "partition=0 offset=0\n"
+    assert runner.invoke(app, args).stdout == "partition=0 offset=0 duplicate\n"
+    again = runner.invoke(app, [*args, "--json"])
+    assert json.loads(again.stdout) == {"partition": 0, "offset": 0, "duplicate": True}
+    from_stdin = runner.invoke(app, ["publish", "t", "--idempotency-key", "order-2", "-b", fake.address, "--json"],
+                               input="single line\n")
+    assert json.loads(from_stdin.stdout) == {"partition": 0, "offset": 1, "duplicate": False}
+    assert fake.script.logs[("t", 0)] == [b"once", b"single line"]
