@@ -17,7 +17,9 @@ import logging
 import shutil
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from broker.core import dedup, records
 from broker.core.errors import BrokerError, InvalidArgument, TopicExists, TopicNotFound
@@ -56,7 +58,7 @@ class PartitionState:
 
 
 @dataclass
-class _CacheChanges:
+class CacheChanges:
     """What an apply changes in the read caches, published only after its batch is written."""
 
     partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
@@ -65,6 +67,9 @@ class _CacheChanges:
 
     def __bool__(self) -> bool:
         return bool(self.partitions or self.created or self.dropped)
+
+
+Handler = Callable[[Any, Batch, CacheChanges], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,7 @@ class BrokerStateMachine:
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
         self._volatile = volatile if volatile is not None else MemoryStore()
         self._volatile_batch: Batch | None = None
+        self._handlers: dict[str, Handler] = {}
         self._changed = threading.Condition()
         self._version = 0
         self._load_caches()
@@ -147,6 +153,27 @@ class BrokerStateMachine:
     def store(self) -> Store:
         return self._store
 
+    def register(self, kind: str, handler: Handler) -> None:
+        """Let a feature module apply the ``Command`` oneof field ``kind``. The handler gets the
+        sub-message, the store batch of this apply and the cache changes to publish after it; it
+        must be deterministic and may only read the store and this state machine."""
+        assert kind not in self._handlers, f"a handler for {kind!r} exists"
+        self._handlers[kind] = handler
+
+    def put_partition(self, topic_id: int, partition: int, state: PartitionState, batch: Batch,
+                      changes: CacheChanges) -> None:
+        """Write a partition's new counters in ``batch``; the cache follows after the write."""
+        batch.put(Column.META, _partition_key(topic_id, partition), state.to_proto().SerializeToString())
+        changes.partitions[(topic_id, partition)] = state
+
+    def records_batch(self, topic_id: int, batch: Batch) -> Batch:
+        """The batch that record writes of ``topic_id`` go to in this apply."""
+        if topic_id not in self._volatile_ids:
+            return batch
+        if self._volatile_batch is None:
+            self._volatile_batch = self._volatile.batch()
+        return self._volatile_batch
+
     def records_store(self, topic_id: int) -> Store:
         """Where the records of ``topic_id`` live: RocksDB, or memory for `memory` topics."""
         return self._volatile if topic_id in self._volatile_ids else self._store
@@ -184,7 +211,7 @@ class BrokerStateMachine:
         self._volatile_batch = None
         kind = cmd.WhichOneof("body")
         result: object
-        commit = _CacheChanges()
+        commit = CacheChanges()
         if kind == "append":
             result = self._append(cmd.append, batch, commit)
         elif kind == "create_topic":
@@ -195,6 +222,8 @@ class BrokerStateMachine:
             result = self._expire_dedup(cmd.expire_dedup, batch)
         elif kind == "reset_watermark":
             result = self._reset_watermark(cmd.reset_watermark, batch)
+        elif kind in self._handlers:
+            result = self._handlers[kind](getattr(cmd, kind), batch, commit)
         else:
             result = Rejected(BrokerError(f"unknown command {kind!r}"))
         batch.put(Column.META, _APPLIED, _U64.pack(index))
@@ -207,7 +236,7 @@ class BrokerStateMachine:
             self._notify()
         return result
 
-    def _commit_caches(self, changes: _CacheChanges) -> None:
+    def _commit_caches(self, changes: CacheChanges) -> None:
         """Publish cache changes only after the batch is in the store.
 
         Updates of existing partitions are single dict stores; adding or removing keys
@@ -231,14 +260,12 @@ class BrokerStateMachine:
         self._topics, self._partitions = topics, partitions
 
     def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch,
-                commit: _CacheChanges) -> object:
+                commit: CacheChanges) -> object:
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
         tid = meta.topic_id
-        record_batch = batch
-        if tid in self._volatile_ids:
-            record_batch = self._volatile_batch = self._volatile.batch()
+        record_batch = self.records_batch(tid, batch)
         fresh = self._check_watermark(cmd, tid, batch)
         if isinstance(fresh, Rejected):
             return fresh
@@ -269,8 +296,7 @@ class BrokerStateMachine:
                 seen[key] = (partition, offset, ts)
                 dedup.remember_key(batch, self._store, tid, key, seen[key])
         for partition, state in touched.items():
-            batch.put(Column.META, _partition_key(tid, partition), state.to_proto().SerializeToString())
-            commit.partitions[(tid, partition)] = state
+            self.put_partition(tid, partition, state, batch, commit)
         return Appended(placements)
 
     def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int, batch: Batch) -> list[bool] | Rejected:
@@ -311,7 +337,7 @@ class BrokerStateMachine:
         return None
 
     def _create_topic(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch,
-                      commit: _CacheChanges) -> object:
+                      commit: CacheChanges) -> object:
         name = cmd.config.name
         if name in self._topics:
             return Rejected(TopicExists(name))
@@ -327,7 +353,7 @@ class BrokerStateMachine:
         return meta
 
     def _drop_topic(self, cmd: internal_pb2.DropTopicCommand, batch: Batch,
-                    commit: _CacheChanges) -> object:
+                    commit: CacheChanges) -> object:
         meta = self._topics.get(cmd.name)
         if meta is None or (cmd.topic_id and meta.topic_id != cmd.topic_id):
             return Rejected(TopicNotFound(cmd.name))
