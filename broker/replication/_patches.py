@@ -39,9 +39,20 @@ _PICKLE_SOURCE_SHA256 = {
 
 # Not patched, but relied upon: snapshot.SnapshotCodec raises from the serializer to continue in the
 # background (serialize() then leaves pid at -2, skips its rename, and defers to serializeChecker,
-# which alone resets pid on SUCCESS/FAILED); the raft node overrides __loadDumpFile and
-# __sendNextNodeIdx, keeping their signatures.
+# which alone resets pid on SUCCESS/FAILED); raft._RaftNode overrides __loadDumpFile,
+# __sendNextNodeIdx, __setState (compaction thresholds are read from the conf at every tick by
+# __tryLogCompaction), _onTick (the election check precedes the poll) and _checkCommandsToApply.
 _RELIED_UPON_SHA256 = {
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__setState"): (
+        "2c1f239f7bd79b3945b63418b4f564c40c07893d3cf747af2ddd5c6a045093a8"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_onTick"): "cc9eb08232d005ba4e21a33ec453e5d02fe3537dadebda8571406c57f65a3c37",
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__tryLogCompaction"): (
+        "c2f8a0ec14cc7312e3ff41a16cde9be71ff0f908bd66aec9e2673d97a775be2c"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_checkCommandsToApply"): (
+        "a386a8079361d204f2c11f895416548c432a254671a9114258921c25108a966e"
+    ),
     (pysyncobj_serializer.Serializer, "serialize"): "a26f44b07da07430234d4ef0c194ad8bd4d73a89c396dbe4520ff4273c10ce3e",
     (pysyncobj_serializer.Serializer, "checkSerializing"): (
         "5b461fab822814ee266e12a2ffc23af4c5350620524f534eb00ddb61117cb339"

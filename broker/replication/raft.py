@@ -17,6 +17,7 @@ import itertools
 import logging
 import queue
 import threading
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ SNAPSHOT_WORK_DIR_NAME = "snapshot-work"
 _TRANSFER_WAIT_S = 1.0
 _CLOSE_JOIN_S = 5.0
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
+_LEADER_STATE = 2
+_LEADER_COMPACTION_DEFERRAL = 4
 _SERIALIZER_STATES = {
     PackState.IDLE: SERIALIZER_STATE.NOT_SERIALIZING,
     PackState.RUNNING: SERIALIZER_STATE.SERIALIZING,
@@ -144,7 +147,28 @@ class _RaftNode(SyncObj):
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
+        # Nodes reach the same entry count together; spread their compactions (each stalls its tick
+        # thread while the state machine snapshots) so that at most one node pauses at a time.
+        spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000
+        self._compaction_min_entries = max(2, int(conf.logCompactionMinEntries * spread))
+        self._compaction_min_time_s = conf.logCompactionMinTime * spread
+        conf.logCompactionMinEntries = self._compaction_min_entries
+        conf.logCompactionMinTime = self._compaction_min_time_s
         super().__init__(self_address, peer_addresses, conf)
+
+    def _SyncObj__setState(self, newState: int) -> None:
+        super()._SyncObj__setState(newState)
+        # A leader that pauses longer than the election timeout is deposed: it compacts 4x less often.
+        deferral = _LEADER_COMPACTION_DEFERRAL if newState == _LEADER_STATE else 1
+        self.conf.logCompactionMinEntries = self._compaction_min_entries * deferral
+        self.conf.logCompactionMinTime = self._compaction_min_time_s * deferral
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        # pysyncobj checks the election deadline before reading the socket: a follower whose tick
+        # stalled (long apply or snapshot) would depose a live leader whose heartbeats are waiting.
+        if self._SyncObj__raftState != _LEADER_STATE and self._SyncObj__raftElectionDeadline < pysyncobj_monotonic():
+            self._poller.poll(0)
+        super()._onTick(timeToWait)
 
     def halt(self) -> None:
         """Stop for good without another word to the leader (after a failed snapshot restore)."""

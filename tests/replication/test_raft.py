@@ -107,3 +107,16 @@ def test_transfer_leadership_from_the_replication_thread_is_refused(single_node:
     rep.submit(b"x", from_callback)
     wait_until(lambda: answers, 5, "the callback")
     assert answers == [False]
+
+
+def test_compaction_thresholds_are_spread_across_nodes_and_deferred_on_the_leader(
+        single_node: Callable[..., Any]) -> None:
+    options = RaftOptions(raft_min_timeout_s=0.16, raft_max_timeout_s=0.3, compaction_min_entries=1000,
+                          compaction_min_time_s=100.0)
+    nodes = [single_node(options=options, peers=2, wait_leader=False)[0]._node for _ in range(4)]
+    spreads = [n._compaction_min_entries / 1000 for n in nodes]
+    assert all(1.0 <= s < 1.5 for s in spreads) and len(set(spreads)) > 1, spreads
+    assert all(n.conf.logCompactionMinEntries == n._compaction_min_entries for n in nodes)  # followers
+    leader = single_node(options=options)[0]._node
+    assert leader.conf.logCompactionMinEntries == 4 * leader._compaction_min_entries
+    assert leader.conf.logCompactionMinTime == pytest.approx(4 * leader._compaction_min_time_s)
