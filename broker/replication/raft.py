@@ -113,27 +113,17 @@ class RaftOptions:
                 serialize_checker: Callable[[], int] | None = None) -> SyncObjConf:
         """The pysyncobj configuration for these options."""
         return SyncObjConf(
-            raftMinTimeout=self.raft_min_timeout_s,
-            raftMaxTimeout=self.raft_max_timeout_s,
-            appendEntriesPeriod=self.append_entries_period_s,
-            autoTickPeriod=self.auto_tick_period_s,
+            raftMinTimeout=self.raft_min_timeout_s, raftMaxTimeout=self.raft_max_timeout_s,
+            appendEntriesPeriod=self.append_entries_period_s, autoTickPeriod=self.auto_tick_period_s,
             appendEntriesUseBatch=self.append_entries_use_batch,
             appendEntriesBatchSizeBytes=self.append_entries_batch_bytes,
-            logCompactionMinEntries=self.compaction_min_entries,
-            logCompactionMinTime=self.compaction_min_time_s,
-            password=self.password,
-            commandsQueueSize=self.commands_queue_size,
-            commandsWaitLeader=False,
-            leaderFallbackTimeout=self.leader_fallback_timeout_s,
-            connectionTimeout=self.connection_timeout_s,
+            logCompactionMinEntries=self.compaction_min_entries, logCompactionMinTime=self.compaction_min_time_s,
+            password=self.password, commandsQueueSize=self.commands_queue_size, commandsWaitLeader=False,
+            leaderFallbackTimeout=self.leader_fallback_timeout_s, connectionTimeout=self.connection_timeout_s,
             connectionRetryTime=self.connection_retry_s,
-            journalFile=str(journal_file),
-            fullDumpFile=str(dump_file),
-            serializer=serializer,
-            deserializer=deserializer,
-            serializeChecker=serialize_checker,
-            useFork=False,
-            dynamicMembershipChange=False,
+            journalFile=str(journal_file), fullDumpFile=str(dump_file), serializer=serializer,
+            deserializer=deserializer, serializeChecker=serialize_checker,
+            useFork=False, dynamicMembershipChange=False,
         )
 
 
