@@ -72,6 +72,7 @@ class NodeConfig(BaseModel):
     max_batch_bytes: int = Field(default=8 << 20, gt=0, le=64 << 20)
     commit_timeout_ms: int = Field(default=5000, gt=0)
     raft_password: str | None = None
+    housekeeping_period_ms: int = Field(default=10_000, ge=50)  # retention by age, dedup-key expiry
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
     insecure: bool = False

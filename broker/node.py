@@ -17,6 +17,7 @@ from broker.config import NodeConfig
 from broker.core.ephemeral import EphemeralHub
 from broker.core.housekeeping import Housekeeper
 from broker.core.reading import Reader
+from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, TopicLog
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 3.0
 TRANSFER_WAIT_S = 2.0
-HOUSEKEEPING_PERIOD_S = 10.0
 _MESSAGE_SLACK_BYTES = 1 << 20
 # per-record framing inside a command (length prefixes, partition numbers) on top of the bodies
 _COMMAND_OVERHEAD_BYTES = 1 << 20
@@ -49,6 +49,7 @@ class Node:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store)
+        self.retention = Retention(self.state)  # registers its commands before anything is applied
         options = RaftOptions(password=config.raft_password,
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
@@ -60,8 +61,9 @@ class Node:
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   hub=hub)
-        self.housekeeper = Housekeeper([self.topic_log.expire_dedup],
-                                       lambda: self.replicator.status().role == Role.LEADER, HOUSEKEEPING_PERIOD_S)
+        self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention],
+                                       lambda: self.replicator.status().role == Role.LEADER,
+                                       config.housekeeping_period_ms / 1000)
         self.metrics = NodeMetrics()
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)

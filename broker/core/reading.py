@@ -132,19 +132,8 @@ class Reader:
         assert kind == "timestamp_ms"
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             return self._hub.first_at_or_after(tid, partition, position.timestamp_ms)
-        return self._offset_for_time(tid, partition, position.timestamp_ms, start, end)
-
-    def _offset_for_time(self, tid: int, partition: int, ts: int, lo: int, hi: int) -> int:
-        """First offset whose timestamp is >= ``ts`` (timestamps never decrease in a partition)."""
-        store = self._state.records_store(tid)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            value = store.get(Column.RECORDS, records.record_key(tid, partition, mid))
-            if value is None or records.frame_timestamp(value) < ts:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return records.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
+                                       start, end)
 
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta,

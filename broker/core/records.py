@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import google_crc32c
 
 from broker.core.errors import InvalidArgument
+from broker.storage import Column, Store
 
 RECORD_KEY = struct.Struct(">IIQ")
 _FRAME = struct.Struct(">IqB")
@@ -88,3 +89,19 @@ class PositionToken:
         if version != TOKEN_V1:
             raise InvalidArgument(f"unknown position token version {version}")
         return PositionToken(incarnation, partition, next_offset)
+
+
+FRAME_BYTES = _FRAME.size
+
+
+def offset_for_time(store: Store, topic_id: int, partition: int, timestamp_ms: int, lo: int, hi: int) -> int:
+    """First offset in ``[lo, hi)`` whose timestamp is >= ``timestamp_ms`` (``hi`` if none); relies on
+    timestamps never decreasing within a partition. A missing record counts as older."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        value = store.get(Column.RECORDS, record_key(topic_id, partition, mid))
+        if value is None or frame_timestamp(value) < timestamp_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -19,7 +19,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from broker.core import dedup, records
 from broker.core.errors import BrokerError, InvalidArgument, TopicExists, TopicNotFound
@@ -72,6 +72,16 @@ class CacheChanges:
 Handler = Callable[[Any, Batch, CacheChanges], object]
 
 
+class AppendPolicy(Protocol):
+    """What the retention module decides around each append (see ``broker.core.retention``)."""
+
+    def check(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, new_records: int,
+              new_bytes: int) -> BrokerError | None: ...
+
+    def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
+                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """The deterministic result of a command that was not applied."""
@@ -105,6 +115,7 @@ class BrokerStateMachine:
         self._volatile = volatile if volatile is not None else MemoryStore()
         self._volatile_batch: Batch | None = None
         self._handlers: dict[str, Handler] = {}
+        self._policy: AppendPolicy | None = None
         self._changed = threading.Condition()
         self._version = 0
         self._load_caches()
@@ -159,6 +170,15 @@ class BrokerStateMachine:
         must be deterministic and may only read the store and this state machine."""
         assert kind not in self._handlers, f"a handler for {kind!r} exists"
         self._handlers[kind] = handler
+
+    def set_append_policy(self, policy: AppendPolicy) -> None:
+        """Retention caps checked before, and enforced after, every append."""
+        self._policy = policy
+
+    def put_topic(self, meta: internal_pb2.TopicMeta, batch: Batch, changes: CacheChanges) -> None:
+        """Write (create or replace) a topic's metadata; the cache follows after the write."""
+        batch.put(Column.META, _topic_key(meta.config.name), meta.SerializeToString())
+        changes.created.append(meta)
 
     def put_partition(self, topic_id: int, partition: int, state: PartitionState, batch: Batch,
                       changes: CacheChanges) -> None:
@@ -259,21 +279,21 @@ class BrokerStateMachine:
         partitions.update(changes.partitions)
         self._topics, self._partitions = topics, partitions
 
-    def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch,
-                commit: CacheChanges) -> object:
+    def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch, commit: CacheChanges) -> object:
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
         tid = meta.topic_id
-        record_batch = self.records_batch(tid, batch)
         fresh = self._check_watermark(cmd, tid, batch)
         if isinstance(fresh, Rejected):
             return fresh
+        # phase 1: decide duplicates and places without writing anything
         keys = cmd.idempotency_keys
         window = meta.config.dedup_window_ms
         seen: dict[str, tuple[int, int, int]] = {}
         touched: dict[int, PartitionState] = {}
         placements: list[tuple[int, int, int, bool]] = []
+        writes: list[tuple[int, int, int, bytes, str]] = []  # partition, offset, ts, body, key
         for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True)):
             if not fresh[i]:  # at or below its producer's watermark: discarded
                 placements.append((partition, 0, 0, True))
@@ -286,17 +306,31 @@ class BrokerStateMachine:
                     continue
             state = touched.get(partition) or self.partition(tid, partition)
             ts = max(cmd.now_ms, state.last_timestamp_ms)
-            offset = state.end_offset
+            touched[partition] = replace(state, end_offset=state.end_offset + 1, records=state.records + 1,
+                                         bytes=state.bytes + len(body), last_timestamp_ms=ts)
+            placements.append((partition, state.end_offset, ts, False))
+            writes.append((partition, state.end_offset, ts, body, key))
+            if key:
+                seen[key] = (partition, state.end_offset, ts)
+        if self._policy is not None:
+            for partition, state in touched.items():
+                old = self.partition(tid, partition)
+                error = self._policy.check(meta, partition, old, state.records - old.records, state.bytes - old.bytes)
+                if error is not None:
+                    return Rejected(error)
+        # phase 2: write
+        record_batch = self.records_batch(tid, batch)
+        pending: dict[int, dict[int, int]] = {}
+        for partition, offset, ts, body, key in writes:
             record_key = records.record_key(tid, partition, offset)
             record_batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
-            touched[partition] = replace(state, end_offset=offset + 1, records=state.records + 1,
-                                         bytes=state.bytes + len(body), last_timestamp_ms=ts)
-            placements.append((partition, offset, ts, False))
+            pending.setdefault(partition, {})[offset] = len(body)
             if key:
-                seen[key] = (partition, offset, ts)
-                dedup.remember_key(batch, self._store, tid, key, seen[key])
+                dedup.remember_key(batch, self._store, tid, key, (partition, offset, ts))
         for partition, state in touched.items():
             self.put_partition(tid, partition, state, batch, commit)
+            if self._policy is not None:
+                self._policy.after_append(meta, partition, state, batch, commit, pending[partition])
         return Appended(placements)
 
     def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int, batch: Batch) -> list[bool] | Rejected:

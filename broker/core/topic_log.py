@@ -166,6 +166,50 @@ class TopicLog:
         append.dedup_id = request.dedup_id
         append.msg_ids.extend(ids)
 
+    # -- retention, prune, clear ---------------------------------------------------------------
+    def alter_topic(self, name: str, retention: common_pb2.Retention, full_policy: int) -> admin_pb2.TopicInfo:
+        """Replace the retention caps (all three; unset = no cap) and, when given, the full policy."""
+        meta = self._meta(name)
+        probe = admin_pb2.TopicConfig(name=name, retention=retention, full_policy=full_policy)  # type: ignore[arg-type]
+        checked = normalized_config(probe)
+        if full_policy == common_pb2.FULL_POLICY_UNSPECIFIED:
+            checked.full_policy = meta.config.full_policy
+        cmd = internal_pb2.Command(alter_topic=internal_pb2.AlterTopicCommand(
+            name=name, topic_id=meta.topic_id, retention=checked.retention, full_policy=checked.full_policy))
+        self._raise_rejected(self._submitter.submit(cmd))
+        return self.describe_topic(name)
+
+    def prune(self, topic: str, partition: int | None, before_offset: int) -> int:
+        """Delete every record before ``before_offset`` (in one partition, or in each); returns how many."""
+        meta = self._meta(topic)
+        count = meta.config.partitions
+        if partition is not None and partition >= count:
+            raise InvalidArgument(f"partition {partition} does not exist (topic {topic!r} has {count})")
+        partitions = [partition] if partition is not None else list(range(count))
+        return self._prune(meta, partitions, [before_offset] * len(partitions))
+
+    def clear_topic(self, name: str) -> int:
+        """Delete every record; offsets keep growing from where they were."""
+        meta = self._meta(name)
+        partitions = list(range(meta.config.partitions))
+        ends = [self._state.partition(meta.topic_id, p).end_offset for p in partitions]
+        return self._prune(meta, partitions, ends)
+
+    def _prune(self, meta: internal_pb2.TopicMeta, partitions: list[int], before: list[int]) -> int:
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            raise InvalidArgument("ephemeral topics store nothing to prune")
+        cmd = internal_pb2.Command(prune=internal_pb2.PruneCommand(
+            topic=meta.config.name, topic_id=meta.topic_id, partitions=partitions, before_offsets=before))
+        result = self._submitter.submit(cmd)
+        self._raise_rejected(result)
+        assert isinstance(result, int)
+        return result
+
+    def enforce_retention(self) -> None:
+        """Apply every topic's age (and count/bytes) caps now (leader housekeeping)."""
+        self._submitter.submit(internal_pb2.Command(enforce_retention=internal_pb2.EnforceRetentionCommand(
+            now_ms=self._clock_ms())))
+
     # -- dedup watermarks ----------------------------------------------------------------------
     def watermarks(self, topic: str) -> list[tuple[str, int]]:
         """Every producer session's high watermark on ``topic`` (local applied state)."""

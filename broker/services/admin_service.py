@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from broker.core.errors import Unimplemented
 from broker.core.submitter import Peer, PeerDirectory
 from broker.core.topic_log import TopicLog
 from broker.replication import Replicator
@@ -84,18 +85,22 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def _unavailable(self, context: grpc.ServicerContext, what: str) -> None:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not available in this version")
 
+    @errors.unary
     def AlterTopic(self, request: admin_pb2.AlterTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
-        self._unavailable(context, "altering retention")
-        return admin_pb2.TopicInfo()
+        return self._log.alter_topic(request.name, request.retention, request.full_policy)
 
+    @errors.unary
     def ClearTopic(self, request: admin_pb2.ClearTopicRequest,
                    context: grpc.ServicerContext) -> admin_pb2.ClearTopicResponse:
-        self._unavailable(context, "clearing a topic")
+        self._log.clear_topic(request.name)
         return admin_pb2.ClearTopicResponse()
 
+    @errors.unary
     def Prune(self, request: admin_pb2.PruneRequest, context: grpc.ServicerContext) -> admin_pb2.PruneResponse:
-        self._unavailable(context, "prune")
-        return admin_pb2.PruneResponse()
+        if request.group:
+            raise Unimplemented("pruning up to a group's committed position needs consumer groups")
+        partition = request.partition if request.HasField("partition") else None
+        return admin_pb2.PruneResponse(records_pruned=self._log.prune(request.topic, partition, request.before_offset))
 
     @errors.unary
     def GetWatermarks(self, request: admin_pb2.GetWatermarksRequest,

@@ -1,0 +1,145 @@
+"""Retention caps, prune and clear (SPEC §2.2), applied inside the state machine.
+
+Caps hold per partition: ``max_records`` and ``max_bytes`` (record bodies) are checked on every
+append — ``reject`` refuses the whole batch with RESOURCE_EXHAUSTED, ``discard_old`` deletes the
+oldest records in the same apply — and ``max_age_ms`` by the leader's periodic
+``EnforceRetentionCommand`` (which also re-applies count and byte caps, e.g. after they were
+lowered). Deleting a prefix is one range delete; the byte counter is kept exact by reading the
+sizes of the deleted records. Every decision depends only on the command (its ``now_ms``) and
+the store, so every node deletes the same prefix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from broker.core import records
+from broker.core.errors import InvalidArgument, ResourceExhausted, TopicNotFound
+from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
+from broker.storage import Batch, Column
+from broker.v1 import admin_pb2, common_pb2, internal_pb2
+
+
+def _caps(config: admin_pb2.TopicConfig) -> tuple[int | None, int | None]:
+    r = config.retention
+    return (r.max_records if r.HasField("max_records") else None,
+            r.max_bytes if r.HasField("max_bytes") else None)
+
+
+def check_reject(config: admin_pb2.TopicConfig, partition: int, state: PartitionState, new_records: int,
+                 new_bytes: int) -> ResourceExhausted | None:
+    """For ``full_policy=reject``: the error if appending would pass a cap, else None."""
+    if config.full_policy != common_pb2.FULL_POLICY_REJECT:
+        return None
+    max_records, max_bytes = _caps(config)
+    if max_records is not None and state.records + new_records > max_records:
+        return ResourceExhausted(f"topic {config.name!r} partition {partition} is full: {state.records} records "
+                                 f"+ {new_records} would pass max_records={max_records} (full_policy=reject)")
+    if max_bytes is not None and state.bytes + new_bytes > max_bytes:
+        return ResourceExhausted(f"topic {config.name!r} partition {partition} is full: {state.bytes} bytes "
+                                 f"+ {new_bytes} would pass max_bytes={max_bytes} (full_policy=reject)")
+    return None
+
+
+class Retention:
+    """Prefix deletion for one state machine; registers its commands on construction."""
+
+    def __init__(self, state: BrokerStateMachine) -> None:
+        self._state = state
+        self.deleted_records = {"retention": 0, "prune": 0}
+        state.register("prune", self._apply_prune)
+        state.register("enforce_retention", self._apply_enforce)
+        state.register("alter_topic", self._apply_alter)
+        state.set_append_policy(self)
+
+    def check(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, new_records: int,
+              new_bytes: int) -> ResourceExhausted | None:
+        return check_reject(meta.config, partition, state, new_records, new_bytes)
+
+    def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
+                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState:
+        return self.trim_to_caps(meta, partition, state, batch, changes, pending_sizes)
+
+    def delete_before(self, tid: int, partition: int, state: PartitionState, before: int, batch: Batch,
+                      changes: CacheChanges, reason: str, pending_sizes: dict[int, int] | None = None
+                      ) -> PartitionState:
+        """Delete ``[start, before)``; returns the new counters (also written to ``batch``)."""
+        before = min(before, state.end_offset)
+        if before <= state.start_offset:
+            return state
+        store = self._state.records_store(tid)
+        begin, end = records.record_key(tid, partition, state.start_offset), records.record_key(tid, partition, before)
+        removed, removed_bytes = 0, 0
+        for _key, value in store.scan(Column.RECORDS, begin, end):
+            removed += 1
+            removed_bytes += len(value) - records.FRAME_BYTES
+        for offset, size in (pending_sizes or {}).items():  # written by this same apply
+            if state.start_offset <= offset < before:
+                removed += 1
+                removed_bytes += size
+        self._state.records_batch(tid, batch).delete_range(Column.RECORDS, begin, end)
+        new = replace(state, start_offset=before, records=max(state.records - removed, 0),
+                      bytes=max(state.bytes - removed_bytes, 0))
+        self._state.put_partition(tid, partition, new, batch, changes)
+        self.deleted_records[reason] += removed
+        return new
+
+    def trim_to_caps(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
+                     changes: CacheChanges, pending_sizes: dict[int, int] | None = None) -> PartitionState:
+        """``discard_old``: delete the oldest records until the partition fits its caps."""
+        max_records, max_bytes = _caps(meta.config)
+        if meta.config.full_policy == common_pb2.FULL_POLICY_REJECT:
+            return state
+        if (max_records is None or state.records <= max_records) and (max_bytes is None or state.bytes <= max_bytes):
+            return state
+        tid, pending = meta.topic_id, pending_sizes or {}
+        stored = self._state.records_store(tid).scan(
+            Column.RECORDS, records.record_key(tid, partition, state.start_offset),
+            records.record_key(tid, partition, state.end_offset))
+        sizes = itertools.chain(((records.RECORD_KEY.unpack(k)[2], len(v) - records.FRAME_BYTES) for k, v in stored),
+                                sorted(pending.items()))
+        count, size, before = state.records, state.bytes, state.start_offset
+        for offset, record_bytes in sizes:  # oldest first; stop as soon as the partition fits
+            if (max_records is None or count <= max_records) and (max_bytes is None or size <= max_bytes):
+                break
+            count, size, before = count - 1, size - record_bytes, offset + 1
+        return self.delete_before(tid, partition, state, before, batch, changes, "retention", pending_sizes)
+
+    def _apply_prune(self, cmd: internal_pb2.PruneCommand, batch: Batch, changes: CacheChanges) -> object:
+        meta = self._state.topic(cmd.topic)
+        if meta is None or meta.topic_id != cmd.topic_id:
+            return Rejected(TopicNotFound(cmd.topic))
+        pruned = 0
+        for partition, before in zip(cmd.partitions, cmd.before_offsets, strict=True):
+            old = self._state.partition(meta.topic_id, partition)
+            new = self.delete_before(meta.topic_id, partition, old, before, batch, changes, "prune")
+            pruned += old.records - new.records
+        return pruned
+
+    def _apply_enforce(self, cmd: internal_pb2.EnforceRetentionCommand, batch: Batch,
+                       changes: CacheChanges) -> object:
+        for meta in self._state.topics():
+            retention = meta.config.retention
+            for partition in range(meta.config.partitions):
+                state = self._state.partition(meta.topic_id, partition)
+                if retention.HasField("max_age_ms") and state.records:
+                    cutoff = records.offset_for_time(self._state.records_store(meta.topic_id), meta.topic_id,
+                                                     partition, cmd.now_ms - retention.max_age_ms,
+                                                     state.start_offset, state.end_offset)
+                    state = self.delete_before(meta.topic_id, partition, state, cutoff, batch, changes, "retention")
+                self.trim_to_caps(meta, partition, state, batch, changes)
+        return None
+
+    def _apply_alter(self, cmd: internal_pb2.AlterTopicCommand, batch: Batch, changes: CacheChanges) -> object:
+        meta = self._state.topic(cmd.name)
+        if meta is None or meta.topic_id != cmd.topic_id:
+            return Rejected(TopicNotFound(cmd.name))
+        if cmd.full_policy not in (common_pb2.FULL_POLICY_DISCARD_OLD, common_pb2.FULL_POLICY_REJECT):
+            return Rejected(InvalidArgument(f"unknown full_policy {cmd.full_policy}"))
+        new = internal_pb2.TopicMeta()
+        new.CopyFrom(meta)
+        new.config.retention.CopyFrom(cmd.retention)
+        new.config.full_policy = cmd.full_policy
+        self._state.put_topic(new, batch, changes)
+        return new

@@ -1,0 +1,136 @@
+"""Retention caps with both full policies, age expiry, prune and clear (SPEC §2.2), in the core."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from broker.core import errors
+from broker.core.reading import Reader
+from broker.core.retention import Retention
+from broker.core.state_machine import BrokerStateMachine
+from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.core.topic_log import Limits, TopicLog
+from broker.replication.memory import InMemoryReplicator
+from broker.storage import Column
+from broker.storage.memory import MemoryStore
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    now_ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def env() -> Iterator[tuple[TopicLog, Reader, BrokerStateMachine, Clock]]:
+    state = BrokerStateMachine(MemoryStore())
+    Retention(state)
+    replicator = InMemoryReplicator(state)
+    replicator.start()
+    submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
+    clock = Clock()
+    yield TopicLog(state, submitter, Limits(), "c/n1", clock), Reader(state), state, clock
+    replicator.close()
+
+
+def create(log: TopicLog, name: str, policy: int = common_pb2.FULL_POLICY_DISCARD_OLD, **caps: int) -> None:
+    log.create_topic(admin_pb2.TopicConfig(name=name, full_policy=policy,  # type: ignore[arg-type]
+                                           retention=common_pb2.Retention(**caps)))
+
+
+def pub(log: TopicLog, topic: str, n: int, size: int = 10, start: int = 0) -> None:
+    recs = [broker_pb2.PublishRecord(value=(b"%d:" % (start + i)).ljust(size, b".")) for i in range(n)]
+    log.publish(broker_pb2.PublishRequest(topic=topic, records=recs))
+
+
+def part(log: TopicLog, topic: str) -> admin_pb2.PartitionInfo:
+    return log.describe_topic(topic).partitions[0]
+
+
+def read(reader: Reader, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
+    out: list[common_pb2.Record | common_pb2.Event] = []
+    for item in reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw),  # type: ignore[arg-type]
+                                 lambda: True):
+        out.extend(item.batch.records) if item.HasField("batch") else out.append(item.event)
+    return out
+
+
+def stored(state: BrokerStateMachine) -> int:
+    return len(list(state.store.scan(Column.RECORDS, b"", b"\xff" * 16)))
+
+
+def test_max_records_discard_old_keeps_the_newest(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, reader, state, _ = env
+    create(log, "t", max_records=5)
+    pub(log, "t", 3)
+    pub(log, "t", 9, start=3)  # one batch larger than the cap
+    p = part(log, "t")
+    assert (p.start_offset, p.end_offset, p.records) == (7, 12, 5)
+    assert [r.offset for r in read(reader, "t")] == [7, 8, 9, 10, 11]  # type: ignore[union-attr]
+    assert stored(state) == 5
+
+
+def test_max_bytes_discard_old(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, _, _, _ = env
+    create(log, "b", max_bytes=100)
+    pub(log, "b", 30)
+    p = part(log, "b")
+    assert p.bytes <= 100 and p.records == p.end_offset - p.start_offset and p.records >= 1
+
+
+def test_reject_policy_refuses_the_whole_batch(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, _, state, _ = env
+    create(log, "r", policy=common_pb2.FULL_POLICY_REJECT, max_records=5)
+    pub(log, "r", 4)
+    with pytest.raises(errors.ResourceExhausted, match="max_records=5"):
+        pub(log, "r", 2)
+    assert part(log, "r").records == 4 and stored(state) == 4
+    pub(log, "r", 1)
+    assert part(log, "r").records == 5
+
+
+def test_max_age_expires_old_records(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, reader, _, clock = env
+    create(log, "a", max_age_ms=60_000)
+    pub(log, "a", 3)
+    clock.now_ms += 30_000
+    pub(log, "a", 2, start=3)
+    clock.now_ms += 40_000  # the first three are now 70 s old, the others 40 s
+    log.enforce_retention()
+    assert part(log, "a").start_offset == 3
+    events = read(reader, "a", partition=0, **{"from": common_pb2.Position(offset=0)})
+    assert events[0].type == common_pb2.EVENT_TYPE_SKIP_FORWARD  # type: ignore[union-attr]
+    assert [r.offset for r in events[1:]] == [3, 4]  # type: ignore[union-attr]
+
+
+def test_alter_lowers_a_cap_and_enforcement_applies_it(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, _, _, _ = env
+    create(log, "x")
+    pub(log, "x", 10)
+    info = log.alter_topic("x", common_pb2.Retention(max_records=4), common_pb2.FULL_POLICY_UNSPECIFIED)
+    assert info.config.retention.max_records == 4 and info.config.full_policy == common_pb2.FULL_POLICY_DISCARD_OLD
+    log.enforce_retention()
+    assert part(log, "x").records == 4
+    with pytest.raises(errors.InvalidArgument):
+        log.alter_topic("x", common_pb2.Retention(max_records=-1), common_pb2.FULL_POLICY_UNSPECIFIED)
+
+
+def test_prune_and_clear(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, reader, state, _ = env
+    create(log, "p")
+    pub(log, "p", 10)
+    assert log.prune("p", 0, 4) == 4
+    assert log.prune("p", None, 2) == 0  # never moves backwards
+    assert part(log, "p").start_offset == 4 and stored(state) == 6
+    assert log.clear_topic("p") == 6
+    pub(log, "p", 1)
+    p = part(log, "p")
+    assert (p.start_offset, p.end_offset, p.records) == (10, 11, 1)  # offsets keep growing
+    with pytest.raises(errors.InvalidArgument):
+        log.prune("p", 5, 1)
