@@ -14,6 +14,7 @@ import typer
 
 from broker.cli import bench, cluster, data, dedup, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
+from broker.cli.failover_bench import failover_command
 from broker.cli.serve import register as register_serve
 
 app = typer.Typer(
@@ -63,6 +64,7 @@ def main(
 
 app.add_typer(topic.app, name="topic")
 app.add_typer(cluster.app, name="cluster")
+bench.app.command("failover")(failover_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(dedup.app, name="dedup")
 data.register(app)

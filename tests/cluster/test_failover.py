@@ -47,11 +47,9 @@ def test_leader_kill_loses_no_acknowledged_record(fresh_cluster: DevCluster) -> 
         contents = per_node[0][p]
         assert [o for o, _ in contents] == list(range(len(contents))), "offsets are contiguous from 0"
         stored = [v for _, v in contents]
-        # every acknowledged record is there, in publish order (a retried batch whose first
-        # attempt committed unseen may appear twice: at-least-once until idempotency keys)
-        positions = {}
-        for idx, v in enumerate(stored):
-            positions.setdefault(v, idx)
+        # the client sends idempotency keys and reuses them on retries: exactly once
+        assert len(stored) == len(set(stored)), f"duplicates on partition {p}"
+        positions = {v: idx for idx, v in enumerate(stored)}
         missing = [v for v in acked[p] if v not in positions]
         assert not missing, f"{len(missing)} acknowledged records lost on partition {p}"
         order = [positions[v] for v in acked[p]]
