@@ -36,9 +36,15 @@ def topic_range(tid: int) -> tuple[bytes, bytes]:
     return _TID.pack(tid), _TID.pack(tid + 1)
 
 
-def lookup_key(store: Store, tid: int, key: str, now_ms: int, window_ms: int) -> tuple[int, int, int] | None:
-    """(partition, offset, timestamp) of the first record with ``key``, if still inside the window."""
-    raw = store.get(Column.DEDUP, _key(tid, key))
+def lookup_keys(store: Store, tid: int, keys: list[str]) -> dict[str, bytes]:
+    """The stored entries of those ``keys`` that have one (one multi-get)."""
+    wanted = sorted({k for k in keys if k})
+    found = store.get_many(Column.DEDUP, [_key(tid, k) for k in wanted])
+    return {k: raw for k, raw in zip(wanted, found, strict=True) if raw is not None}
+
+
+def live_place(raw: bytes | None, now_ms: int, window_ms: int) -> tuple[int, int, int] | None:
+    """(partition, offset, timestamp) of a stored entry still inside the window."""
     if raw is None:
         return None
     partition, offset, ts = _PLACE.unpack(raw)
@@ -47,9 +53,8 @@ def lookup_key(store: Store, tid: int, key: str, now_ms: int, window_ms: int) ->
     return partition, offset, ts
 
 
-def remember_key(batch: Batch, store: Store, tid: int, key: str, place: tuple[int, int, int]) -> None:
-    """Record ``key`` -> ``place``; an expired older entry for the same key is replaced."""
-    old = store.get(Column.DEDUP, _key(tid, key))
+def remember_key(batch: Batch, tid: int, key: str, place: tuple[int, int, int], old: bytes | None) -> None:
+    """Record ``key`` -> ``place``, replacing an expired entry ``old`` (and its expiry index entry)."""
     if old is not None:
         batch.delete(Column.DEDUP, _expiry_key(tid, _PLACE.unpack(old)[2], key))
     batch.put(Column.DEDUP, _key(tid, key), _PLACE.pack(*place))

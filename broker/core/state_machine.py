@@ -290,6 +290,7 @@ class BrokerStateMachine:
         # phase 1: decide duplicates and places without writing anything
         keys = cmd.idempotency_keys
         window = meta.config.dedup_window_ms
+        known = dedup.lookup_keys(self._store, tid, list(keys)) if keys else {}
         seen: dict[str, tuple[int, int, int]] = {}
         touched: dict[int, PartitionState] = {}
         placements: list[tuple[int, int, int, bool]] = []
@@ -300,7 +301,7 @@ class BrokerStateMachine:
                 continue
             key = keys[i] if keys else ""
             if key:
-                hit = seen.get(key) or dedup.lookup_key(self._store, tid, key, cmd.now_ms, window)
+                hit = seen.get(key) or dedup.live_place(known.get(key), cmd.now_ms, window)
                 if hit is not None:
                     placements.append((*hit, True))
                     continue
@@ -326,7 +327,7 @@ class BrokerStateMachine:
             record_batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
             pending.setdefault(partition, {})[offset] = len(body)
             if key:
-                dedup.remember_key(batch, self._store, tid, key, (partition, offset, ts))
+                dedup.remember_key(batch, tid, key, (partition, offset, ts), known.get(key))
         for partition, state in touched.items():
             self.put_partition(tid, partition, state, batch, commit)
             if self._policy is not None:

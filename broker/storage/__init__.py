@@ -42,6 +42,10 @@ class Store(Protocol):
 
     def get(self, column: Column, key: bytes) -> bytes | None: ...
 
+    def get_many(self, column: Column, keys: list[bytes]) -> list[bytes | None]:
+        """Several point reads at once (one call into the store)."""
+        ...
+
     def scan(self, column: Column, begin: bytes, end: bytes, limit: int | None = None) -> Iterator[
         tuple[bytes, bytes]
     ]:

@@ -79,6 +79,11 @@ class MemoryStore:
         with self._lock:
             return self._columns[column].values.get(key)
 
+    def get_many(self, column: Column, keys: list[bytes]) -> list[bytes | None]:
+        with self._lock:
+            values = self._columns[column].values
+            return [values.get(k) for k in keys]
+
     def scan(self, column: Column, begin: bytes, end: bytes, limit: int | None = None) -> Iterator[
         tuple[bytes, bytes]
     ]:

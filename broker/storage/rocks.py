@@ -123,6 +123,14 @@ class RocksStore:
         value: bytes | None = self._cfs[column].get(key)
         return value
 
+    def get_many(self, column: Column, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        query: list[str | int | float | bytes | bool] = list(keys)
+        values = self._cfs[column].get(query)  # rocksdict: a list of keys is one multi-get
+        assert isinstance(values, list) and len(values) == len(keys)
+        return values
+
     def scan(self, column: Column, begin: bytes, end: bytes, limit: int | None = None) -> Iterator[
         tuple[bytes, bytes]
     ]:

@@ -87,3 +87,9 @@ def test_rocks_store_reopens_with_restored_generation(tmp_path: Path) -> None:
     reopened = RocksStore(tmp_path / "db")
     assert len(list(reopened.scan(Column.RECORDS, k(0), k(100)))) == 3
     reopened.close()
+
+
+def test_get_many_returns_values_in_key_order(store: Store) -> None:
+    fill(store, 3)
+    assert store.get_many(Column.RECORDS, [k(2), k(7), k(0)]) == [b"v2", None, b"v0"]
+    assert store.get_many(Column.RECORDS, []) == []
