@@ -90,3 +90,18 @@ def watermarks(store: Store, tid: int) -> Iterator[tuple[str, int]]:
     prefix = _TID.pack(tid) + b"w"
     for key, value in store.scan(Column.DEDUP, prefix, _TID.pack(tid) + b"x"):
         yield key[len(prefix):].decode(), _TS.unpack(value)[0]
+
+
+def _unique_key(tid: int, key: str) -> bytes:
+    return _TID.pack(tid) + b"u" + key.encode()
+
+
+def existing_unique_keys(store: Store, tid: int, keys: list[str]) -> set[str]:
+    """Which of ``keys`` (dedup-field keys) are already taken (one multi-get)."""
+    wanted = sorted(set(keys))
+    found = store.get_many(Column.DEDUP, [_unique_key(tid, k) for k in wanted])
+    return {k for k, raw in zip(wanted, found, strict=True) if raw is not None}
+
+
+def take_unique_key(batch: Batch, tid: int, key: str) -> None:
+    batch.put(Column.DEDUP, _unique_key(tid, key), b"")

@@ -23,6 +23,10 @@ class TopicExists(BrokerError):
         self.name = name
 
 
+class DuplicateMessage(BrokerError):
+    """A record repeats the dedup-field values of a stored record (SPEC §4)."""
+
+
 class NotLeader(BrokerError):
     """This node is not the leader; ``leader_address`` is the leader's gRPC address if known."""
 

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from broker.core import records
 from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.filters import RecordFilter
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.storage import Column
@@ -24,6 +25,13 @@ from broker.v1 import broker_pb2, common_pb2, internal_pb2
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
 WAKE_S = 0.5  # how often an idle stream re-checks that its caller is still there
+
+
+def _drop_unmatched(batch: broker_pb2.RecordBatch, record_filter: RecordFilter) -> None:
+    keep = [r for r in batch.records if record_filter.matches(r)]
+    if len(keep) != len(batch.records):
+        del batch.records[:]
+        batch.records.extend(keep)
 
 
 @dataclass
@@ -61,14 +69,13 @@ class Reader:
             raise TopicNotFound(request.topic)
         if request.max_batch > MAX_BATCH:
             raise InvalidArgument(f"max_batch must be at most {MAX_BATCH}, got {request.max_batch}")
-        if request.filter:
-            raise InvalidArgument("filters are not available in this version")
+        record_filter = RecordFilter(request.filter) if request.filter else None
         if request.group:
             raise InvalidArgument("consumer groups are not available in this version")
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             self._require_leader()  # only the leader holds an ephemeral topic's live records
         cursors, first_events = self._start(request, meta)
-        return self._stream(request, meta, cursors, first_events, is_active)
+        return self._stream(request, meta, cursors, first_events, is_active, record_filter)
 
     # -- start positions ---------------------------------------------------------------------
     def _start(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta
@@ -138,7 +145,8 @@ class Reader:
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta,
                 cursors: list[_Cursor], first: list[broker_pb2.SubscribeResponse],
-                is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+                is_active: Callable[[], bool], record_filter: RecordFilter | None
+                ) -> Iterator[broker_pb2.SubscribeResponse]:
         yield from first
         batch_size = request.max_batch or DEFAULT_BATCH
         name, tid = request.topic, meta.topic_id
@@ -150,9 +158,14 @@ class Reader:
             produced = False
             read = self._read_ephemeral if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL else self._read
             for cursor in cursors:
+                before = cursor.offset
                 for item in read(name, tid, cursor, batch_size):
-                    produced = True
+                    if record_filter is not None and item.HasField("batch"):
+                        _drop_unmatched(item.batch, record_filter)
+                        if not item.batch.records:
+                            continue
                     yield item
+                produced = produced or cursor.offset != before
             if produced:
                 continue
             if all(c.end is not None and c.offset >= c.end for c in cursors):

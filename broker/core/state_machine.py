@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from broker.core import dedup, records
-from broker.core.errors import BrokerError, InvalidArgument, TopicExists, TopicNotFound
+from broker.core.errors import BrokerError, DuplicateMessage, InvalidArgument, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, Store
 from broker.storage.memory import MemoryStore
 from broker.v1 import common_pb2, internal_pb2
@@ -294,7 +294,7 @@ class BrokerStateMachine:
         seen: dict[str, tuple[int, int, int]] = {}
         touched: dict[int, PartitionState] = {}
         placements: list[tuple[int, int, int, bool]] = []
-        writes: list[tuple[int, int, int, bytes, str]] = []  # partition, offset, ts, body, key
+        writes: list[tuple[int, int, int, bytes, str, int]] = []  # partition, offset, ts, body, key, index
         for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True)):
             if not fresh[i]:  # at or below its producer's watermark: discarded
                 placements.append((partition, 0, 0, True))
@@ -310,9 +310,12 @@ class BrokerStateMachine:
             touched[partition] = replace(state, end_offset=state.end_offset + 1, records=state.records + 1,
                                          bytes=state.bytes + len(body), last_timestamp_ms=ts)
             placements.append((partition, state.end_offset, ts, False))
-            writes.append((partition, state.end_offset, ts, body, key))
+            writes.append((partition, state.end_offset, ts, body, key, i))
             if key:
                 seen[key] = (partition, state.end_offset, ts)
+        rejected = self._check_unique(cmd, tid, meta, [w[5] for w in writes])
+        if rejected is not None:
+            return rejected
         if self._policy is not None:
             for partition, state in touched.items():
                 old = self.partition(tid, partition)
@@ -322,7 +325,10 @@ class BrokerStateMachine:
         # phase 2: write
         record_batch = self.records_batch(tid, batch)
         pending: dict[int, dict[int, int]] = {}
-        for partition, offset, ts, body, key in writes:
+        unique = cmd.unique_keys
+        for partition, offset, ts, body, key, i in writes:
+            if unique:
+                dedup.take_unique_key(batch, tid, unique[i])
             record_key = records.record_key(tid, partition, offset)
             record_batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
             pending.setdefault(partition, {})[offset] = len(body)
@@ -333,6 +339,22 @@ class BrokerStateMachine:
             if self._policy is not None:
                 self._policy.after_append(meta, partition, state, batch, commit, pending[partition])
         return Appended(placements)
+
+    def _check_unique(self, cmd: internal_pb2.AppendCommand, tid: int, meta: internal_pb2.TopicMeta,
+                      indexes: list[int]) -> Rejected | None:
+        """Dedup fields: the whole batch is refused if a record to store repeats a taken key."""
+        if not cmd.unique_keys:
+            return None
+        keys = [cmd.unique_keys[i] for i in indexes]
+        taken = dedup.existing_unique_keys(self._store, tid, keys)
+        seen: set[str] = set()
+        for i, key in zip(indexes, keys, strict=True):
+            if key in taken or key in seen:
+                fields = ", ".join(meta.config.dedup_fields)
+                return Rejected(DuplicateMessage(
+                    f"record {i}: a record with the same dedup fields ({fields}) = {key} already exists"))
+            seen.add(key)
+        return None
 
     def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int, batch: Batch) -> list[bool] | Rejected:
         """Which records are new for their producer session; the whole batch is rejected when an

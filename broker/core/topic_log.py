@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.core import dedup, partitioning
+from broker.core import dedup, partitioning, schemas
 from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import InvalidArgument, TopicNotFound, Unimplemented
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
@@ -48,6 +48,7 @@ class TopicLog:
         self._limits = limits
         self._origin_bytes = _origin_suffix(origin)
         self._round_robin = partitioning.RoundRobin()
+        self._schemas = schemas.SchemaCache()
         self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
 
     @property
@@ -59,8 +60,11 @@ class TopicLog:
         config = normalized_config(config)
         if config.durability == common_pb2.DURABILITY_FSYNC:
             raise Unimplemented("the 'fsync' durability class is not available in this version")
-        if config.schema_json or config.dedup_fields:
-            raise Unimplemented("topic schemas and dedup fields are not available in this version")
+        if config.schema_json:
+            schemas.compile_schema(config.schema_json)
+        schemas.validate_dedup_fields(list(config.dedup_fields))
+        if (config.schema_json or config.dedup_fields) and config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=config, now_ms=self._clock_ms()))
         result = self._submitter.submit(cmd)
@@ -119,6 +123,7 @@ class TopicLog:
         append.topic_id = meta.topic_id
         append.partitions.extend(self._place(request, meta.config.partitions))
         self._dedup_fields(request, append)
+        self._check_documents(request, meta, append)
         append.bodies.extend(self._bodies(request))
         append.now_ms = self._clock_ms()
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
@@ -131,6 +136,21 @@ class TopicLog:
         for partition, offset, ts, duplicate in result.placements:
             response.results.add(partition=partition, offset=offset, timestamp_ms=ts, duplicate=duplicate)
         return response
+
+    def _check_documents(self, request: broker_pb2.PublishRequest, meta: internal_pb2.TopicMeta,
+                         append: internal_pb2.AppendCommand) -> None:
+        """Schema validation and dedup-field keys; any failure refuses the whole batch."""
+        config = meta.config
+        if not config.schema_json and not config.dedup_fields:
+            return
+        validator = self._schemas.get(meta.topic_id, config.schema_json) if config.schema_json else None
+        fields = list(config.dedup_fields)
+        for i, rec in enumerate(request.records):
+            document = schemas.parse_json(i, rec.value)
+            if validator is not None:
+                schemas.check_value(validator, i, document)
+            if fields:
+                append.unique_keys.append(schemas.unique_key(i, document, fields))
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1)."""
