@@ -1,0 +1,45 @@
+"""The knobs of one benchmark run: the full run of ``make bench`` and the tiny one of the smoke test."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+SYSTEMS = ("raftbroker-disk-3", "raftbroker-fsync-3", "raftbroker-disk-1", "nats", "rabbitmq-quorum",
+           "rabbitmq-stream", "redis")
+WORKLOADS = ("publish", "latency", "failover", "recovery")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Counts, rates and limits; every workload runs ``reps`` times per system."""
+
+    reps: int = 3
+    record_sizes: tuple[int, ...] = (100, 1024)
+    publish_records: int = 200_000
+    publish_cap_s: float = 25.0  # a slow system publishes fewer records; the table says how many
+    latency_rate_per_s: float = 2000.0
+    latency_duration_s: float = 5.0
+    latency_warmup_s: float = 1.0
+    latency_size_bytes: int = 100
+    failover_interval_s: float = 0.01
+    failover_before_s: float = 1.5
+    failover_timeout_s: float = 20.0
+    recovery_records: int = 1_000_000
+    recovery_fill_cap_s: float = 45.0
+    recovery_timeout_s: float = 180.0
+    systems: tuple[str, ...] = SYSTEMS
+    workloads: tuple[str, ...] = WORKLOADS
+    profile_s: float = 8.0  # py-spy on the raftbroker leader during an extra publish run; 0: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FULL = BenchConfig()
+SMOKE = replace(
+    FULL, reps=1, record_sizes=(100,), publish_records=2_000, publish_cap_s=10.0, latency_rate_per_s=200.0,
+    latency_duration_s=1.0, latency_warmup_s=0.2, failover_before_s=0.3, failover_timeout_s=15.0,
+    recovery_records=2_000, recovery_fill_cap_s=10.0, recovery_timeout_s=30.0,
+    systems=("raftbroker-disk-3", "redis"), profile_s=0.0,
+)

@@ -1,0 +1,154 @@
+"""raftbroker as the benchmark runs it: a :class:`~broker.devcluster.DevCluster` of 1 or 3 nodes, topics of
+one durability class, driven through the public Python SDK (:class:`broker.client.Client`).
+
+The SDK is synchronous; the endpoint runs its calls on a thread pool so several batches are in
+flight at once (the SDK is thread-safe and shares one channel per node). Every record carries the
+SDK's idempotency key (exactly-once in effect), which the peers' fast paths do not do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.procs import REGISTRY
+from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable
+from broker.client import Client, Record, Unimplemented
+from broker.devcluster import DevCluster
+
+TUNING = ClientTuning(batch_records=1000, inflight_batches=4)
+POOL_THREADS = 32  # failover keeps up to this many publishes waiting in the SDK's retry loop
+_GUARANTEE = {
+    "disk": "ack after a Raft majority has the batch (OS-buffered, not fsynced)",
+    "fsync": "ack after a Raft majority has fsynced the batch",
+}
+
+
+def _version() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[2], timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"0.1.0 ({sha})" if sha else "0.1.0"
+
+
+class RaftbrokerEndpoint(Endpoint):
+    """The SDK on a thread pool; ``durability`` is the class of the topics it creates."""
+
+    def __init__(self, addresses: Sequence[str], durability: str) -> None:
+        self.tuning = TUNING
+        self._durability = durability
+        self._client = Client(list(addresses), timeout_s=2.0, retry_deadline_s=30.0)
+        self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="raftbroker-bench")
+
+    async def _run(self, fn: Callable[[], object]) -> object:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def create(self, stream: str) -> None:
+        try:
+            await self._run(lambda: self._client.create_topic(stream, 1, durability=self._durability))
+        except Unimplemented as err:
+            raise NotAvailable(f"durability class {self._durability!r}: not available yet ({err})") from err
+
+    async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
+        await self._run(lambda: self._client.publish_batch(stream, payloads))
+
+    async def consume(self, stream: str, count: int, on_value: Callable[[bytes], None],
+                      ready: asyncio.Event | None = None) -> int:
+        loop = asyncio.get_running_loop()
+
+        def read() -> int:
+            seen = 0
+            with self._client.subscribe(stream, start="earliest", max_batch=1000) as sub:
+                if ready is not None:
+                    loop.call_soon_threadsafe(ready.set)
+                for item in sub:
+                    if isinstance(item, Record):
+                        on_value(item.value)
+                        seen += 1
+                        if seen >= count:
+                            break
+            return seen
+
+        return int(await asyncio.get_running_loop().run_in_executor(None, read))
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+
+class RaftbrokerDeployment(Deployment):
+    """``nodes`` raftbroker processes; every topic the endpoint creates has class ``durability``."""
+
+    def __init__(self, nodes: int, durability: str, workdir: Path | None = None) -> None:
+        assert durability in _GUARANTEE and nodes >= 1
+        self.durability = durability
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"bench-raftbroker-{durability}-"))
+        self.info = DeploymentInfo(
+            system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
+            guarantee=_GUARANTEE[durability], client="raftbroker SDK publish_batch(1000), 4 in flight",
+        )
+        self.cluster = DevCluster(nodes, self.workdir / "cluster")
+        self._started = False
+
+    def start(self) -> None:
+        REGISTRY.add(self)
+        self.cluster.start()
+        self._started = True
+        self.cluster.wait_ready(60.0)
+        probe = f"bench-probe-{self.durability}"
+        with Client(self.cluster.addresses, timeout_s=5.0, retry_deadline_s=30.0) as client:
+            try:
+                client.create_topic(probe, 1, durability=self.durability)
+            except Unimplemented as err:
+                raise NotAvailable(f"the {self.durability!r} durability class is not available yet "
+                                   f"(CreateTopic answered UNIMPLEMENTED: {err})") from err
+            client.drop_topic(probe)
+
+    def stop(self) -> None:
+        if self._started:
+            self.cluster.stop()
+            self._started = False
+        REGISTRY.discard(self)
+
+    async def endpoint(self) -> Endpoint:
+        return RaftbrokerEndpoint(self.cluster.addresses, self.durability)
+
+    async def leader_node(self, stream: str) -> int:
+        leader = await asyncio.to_thread(self._agreed_leader)
+        return leader
+
+    def _agreed_leader(self) -> int:
+        self.cluster.wait_ready(30.0)
+        leader = self.cluster.leader()
+        if leader is None:
+            raise RuntimeError("the cluster lost its leader again")
+        return leader
+
+    def kill_node(self, i: int) -> None:
+        self.cluster.kill(i)
+
+    def spawn_node(self, i: int) -> None:
+        self.cluster.spawn(i)
+
+    async def node_holds(self, i: int, stream: str, records: int) -> bool:
+        return await asyncio.to_thread(self._caught_up, i, stream, records)
+
+    def _caught_up(self, i: int, stream: str, records: int) -> bool:
+        """Node ``i`` answers, knows the leader, and has applied everything the others have committed
+        (a single node: it leads and its topic holds ``records``)."""
+        mine = self.cluster.node_status(i)
+        if mine is None or not mine.leader_id:
+            return False
+        if self.nodes == 1:
+            with Client([self.cluster.grpc_address(i)], timeout_s=2.0, retry_deadline_s=0.0) as client:
+                return sum(p.end_offset for p in client.describe_topic(stream).partitions) >= records
+        others = [self.cluster.node_status(j) for j in range(self.nodes) if j != i and self.cluster.alive(j)]
+        target = max([o.commit_index for o in others if o is not None] + [mine.commit_index])
+        return mine.applied_index >= target > 0
+

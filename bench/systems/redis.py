@@ -1,0 +1,118 @@
+"""Redis Streams (Debian's redis-server): one node, AOF with ``appendfsync always``, driven by redis-py's
+asyncio client (XADD in non-transactional pipelines, XREAD in batches).
+
+Single node: an acknowledged XADD is fsynced on that one machine, but nothing is replicated, so
+there is no failover to measure and a lost disk loses everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from bench.procs import LOOPBACK, REGISTRY, ManagedProcess, free_port, port_open, wait_until
+from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable
+
+TUNING = ClientTuning(batch_records=500, inflight_batches=4)
+READ_BATCH = 1000
+
+
+def _version() -> str:
+    out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10).stdout
+    return out.split()[2].removeprefix("v=") if len(out.split()) > 2 else out.strip()
+
+
+class RedisEndpoint(Endpoint):
+    """A redis-py asyncio connection pool to the single node."""
+
+    def __init__(self, port: int) -> None:
+        self.tuning = TUNING
+        self._redis = aioredis.Redis(host=LOOPBACK, port=port, max_connections=16)
+
+    async def create(self, stream: str) -> None:
+        await self._redis.delete(stream)
+
+    async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for p in payloads:
+                pipe.xadd(stream, {"v": p})
+            await pipe.execute()
+
+    async def consume(self, stream: str, count: int, on_value: Callable[[bytes], None],
+                      ready: asyncio.Event | None = None) -> int:
+        last = b"0-0"
+        seen = 0
+        if ready is not None:
+            ready.set()
+        while seen < count:
+            reply: Any = await self._redis.xread({stream: last}, count=READ_BATCH, block=1000)
+            for _, entries in reply:
+                for entry_id, fields in entries:
+                    on_value(fields[b"v"])
+                    last = entry_id
+                    seen += 1
+        return seen
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+class RedisDeployment(Deployment):
+    """One redis-server with an append-only file synced on every write."""
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        if shutil.which("redis-server") is None:
+            raise NotAvailable("redis-server is not installed (apt-get install redis-server)")
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bench-redis-"))
+        self.info = DeploymentInfo(
+            system="redis", variant="Streams AOF always", nodes=1, version=_version(),
+            guarantee="ack after the write is fsynced to the AOF on the one node (no replication)",
+            client="redis-py asyncio, XADD pipelines of 500, 4 in flight; XREAD 1000",
+            notes=["single node: no replication, no failover"],
+        )
+        self.port = free_port()
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        argv = ["redis-server", "--bind", LOOPBACK, "--port", str(self.port), "--dir", str(data),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+                "--protected-mode", "yes", "--io-threads", "1"]
+        self.proc = ManagedProcess("redis", argv, self.workdir / "redis.log")
+
+    def start(self) -> None:
+        REGISTRY.add(self)
+        self.proc.start()
+        wait_until(lambda: port_open(self.port), 30.0, "redis-server", watch=[self.proc])
+
+    def stop(self) -> None:
+        self.proc.stop()
+        REGISTRY.discard(self)
+
+    async def endpoint(self) -> Endpoint:
+        endpoint = RedisEndpoint(self.port)
+        return endpoint
+
+    async def leader_node(self, stream: str) -> int:
+        return 0
+
+    def kill_node(self, i: int) -> None:
+        self.proc.kill9()
+
+    def spawn_node(self, i: int) -> None:
+        self.proc.start()
+
+    async def node_holds(self, i: int, stream: str, records: int) -> bool:
+        client = aioredis.Redis(host=LOOPBACK, port=self.port, socket_connect_timeout=0.5)
+        try:
+            return int(await client.xlen(stream)) >= records  # LOADING until the AOF is replayed
+        except (RedisError, OSError):
+            return False
+        finally:
+            await client.aclose()

@@ -1,0 +1,266 @@
+"""The workloads, written once against :class:`~bench.systems.base.Deployment` / ``Endpoint``.
+
+Each function runs one repetition and returns plain numbers (seconds, msgs/s, milliseconds) keyed by
+metric name. Every repetition uses a fresh stream, so no run reads another's records.
+
+- :func:`publish_consume`: closed loop, ``count`` records published with the system's batch size and
+  batches in flight, counted when acknowledged; then a fresh client reads them all back.
+- :func:`latency`: open loop at a fixed offered rate. Arrivals are scheduled on a clock and the
+  latency of a record runs from its *scheduled* send time (no coordinated omission); records that
+  arrive while earlier ones are in flight are coalesced into the next request (as a linger-style
+  client does). A live subscriber, started before the first publish, measures publish→delivery.
+- :func:`failover`: a steady publish (one record every ``interval_s``) while the node holding the
+  stream's leader is killed with SIGKILL; the figure is the time from the kill to the first
+  acknowledgement of a publish that was started after the kill.
+- :func:`recovery`: fill a stream with ``records`` records, kill -9 a node holding them (a follower
+  when there is one) and measure from its restart until it serves and holds them all again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from hdrh.histogram import HdrHistogram
+
+from bench.systems.base import Deployment, Endpoint
+
+Metrics = dict[str, float]
+_STAMP = struct.Struct("<q")  # perf_counter_ns of the scheduled send, at the start of every payload
+HIST_MAX_US = 120_000_000
+POLL_S = 0.05
+
+
+def stream_name(kind: str) -> str:
+    """A fresh stream name (letters, digits and dashes only: valid on every system)."""
+    return f"bench-{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def payload_of(size_bytes: int) -> bytes:
+    """A random payload, at least 8 bytes (room for the timestamp the latency workloads write)."""
+    return os.urandom(max(size_bytes, _STAMP.size))
+
+
+async def _closed_loop_publish(ep: Endpoint, stream: str, payload: bytes, count: int, deadline: float) -> int:
+    """Publish ``count`` copies of ``payload`` (stop starting batches at ``deadline``); return acked records."""
+    batch = ep.tuning.batch_records
+    batches = [batch] * (count // batch) + ([count % batch] if count % batch else [])
+    acked = 0
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal acked, next_index
+        while next_index < len(batches) and time.perf_counter() < deadline:
+            size = batches[next_index]
+            next_index += 1
+            await ep.publish(stream, [payload] * size)
+            acked += size
+
+    await asyncio.gather(*(worker() for _ in range(ep.tuning.inflight_batches)))
+    return acked
+
+
+async def publish_consume(deployment: Deployment, size_bytes: int, count: int, cap_s: float) -> Metrics:
+    """One repetition of acknowledged publish throughput followed by consume throughput of the same records."""
+    stream = stream_name(f"pub{size_bytes}")
+    payload = payload_of(size_bytes)
+    ep = await deployment.endpoint()
+    try:
+        await ep.create(stream)
+        await ep.publish(stream, [payload])  # warm-up: connections, leader discovery, stream placement
+        started = time.perf_counter()
+        acked = await _closed_loop_publish(ep, stream, payload, count, started + cap_s)
+        publish_s = time.perf_counter() - started
+    finally:
+        await ep.close()
+    total = acked + 1
+    reader = await deployment.endpoint()
+    try:
+        started = time.perf_counter()
+        read = await asyncio.wait_for(reader.consume(stream, total, lambda v: None), timeout=max(60.0, cap_s))
+        consume_s = time.perf_counter() - started
+    finally:
+        await reader.close()
+    return {"publish_msgs_per_s": acked / publish_s, "published": float(acked),
+            "consume_msgs_per_s": read / consume_s, "consumed": float(read)}
+
+
+@dataclass
+class _Latencies:
+    ack: HdrHistogram
+    e2e: HdrHistogram
+
+    @classmethod
+    def new(cls) -> _Latencies:
+        return cls(HdrHistogram(1, HIST_MAX_US, 3), HdrHistogram(1, HIST_MAX_US, 3))
+
+
+def _percentiles(hist: HdrHistogram, prefix: str) -> Metrics:
+    if hist.get_total_count() == 0:
+        return {}
+    return {f"{prefix}_p50_ms": hist.get_value_at_percentile(50) / 1000,
+            f"{prefix}_p99_ms": hist.get_value_at_percentile(99) / 1000,
+            f"{prefix}_p999_ms": hist.get_value_at_percentile(99.9) / 1000,
+            f"{prefix}_max_ms": hist.get_max_value() / 1000}
+
+
+async def latency(deployment: Deployment, size_bytes: int, rate_per_s: float, duration_s: float,
+                  warmup_s: float) -> Metrics:
+    """One repetition: publish→ack and publish→delivery latency at ``rate_per_s`` offered for ``duration_s``
+    (after ``warmup_s`` of unrecorded traffic)."""
+    stream = stream_name("lat")
+    padding = payload_of(size_bytes)[_STAMP.size:]
+    hist = _Latencies.new()
+    total = int(rate_per_s * (warmup_s + duration_s))
+    publisher = await deployment.endpoint()
+    subscriber = await deployment.endpoint()
+    try:
+        await publisher.create(stream)
+        started_ns = time.perf_counter_ns()
+        record_from_ns = started_ns + int(warmup_s * 1e9)
+
+        def on_delivery(value: bytes) -> None:
+            sent_ns = _STAMP.unpack_from(value)[0]
+            if sent_ns >= record_from_ns:
+                hist.e2e.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
+
+        ready = asyncio.Event()
+        reader = asyncio.create_task(subscriber.consume(stream, total, on_delivery, ready))
+        await asyncio.wait_for(ready.wait(), 30.0)
+        await _open_loop(publisher, stream, padding, rate_per_s, total, record_from_ns, hist.ack)
+        # What was delivered is recorded; a missing tail shows as fewer e2e samples.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader, timeout=30.0)
+    finally:
+        await publisher.close()
+        await subscriber.close()
+    return {**_percentiles(hist.ack, "ack"), **_percentiles(hist.e2e, "e2e"),
+            "ack_samples": float(hist.ack.get_total_count()), "e2e_samples": float(hist.e2e.get_total_count())}
+
+
+async def _open_loop(ep: Endpoint, stream: str, padding: bytes, rate_per_s: float, total: int,
+                     record_from_ns: int, ack: HdrHistogram) -> None:
+    """Offer ``total`` records at ``rate_per_s`` on a schedule; coalesce what waits into the next request."""
+    pending: list[int] = []  # scheduled send times of records not yet handed to a sender
+    wake = asyncio.Event()
+    finished = False
+    start_ns = time.perf_counter_ns()
+    interval_ns = int(1e9 / rate_per_s)
+
+    async def sender() -> None:
+        while True:
+            while not pending:
+                if finished:
+                    return
+                wake.clear()
+                await wake.wait()
+            stamps = pending[:ep.tuning.batch_records]
+            del pending[:len(stamps)]
+            await ep.publish(stream, [_STAMP.pack(s) + padding for s in stamps])
+            now = time.perf_counter_ns()
+            for s in stamps:
+                if s >= record_from_ns:
+                    ack.record_value(max(1, (now - s) // 1000))
+
+    senders = [asyncio.create_task(sender()) for _ in range(ep.tuning.inflight_batches)]
+    issued = 0
+    while issued < total:
+        due = min(total, (time.perf_counter_ns() - start_ns) // interval_ns + 1)
+        if due > issued:
+            pending.extend(start_ns + k * interval_ns for k in range(issued, due))
+            issued = due
+            wake.set()
+        await asyncio.sleep(0.0005)
+    finished = True
+    wake.set()
+    await asyncio.gather(*senders)
+
+
+async def _wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float) -> float | None:
+    """Seconds until ``check()`` is true, polled every ``POLL_S``; ``None`` after ``timeout_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        with contextlib.suppress(Exception):
+            if await check():
+                return time.monotonic() - started
+        await asyncio.sleep(POLL_S)
+    return None
+
+
+async def failover(deployment: Deployment, interval_s: float, before_s: float, timeout_s: float) -> Metrics:
+    """One repetition of kill -9 of the stream leader during a steady publish."""
+    stream = stream_name("fail")
+    payload = payload_of(100)
+    ep = await deployment.endpoint()
+    acked_after_kill: list[float] = []
+    acked = 0
+    kill_at: float | None = None
+
+    async def one(started: float) -> None:
+        nonlocal acked
+        try:
+            await asyncio.wait_for(ep.publish(stream, [payload]), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 (a publish failed during the failover: the client may need to move)
+            await ep.recover()
+            return
+        acked += 1
+        if kill_at is not None and started >= kill_at:
+            acked_after_kill.append(time.monotonic())
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await ep.create(stream)
+        await ep.publish(stream, [payload])
+        leader = await deployment.leader_node(stream)
+        begin = time.monotonic()
+        while not acked_after_kill and time.monotonic() - begin < before_s + timeout_s:
+            now = time.monotonic()
+            if kill_at is None and now - begin >= before_s:
+                deployment.kill_node(leader)
+                kill_at = time.monotonic()
+            tasks.append(asyncio.create_task(one(time.monotonic())))
+            await asyncio.sleep(interval_s)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await ep.close()
+    assert kill_at is not None
+    if not acked_after_kill:
+        raise TimeoutError(f"no publish succeeded within {timeout_s:g} s of killing node {leader}")
+    result = {"failover_s": min(acked_after_kill) - kill_at, "acked_before_kill": float(acked)}
+    deployment.spawn_node(leader)
+    back = await _wait_for(lambda: deployment.node_holds(leader, stream, 1), 120.0)
+    if back is None:
+        raise TimeoutError(f"node {leader} did not rejoin within 120 s after the failover")
+    return result
+
+
+async def fill(deployment: Deployment, records: int, cap_s: float) -> tuple[str, int]:
+    """A fresh stream holding up to ``records`` 100-byte records (fewer if ``cap_s`` runs out)."""
+    stream = stream_name("recov")
+    ep = await deployment.endpoint()
+    try:
+        await ep.create(stream)
+        held = await _closed_loop_publish(ep, stream, payload_of(100), records, time.perf_counter() + cap_s)
+    finally:
+        await ep.close()
+    return stream, held
+
+
+async def recovery(deployment: Deployment, stream: str, held: int, timeout_s: float) -> Metrics:
+    """One repetition: kill -9 a node holding ``held`` records of ``stream``, restart it, time until it holds them."""
+    node = deployment.recovery_node(await deployment.leader_node(stream))
+    deployment.kill_node(node)
+    started = time.monotonic()
+    deployment.spawn_node(node)
+    took = await _wait_for(lambda: deployment.node_holds(node, stream, held), timeout_s)
+    if took is None:
+        raise TimeoutError(f"node {node} did not hold {held} records within {timeout_s:g} s of its restart")
+    return {"restart_s": time.monotonic() - started, "records_held": float(held)}
