@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto lint typecheck unit cluster bench clean
+.PHONY: run test proto lint typecheck unit cluster bench bench-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,8 +44,21 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy broker
 
-bench: $(STAMP)
-	$(BIN)/raftbroker bench publish --spawn
+BENCH_STAMP := $(VENV)/.bench-installed
+
+# The benchmark's Python clients (the `bench` extra) and the one peer the smoke test needs;
+# `make bench` installs the other peers (nats-server, rabbitmq-server) itself when they are missing.
+bench-deps: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	command -v redis-server >/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; }
+	$(BIN)/pip install -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+# Peer benchmarks (bench/README.md): writes bench/results/<date>.{json,md,png} and latest.*.
+bench: bench-deps
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .raftbroker build *.egg-info
