@@ -1,0 +1,91 @@
+"""The history checker: :func:`check` turns a drill's history (operations, fault and status
+observations, and the final read of every node) into a :class:`Report` of violations.
+
+Checks: lost acknowledged writes, duplicates of idempotent publishes, inconsistent offsets (one
+offset, two values; acks that disagree with the log; reads of values the log does not hold),
+reordering within a partition, non-contiguous offsets, phantom writes, silent skips in reads,
+replicas that disagree after healing, more than one leader per term, committed group positions
+that regress, records never delivered to a group, and recovery after the last fault heals.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from chaos.checkers.groups import check_groups
+from chaos.checkers.leaders import check_leaders, terms_seen
+from chaos.checkers.log import check_log, reference_reads
+from chaos.checkers.model import Model, Violation, parse
+from chaos.checkers.readers import check_readers, reader_counts
+from chaos.checkers.recovery import measure
+from chaos.checkers.replicas import check_replicas
+from chaos.checkers.report import CHECKS, Report
+from chaos.history import Entry, pairs
+
+__all__ = ["CHECKS", "Report", "Violation", "check"]
+
+
+def check(entries: list[Entry], scenario: str = "", seed: int | None = None) -> Report:
+    """Run every check over a history; the report's ``violations`` list is empty when all hold."""
+    model = parse(entries)
+    runs = [e.value for e in entries if e.type == "info" and e.f == "run" and isinstance(e.value, dict)]
+    run: dict[str, Any] = runs[0] if runs else {}
+    report = Report(scenario or str(run.get("scenario", "")), seed if seed is not None else run.get("seed"),
+                    run=dict(run))
+    recovery, recovery_violations = measure(model)
+    report.recovery = recovery
+    violations: list[Violation] = []
+    violations += check_log(model)
+    violations += check_readers(model)
+    violations += check_replicas(model)
+    violations += check_leaders(model)
+    violations += check_groups(model)
+    violations += recovery_violations
+    report.violations = violations
+    report.operations = _operations(model, entries)
+    report.checks_skipped = _skipped(model, entries)
+    return report
+
+
+def _operations(model: Model, entries: list[Entry]) -> dict[str, Any]:
+    counts: Counter[str] = Counter()
+    for _inv, done in model.publish_ops:
+        counts["invoke"] += 1
+        counts["info" if done is None else done.type] += 1
+    refs = reference_reads(model)
+    not_available = {str(e.value["workload"]): str(e.value["reason"]) for e in entries
+                     if e.type == "info" and e.f == "workload-unavailable"}
+    return {
+        "publish": dict(counts),
+        "records_published": len(model.records),
+        "records_acked": sum(1 for f in model.records.values() if f.acked),
+        "records_stored": sum(len(fr.records) for fr in refs.values()),
+        "records_read": sum(reader_counts(model).values()),
+        "group_deliveries": sum(1 for e in entries if e.type == "info" and e.f == "deliver"),
+        "group_commits": sum(1 for _ in pairs(entries, "commit")),
+        "leader_terms": terms_seen(model),
+        "status_polls": sum(1 for e in entries if e.type == "info" and e.f == "status"),
+        "not_available": not_available,
+    }
+
+
+def _skipped(model: Model, entries: list[Entry]) -> dict[str, str]:
+    """Checks that had nothing to look at in this history, and why (never a silent pass)."""
+    out: dict[str, str] = {}
+    if not model.final_reads:
+        for c in ("lost-write", "duplicate", "non-contiguous", "phantom-write", "replica-divergence",
+                  "final-read-failed"):
+            out[c] = "no final read"
+    if not any(e.f == "read" for e in entries):
+        out["silent-skip"] = "no reader ran"
+    if not any(e.f == "status" for e in entries):
+        out["multiple-leaders"] = "no status polls"
+    has_groups = any(e.f in ("deliver", "commit", "committed") for e in entries)
+    if not has_groups:
+        reason = next((str(e.value["reason"]) for e in entries if e.type == "info" and e.f == "workload-unavailable"
+                       and e.value.get("workload") == "groups"), "no group workload ran")
+        out["group-regress"] = out["undelivered"] = reason
+    if not any(e.f == "fault" for e in entries):
+        out["no-recovery"] = out["fault-not-healed"] = "no fault injected"
+    return out

@@ -1,0 +1,225 @@
+"""The checker finds each anomaly in a hand-made history and passes a clean one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaos.checkers import check
+from chaos.history import History, dump, load
+from tests.chaos.builders import TOPIC, Hist, clean
+
+pytestmark = pytest.mark.unit
+
+
+def kinds(h: Hist) -> list[str]:
+    return sorted({v.kind for v in check(h.entries).violations})
+
+
+def test_a_clean_history_passes_every_check() -> None:
+    report = check(clean().entries, scenario="hand", seed=1)
+    assert report.violations == [], report.table()
+    doc = report.to_json()
+    assert doc["violations"] == 0
+    assert doc["operations"]["records_acked"] == 6
+    assert doc["recovery"]["recovery_s"] is not None
+    assert "not available" not in report.table()
+
+
+def test_a_lost_acknowledged_write_is_found_and_named() -> None:
+    h = clean()
+    h.finals(0, [(0, "a0"), (1, "a1"), (2, "a2")])  # a3 acknowledged at 0:3, gone everywhere
+    report = check(h.entries)
+    lost = [v for v in report.violations if v.kind == "lost-write"]
+    assert lost and lost[0].records == ("a3",)
+
+
+def test_a_duplicate_of_an_idempotent_publish_is_found() -> None:
+    h = clean()
+    h.finals(0, [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3"), (4, "a2")])
+    report = check(h.entries)
+    dup = [v for v in report.violations if v.kind == "duplicate"]
+    assert dup and dup[0].records == ("a2@0:2,0:4",)
+
+
+def test_one_offset_acknowledged_for_two_records_is_inconsistent() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0)], [(0, 0)])
+    h.publish("p1", [("y", 0)], [(0, 0)])
+    h.finals(0, [(0, "x"), (1, "y")])
+    assert "inconsistent-offset" in kinds(h)
+
+
+def test_an_ack_naming_another_offset_than_the_log_is_inconsistent() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0)], [(0, 5)])
+    h.finals(0, [(0, "x")])
+    assert kinds(h) == ["inconsistent-offset"]
+
+
+def test_a_read_of_a_value_the_log_does_not_hold_is_inconsistent() -> None:
+    h = clean()
+    h.read("r1", 1, [(0, "b0"), (1, "b1")])  # b1 failed and is not stored: a dirty read
+    assert kinds(h) == ["inconsistent-offset"]
+
+
+def test_reordering_within_a_partition_is_found() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0)], [(0, 1)])
+    h.publish("p0", [("y", 0)], [(0, 0)])  # sent after x was acked, stored before it
+    h.finals(0, [(0, "y"), (1, "x")])
+    report = check(h.entries)
+    assert [v.kind for v in report.violations] == ["reorder"]
+    assert "y@0 after x@1" in report.violations[0].records[0]
+
+
+def test_a_batch_stored_out_of_its_order_is_reordering() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0), ("y", 0)], [(0, 1), (0, 0)])
+    h.finals(0, [(0, "y"), (1, "x")])
+    assert kinds(h) == ["reorder"]
+
+
+def test_concurrent_publishes_may_land_in_either_order() -> None:
+    h = Hist()
+    h.add("invoke", "p0", "publish", {"topic": TOPIC, "records": [["x", 0]]})
+    h.add("invoke", "p1", "publish", {"topic": TOPIC, "records": [["y", 0]]})
+    h.add("ok", "p0", "publish", {"results": [[0, 1, False]]})
+    h.add("ok", "p1", "publish", {"results": [[0, 0, False]]})
+    h.finals(0, [(0, "y"), (1, "x")])
+    assert kinds(h) == []
+
+
+def test_non_contiguous_offsets_are_found() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0), ("y", 0)], [(0, 0), (0, 2)])
+    h.finals(0, [(0, "x"), (2, "y")])
+    assert kinds(h) == ["non-contiguous"]
+
+
+def test_a_stored_record_that_was_never_published_or_definitely_failed_is_a_phantom() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0)], None, outcome="fail")
+    h.finals(0, [(0, "x"), (1, "ghost")])
+    report = check(h.entries)
+    assert {r for v in report.violations if v.kind == "phantom-write" for r in v.records} == {"x", "ghost"}
+
+
+def test_replicas_that_disagree_after_healing_are_found_with_the_offsets() -> None:
+    h = clean()
+    h.final("n3", 1, [(0, "b0")])  # n3 misses 1:1
+    report = check(h.entries)
+    div = [v for v in report.violations if v.kind == "replica-divergence"]
+    assert div and div[0].records == ("1:1 n1=b2 n3=-",)
+
+
+def test_a_node_serving_a_corrupted_record_diverges_and_an_unreadable_node_fails() -> None:
+    h = clean()
+    h.final("n2", 1, [(0, "b0")], events=[{"event": "badmsg", "offset_before": 1, "offset_after": 2}])
+    h.final("n3", 0, [], error="UNAVAILABLE: connection refused")
+    assert kinds(h) == ["final-read-failed", "replica-divergence"]
+
+
+def test_two_leaders_in_one_term_are_found() -> None:
+    h = clean()
+    h.status("n3", "leader", 2)  # n2 led term 2 already
+    report = check(h.entries)
+    assert [v.kind for v in report.violations] == ["multiple-leaders"]
+    assert report.violations[0].records == ("term 2: n2", "term 2: n3")
+
+
+def test_a_reader_that_skips_offsets_without_an_event_is_found() -> None:
+    h = clean()
+    h.read("r1", 0, [(0, "a0"), (2, "a2")])
+    assert kinds(h) == ["silent-skip"]
+
+
+def test_a_skip_announced_by_an_event_is_not_silent() -> None:
+    h = clean()
+    h.read("r1", 0, [(0, "a0")])
+    h.add("info", "r1", "read-event", {"topic": TOPIC, "partition": 0, "event": "skip_forward",
+                                       "offset_before": 1, "offset_after": 2})
+    h.read("r1", 0, [(2, "a2")])
+    assert kinds(h) == []
+
+
+def test_a_committed_group_position_that_regresses_is_found() -> None:
+    h = clean()
+    g = {"topic": TOPIC, "group": "g", "partition": 0}
+    h.add("invoke", "c0", "commit", {**g, "offset": 3})
+    h.add("ok", "c0", "commit", {**g, "offset": 3})
+    h.add("info", "c0", "committed", {**g, "offset": 1})  # after a failover the group went back
+    report = check(h.entries)
+    assert [v.kind for v in report.violations] == ["group-regress"]
+    assert report.violations[0].records == ("t/g/0: 1 after 3",)
+
+
+def test_a_commit_that_failed_does_not_count_as_committed() -> None:
+    h = clean()
+    g = {"topic": TOPIC, "group": "g", "partition": 0}
+    h.add("invoke", "c0", "commit", {**g, "offset": 3})
+    h.add("info", "c0", "commit", {**g, "offset": 3})
+    h.add("info", "c0", "committed", {**g, "offset": 1})
+    assert kinds(h) == []
+
+
+def test_a_record_never_delivered_to_a_drained_group_is_found() -> None:
+    h = clean()
+    for p, o, rid in [(0, 0, "a0"), (0, 1, "a1"), (0, 3, "a3"), (1, 0, "b0"), (1, 1, "b2")]:
+        h.add("info", "c0", "deliver", {"topic": TOPIC, "group": "g", "member": "c0", "partition": p,
+                                        "offset": o, "id": rid})
+    h.add("info", "c0", "group-drained", {"topic": TOPIC, "group": "g"})
+    report = check(h.entries)
+    assert [v.kind for v in report.violations] == ["undelivered"]
+    assert report.violations[0].records == ("0:2=a2",)
+
+
+def test_no_acknowledgement_after_the_last_heal_means_no_recovery() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0)], [(0, 0)])
+    h.fault(1)
+    h.heal(1)
+    h.publish("p0", [("y", 0)], None, outcome="info")
+    h.finals(0, [(0, "x")])
+    assert kinds(h) == ["no-recovery"]
+
+
+def test_a_fault_never_healed_is_a_violation() -> None:
+    h = clean()
+    h.fault(2, "partition")
+    assert "fault-not-healed" in kinds(h)
+
+
+def test_recovery_times_are_measured_from_the_heal() -> None:
+    h = Hist()
+    h.fault(1)
+    h.heal(1)  # t = 0.2
+    h.publish("p0", [("x", 0)], [(0, 0)])  # invoked 0.3, acked 0.4
+    h.finals(0, [(0, "x")])
+    rec = check(h.entries).recovery
+    assert rec.recovery_s == pytest.approx(0.2)
+    assert rec.faults[0]["first_ack_after_fault_s"] == pytest.approx(0.3)
+
+
+def test_checks_without_data_say_so_instead_of_passing() -> None:
+    h = Hist()
+    h.publish("p0", [("x", 0)], [(0, 0)])
+    doc = check(h.entries).to_json()
+    assert doc["checks"]["lost-write"] == "skipped: no final read"
+    assert doc["checks"]["group-regress"].startswith("skipped")
+
+
+def test_a_history_round_trips_through_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    hist = History(path)
+    hist.invoke("p0", "publish", {"topic": TOPIC, "records": [["x", 0]]})
+    hist.ok("p0", "publish", {"results": [[0, 0, False]]})
+    hist.close()
+    with open(path, "a") as f:
+        f.write('{"index": 2, "type": "ok", "proc')  # a writer killed mid-line
+    entries = load(path)
+    assert [e.type for e in entries] == ["invoke", "ok"]
+    dump(entries, tmp_path / "copy.jsonl")
+    assert [json.loads(line)["f"] for line in (tmp_path / "copy.jsonl").read_text().splitlines()] == ["publish"] * 2
