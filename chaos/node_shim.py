@@ -1,0 +1,40 @@
+"""A broker node started through the proxy fabric: ``python -m chaos.node_shim serve ...``.
+
+Before running ``broker.cli.main``, it makes pysyncobj's outgoing connections dial the addresses
+mapped in ``RAFTBROKER_CHAOS_DIAL`` (JSON ``{"peer raft host:port": "proxy host:port"}``), so each
+Raft link passes through a proxy of the drill. Nothing else of the node changes; its identity (the
+address it binds and announces) stays its own Raft address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def install_dial_map(dial: dict[str, str]) -> None:
+    """Redirect pysyncobj's outgoing connects per ``dial``."""
+    from pysyncobj import tcp_connection
+
+    original = tcp_connection.TcpConnection.connect
+
+    def connect(self: Any, host: str, port: int) -> bool:
+        target = dial.get(f"{host}:{port}")
+        if target is not None:
+            proxy_host, _, proxy_port = target.rpartition(":")
+            host, port = proxy_host, int(proxy_port)
+        return bool(original(self, host, port))
+
+    tcp_connection.TcpConnection.connect = connect
+
+
+def main() -> None:
+    install_dial_map(json.loads(os.environ.get("RAFTBROKER_CHAOS_DIAL", "{}")))
+    from broker.cli.main import app
+
+    app(prog_name="raftbroker")
+
+
+if __name__ == "__main__":
+    main()
