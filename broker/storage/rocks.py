@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rocksdict import (
     AccessType,
+    BlockBasedOptions,
     Checkpoint,
     ColumnFamily,
     Options,
@@ -30,10 +31,19 @@ from broker.storage import Batch, Column
 _OLD_DB_GRACE_S = 5.0
 
 
-def _options() -> Options:
+def _options(point_lookups: bool = False) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    # column families flush together, so no crash can leave one ahead of another (e.g. the
+    # applied index in META ahead of the records it covers)
+    opts.set_atomic_flush(True)
+    if point_lookups:  # dedup keys: mostly lookups of keys that are not there
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        opts.set_block_based_table_factory(table)
+        opts.set_memtable_prefix_bloom_ratio(0.1)
+        opts.set_memtable_whole_key_filtering(True)
     return opts
 
 
@@ -87,7 +97,7 @@ class RocksStore:
 
     @staticmethod
     def _open(path: Path) -> tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]]:
-        column_families = {c.value: _options() for c in Column}
+        column_families = {c.value: _options(point_lookups=c == Column.DEDUP) for c in Column}
         db = Rdict(str(path), options=_options(), column_families=column_families,
                    access_type=AccessType.read_write())
         cfs = {c: db.get_column_family(c.value) for c in Column}
