@@ -64,9 +64,11 @@ class CacheChanges:
     partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
     created: list[internal_pb2.TopicMeta] = field(default_factory=list)
     dropped: list[internal_pb2.TopicMeta] = field(default_factory=list)
+    # feature caches to update once the batch is written (e.g. consumer-group versions); readers are woken
+    after_write: list[Callable[[], None]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.partitions or self.created or self.dropped)
+        return bool(self.partitions or self.created or self.dropped or self.after_write)
 
 
 Handler = Callable[[Any, Batch, CacheChanges], object]
@@ -278,6 +280,8 @@ class BrokerStateMachine:
             self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
         partitions.update(changes.partitions)
         self._topics, self._partitions = topics, partitions
+        for callback in changes.after_write:
+            callback()
 
     def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch, commit: CacheChanges) -> object:
         meta = self._topics.get(cmd.topic)
@@ -292,7 +296,7 @@ class BrokerStateMachine:
         window = meta.config.dedup_window_ms
         known = dedup.lookup_keys(self._store, tid, list(keys)) if keys else {}
         seen: dict[str, tuple[int, int, int]] = {}
-        touched: dict[int, PartitionState] = {}
+        growth: dict[int, list[int]] = {}  # partition -> [next offset, records added, bytes added, last ts]
         placements: list[tuple[int, int, int, bool]] = []
         writes: list[tuple[int, int, int, bytes, str, int]] = []  # partition, offset, ts, body, key, index
         for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True)):
@@ -305,14 +309,21 @@ class BrokerStateMachine:
                 if hit is not None:
                     placements.append((*hit, True))
                     continue
-            state = touched.get(partition) or self.partition(tid, partition)
-            ts = max(cmd.now_ms, state.last_timestamp_ms)
-            touched[partition] = replace(state, end_offset=state.end_offset + 1, records=state.records + 1,
-                                         bytes=state.bytes + len(body), last_timestamp_ms=ts)
-            placements.append((partition, state.end_offset, ts, False))
-            writes.append((partition, state.end_offset, ts, body, key, i))
+            acc = growth.get(partition)
+            if acc is None:
+                base = self.partition(tid, partition)
+                acc = growth[partition] = [base.end_offset, 0, 0, base.last_timestamp_ms]
+            offset, ts = acc[0], max(cmd.now_ms, acc[3])
+            acc[0], acc[1], acc[2], acc[3] = offset + 1, acc[1] + 1, acc[2] + len(body), ts
+            placements.append((partition, offset, ts, False))
+            writes.append((partition, offset, ts, body, key, i))
             if key:
-                seen[key] = (partition, state.end_offset, ts)
+                seen[key] = (partition, offset, ts)
+        touched: dict[int, PartitionState] = {}
+        for partition, (end, added, added_bytes, ts) in growth.items():
+            base = self.partition(tid, partition)
+            touched[partition] = replace(base, end_offset=end, records=base.records + added,
+                                         bytes=base.bytes + added_bytes, last_timestamp_ms=ts)
         rejected = self._check_unique(cmd, tid, meta, [w[5] for w in writes])
         if rejected is not None:
             return rejected
@@ -392,6 +403,11 @@ class BrokerStateMachine:
             return Rejected(TopicNotFound(cmd.topic))
         dedup.reset_watermark(batch, meta.topic_id, cmd.dedup_id)
         return None
+
+    def create_topic_in(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch, commit: CacheChanges) -> object:
+        """Create a topic as part of another command's apply (at most one per apply: the new id is
+        taken from the counter, which advances after the write); the result is ``_create_topic``'s."""
+        return self._create_topic(cmd, batch, commit)
 
     def _create_topic(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch,
                       commit: CacheChanges) -> object:
