@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -28,27 +31,43 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def test_dev_prints_ready_and_stops_every_node_on_sigint(tmp_path: Path) -> None:
+def test_dev_prints_ready_reports_a_dead_node_and_stops_every_node_on_sigint(tmp_path: Path) -> None:
     base = free_base_port(3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker.cli.main", "dev", "--nodes", "3", "--data-dir", str(tmp_path),
          "--base-port", str(base)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
         assert proc.stdout is not None
-        lines = []
         for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("cluster ready: "):
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+    def next_line_matching(prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
                 break
-        ready = lines[-1]
-        assert ready.strip() == "cluster ready: " + ",".join(f"127.0.0.1:{base + i}" for i in range(3)), lines
+            if prefix in line:
+                return line
+        raise AssertionError(f"no line with {prefix!r} within {timeout_s} s")
+
+    try:
+        ready = next_line_matching("cluster ready: ", 60)
+        assert ready.strip() == "cluster ready: " + ",".join(f"127.0.0.1:{base + i}" for i in range(3))
         s = stubs(f"127.0.0.1:{base}")
         status = s.admin.ClusterStatus(admin_pb2.ClusterStatusRequest(), timeout=10)
         s.close()
         pids = [n.pid for n in status.nodes]
         assert len(pids) == 3 and all(n.reachable for n in status.nodes)
         assert sum(n.role == "leader" for n in status.nodes) == 1
+        os.kill(pids[2], signal.SIGKILL)  # reported, not silently restarted
+        assert "n3" in next_line_matching("exited with code", 10)
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
         assert proc.returncode == 0
