@@ -1,8 +1,10 @@
 """Deduplication state inside the state machine (SPEC §4): idempotency keys and watermarks.
 
 Layout in ``Column.DEDUP`` (topic id first, so dropping a topic range-deletes all of it):
-``>I tid + b"k" + key`` -> ``>IQq`` (partition, offset, timestamp_ms) of the first copy;
-``>I tid + b"t" + >q timestamp_ms + key`` -> ``b""`` (expiry index, ordered by time);
+``>I tid + b"k" + >Q bucket + key`` -> ``>IQq`` (partition, offset, timestamp_ms) of the first copy,
+where ``bucket = now_ms // window_ms`` when the key was stored (0 for ``forever``): a lookup reads
+the current and the previous bucket (one multi-get), and expiry is one range delete of older
+buckets, so a keyed record costs one write and expiry costs no scan;
 ``>I tid + b"w" + dedup_id`` -> ``>q`` high watermark of ``|msg_id|``.
 Everything here runs inside ``apply`` and depends only on the command and the store.
 """
@@ -20,12 +22,15 @@ _TS = struct.Struct(">q")
 FOREVER = -1
 
 
-def _key(tid: int, key: str) -> bytes:
-    return _TID.pack(tid) + b"k" + key.encode()
+_BUCKET = struct.Struct(">Q")
 
 
-def _expiry_key(tid: int, ts: int, key: str) -> bytes:
-    return _TID.pack(tid) + b"t" + _TS.pack(ts) + key.encode()
+def _bucket(now_ms: int, window_ms: int) -> int:
+    return 0 if window_ms == FOREVER else max(now_ms, 0) // window_ms
+
+
+def _key(tid: int, bucket: int, key: str) -> bytes:
+    return _TID.pack(tid) + b"k" + _BUCKET.pack(bucket) + key.encode()
 
 
 def _watermark_key(tid: int, dedup_id: str) -> bytes:
@@ -36,11 +41,18 @@ def topic_range(tid: int) -> tuple[bytes, bytes]:
     return _TID.pack(tid), _TID.pack(tid + 1)
 
 
-def lookup_keys(store: Store, tid: int, keys: list[str]) -> dict[str, bytes]:
-    """The stored entries of those ``keys`` that have one (one multi-get)."""
+def lookup_keys(store: Store, tid: int, keys: list[str], now_ms: int, window_ms: int) -> dict[str, bytes]:
+    """The newest stored entries of those ``keys`` that may still be inside the window."""
     wanted = sorted({k for k in keys if k})
-    found = store.get_many(Column.DEDUP, [_key(tid, k) for k in wanted])
-    return {k: raw for k, raw in zip(wanted, found, strict=True) if raw is not None}
+    current = _bucket(now_ms, window_ms)
+    buckets = [current] if window_ms == FOREVER or current == 0 else [current, current - 1]
+    found = store.get_many(Column.DEDUP, [_key(tid, b, k) for b in buckets for k in wanted])
+    out: dict[str, bytes] = {}
+    for i, raw in enumerate(found):
+        key = wanted[i % len(wanted)]
+        if raw is not None and (key not in out or _PLACE.unpack(raw)[2] > _PLACE.unpack(out[key])[2]):
+            out[key] = raw
+    return out
 
 
 def live_place(raw: bytes | None, now_ms: int, window_ms: int) -> tuple[int, int, int] | None:
@@ -53,24 +65,19 @@ def live_place(raw: bytes | None, now_ms: int, window_ms: int) -> tuple[int, int
     return partition, offset, ts
 
 
-def remember_key(batch: Batch, tid: int, key: str, place: tuple[int, int, int], old: bytes | None) -> None:
-    """Record ``key`` -> ``place``, replacing an expired entry ``old`` (and its expiry index entry)."""
-    if old is not None:
-        batch.delete(Column.DEDUP, _expiry_key(tid, _PLACE.unpack(old)[2], key))
-    batch.put(Column.DEDUP, _key(tid, key), _PLACE.pack(*place))
-    batch.put(Column.DEDUP, _expiry_key(tid, place[2], key), b"")
+def remember_key(batch: Batch, tid: int, key: str, place: tuple[int, int, int], now_ms: int, window_ms: int) -> None:
+    """Record ``key`` -> ``place`` in the bucket of ``now_ms``."""
+    batch.put(Column.DEDUP, _key(tid, _bucket(now_ms, window_ms), key), _PLACE.pack(*place))
 
 
-def expire_keys(batch: Batch, store: Store, tid: int, older_than_ms: int) -> int:
-    """Forget keys first seen before ``older_than_ms``; returns how many."""
-    prefix = _TID.pack(tid) + b"t"
-    count = 0
-    for index_key, _ in store.scan(Column.DEDUP, prefix, prefix + _TS.pack(older_than_ms)):
-        key = index_key[len(prefix) + _TS.size:].decode()
-        batch.delete(Column.DEDUP, index_key)
-        batch.delete(Column.DEDUP, _key(tid, key))
-        count += 1
-    return count
+def expire_keys(batch: Batch, tid: int, now_ms: int, window_ms: int) -> None:
+    """Forget keys in buckets that no lookup at ``now_ms`` or later reads (one range delete)."""
+    if window_ms == FOREVER:
+        return
+    oldest_read = _bucket(now_ms, window_ms) - 1
+    if oldest_read > 0:
+        prefix = _TID.pack(tid) + b"k"
+        batch.delete_range(Column.DEDUP, prefix + _BUCKET.pack(0), prefix + _BUCKET.pack(oldest_read))
 
 
 def watermark(store: Store, tid: int, dedup_id: str) -> int:

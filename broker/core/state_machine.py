@@ -241,7 +241,8 @@ class BrokerStateMachine:
         elif kind == "drop_topic":
             result = self._drop_topic(cmd.drop_topic, batch, commit)
         elif kind == "expire_dedup":
-            result = self._expire_dedup(cmd.expire_dedup, batch)
+            self._expire_dedup(cmd.expire_dedup, batch)
+            result = None
         elif kind == "reset_watermark":
             result = self._reset_watermark(cmd.reset_watermark, batch)
         elif kind in self._handlers:
@@ -294,7 +295,7 @@ class BrokerStateMachine:
         # phase 1: decide duplicates and places without writing anything
         keys = cmd.idempotency_keys
         window = meta.config.dedup_window_ms
-        known = dedup.lookup_keys(self._store, tid, list(keys)) if keys else {}
+        known = dedup.lookup_keys(self._store, tid, list(keys), cmd.now_ms, window) if keys else {}
         seen: dict[str, tuple[int, int, int]] = {}
         growth: dict[int, list[int]] = {}  # partition -> [next offset, records added, bytes added, last ts]
         placements: list[tuple[int, int, int, bool]] = []
@@ -344,7 +345,7 @@ class BrokerStateMachine:
             record_batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
             pending.setdefault(partition, {})[offset] = len(body)
             if key:
-                dedup.remember_key(batch, tid, key, (partition, offset, ts), known.get(key))
+                dedup.remember_key(batch, tid, key, (partition, offset, ts), cmd.now_ms, window)
         for partition, state in touched.items():
             self.put_partition(tid, partition, state, batch, commit)
             if self._policy is not None:
@@ -389,13 +390,9 @@ class BrokerStateMachine:
             dedup.set_watermark(batch, tid, cmd.dedup_id, mark)
         return fresh
 
-    def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> int:
-        expired = 0
+    def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> None:
         for meta in self._topics.values():
-            window = meta.config.dedup_window_ms
-            if window != dedup.FOREVER:
-                expired += dedup.expire_keys(batch, self._store, meta.topic_id, cmd.now_ms - window)
-        return expired
+            dedup.expire_keys(batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
 
     def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
         meta = self._topics.get(cmd.topic)
