@@ -7,7 +7,6 @@ integer); else round-robin per topic on the leader.
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import google_crc32c
@@ -24,9 +23,14 @@ class RoundRobin:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[str, itertools.count[int]] = {}
+        self._counters: dict[str, int] = {}
 
     def next(self, topic: str, partitions: int) -> int:
+        return self.claim(topic, 1) % partitions
+
+    def claim(self, topic: str, count: int) -> int:
+        """Reserve ``count`` consecutive turns; returns the first (take it modulo the partitions)."""
         with self._lock:
-            counter = self._counters.setdefault(topic, itertools.count())
-            return next(counter) % partitions
+            first = self._counters.get(topic, 0)
+            self._counters[topic] = first + count
+            return first

@@ -8,6 +8,7 @@ protobuf messages; gRPC specifics (status codes, metadata, streams) stay in ``br
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from broker.core.topics import normalized_config, validate_name
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
 
 MAX_ID_CHARS = 256
+_OPS = frozenset(common_pb2.Op.values())
 
 
 @dataclass(frozen=True)
@@ -257,8 +259,9 @@ class TopicLog:
             raise InvalidArgument(
                 f"batch of {len(records)} records is over the limit of {self._limits.max_batch_records}")
         placed: list[int] = []
+        spread = 0  # records with neither partition nor key: round-robin, one counter claim per batch
         for i, rec in enumerate(records):
-            if rec.op not in common_pb2.Op.values():
+            if rec.op not in _OPS:
                 raise InvalidArgument(f"record {i}: unknown op {rec.op}")
             if rec.HasField("partition"):
                 if rec.partition >= partitions:
@@ -269,7 +272,12 @@ class TopicLog:
             elif rec.HasField("key"):
                 placed.append(partitioning.partition_for_key(rec.key, partitions))
             else:
-                placed.append(self._round_robin.next(request.topic, partitions))
+                placed.append(-1)
+                spread += 1
+        if spread:
+            first = self._round_robin.claim(request.topic, spread)
+            turn = itertools.count(first)
+            placed = [p if p >= 0 else next(turn) % partitions for p in placed]
         return placed
 
     def _bodies(self, request: broker_pb2.PublishRequest) -> list[bytes]:
