@@ -29,8 +29,12 @@ def _bucket(now_ms: int, window_ms: int) -> int:
     return 0 if window_ms == FOREVER else max(now_ms, 0) // window_ms
 
 
+def _prefix(tid: int, bucket: int) -> bytes:
+    return _TID.pack(tid) + b"k" + _BUCKET.pack(bucket)
+
+
 def _key(tid: int, bucket: int, key: str) -> bytes:
-    return _TID.pack(tid) + b"k" + _BUCKET.pack(bucket) + key.encode()
+    return _prefix(tid, bucket) + key.encode()
 
 
 def _watermark_key(tid: int, dedup_id: str) -> bytes:
@@ -46,7 +50,8 @@ def lookup_keys(store: Store, tid: int, keys: list[str], now_ms: int, window_ms:
     wanted = sorted({k for k in keys if k})
     current = _bucket(now_ms, window_ms)
     buckets = [current] if window_ms == FOREVER or current == 0 else [current, current - 1]
-    found = store.get_many(Column.DEDUP, [_key(tid, b, k) for b in buckets for k in wanted])
+    encoded = [k.encode() for k in wanted]
+    found = store.get_many(Column.DEDUP, [prefix + k for prefix in (_prefix(tid, b) for b in buckets) for k in encoded])
     out: dict[str, bytes] = {}
     for i, raw in enumerate(found):
         key = wanted[i % len(wanted)]
@@ -65,9 +70,13 @@ def live_place(raw: bytes | None, now_ms: int, window_ms: int) -> tuple[int, int
     return partition, offset, ts
 
 
-def remember_key(batch: Batch, tid: int, key: str, place: tuple[int, int, int], now_ms: int, window_ms: int) -> None:
-    """Record ``key`` -> ``place`` in the bucket of ``now_ms``."""
-    batch.put(Column.DEDUP, _key(tid, _bucket(now_ms, window_ms), key), _PLACE.pack(*place))
+def remember_keys(batch: Batch, tid: int, now_ms: int, window_ms: int,
+                  places: list[tuple[str, int, int, int]]) -> None:
+    """Record each (key, partition, offset, timestamp) in the bucket of ``now_ms``."""
+    prefix = _prefix(tid, _bucket(now_ms, window_ms))
+    pack = _PLACE.pack
+    for key, partition, offset, ts in places:
+        batch.put(Column.DEDUP, prefix + key.encode(), pack(partition, offset, ts))
 
 
 def expire_keys(batch: Batch, tid: int, now_ms: int, window_ms: int) -> None:

@@ -336,16 +336,18 @@ class BrokerStateMachine:
                     return Rejected(error)
         # phase 2: write
         record_batch = self.records_batch(tid, batch)
-        pending: dict[int, dict[int, int]] = {}
+        pending: dict[int, dict[int, int]] = {p: {} for p in touched}
         unique = cmd.unique_keys
-        for partition, offset, ts, body, key, i in writes:
+        frame, record_key, put = records.frame, records.record_key, record_batch.put
+        for partition, offset, ts, body, _key, i in writes:
             if unique:
                 dedup.take_unique_key(batch, tid, unique[i])
-            record_key = records.record_key(tid, partition, offset)
-            record_batch.put(Column.RECORDS, record_key, records.frame(record_key, ts, body))
-            pending.setdefault(partition, {})[offset] = len(body)
-            if key:
-                dedup.remember_key(batch, tid, key, (partition, offset, ts), cmd.now_ms, window)
+            rkey = record_key(tid, partition, offset)
+            put(Column.RECORDS, rkey, frame(rkey, ts, body))
+            pending[partition][offset] = len(body)
+        if keys:
+            dedup.remember_keys(batch, tid, cmd.now_ms, window,
+                                [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
         for partition, state in touched.items():
             self.put_partition(tid, partition, state, batch, commit)
             if self._policy is not None:
