@@ -51,7 +51,10 @@ def measure(model: Model) -> tuple[Recovery, list[Violation]]:
         first = _first_ok_after(oks, f["at_s"])
         f["first_ack_after_fault_s"] = None if first is None else round(first, 3)
     rec.faults = list(faults.values())
+    first_invoke = min((inv.time for inv, _ in model.publish_ops), default=None)
     ends = sorted(end for _, end in oks)
+    if first_invoke is not None and ends:
+        ends.insert(0, first_invoke)  # the wait for the very first acknowledgement counts too
     rec.max_unavailable_s = max((b - a for a, b in zip(ends, ends[1:], strict=False)), default=0.0)
     out: list[Violation] = []
     if rec.last_heal_s is not None:

@@ -1,0 +1,89 @@
+"""``raftbroker drill SCENARIO --seed N --duration S [--json]``: a chaos or failover drill against a
+local cluster that the drill starts, with the checker's verdict (see docs/drills.md).
+
+Prints the seed and the schedule first, each fault as it happens, then the checker's table; with
+``--json``, progress goes to stderr and stdout gets the report (``{"violations": N, ...}``; for
+``all``: ``{"violations": total, "scenarios": [report, ...]}``). Exit code 0 when no violation was
+found (a scenario that is not available says so and does not fail), 1 on any violation, 3 when
+the drill itself could not run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from broker.cli.context import JsonFlag, emit_json, state
+
+EXIT_VIOLATIONS = 1
+EXIT_DRILL_FAILED = 3
+
+
+def _import_chaos() -> None:
+    """The drills live in the repository's ``chaos`` package, beside ``broker`` (not installed)."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "chaos" / "__init__.py").exists() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``drill`` to the CLI."""
+    app.command("drill")(drill_command)
+
+
+def drill_command(
+    ctx: typer.Context,
+    scenario: Annotated[str, typer.Argument(help="kill-leader, kill-follower, pause-leader, partition-leader, "
+                                            "partition-minority, packet-loss, power-loss, corrupt, membership, "
+                                            "rolling-restart, clock-jump, or all")],
+    seed: Annotated[int, typer.Option(help="Seed of every random choice (printed; rerun with it to replay)")] = 1,
+    duration: Annotated[float, typer.Option("--duration", min=5.0, max=3600.0,
+                                            help="Seconds of faults per scenario")] = 30.0,
+    nodes: Annotated[int, typer.Option(min=3, max=7, help="Nodes of the drill's cluster")] = 3,
+    network: Annotated[str, typer.Option(help="auto (namespaces if root, else proxies), netns, proxy, loopback")]
+    = "auto",
+    out: Annotated[Path | None, typer.Option(help="Directory for history, report and node logs "
+                                             "(default: a new temporary directory, kept)")] = None,
+    json_: JsonFlag = False,
+) -> None:
+    """Run SCENARIO (or all) against a local cluster started for it; print the checker's table."""
+    _import_chaos()
+    from chaos.drill import DrillError, DrillOptions, run_drill
+    from chaos.scenarios import ALL, SCENARIOS
+
+    as_json = state(ctx).json
+    if scenario != ALL and scenario not in SCENARIOS:
+        raise typer.BadParameter(f"unknown scenario {scenario!r}; one of {', '.join([*SCENARIOS, ALL])}",
+                                 param_hint="SCENARIO")
+
+    def echo(line: str) -> None:
+        print(line, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    names = list(SCENARIOS) if scenario == ALL else [scenario]
+    reports: list[dict[str, Any]] = []
+    failed = False
+    for name in names:
+        run_out = None if out is None else (out / name if scenario == ALL else out)
+        try:
+            report = run_drill(DrillOptions(name, seed, duration, nodes, network, run_out), echo)
+        except DrillError as err:
+            echo(f"drill {name}: could not run: {err}")
+            reports.append({"scenario": name, "seed": seed, "available": True, "error": str(err), "violations": 0})
+            failed = True
+            continue
+        echo(report.table())
+        reports.append(report.to_json())
+    total = sum(int(r["violations"]) for r in reports)
+    if as_json:
+        emit_json(reports[0] if len(reports) == 1 else {"violations": total, "scenarios": reports})
+    elif len(reports) > 1:
+        echo("summary: " + "; ".join(f"{r['scenario']}: " + (
+            "not available" if not r.get("available", True) else
+            "could not run" if r.get("error") else f"{r['violations']} violation(s)") for r in reports))
+    if total:
+        raise typer.Exit(EXIT_VIOLATIONS)
+    if failed:
+        raise typer.Exit(EXIT_DRILL_FAILED)
