@@ -89,10 +89,14 @@ class Replicator(Protocol):
         """Open the journal and snapshot, join the cluster and start ticking (non-blocking)."""
         ...
 
-    def submit(self, command: bytes, callback: Callback) -> None:
+    def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
         """Append ``command`` on the leader; ``callback(result, None)`` runs after it is applied
         locally, ``callback(None, error)`` when it will not be. Never blocks; callbacks run on the
-        replication thread and must not block either."""
+        replication thread and must not block either.
+
+        ``sync=True`` (the ``fsync`` durability class): success also means that a majority has
+        fsynced the entry. Otherwise it is written (surviving a process crash) but may be only in
+        the OS page cache when acknowledged."""
         ...
 
     def status(self) -> ReplicaStatus:

@@ -17,16 +17,24 @@ import inspect
 import linecache
 import os
 import textwrap
+import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pysyncobj.journal as pysyncobj_journal
 import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.serializer as pysyncobj_serializer
 import pysyncobj.syncobj as pysyncobj_syncobj
+import pysyncobj.transport as pysyncobj_transport
 import pysyncobj.version as pysyncobj_version
 
 PINNED_VERSION = "0.3.17"
-PATCH_NAMES = ("pickle5", "large_command", "append_entries")
+PATCH_NAMES = ("pickle5", "large_command", "append_entries", "prevote", "journal_sync")
+# Behaviours of our own (not source patches) that tests switch off the same way, to prove they matter:
+# prevote (raft._RaftNode asks before it campaigns) and journal_sync (journal.DurableJournal fsyncs
+# entries before they are acknowledged; off, only term/vote records are synced).
+BEHAVIOUR_NAMES = ("prevote", "journal_sync")
 ENV_PATCHES_OFF = "RAFTBROKER_PYSYNCOBJ_PATCHES_OFF"
 
 _STOCK_PICKLE_PROTOCOL = 2
@@ -36,6 +44,40 @@ _PICKLE_SOURCE_SHA256 = {
     "dumps": "9d907d0e2ec813650c6498b0bdb9b996ae8f058f520a5c810363f7c07f51bc5d",
 }
 
+
+# Not patched, but relied upon by the journal and PreVote: SyncObj.__init__ builds the journal with
+# the module global createJournal (hooked below), creates self._poller before the transport and
+# passes itself to transportClass; every message leaves through TCPTransport.send
+# (journal.SyncingTransport holds them back until the journal is synced); __applyLogEntries is the
+# only place callbacks report success (overridden: sync first); __connectedToAnyone is called only by
+# the election check in _onTick (overridden: the PreVote gate); the journal is only used through
+# these methods and __loadDumpFile/__tryLogCompaction/__onMessageReceived, pinned elsewhere.
+_JOURNAL_RELIED_UPON_SHA256 = {
+    (pysyncobj_syncobj.SyncObj, "__init__"): "09df12cd7fd7d7270fee82c1a025acc1f3a68e98dafbad81be467947ab95cbf0",
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__applyLogEntries"): (
+        "073db677773b5a2dddf17cc51f84ac8803ed456da0f0011e15240d6bd1600684"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__connectedToAnyone"): (
+        "acd40e9e3ac6c4cc1f4428e725fb008e06ee9bfce0240dc104fc04fa5eb1b4e5"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__deleteEntriesFrom"): (
+        "3b23c411bb903d365575a2783d536e04c23bcf11cb7ddffa763915b4efd3831b"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__deleteEntriesTo"): (
+        "b7b29988856a66b359c875b708f9dd8a056d29436507013592f5ec307e624faa"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__getEntries"): (
+        "e29c4b33293b21018d1124c7e5835748c4c8092f7ce4af9e86f24633ccec7e0e"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__setCurrentTerm"): (
+        "0ad5bf456ac06bd314d2dbc8991c6b6240e63bf33aaa975620aa84a7079d5f39"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__onBecomeLeader"): (
+        "5a3fd97bc17dc1cf3070b007538b6a8d46adb71f0b6523f3922dc953420645e8"
+    ),
+    (pysyncobj_transport.TCPTransport, "send"): "2fd6c84b8621427d4bdc7742fa93271ba81dca0e0b4b22ff7b5ea989c976f166",
+    (pysyncobj_journal, "createJournal"): "9ea9e463ae2a0b8bc28887a9cc9ec1f58b2b789c33a2f88973182d69a47d1169",
+}
 
 # Not patched, but relied upon: snapshot.SnapshotCodec raises from the serializer to continue in the
 # background (serialize() then leaves pid at -2, skips its rename, and defers to serializeChecker,
@@ -272,10 +314,12 @@ def _load() -> tuple[dict[str, types.FunctionType], dict[str, types.FunctionType
     if pysyncobj_version.VERSION != PINNED_VERSION:
         raise _mismatch("the installed version", f"is {pysyncobj_version.VERSION}")
     _check_pickle_module()
-    for (owner, attr), expected in _RELIED_UPON_SHA256.items():
+    for (owner, attr), expected in {**_RELIED_UPON_SHA256, **_JOURNAL_RELIED_UPON_SHA256}.items():
         digest = _sha256(inspect.getsource(vars(owner)[attr]))
         if digest != expected:
             raise _mismatch(f"{owner.__name__}.{attr}", f"has sha256 {digest}")
+    if pysyncobj_syncobj.createJournal is not pysyncobj_journal.createJournal:
+        raise _mismatch("pysyncobj.syncobj.createJournal", "is not pysyncobj.journal.createJournal")
     originals: dict[str, types.FunctionType] = {}
     patched: dict[str, types.FunctionType] = {}
     for patch in _METHOD_PATCHES:
@@ -290,12 +334,15 @@ _ORIGINALS, _PATCHED = _load()
 _active: set[str] = set()
 
 
-def apply_patches(*, pickle5: bool = True, large_command: bool = True, append_entries: bool = True) -> None:
+def apply_patches(*, pickle5: bool = True, large_command: bool = True, append_entries: bool = True,
+                  prevote: bool = True, journal_sync: bool = True) -> None:
     """Switch each patch on (True) or back to stock pysyncobj (False); idempotent, process-wide.
 
     Affects ``SyncObj`` instances created afterwards. Every node of a cluster should run the same set.
+    ``prevote`` and ``journal_sync`` are read by ``raft._RaftNode`` when it is built.
     """
-    wanted = {"pickle5": pickle5, "large_command": large_command, "append_entries": append_entries}
+    wanted = {"pickle5": pickle5, "large_command": large_command, "append_entries": append_entries,
+              "prevote": prevote, "journal_sync": journal_sync}
     protocol = PATCHED_PICKLE_PROTOCOL if pickle5 else _STOCK_PICKLE_PROTOCOL
     pysyncobj_pickle.__dict__["__protocol"] = protocol  # the module global is literally "__protocol"
     for patch in _METHOD_PATCHES:
@@ -331,3 +378,32 @@ def pickle_protocol() -> int:
     protocol = pysyncobj_pickle.__dict__["__protocol"]
     assert isinstance(protocol, int)
     return protocol
+
+
+# -- the journal hook ------------------------------------------------------------------------------
+# SyncObj.__init__ calls the module global ``createJournal(conf.journalFile)``. A node registers a
+# factory for its journal path just before it is built; any other path gets pysyncobj's journal.
+_STOCK_CREATE_JOURNAL = pysyncobj_journal.createJournal
+_journal_factories: dict[str, Callable[[], object]] = {}
+_journal_lock = threading.Lock()
+
+
+def _create_journal(journalFile: str | None = None) -> object:  # noqa: N803 (pysyncobj's name)
+    with _journal_lock:
+        factory = _journal_factories.pop(journalFile, None) if journalFile else None
+    return factory() if factory is not None else _STOCK_CREATE_JOURNAL(journalFile)
+
+
+def register_journal(path: str, factory: Callable[[], object]) -> None:
+    """The next SyncObj built with ``journalFile=path`` gets ``factory()`` as its journal."""
+    with _journal_lock:
+        _journal_factories[path] = factory
+
+
+def forget_journal(path: str) -> None:
+    """Drop an unused registration (the node failed before building its journal)."""
+    with _journal_lock:
+        _journal_factories.pop(path, None)
+
+
+pysyncobj_syncobj.createJournal = _create_journal

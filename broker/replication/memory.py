@@ -47,6 +47,7 @@ class InMemoryReplicator:
         self._role = Role.FOLLOWER
         self._leader: str | None = None
         self.compactions = 0
+        self.synced_submits = 0
 
     def start(self) -> None:
         """Become leader of a one-node group (a new term, like a restart)."""
@@ -61,8 +62,11 @@ class InMemoryReplicator:
         self._role = Role.LEADER
         self._leader = self._self_address
 
-    def submit(self, command: bytes, callback: Callback) -> None:
-        """Apply ``command`` at the next index and call ``callback`` before returning."""
+    def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
+        """Apply ``command`` at the next index and call ``callback`` before returning (there is no
+        journal, so ``sync`` changes nothing; ``synced_submits`` counts it for tests)."""
+        if sync:
+            self.synced_submits += 1
         if len(command) > self._max_command_bytes:
             size, limit = len(command), self._max_command_bytes
             callback(None, ReplicationError(FailReason.TOO_LARGE, f"{size} > {limit} bytes"))

@@ -15,6 +15,7 @@ import collections
 import functools
 import itertools
 import logging
+import os
 import queue
 import threading
 import zlib
@@ -26,13 +27,16 @@ from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj, SyncObjConf, repli
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
+from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingTransport, fsync_path
+from broker.replication.prevote import PreVoteMixin
 from broker.replication.snapshot import PackState, SnapshotCodec
 
 logger = logging.getLogger(__name__)
 
 _patches.apply_patches_from_env()
 
-JOURNAL_FILE_NAME = "raft.journal"
+JOURNAL_FILE_NAME = "raft.wal"  # journal.DurableJournal (pysyncobj's own format was "raft.journal")
+ENV_SIMULATE_POWER_LOSS = "RAFTBROKER_SIMULATE_POWER_LOSS"
 DUMP_FILE_NAME = "raft.snapshot"
 SNAPSHOT_WORK_DIR_NAME = "snapshot-work"
 _TRANSFER_WAIT_S = 1.0
@@ -40,6 +44,12 @@ _CLOSE_JOIN_S = 5.0
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
 _LEADER_STATE = 2
 _LEADER_COMPACTION_DEFERRAL = 4
+# A peer grants a pre-vote only if it has not heard from a leader for this share of the minimum
+# election timeout: below 1 so that, after a leader dies, the first follower to time out is granted.
+_PREVOTE_LEASE_SHARE = 0.75
+_APPLY_METHOD = "_apply_command_v0"
+_SYNCED_APPLY_METHOD = "_apply_synced_command_v0"
+_REGULAR, _NO_OP = 0, 1  # pysyncobj's _COMMAND_TYPE values (MEMBERSHIP 2, VERSION 3)
 _SERIALIZER_STATES = {
     PackState.IDLE: SERIALIZER_STATE.NOT_SERIALIZING,
     PackState.RUNNING: SERIALIZER_STATE.SERIALIZING,
@@ -88,6 +98,9 @@ class RaftOptions:
     leader_fallback_timeout_s: float = 3.0  # a leader without a majority for this long steps down
     connection_timeout_s: float = 3.5
     connection_retry_s: float = 1.0
+    journal_sync: str = "flagged"  # fsync entries submitted with sync=True ("flagged") or every entry ("all")
+    pre_vote: bool = True  # ask a majority before campaigning (a restarting node cannot depose the leader)
+    simulate_power_loss: bool = False  # tests: a restart drops what was not fsynced (also by env var)
 
     def __post_init__(self) -> None:
         o = self
@@ -103,6 +116,7 @@ class RaftOptions:
                 o.auto_tick_period_s, o.append_entries_batch_bytes, o.compaction_min_time_s,
                 o.compaction_max_log_bytes, o.max_command_bytes, o.commands_queue_size) > 0),
             ("connection_retry_s >= 0", o.connection_retry_s >= 0),
+            ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
         ]
         failed = [rule for rule, ok in checks if not ok]
         if failed:
@@ -127,16 +141,66 @@ class RaftOptions:
         )
 
 
-class _RaftNode(SyncObj):
-    """The SyncObj: one replicated method, no forwarding to the leader, halts on a failed restore."""
+def _replicated_method_ids(cls: type) -> dict[str, int]:
+    """The ids pysyncobj gives the replicated methods of ``cls`` (sorted by version, then name)."""
+    names = [m for m in dir(cls) if getattr(getattr(cls, m), "replicated", False)
+             and m != getattr(cls, m).origName]
+    return {name: i for i, (_ver, name) in enumerate(sorted((getattr(cls, n).ver, n) for n in names))}
+
+
+def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
+    """Whether a log entry must be fsynced before it is acknowledged: calls of the synced apply method
+    and membership/version changes do; no-ops and plain applies do not. Reads the pysyncobj command
+    header (type byte, pickle PROTO, optional FRAME, BININT1 method id); anything else is synced."""
+    kind = command[0] if command else _REGULAR
+    if kind == _NO_OP:
+        return False
+    if kind != _REGULAR:
+        return True
+    pos = 1
+    if command[pos:pos + 1] == b"\x80":  # PROTO n
+        pos += 2
+    if command[pos:pos + 1] == b"\x95":  # FRAME <8-byte length>
+        pos += 9
+    if command[pos:pos + 1] != b"K":  # BININT1 <method id>
+        return True
+    return command[pos + 1] == synced_method_id
+
+
+def simulate_power_loss_from_env() -> bool:
+    """Tests: ``RAFTBROKER_SIMULATE_POWER_LOSS=1`` makes every (re)start drop what was not fsynced."""
+    return os.environ.get(ENV_SIMULATE_POWER_LOSS, "") not in ("", "0")
+
+
+class _RaftNode(PreVoteMixin, SyncObj):
+    """The SyncObj: two replicated methods (plain and synced), no forwarding to the leader, PreVote,
+    our journal with its send gate, halts on a failed restore."""
+
+    _METHOD_IDS = {}  # type: dict[str, int]  # filled below the class
 
     def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
-                 state_machine: StateMachine, compaction_max_log_bytes: int) -> None:
+                 state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
+                 pre_vote: bool | None = None, simulate_power_loss: bool = False) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once.
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
+        active = _patches.active_patches()
+        self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
+                           conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
+        synced_id = self._METHOD_IDS[_SYNCED_APPLY_METHOD]
+        dump_file = Path(conf.fullDumpFile)
+
+        def snapshot_barrier() -> None:  # the snapshot replacing a dropped prefix is durable first
+            fsync_path(dump_file)
+            fsync_path(dump_file.parent)
+
+        journal_path = str(conf.journalFile)
+        _patches.register_journal(journal_path, lambda: DurableJournal(
+            Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
+            sync_entries=journal_sync if "journal_sync" in active else "never",
+            snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss))
         # Nodes reach the same entry count together; spread their compactions (each stalls its tick
         # thread while the state machine snapshots) so that at most one node pauses at a time.
         spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000
@@ -144,7 +208,40 @@ class _RaftNode(SyncObj):
         self._compaction_min_time_s = conf.logCompactionMinTime * spread
         conf.logCompactionMinEntries = self._compaction_min_entries
         conf.logCompactionMinTime = self._compaction_min_time_s
-        super().__init__(self_address, peer_addresses, conf)
+        try:
+            super().__init__(self_address, peer_addresses, conf, transportClass=SyncingTransport)
+        finally:
+            _patches.forget_journal(journal_path)
+        assert self._methodToID[_SYNCED_APPLY_METHOD] == synced_id, "pysyncobj numbers methods differently"
+
+    # pysyncobj assigns self._poller in SyncObj.__init__; every poll releases held messages around it.
+    @property
+    def _poller(self) -> ReleasingPoller:
+        poller: ReleasingPoller = self.__dict__["_releasing_poller"]
+        return poller
+
+    @_poller.setter
+    def _poller(self, poller: object) -> None:
+        self.__dict__["_releasing_poller"] = ReleasingPoller(poller, self.release_held_messages)
+
+    def release_held_messages(self) -> None:
+        """fsync the journal if needed and send what the transport held back (replication thread)."""
+        transport = self.__dict__.get("_SyncObj__transport")
+        if isinstance(transport, SyncingTransport):
+            transport.release()
+
+    @property
+    def journal(self) -> DurableJournal | None:
+        journal = self.__dict__.get("_SyncObj__raftLog")
+        return journal if isinstance(journal, DurableJournal) else None
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        # Applying leads to acknowledgements; nothing is applied before it is synced (a single node
+        # never sends, so this is where its entries are synced).
+        journal = self.journal
+        if journal is not None and journal.sync_pending and self.raftCommitIndex > self.raftLastApplied:
+            self.release_held_messages()
+        return bool(super()._SyncObj__applyLogEntries())
 
     def _SyncObj__setState(self, newState: int) -> None:
         super()._SyncObj__setState(newState)
@@ -179,6 +276,14 @@ class _RaftNode(SyncObj):
 
     @replicated
     def _apply_command(self, command: bytes) -> object:
+        return self._apply(command)
+
+    @replicated
+    def _apply_synced_command(self, command: bytes) -> object:
+        """The same, for commands whose entry is fsynced before it is acknowledged (``sync=True``)."""
+        return self._apply(command)
+
+    def _apply(self, command: bytes) -> object:
         # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception
         # here makes the next tick retry the same index (the state machine skips what it has).
         result = self._state_machine.apply(self.raftLastApplied + 1, command)
@@ -227,6 +332,9 @@ class _RaftNode(SyncObj):
         if entry is None or entry[1] != index:
             return None
         return len(entry[0])
+
+
+_RaftNode._METHOD_IDS = _replicated_method_ids(_RaftNode)
 
 
 class PysyncobjReplicator:
@@ -287,8 +395,11 @@ class PysyncobjReplicator:
         conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,
                                      checker)
         self._codec = codec
+        options = self._options
         node = _RaftNode(self._self_address, self._peer_addresses, conf, self._state_machine,
-                         self._options.compaction_max_log_bytes)
+                         options.compaction_max_log_bytes, journal_sync=options.journal_sync,
+                         pre_vote=None if options.pre_vote else False,
+                         simulate_power_loss=options.simulate_power_loss or simulate_power_loss_from_env())
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))
@@ -307,8 +418,12 @@ class PysyncobjReplicator:
         """Why this node halted (a snapshot it could not restore), or None while healthy."""
         return self._failure
 
-    def submit(self, command: bytes, callback: Callback) -> None:
-        """Append ``command`` if this node leads; see the class docstring for where callbacks run."""
+    def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
+        """Append ``command`` if this node leads; see the class docstring for where callbacks run.
+
+        ``sync=True``: the entry is fsynced by the leader and by every follower before they
+        acknowledge it, so the callback's success means a majority holds it on stable storage.
+        """
         size = len(command)
         if size > self._options.max_command_bytes:
             limit = self._options.max_command_bytes
@@ -336,7 +451,8 @@ class PysyncobjReplicator:
         if refusal is not None:
             _call(callback, None, refusal)
             return
-        node._apply_command(command, callback=functools.partial(self._complete, token))
+        apply = node._apply_synced_command if sync else node._apply_command
+        apply(command, callback=functools.partial(self._complete, token))
 
     def _complete(self, token: int, result: object, code: int) -> None:
         with self._lock:
@@ -351,6 +467,10 @@ class PysyncobjReplicator:
             _call(entry[0], None, ReplicationError(map_fail_reason(code)))
 
     def _on_tick(self, node: _RaftNode) -> None:
+        journal = node.journal
+        if journal is not None and journal.failure is not None and not node.halted:
+            self._halt(journal.failure)  # a failed write or fsync: stop, as after a failed restore
+            return
         self._has_quorum = bool(node.hasQuorum)
         while self._tick_calls:
             try:

@@ -79,3 +79,14 @@ def test_submit_after_close_fails_with_no_leader(replicator: tuple[Replicator, C
 def test_transfer_leadership_without_peers_is_refused(replicator: tuple[Replicator, ChainStateMachine]) -> None:
     rep, _ = replicator
     assert rep.transfer_leadership() is False
+
+
+def test_synced_submits_apply_like_plain_ones(replicator: tuple[Replicator, ChainStateMachine]) -> None:
+    rep, sm = replicator
+    outcomes = Outcomes()
+    for i in range(20):
+        rep.submit(b"synced-%d" % i, outcomes.callback(i), sync=i % 2 == 0)
+    outcomes.wait(20)
+    assert all(error is None for _, error in outcomes.results.values())
+    indexes = [outcomes.results[i][0]["index"] for i in range(20)]  # type: ignore[index]
+    assert indexes == sorted(indexes) and sm.applied_index() == indexes[-1]

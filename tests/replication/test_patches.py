@@ -54,11 +54,20 @@ def test_unknown_patch_names_in_the_environment_are_rejected() -> None:
 
 
 def test_switching_patches_off_and_on_restores_the_exact_functions(restore_patches: None) -> None:
-    on = raft._RaftNode._SyncObj__onMessageReceived
+    # _RaftNode overrides the handler (PreVote) and calls SyncObj's, which the patch replaces.
+    base = raft.SyncObj
+    on = base._SyncObj__onMessageReceived
     _patches.apply_patches(append_entries=False)
-    assert raft._RaftNode._SyncObj__onMessageReceived is _patches._ORIGINALS["append_entries"]
+    assert base._SyncObj__onMessageReceived is _patches._ORIGINALS["append_entries"]
     _patches.apply_patches()
-    assert raft._RaftNode._SyncObj__onMessageReceived is on
+    assert base._SyncObj__onMessageReceived is on
+    assert _patches.active_patches() == frozenset(_patches.PATCH_NAMES)
+
+
+def test_behaviours_are_switched_like_patches(restore_patches: None) -> None:
+    _patches.apply_patches(prevote=False, journal_sync=False)
+    assert _patches.active_patches() == frozenset(_patches.PATCH_NAMES) - {"prevote", "journal_sync"}
+    assert _patches.patches_off_from_env({_patches.ENV_PATCHES_OFF: "prevote"}) == {"prevote"}
 
 
 # --- (a) pickle protocol 5 ------------------------------------------------------------------------

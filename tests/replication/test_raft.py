@@ -120,3 +120,35 @@ def test_compaction_thresholds_are_spread_across_nodes_and_deferred_on_the_leade
     leader = single_node(options=options)[0]._node
     assert leader.conf.logCompactionMinEntries == 4 * leader._compaction_min_entries
     assert leader.conf.logCompactionMinTime == pytest.approx(4 * leader._compaction_min_time_s)
+
+
+class SyncCheckingStateMachine(ChainStateMachine):
+    """Records, at every apply, whether the node's journal still had a sync pending."""
+
+    journal: Any = None
+    unsynced_applies = 0
+
+    def apply(self, index: int, command: bytes) -> object:
+        if self.journal is not None and self.journal.sync_pending:
+            self.unsynced_applies += 1
+        return super().apply(index, command)
+
+
+def test_a_single_node_fsyncs_synced_entries_before_it_applies_them(
+        single_node: Callable[..., Any], tmp_path: Any) -> None:
+    rep, _ = single_node()
+    journal = rep._node.journal
+    sm = SyncCheckingStateMachine(tmp_path / "checking")
+    sm.journal = journal
+    rep._node._state_machine = sm
+    before = journal.fsyncs
+    outcomes = Outcomes()
+    for i in range(200):
+        rep.submit(b"s%d" % i, outcomes.callback(i), sync=True)
+    outcomes.wait(200)
+    assert all(error is None for _, error in outcomes.results.values())
+    assert sm.unsynced_applies == 0
+    synced = journal.fsyncs - before
+    assert 1 <= synced <= 200, synced  # group commit: usually far fewer fsyncs than entries
+    print(f"200 synced submits: {synced} fsyncs")
+    sm.close()

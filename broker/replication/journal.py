@@ -1,0 +1,401 @@
+"""The Raft journal: an append-only file of checksummed records that is fsynced before any Raft
+message reflecting it leaves the node (etcd's rule: persist entries and hard state, then send).
+
+pysyncobj keeps its log in a ``Journal`` (``pysyncobj.syncobj.createJournal`` builds it). Its stock
+``FileJournal`` is an mmap that is never synced, with 4-byte offsets. :class:`DurableJournal` keeps
+the same in-memory list of ``(command, index, term)`` entries and appends every change to one file:
+
+    header   magic(8) generation(8) crc32(4) | simulated synced length(8) crc32(4)   (32 bytes)
+    record   length(4) crc32(4) type(1) payload      crc32 covers type + payload
+
+Records: ENTRY (index, term, command), TRUNCATE (delete entries with index >= i), TERM (term,
+voted-for), COMMIT (commit index). Reading stops at the first short or corrupt record, so what is
+recovered is always a prefix of what was written. Dropping the covered prefix (log compaction) and
+``clear`` (snapshot installed) write a new file of the next generation, fsync it and rename it in
+place, after fsyncing the snapshot file they rely on (``snapshot_barrier``).
+
+What is synced and when (see ``docs/design/replication.md``): TERM records always mark the journal
+"sync pending"; ENTRY and TRUNCATE records do when ``needs_sync(command)`` says so (entries of the
+``fsync`` durability class, membership changes) or when ``sync_entries`` is "all". The transport
+(``SyncingTransport``) holds back every message while a sync is pending and fsyncs once before it
+releases them (group commit); a node applies nothing that still needs a sync. A journal opened after
+a crash is fsynced once, so whatever was recovered is durable from then on.
+
+Power-loss simulation (tests): each fsync also records the synced length in the header; on open the
+file is cut back to it, dropping every byte written but not fsynced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pysyncobj.journal import Journal
+from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"RBJRNL01"
+HEADER_BYTES = 32
+_HEAD = struct.Struct("<8sQI")  # magic, generation, crc32 of the first 16 bytes
+_SIM = struct.Struct("<QI")  # synced length, crc32 of it (at offset _HEAD.size)
+_REC = struct.Struct("<IIB")  # payload length (incl. type), crc32(type + payload), type
+_ENTRY = struct.Struct("<QQ")
+_U64 = struct.Struct("<Q")
+ENTRY, TRUNCATE, TERM, COMMIT = 1, 2, 3, 4
+_NO_VOTE = b"\x00"
+_VOTE = b"\x01"
+
+Entry = tuple[bytes, int, int]
+
+
+class JournalError(Exception):
+    """A journal file that is not one of ours."""
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path (missing files are ignored)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _record(kind: int, payload: bytes) -> bytes:
+    body = bytes((kind,)) + payload
+    return _REC.pack(len(body), zlib.crc32(body), kind) + payload
+
+
+def _header(generation: int, synced_bytes: int) -> bytes:
+    head = _HEAD.pack(MAGIC, generation, 0)[:16]
+    sim = _U64.pack(synced_bytes)
+    out = head + struct.pack("<I", zlib.crc32(head)) + sim + struct.pack("<I", zlib.crc32(sim))
+    assert len(out) == HEADER_BYTES
+    return out
+
+
+def _term_payload(term: int, voted_for: str | None) -> bytes:
+    vote = _NO_VOTE if voted_for is None else _VOTE + voted_for.encode()
+    return _U64.pack(term) + vote
+
+
+class DurableJournal(Journal):
+    """pysyncobj's ``Journal`` on an append-only, checksummed, fsync-on-demand file.
+
+    Only the replication thread calls it. ``needs_sync(command)`` classifies appended entries;
+    ``sync_entries`` is "flagged" (ask ``needs_sync``), "all" or "never" (negative controls: only
+    TERM records are synced). ``snapshot_barrier`` is called before the file is replaced.
+    """
+
+    def __init__(self, path: Path, *, needs_sync: Callable[[bytes], bool], sync_entries: str = "flagged",
+                 snapshot_barrier: Callable[[], None] | None = None, simulate_power_loss: bool = False) -> None:
+        if sync_entries not in ("flagged", "all", "never"):
+            raise ValueError(f"sync_entries must be flagged, all or never, not {sync_entries!r}")
+        self._path = Path(path)
+        self._needs_sync = needs_sync
+        self._sync_entries = sync_entries
+        self._snapshot_barrier = snapshot_barrier
+        self._simulate = simulate_power_loss
+        self._entries: list[Entry] = []
+        self._term = 0
+        self._voted_for: str | None = None
+        self._commit = 1
+        self._commit_written = 1
+        self._generation = 0
+        self._size = 0  # bytes written to the file
+        self._synced_size = 0  # bytes known to be on stable storage
+        self._sync_pending = False  # a written record must be fsynced before any message leaves
+        self.fsyncs = 0
+        self.dropped_bytes = 0  # power-loss simulation: unsynced bytes cut off at open
+        self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
+        self._fd = -1
+        if self._path.exists():
+            self._open_existing()
+        else:
+            self._rewrite()
+
+    # -- files -------------------------------------------------------------------------------
+    def _open_existing(self) -> None:
+        data = self._path.read_bytes()
+        magic, generation, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
+        if magic != MAGIC or crc != zlib.crc32(data[:16]):
+            raise JournalError(f"{self._path} is not a raftbroker journal (bad header)")
+        self._generation = generation
+        end = len(data)
+        if self._simulate:
+            synced, sim_crc = _SIM.unpack_from(data, _HEAD.size)
+            if sim_crc == zlib.crc32(_U64.pack(synced)) and HEADER_BYTES <= synced <= end:
+                self.dropped_bytes = end - synced
+                end = synced
+            else:
+                logger.warning("power-loss simulation: %s has no synced length; keeping it whole", self._path)
+        good = self._replay(memoryview(data)[:end])
+        if self.dropped_bytes:
+            logger.warning("power-loss simulation: dropped %d unsynced bytes of %s", self.dropped_bytes, self._path)
+        if good < len(data):
+            logger.warning("journal %s: cutting %d bytes after the last whole record", self._path, len(data) - good)
+            os.truncate(self._path, good)
+        self._fd = os.open(self._path, os.O_WRONLY)
+        self._size = good
+        # Whatever was recovered (written before a process crash) is made durable once, now.
+        os.fsync(self._fd)
+        self._synced_size = good
+        self._mark_synced_for_simulation()
+        self._commit_written = self._commit
+
+    def _replay(self, data: memoryview) -> int:
+        """Apply every whole record in ``data``; return the offset after the last good one."""
+        pos = HEADER_BYTES
+        while pos + _REC.size <= len(data):
+            length, crc, kind = _REC.unpack_from(data, pos)
+            end = pos + 8 + length
+            if length < 1 or end > len(data) or zlib.crc32(data[pos + 8:end]) != crc:
+                break
+            payload = data[pos + _REC.size:end]
+            if kind == ENTRY:
+                index, term = _ENTRY.unpack_from(payload)
+                self._entries.append((bytes(payload[_ENTRY.size:]), index, term))
+            elif kind == TRUNCATE:
+                self._drop_from_index(_U64.unpack_from(payload)[0])
+            elif kind == TERM:
+                self._term = _U64.unpack_from(payload)[0]
+                vote = bytes(payload[8:])
+                self._voted_for = vote[1:].decode() if vote[:1] == _VOTE else None
+            elif kind == COMMIT:
+                self._commit = _U64.unpack_from(payload)[0]
+            else:
+                break
+            pos = end
+        return pos
+
+    def _drop_from_index(self, index: int) -> None:
+        while self._entries and self._entries[-1][1] >= index:
+            self._entries.pop()
+
+    def _fail(self, exc: OSError) -> None:
+        logger.critical("raft journal %s failed; this node sends nothing more", self._path, exc_info=exc)
+        self.failure = exc
+        self._sync_pending = True  # holds every message back for good
+
+    def _rewrite(self) -> None:
+        """Write the whole state into a new file of the next generation, fsync it, rename it in place."""
+        try:
+            self._rewrite_file()
+        except OSError as exc:
+            self._fail(exc)
+            raise
+
+    def _rewrite_file(self) -> None:
+        if self._snapshot_barrier is not None and self._fd >= 0:
+            self._snapshot_barrier()  # the snapshot that replaces the dropped prefix is on disk first
+        self._generation += 1
+        parts = [_record(TERM, _term_payload(self._term, self._voted_for)),
+                 _record(COMMIT, _U64.pack(self._commit))]
+        parts += [_record(ENTRY, _ENTRY.pack(index, term) + command) for command, index, term in self._entries]
+        body = b"".join(parts)
+        size = HEADER_BYTES + len(body)
+        staged = self._path.with_name(self._path.name + ".rewrite")
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, _header(self._generation, size) + body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(staged, self._path)
+        fsync_path(self._path.parent)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self._path, os.O_WRONLY)
+        self._size = self._synced_size = size
+        self._sync_pending = False
+        self._commit_written = self._commit
+        self.fsyncs += 1
+
+    def _append(self, kind: int, payload: bytes, needs_sync: bool) -> None:
+        data = _record(kind, payload)
+        try:
+            written = os.pwrite(self._fd, data, self._size)
+            if written != len(data):
+                raise OSError(f"short write to the raft journal ({written} of {len(data)} bytes)")
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        self._size += written
+        if needs_sync:
+            self._sync_pending = True
+
+    def _entry_needs_sync(self, command: bytes) -> bool:
+        if self._sync_entries == "never":
+            return False
+        return self._sync_entries == "all" or self._needs_sync(command)
+
+    # -- syncing -----------------------------------------------------------------------------
+    @property
+    def sync_pending(self) -> bool:
+        """True while a written record must reach stable storage before any message leaves."""
+        return self._sync_pending
+
+    @property
+    def unsynced_bytes(self) -> int:
+        return self._size - self._synced_size
+
+    def sync(self) -> bool:
+        """fsync if a sync is pending; True when it did."""
+        if not self._sync_pending:
+            return False
+        self._fsync()
+        return True
+
+    def _fsync(self) -> None:
+        if self.failure is not None:  # after a failed fsync nothing can be trusted to be durable
+            raise self.failure
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        self.fsyncs += 1
+        self._synced_size = self._size
+        self._sync_pending = False
+        self._mark_synced_for_simulation()
+
+    def _mark_synced_for_simulation(self) -> None:
+        if self._simulate:
+            sim = _U64.pack(self._synced_size)
+            os.pwrite(self._fd, sim + struct.pack("<I", zlib.crc32(sim)), _HEAD.size)
+
+    # -- pysyncobj's Journal interface -------------------------------------------------------
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self._entries.append((command, idx, term))
+        self._append(ENTRY, _ENTRY.pack(idx, term) + command, self._entry_needs_sync(command))
+
+    def clear(self) -> None:
+        self._entries = []
+        self._rewrite()
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (pysyncobj's name)
+        if entryFrom >= len(self._entries):
+            return
+        index = self._entries[entryFrom][1]
+        del self._entries[entryFrom:]
+        self._append(TRUNCATE, _U64.pack(index), self._sync_entries != "never")
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
+        self._entries = self._entries[entryTo:]
+        self._rewrite()
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _destroy(self) -> None:
+        if self._fd < 0:
+            return
+        if self.unsynced_bytes:
+            self._fsync()  # a clean stop leaves nothing to lose
+        os.close(self._fd)
+        self._fd = -1
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
+        self._commit = raftCommitIndex  # written lazily (once a second): it is a hint, never synced
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        return self._commit
+
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802, N803
+        self._term = term
+        self._voted_for = votedForNodeId
+        self._append(TERM, _term_payload(term, votedForNodeId), True)  # Raft safety: always synced
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return self._term
+
+    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+        return self._voted_for
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        if self._commit != self._commit_written:
+            self._append(COMMIT, _U64.pack(self._commit), False)
+            self._commit_written = self._commit
+        # Bound what a power loss can take from `disk` entries to about a second of writes.
+        if self.unsynced_bytes and self._sync_entries != "never":
+            self._fsync()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+
+
+class SyncingTransport(TCPTransport):
+    """pysyncobj's TCP transport, holding every message back while the journal has a sync pending.
+
+    Messages keep their order: once one is held, the following ones are held too. :meth:`release`
+    fsyncs once and sends them all; the node calls it before and after each socket poll (see
+    :class:`ReleasingPoller`), so one fsync covers everything appended in between (group commit).
+    """
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803 (pysyncobj's names)
+        self._held: list[tuple[Any, Any]] = []
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _journal(self) -> DurableJournal | None:
+        journal = getattr(self._syncObj, "_SyncObj__raftLog", None)
+        return journal if isinstance(journal, DurableJournal) else None
+
+    def send(self, node: Any, message: Any) -> bool:
+        journal = self._journal()
+        if not self._held and (journal is None or not journal.sync_pending):
+            return bool(super().send(node, message))
+        connection = self._connections.get(node)
+        if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
+            return False
+        self._held.append((node, message))
+        return True
+
+    def release(self) -> None:
+        """fsync the journal if a sync is pending, then send the held messages in order."""
+        journal = self._journal()
+        if journal is not None:
+            journal.sync()
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        for node, message in held:
+            super().send(node, message)
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
+
+
+class ReleasingPoller:
+    """Wraps pysyncobj's poller: releases held messages before waiting and after dispatching."""
+
+    def __init__(self, inner: Any, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release = release
+
+    def poll(self, timeout: float) -> None:
+        self._release()  # what the tick appended and sent
+        self._inner.poll(timeout)
+        self._release()  # replies to the messages just handled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

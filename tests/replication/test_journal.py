@@ -1,0 +1,241 @@
+"""The durable Raft journal: recovery, torn tails, rewrites, the power-loss simulation, which
+entries need a sync, and the transport that holds messages back until the journal is synced."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pysyncobj.pickle as pysyncobj_pickle
+import pytest
+from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
+
+from broker.replication import raft
+from broker.replication.journal import HEADER_BYTES, DurableJournal, JournalError
+
+from .chain_sm import ChainStateMachine
+from .cluster import free_port
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+PLAIN_ID = raft._RaftNode._METHOD_IDS[raft._APPLY_METHOD]
+SYNCED_ID = raft._RaftNode._METHOD_IDS[raft._SYNCED_APPLY_METHOD]
+
+
+def command(method_id: int, payload: bytes = b"payload") -> bytes:
+    """A log entry's command as pysyncobj builds it for a @replicated call."""
+    return b"\x00" + pysyncobj_pickle.dumps((method_id, (payload,)))
+
+
+def synced_flag(cmd: bytes) -> bool:
+    return raft.command_needs_sync(cmd, SYNCED_ID)
+
+
+def open_journal(path: Path, **kwargs: Any) -> DurableJournal:
+    return DurableJournal(path, needs_sync=synced_flag, **kwargs)
+
+
+def crash(journal: DurableJournal) -> None:
+    """A process crash: the descriptor goes away without the final fsync of a clean close."""
+    os.close(journal._fd)
+    journal._fd = -1
+
+
+def entries(journal: DurableJournal) -> list[tuple[int, int]]:
+    return [(journal[i][1], journal[i][2]) for i in range(len(journal))]
+
+
+def test_methods_get_the_ids_pysyncobj_gives_them() -> None:
+    assert (PLAIN_ID, SYNCED_ID) == (0, 1)  # sorted by name; existing logs keep id 0 for plain applies
+
+
+@pytest.mark.parametrize("size", [0, 10, 300, 70_000])
+def test_only_synced_applies_membership_and_version_entries_need_a_sync(size: int) -> None:
+    payload = os.urandom(size)
+    assert synced_flag(command(SYNCED_ID, payload))
+    assert not synced_flag(command(PLAIN_ID, payload))
+    assert not synced_flag(b"\x01")  # no-op
+    assert synced_flag(b"\x02" + pysyncobj_pickle.dumps(["add", "x", "x"]))  # membership
+    assert synced_flag(b"\x00garbage")  # unknown shape: synced, to be safe
+
+
+def test_entries_term_vote_truncation_and_commit_survive_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path)
+    for index in range(1, 6):
+        journal.add(command(PLAIN_ID, b"e%d" % index), index, 1)
+    journal.setCurrentTerm(2, "127.0.0.1:1")
+    journal.deleteEntriesFrom(3)  # list position 3: index 4 and after
+    journal.add(command(SYNCED_ID), 4, 2)
+    journal.setRaftCommitIndex(3)
+    journal.onOneSecondTimer()  # the commit index is written lazily
+    journal._destroy()
+    again = open_journal(path)
+    assert entries(again) == [(1, 1), (2, 1), (3, 1), (4, 2)]
+    assert again[0][0] == command(PLAIN_ID, b"e1")
+    assert (again.getCurrentTerm(), again.getVotedForNodeId(), again.getRaftCommitIndex()) == (2, "127.0.0.1:1", 3)
+    again._destroy()
+
+
+def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path)
+    journal.add(command(PLAIN_ID), 1, 1)
+    journal.add(command(PLAIN_ID), 2, 1)
+    journal._destroy()
+    whole = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(whole - 3)  # the second record loses its last bytes
+    again = open_journal(path)
+    assert entries(again) == [(1, 1)]
+    again.add(command(PLAIN_ID), 2, 1)  # appends continue after the last whole record
+    again._destroy()
+    assert entries(open_journal(path)) == [(1, 1), (2, 1)]
+
+
+def test_a_file_that_is_not_a_journal_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    path.write_bytes(b"PYSYNCOBJ" + bytes(40))
+    with pytest.raises(JournalError):
+        open_journal(path)
+
+
+def test_sync_is_pending_after_term_and_synced_entries_only(tmp_path: Path) -> None:
+    journal = open_journal(tmp_path / "raft.wal")
+    journal.add(command(PLAIN_ID), 1, 0)
+    assert not journal.sync_pending and journal.unsynced_bytes > 0
+    journal.add(command(SYNCED_ID), 2, 0)
+    assert journal.sync_pending
+    assert journal.sync() and not journal.sync_pending and journal.unsynced_bytes == 0
+    assert not journal.sync()  # nothing pending: no fsync
+    journal.setCurrentTerm(1, None)
+    assert journal.sync_pending  # term and vote are always synced
+    journal._destroy()
+
+
+def test_sync_all_and_never(tmp_path: Path) -> None:
+    every = open_journal(tmp_path / "all.wal", sync_entries="all")
+    every.add(command(PLAIN_ID), 1, 0)
+    assert every.sync_pending
+    never = open_journal(tmp_path / "never.wal", sync_entries="never")
+    never.add(command(SYNCED_ID), 1, 0)
+    assert not never.sync_pending
+    never.setCurrentTerm(1, None)
+    assert never.sync_pending  # Raft safety is never switched off
+
+
+def test_power_loss_simulation_drops_exactly_what_was_not_synced(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, simulate_power_loss=True)
+    journal.setCurrentTerm(3, "a:1")
+    journal.add(command(SYNCED_ID), 1, 3)
+    journal.sync()
+    journal.add(command(PLAIN_ID), 2, 3)  # written, never synced
+    journal.setRaftCommitIndex(2)
+    journal.onOneSecondTimer()  # the periodic fsync also counts as synced...
+    journal.add(command(PLAIN_ID), 3, 3)  # ...but this comes after it
+    crash(journal)
+    again = open_journal(path, simulate_power_loss=True)
+    assert entries(again) == [(1, 3), (2, 3)]
+    assert again.getCurrentTerm() == 3 and again.getRaftCommitIndex() == 2 and again.dropped_bytes > 0
+    crash(again)
+    # without the simulation the same file keeps everything a process crash leaves behind
+    assert entries(open_journal(path)) == [(1, 3), (2, 3)]
+
+
+def test_without_syncs_a_simulated_power_loss_takes_everything_since_the_last_one(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, simulate_power_loss=True, sync_entries="never")
+    journal.setCurrentTerm(1, None)
+    journal.sync()
+    journal.add(command(SYNCED_ID), 1, 1)
+    journal.onOneSecondTimer()  # switched off with the entry syncs
+    crash(journal)
+    again = open_journal(path, simulate_power_loss=True)
+    assert entries(again) == [] and again.getCurrentTerm() == 1
+
+
+def test_compaction_rewrites_a_synced_file_after_the_snapshot_barrier(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    barriers: list[int] = []
+    journal = open_journal(path, simulate_power_loss=True, snapshot_barrier=lambda: barriers.append(1))
+    for index in range(1, 11):
+        journal.add(command(PLAIN_ID), index, 1)
+    journal.setCurrentTerm(1, "a:1")
+    generation = journal.generation
+    journal.deleteEntriesTo(7)  # keep list positions 7.. (indexes 8..10)
+    assert barriers == [1] and journal.generation == generation + 1
+    assert journal.unsynced_bytes == 0 and not journal.sync_pending
+    assert not path.with_name(path.name + ".rewrite").exists()
+    crash(journal)
+    again = open_journal(path, simulate_power_loss=True)
+    assert entries(again) == [(8, 1), (9, 1), (10, 1)] and again.getVotedForNodeId() == "a:1"
+    again.clear()
+    assert len(again) == 0 and path.stat().st_size > HEADER_BYTES
+
+
+# --- the send gate ------------------------------------------------------------------------------
+
+class FakeConnection:
+    state = CONNECTION_STATE.CONNECTED
+
+    def disconnect(self) -> None:
+        self.state = CONNECTION_STATE.DISCONNECTED
+
+
+@pytest.fixture
+def gated_follower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, list[Any]]]:
+    """A follower without a tick thread whose transport records what actually goes on the wire."""
+    sent: list[Any] = []
+    monkeypatch.setattr(TCPTransport, "send", lambda self, node, message: sent.append(message) or True)
+    sm = ChainStateMachine(tmp_path / "sm")
+    conf = raft.RaftOptions().to_conf(tmp_path / "raft.wal", tmp_path / "dump", lambda f, d: None, lambda f: ())
+    conf.autoTick = False
+    peers = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    node = raft._RaftNode(f"127.0.0.1:{free_port()}", peers, conf, sm, 1 << 30)
+    transport = node._SyncObj__transport
+    for peer in node.otherNodes:
+        transport._connections[peer] = FakeConnection()
+    yield node, sent
+    node.destroy()
+    sm.close()
+
+
+def deliver(node: Any, entries_: list[tuple[bytes, int, int]], prev: tuple[int, int]) -> None:
+    leader = sorted(node.otherNodes, key=lambda n: n.id)[0]
+    node._SyncObj__onMessageReceived(leader, {
+        "type": "append_entries", "term": 1, "commit_index": 1, "entries": entries_,
+        "prevLogIdx": prev[0], "prevLogTerm": prev[1]})
+
+
+def test_a_follower_acknowledges_a_synced_entry_only_after_the_fsync(gated_follower: tuple[Any, list[Any]]) -> None:
+    node, sent = gated_follower
+    journal = node.journal
+    fsyncs = journal.fsyncs
+    deliver(node, [(command(PLAIN_ID), 2, 1)], (1, 0))  # adopts term 1: a synced record
+    assert sent == [] and journal.sync_pending
+    node._poller.poll(0)
+    assert [m["next_node_idx"] for m in sent] == [3] and journal.fsyncs == fsyncs + 1
+    deliver(node, [(command(PLAIN_ID), 3, 1)], (2, 1))  # a plain entry: the reply leaves at once
+    assert [m["next_node_idx"] for m in sent] == [3, 4] and not journal.sync_pending
+    sent.clear()
+    fsyncs = journal.fsyncs
+    deliver(node, [(command(SYNCED_ID), 4, 1), (command(PLAIN_ID), 5, 1)], (3, 1))
+    deliver(node, [(command(PLAIN_ID), 6, 1)], (5, 1))  # held too: replies keep their order
+    assert sent == [] and node._SyncObj__transport.held_count == 2 and journal.sync_pending
+    node._poller.poll(0)  # the tick's poll releases: one fsync, then both replies in order
+    assert journal.fsyncs == fsyncs + 1 and not journal.sync_pending
+    assert [m["next_node_idx"] for m in sent] == [6, 7]
+
+
+def test_a_term_change_is_synced_before_the_reply(gated_follower: tuple[Any, list[Any]]) -> None:
+    node, sent = gated_follower
+    leader = sorted(node.otherNodes, key=lambda n: n.id)[0]
+    node._SyncObj__onMessageReceived(leader, {
+        "type": "request_vote", "term": 5, "last_log_index": 1, "last_log_term": 0})
+    assert sent == [] and node.journal.sync_pending
+    node.release_held_messages()
+    assert [m["type"] for m in sent] == ["response_vote"] and node.journal.getCurrentTerm() == 5
