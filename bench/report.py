@@ -137,6 +137,12 @@ def _publish_counts(doc: Json) -> list[str]:
             if s is not None and s.min < asked:
                 out.append(f"- {_label(system)}, {size} B: {s.min:,.0f}–{s.max:,.0f} of {asked:,} records "
                            f"acknowledged before the {doc['config']['publish_cap_s']:g} s cap.")
+            reps = system.get("workloads", {}).get(f"publish_{size}", {}).get("reps", [])
+            short = [r for r in reps if r.get("consumed", 0) < r.get("published", 0)]
+            if short:
+                out.append(f"- {_label(system)}, {size} B: the reader got through "
+                           + ", ".join(f"{r['consumed']:,.0f} of {r['published'] + 1:,.0f}" for r in short)
+                           + f" records within the {doc['config']['publish_cap_s']:g} s cap.")
         held = system.get("workloads", {}).get("recovery", {}).get("records_held")
         if held is not None and held < doc["config"]["recovery_records"]:
             out.append(f"- {_label(system)}, recovery: the node held {held:,} records "
@@ -193,6 +199,9 @@ def chart(doc: Json, path: Path) -> None:
           "failover, s")
     _bars(axes[1][2], systems, labels, [("recovery", "restart_s", "restart → holds its records")],
           "node restart with its records, s")
+    absent = [f"{_label(s)}: {s['status']}" for s in doc["systems"] if s.get("status") != "ok"]
+    if absent:
+        fig.text(0.01, 0.005, "Not shown: " + "; ".join(absent)[:220], fontsize=8)
     m = doc["machine"]
     fig.suptitle(f"raftbroker vs peers, {doc['date'][:10]}: {m['cores']} cores, loopback, Python clients; "
                  f"median of {doc['config']['reps']} (bars: min–max)")

@@ -175,9 +175,11 @@ async def _profile(deployment: Deployment, config: BenchConfig, out_dir: Path) -
 def run_all(config: BenchConfig, out_dir: Path) -> Json:
     """Every system in ``config.systems``; returns the results document."""
     started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)  # the profile's folded stacks are written there during the run
     document: Json = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine(),
                       "config": config.to_json(), "systems": []}
     with tempfile.TemporaryDirectory(prefix="raftbroker-bench-") as tmp:
+        os.chmod(tmp, 0o711)  # RabbitMQ runs as its own user and must reach its data below
         factories = Factories(config, Path(tmp))
         for name in config.systems:
             document["systems"].append(_one_system(name, factories, config, out_dir))

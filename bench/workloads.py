@@ -35,6 +35,7 @@ Metrics = dict[str, float]
 _STAMP = struct.Struct("<q")  # perf_counter_ns of the scheduled send, at the start of every payload
 HIST_MAX_US = 120_000_000
 POLL_S = 0.05
+E2E_DRAIN_S = 10.0  # how long the latency run waits for deliveries after the last publish
 
 
 def stream_name(kind: str) -> str:
@@ -80,10 +81,18 @@ async def publish_consume(deployment: Deployment, size_bytes: int, count: int, c
     finally:
         await ep.close()
     total = acked + 1
+    read = 0
+
+    def on_value(value: bytes) -> None:
+        nonlocal read
+        read += 1
+
     reader = await deployment.endpoint()
     try:
         started = time.perf_counter()
-        read = await asyncio.wait_for(reader.consume(stream, total, lambda v: None), timeout=max(60.0, cap_s))
+        # A slow reader stops at the cap too; the rate counts what it read by then.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader.consume(stream, total, on_value), timeout=cap_s)
         consume_s = time.perf_counter() - started
     finally:
         await reader.close()
@@ -136,7 +145,7 @@ async def latency(deployment: Deployment, size_bytes: int, rate_per_s: float, du
         await _open_loop(publisher, stream, padding, rate_per_s, total, record_from_ns, hist.ack)
         # What was delivered is recorded; a missing tail shows as fewer e2e samples.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reader, timeout=30.0)
+            await asyncio.wait_for(reader, timeout=E2E_DRAIN_S)
     finally:
         await publisher.close()
         await subscriber.close()

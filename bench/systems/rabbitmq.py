@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 USER = "rabbitmq"
 TUNING = ClientTuning(batch_records=1000, inflight_batches=2)
 STREAM_ACK_EVERY = 500
+CHANNEL_REOPEN_S = 0.2
+CREATE_RETRY_S = 30.0
 _ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"  # no busy-waiting schedulers on a shared 2-core box
 
 
@@ -49,6 +52,10 @@ class RabbitCluster:
         if not Path(SERVER).exists() or shutil.which("epmd") is None:
             raise NotAvailable("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bench-rabbitmq-"))
+        blocked = [p for p in self.workdir.resolve().parents if not p.stat().st_mode & 0o001]
+        if blocked:
+            raise NotAvailable(f"RabbitMQ runs as user {USER}, who cannot enter {blocked[0]} (mode "
+                               f"{oct(blocked[0].stat().st_mode & 0o777)}); use a work directory others may traverse")
         self.nodes = nodes
         ports = free_ports(2 * nodes + 1)
         self.epmd_port, self.amqp_ports, self.dist_ports = ports[0], ports[1:nodes + 1], ports[nodes + 1:]
@@ -64,6 +71,7 @@ class RabbitCluster:
         for path in self.workdir.rglob("*"):
             shutil.chown(path, USER, USER)
         self.started = False
+        self.failed: str | None = None
 
     def _base_env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir / "home"),
@@ -94,10 +102,22 @@ class RabbitCluster:
                               cwd=base)
 
     def start(self) -> None:
+        """Start epmd and every node and wait for the cluster; a failure stops them and is remembered, so a
+        second variant on this cluster fails at once with the same reason."""
+        if self.failed is not None:
+            raise RuntimeError(f"the RabbitMQ cluster failed to start earlier: {self.failed}")
         if self.started:
             return
         REGISTRY.add(self)
+        try:
+            self._start()
+        except BaseException as err:
+            self.failed = f"{type(err).__name__}: {err}"
+            self.stop()
+            raise
         self.started = True
+
+    def _start(self) -> None:
         self.epmd.start()
         wait_until(lambda: port_open(self.epmd_port), 10.0, "epmd", watch=[self.epmd])
         for proc in self.procs:
@@ -140,10 +160,12 @@ class RabbitEndpoint(Endpoint):
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._lock = asyncio.Lock()
+        self._channel_opened_at = 0.0
 
     async def connect(self) -> None:
         self._connection = await aio_pika.connect(self._cluster.url(self._node), timeout=5)
         self._channel = await self._connection.channel(publisher_confirms=True)
+        self._channel_opened_at = time.monotonic()
 
     def _open_channel(self) -> aio_pika.abc.AbstractChannel:
         if self._channel is None or self._channel.is_closed:
@@ -151,7 +173,20 @@ class RabbitEndpoint(Endpoint):
         return self._channel
 
     async def create(self, stream: str) -> None:
-        await self._open_channel().declare_queue(stream, durable=True, arguments={"x-queue-type": self._queue_type})
+        """Declare the queue; retried for up to ``CREATE_RETRY_S`` (a node that just rejoined may still be
+        starting its stream coordinator; the failed declare closes the channel, so open a new one)."""
+        deadline = time.monotonic() + CREATE_RETRY_S
+        while True:
+            try:
+                await self._open_channel().declare_queue(stream, durable=True,
+                                                         arguments={"x-queue-type": self._queue_type})
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+                self._channel_opened_at = 0.0
+                await self.recover()
 
     async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
         exchange = self._open_channel().default_exchange
@@ -195,10 +230,24 @@ class RabbitEndpoint(Endpoint):
         return seen
 
     async def recover(self) -> None:
-        """Reconnect to the next node that accepts a connection (serialized; a no-op while healthy)."""
+        """After a failed publish: reconnect to the next node that accepts a connection, or, if the
+        connection is fine, open a fresh channel at most every ``CHANNEL_REOPEN_S`` (a channel that
+        knew the dead queue leader keeps nacking; a new one finds the new leader). Serialized."""
         async with self._lock:
-            if self._channel is not None and not self._channel.is_closed:
-                return
+            if self._connection is not None and not self._connection.is_closed:
+                now = time.monotonic()
+                if now - self._channel_opened_at < CHANNEL_REOPEN_S:
+                    return
+                self._channel_opened_at = now
+                try:
+                    old, self._channel = self._channel, await self._connection.channel(publisher_confirms=True)
+                except Exception:  # noqa: BLE001 (the connection is dead too: move to another node)
+                    pass
+                else:
+                    if old is not None:
+                        with contextlib.suppress(Exception):
+                            await old.close()
+                    return
             for _ in range(self._cluster.nodes):
                 self._node = (self._node + 1) % self._cluster.nodes
                 try:
