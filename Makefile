@@ -27,10 +27,13 @@ run: $(STAMP)
 	@echo "Ctrl-C stops every node."
 	$(BIN)/raftbroker dev --nodes 3 --data-dir ./.raftbroker --base-port 7001
 
-test: $(STAMP)
-	$(BIN)/ruff check broker tests
-	$(BIN)/mypy broker
+# Every tier: lint and types, unit and cluster tests (incl. the benchmark harness smoke, which
+# needs the bench extra and redis-server: bench-deps), then the seeded chaos drills.
+test: $(STAMP) bench-deps
+	$(BIN)/ruff check broker tests chaos bench
+	$(BIN)/mypy broker chaos bench
 	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
+	$(MAKE) chaos
 
 unit: $(STAMP)
 	$(BIN)/pytest -m unit
