@@ -46,3 +46,15 @@ class ResourceExhausted(BrokerError):
 
 class Unimplemented(BrokerError):
     """A declared part of the API that this version does not provide yet."""
+
+
+class GroupNotFound(BrokerError):
+    def __init__(self, topic: str, group: str) -> None:
+        super().__init__(f"group {group!r} of topic {topic!r} does not exist")
+        self.topic, self.group = topic, group
+
+
+class GroupExists(BrokerError):
+    def __init__(self, topic: str, group: str) -> None:
+        super().__init__(f"group {group!r} of topic {topic!r} already exists")
+        self.topic, self.group = topic, group

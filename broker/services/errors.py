@@ -19,6 +19,8 @@ _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.TopicNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.TopicExists, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.GroupNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.GroupExists, grpc.StatusCode.ALREADY_EXISTS),
     (errors.DuplicateMessage, grpc.StatusCode.ALREADY_EXISTS),
     (errors.NotLeader, grpc.StatusCode.UNAVAILABLE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),

@@ -17,6 +17,7 @@ class Column(enum.StrEnum):
     META = "meta"  # applied index, counters, topic and partition metadata
     RECORDS = "records"  # (topic_id, partition, offset) -> framed record
     DEDUP = "dedup"  # idempotency keys (and their expiry index) and dedup watermarks
+    GROUPS = "groups"  # consumer groups: metadata, cursors, retries, dead letters (core/groups/layout.py)
 
 
 class Batch(Protocol):
