@@ -1,0 +1,101 @@
+"""The subscription stream of a consumer-group member (SPEC §3.2, §3.3).
+
+A group stream runs on the leader. Each round it asks the group's runtime for up to
+``max_in_flight`` unsettled deliveries for this stream (every record sent is a lease), sends the
+events first (RESET, SKIP_FORWARD, BADMSG: each with the positions before and after), then the
+records, and otherwise sleeps on the state machine's change signal (every apply wakes it: new
+records, settlements, expired leases) or until the next retry falls due. It never polls the store
+on a timer. Leaving leadership ends the stream with ``NotLeader`` (the client re-subscribes on the
+new leader, which re-delivers whatever was in flight). With ``stop_at_end`` the stream ends once
+nothing is deliverable to it right now although it has room (records it holds stay leased; retries
+not due yet and paused groups count as nothing).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+from broker.core.errors import InvalidArgument
+from broker.core.groups.config import validate_group_name
+from broker.core.groups.runtime import GroupRuntime
+from broker.core.groups.service import GroupService
+from broker.core.reading import DEFAULT_BATCH, MAX_BATCH
+from broker.core.topics import validate_name
+from broker.v1 import broker_pb2, common_pb2
+
+DEFAULT_IN_FLIGHT = 100
+MAX_IN_FLIGHT = 10_000
+WAKE_S = 0.5  # how often an idle stream re-checks its caller and this node's leadership
+MAX_MEMBER_ID_CHARS = 128
+
+
+class GroupDelivery:
+    """Serves ``Subscribe`` requests that name a group."""
+
+    def __init__(self, service: GroupService) -> None:
+        self._service = service
+
+    def subscribe(self, request: broker_pb2.SubscribeRequest,
+                  is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+        """Validate ``request`` and create the group if needed (raising before the first item),
+        then stream."""
+        validate_name(request.topic)
+        validate_group_name(request.group)
+        if request.HasField("partition"):
+            raise InvalidArgument("a group subscription reads every partition (the group assigns them): "
+                                  "drop partition")
+        if request.filter:
+            raise InvalidArgument("filters are not available on group subscriptions yet")
+        if request.max_in_flight > MAX_IN_FLIGHT or request.max_batch > MAX_BATCH:
+            raise InvalidArgument(f"max_in_flight must be at most {MAX_IN_FLIGHT} and max_batch at most {MAX_BATCH}")
+        if len(request.member_id) > MAX_MEMBER_ID_CHARS:
+            raise InvalidArgument(f"member_id is longer than {MAX_MEMBER_ID_CHARS} characters")
+        config = common_pb2.GroupConfig()
+        config.CopyFrom(request.group_config)
+        if not config.HasField("start_from") and request.HasField("from"):
+            config.start_from.CopyFrom(getattr(request, "from"))
+        rt = self._service.ensure(request.topic, request.group, config)
+        member = request.member_id
+        if rt.members is not None:
+            if not member:
+                raise InvalidArgument("a stream-mode group needs a member_id (join with JoinGroup, keep it "
+                                      "alive with Heartbeat)")
+            self._service.heartbeat(request.topic, request.group, member)
+        elif member:
+            rt.rejoin(member)
+        return self._stream(request, rt, member or f"q-{uuid.uuid4().hex[:12]}", is_active)
+
+    def _stream(self, request: broker_pb2.SubscribeRequest, rt: GroupRuntime, member: str,
+                is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+        service, state = self._service, self._service.state
+        limit = request.max_in_flight or DEFAULT_IN_FLIGHT
+        batch_size = request.max_batch or DEFAULT_BATCH
+        stream_id = rt.open_stream()
+        try:
+            while is_active():
+                seen = state.version
+                current = service.runtime(request.topic, request.group)  # leadership, deletion, re-creation
+                if current is not rt:
+                    rt.close_stream(stream_id)
+                    rt, stream_id = current, current.open_stream()
+                now = service.clock_ms()
+                with rt.lock:
+                    room = limit - rt.leases.held_by(stream_id)
+                delivery = rt.pick(stream_id, member, room, now)
+                if delivery.bad:
+                    service.settle(rt, delivery.bad)
+                for event in delivery.events:
+                    yield broker_pb2.SubscribeResponse(event=event)
+                for i in range(0, len(delivery.records), batch_size):
+                    batch = broker_pb2.RecordBatch(records=delivery.records[i:i + batch_size])
+                    yield broker_pb2.SubscribeResponse(batch=batch)
+                if delivery:
+                    continue
+                if request.stop_at_end and room > 0:  # caught up: nothing deliverable now
+                    return
+                due = rt.next_due_ms(member)
+                timeout_s = WAKE_S if due is None else min(WAKE_S, max(due - now, 1) / 1000)
+                state.wait_for_change(seen, timeout_s)
+        finally:
+            rt.close_stream(stream_id)

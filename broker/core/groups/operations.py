@@ -1,0 +1,207 @@
+"""Group administration (SPEC §3.2): describe, seek, replay, lag, pause/resume, dead letters, delete.
+
+Every operation that changes group state replicates one command; reads come from this node's
+applied state (the leader's, since every group call goes to the leader, which also knows the
+in-flight leases). :func:`lag_rows` also serves the metrics of any node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from broker.core import records
+from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.groups import layout
+from broker.core.groups.runtime import GroupRuntime
+from broker.core.groups.service import GroupService, raise_rejected
+from broker.core.state_machine import BrokerStateMachine
+from broker.storage import Column
+from broker.v1 import admin_pb2, common_pb2, internal_pb2
+
+K = internal_pb2
+DEFAULT_DEAD_LIMIT = 100
+MAX_DEAD_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class LagRow:
+    """One partition's figures (see ``admin_pb2.PartitionLag``)."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    committed: int
+    lag: int
+    in_flight: int
+    retrying: int
+    dead: int
+    lag_ms: int
+
+
+def lag_rows(state: BrokerStateMachine, meta: K.GroupMeta, now_ms: int, rt: GroupRuntime | None) -> list[LagRow]:
+    """Per partition of ``meta``: offsets, unsettled count and age, leases, retries, dead letters.
+    Records below the first retained one count as settled (they are gone)."""
+    rows = []
+    cursors = layout.get_cursors(state.store, meta.group_id, meta.partitions)
+    topic = state.topic(meta.topic)
+    for p, cursor in enumerate(cursors):
+        st = state.partition(meta.topic_id, p) if topic is not None and topic.topic_id == meta.topic_id else None
+        start, end = (st.start_offset, st.end_offset) if st is not None else (cursor.committed, cursor.committed)
+        committed = cursor.committed
+        cursor.commit_to(start)
+        lag = cursor.unsettled(end)
+        lag_ms = 0
+        if lag:
+            first = cursor.next_unsettled(cursor.committed)
+            raw = state.records_store(meta.topic_id).get(Column.RECORDS, records.record_key(meta.topic_id, p, first))
+            lag_ms = max(0, now_ms - records.frame_timestamp(raw)) if raw is not None else 0
+        in_flight = rt.leases.in_partition(p) if rt is not None else 0
+        rows.append(LagRow(p, start, end, committed, lag, in_flight, cursor.retrying, cursor.dead, lag_ms))
+    return rows
+
+
+class GroupOperations:
+    """The Admin group RPCs, on the leader."""
+
+    def __init__(self, service: GroupService) -> None:
+        self._service = service
+        self._state = service.state
+
+    def info(self, meta: K.GroupMeta, rt: GroupRuntime | None = None) -> admin_pb2.GroupInfo:
+        info = admin_pb2.GroupInfo(topic=meta.topic, group=meta.group, config=meta.config, paused=meta.paused,
+                                   incarnation=meta.topic_id, dlq_topic=meta.dlq_topic, created_ms=meta.created_ms)
+        if rt is not None and rt.members is not None:
+            with rt.lock:
+                for member in rt.members.members():
+                    info.members.add(member_id=member, partitions=rt.members.assigned(member))
+        return info
+
+    def create(self, topic: str, group: str, config: common_pb2.GroupConfig) -> admin_pb2.GroupInfo:
+        return self.info(self._service.create(topic, group, config))
+
+    def describe(self, topic: str, group: str) -> admin_pb2.GroupInfo:
+        rt = self._service.runtime(topic, group)
+        return self.info(rt.meta, rt)
+
+    def list_groups(self, topic: str) -> list[admin_pb2.GroupInfo]:
+        self._service.ready()
+        return [self.info(meta) for meta in layout.topic_metas(self._state.store, topic)]
+
+    def delete(self, topic: str, group: str) -> None:
+        """Delete the group's state (its dead-letter topic stays: drop it like any topic)."""
+        self._service.ready()
+        meta = layout.get_meta(self._state.store, topic, group)
+        gid = meta.group_id if meta is not None else 0
+        cmd = K.Command(delete_group=K.DeleteGroupCommand(topic=topic, group=group, group_id=gid))
+        raise_rejected(self._service.submitter.submit(cmd))
+        self._service.forget(topic, group)
+
+    def seek(self, topic: str, group: str, position: common_pb2.Position,
+             partition: int | None) -> list[tuple[int, int]]:
+        """Move the group's committed positions (backwards too); acks and retries of those partitions
+        are forgotten, dead letters stay. A token seeks its own partition to right after its record."""
+        rt = self._service.runtime(topic, group)
+        tmeta = self._state.topic(topic)
+        if tmeta is None:
+            raise TopicNotFound(topic)
+        kind = position.WhichOneof("kind")
+        if kind == "start" and position.start not in common_pb2.StartPosition.values():
+            raise InvalidArgument(f"unknown start position {position.start}")
+        partitions = list(range(rt.meta.partitions)) if partition is None else [partition]
+        if kind == "token":
+            token = records.PositionToken.decode(position.token)
+            if token.incarnation != tmeta.topic_id:
+                raise InvalidArgument("the position token is of another incarnation of the topic")
+            partitions = [token.partition]
+        if any(p >= rt.meta.partitions for p in partitions):
+            raise InvalidArgument(f"partition {partitions[0]} does not exist (topic has {rt.meta.partitions})")
+        offsets = [self._service.resolve(tmeta, p, position) for p in partitions]
+        cmd = K.Command(seek_group=K.SeekGroupCommand(topic=topic, group=group, group_id=rt.gid,
+                                                      partitions=partitions, offsets=offsets))
+        raise_rejected(self._service.submitter.submit(cmd))
+        rt.reset_partitions(partitions)
+        self._state.notify_change()
+        return list(zip(partitions, offsets, strict=True))
+
+    def lag(self, topic: str, group: str) -> admin_pb2.GroupLagResponse:
+        rt = self._service.runtime(topic, group)
+        rows = lag_rows(self._state, rt.meta, self._service.clock_ms(), rt)
+        return admin_pb2.GroupLagResponse(paused=rt.meta.paused, partitions=[
+            admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset, end_offset=r.end_offset,
+                                   committed=r.committed, lag=r.lag, in_flight=r.in_flight, retrying=r.retrying,
+                                   dead=r.dead, lag_ms=r.lag_ms) for r in rows])
+
+    def pause(self, topic: str, group: str, paused: bool) -> list[str]:
+        """Pause (or resume) one group, or every group of ``topic`` when ``group`` is empty."""
+        self._service.ready()
+        if self._state.topic(topic) is None and not layout.topic_metas(self._state.store, topic):
+            raise TopicNotFound(topic)
+        cmd = K.Command(pause_groups=K.PauseGroupsCommand(topic=topic, group=group, paused=paused))
+        changed = raise_rejected(self._service.submitter.submit(cmd))
+        assert isinstance(changed, list)
+        return changed
+
+    # -- dead letters --------------------------------------------------------------------------
+    def dead_letters(self, topic: str, group: str, limit: int, partition: int | None,
+                     after_offset: int | None) -> list[admin_pb2.DeadLetter]:
+        rt = self._service.runtime(topic, group)
+        if limit > MAX_DEAD_LIMIT:
+            raise InvalidArgument(f"limit must be at most {MAX_DEAD_LIMIT}, got {limit}")
+        out = []
+        dlq = self._state.topic(rt.meta.dlq_topic)
+        for p, o, dead in layout.dead_letters(self._state.store, rt.gid, partition, after_offset,
+                                              limit or DEFAULT_DEAD_LIMIT):
+            item = admin_pb2.DeadLetter(partition=p, offset=o, attempts=dead.attempts, reason=dead.reason,
+                                        dead_ms=dead.dead_ms, dlq_partition=dead.dlq_partition,
+                                        dlq_offset=dead.dlq_offset)
+            if dlq is not None:
+                self._copy(dlq, dead, item)
+            out.append(item)
+        return out
+
+    def _copy(self, dlq: K.TopicMeta, dead: K.DeadLetterState, item: admin_pb2.DeadLetter) -> None:
+        key = records.record_key(dlq.topic_id, dead.dlq_partition, dead.dlq_offset)
+        raw = self._state.records_store(dlq.topic_id).get(Column.RECORDS, key)
+        if raw is None:
+            return
+        try:
+            stored = records.unframe(key, raw)
+            item.record.MergeFromString(stored.body)
+        except (records.CorruptRecord, DecodeError):
+            return
+        item.record.topic, item.record.partition, item.record.offset = dlq.config.name, dead.dlq_partition, \
+            dead.dlq_offset
+        item.record.timestamp_ms = stored.timestamp_ms
+
+    def retry_dead_letters(self, topic: str, group: str, positions: list[tuple[int, int]], everything: bool) -> int:
+        """Deliver dead letters again (attempts start over); returns how many were found."""
+        rt = self._service.runtime(topic, group)
+        if not everything and not positions:
+            raise InvalidArgument("name the dead letters to retry (partition, offset) or ask for all")
+        cmd = K.Command(retry_dead_letters=K.RetryDeadLettersCommand(
+            topic=topic, group=group, group_id=rt.gid, now_ms=self._service.clock_ms(), all=everything,
+            partitions=[p for p, _ in positions], offsets=[o for _, o in positions]))
+        count = raise_rejected(self._service.submitter.submit(cmd))
+        assert isinstance(count, int)
+        return count
+
+    def purge_dead_letters(self, topic: str, group: str) -> int:
+        rt = self._service.runtime(topic, group)
+        cmd = K.Command(purge_dead_letters=K.PurgeDeadLettersCommand(topic=topic, group=group, group_id=rt.gid))
+        count = raise_rejected(self._service.submitter.submit(cmd))
+        assert isinstance(count, int)
+        return count
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def figures(self) -> list[tuple[str, str, LagRow]]:
+        """(topic, group, row) of every partition of every group, as this node knows them."""
+        runtimes = {(rt.meta.topic, rt.meta.group): rt for rt in self._service.runtimes()}
+        now = self._service.clock_ms()
+        out = []
+        for meta in layout.all_metas(self._state.store):
+            rt = runtimes.get((meta.topic, meta.group))
+            for row in lag_rows(self._state, meta, now, rt if rt is not None and rt.gid == meta.group_id else None):
+                out.append((meta.topic, meta.group, row))
+        return out

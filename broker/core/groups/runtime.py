@@ -1,0 +1,374 @@
+"""One group's leader-side delivery state: what to hand out next, to whom, and the leases.
+
+The replicated state (cursors, retry entries, paused flag) is read from the store whenever the
+group's version changes; the rest is leader memory and starts empty after a failover:
+- ``next_fresh[p]``: offsets below it were handed out in this leader term (or are settled);
+- ``ready[p]``: offsets given back (released, or taken from a member that died or lost the
+  partition), delivered before anything fresh so per-partition order survives a handover;
+- ``waiting[key]``: ordered groups only: records whose key was busy when their turn came.
+Pick order: due retries, ready, waiting, fresh. Fresh records are taken at most ``max_pending``
+offsets ahead of the committed watermark, which bounds every structure here. Thread-safe: every
+public method takes :attr:`lock`.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import threading
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from broker.core import records
+from broker.core.errors import GroupNotFound
+from broker.core.groups import layout
+from broker.core.groups.apply import GroupApplier
+from broker.core.groups.config import is_stream
+from broker.core.groups.cursor import GroupCursor
+from broker.core.groups.leases import Lease, LeaseTable, Position
+from broker.core.groups.membership import Membership
+from broker.core.state_machine import BrokerStateMachine
+from broker.storage import Column
+from broker.v1 import common_pb2, internal_pb2
+
+SCAN_CHUNK = 256
+MAX_LEFT_MEMBERS = 10_000
+
+
+@dataclass
+class Delivery:
+    """What one pick produced for a stream: events first, then records; ``bad`` are unreadable
+    records the caller settles as BADMSG (their events are in ``events``)."""
+
+    events: list[common_pb2.Event] = field(default_factory=list)
+    records: list[common_pb2.Record] = field(default_factory=list)
+    bad: list[internal_pb2.SettleEntry] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.records or self.bad)
+
+
+class GroupRuntime:
+    """Delivery decisions and leases of one group (one group id) on the leader."""
+
+    def __init__(self, meta: internal_pb2.GroupMeta, state: BrokerStateMachine, applier: GroupApplier) -> None:
+        self.meta = meta
+        self.gid = meta.group_id
+        self.lock = threading.RLock()
+        self.leases = LeaseTable()
+        self.gone = False
+        self._state, self._applier = state, applier
+        config, n = meta.config, meta.partitions
+        self.members = Membership(n, config.session_timeout_ms, config.visibility_timeout_ms) if is_stream(
+            config) else None
+        self._cursors = [GroupCursor() for _ in range(n)]
+        self._retries: dict[Position, internal_pb2.RetryState] = {}
+        self._retry_keys: collections.Counter[bytes] = collections.Counter()
+        self._next_fresh: list[int | None] = [None] * n
+        self._ready: list[list[int]] = [[] for _ in range(n)]
+        self._waiting: dict[bytes, list[Position]] = {}
+        self._version = -1
+        self._reported: dict[int, set[tuple[object, ...]]] = {}
+        self._left: dict[str, None] = {}  # members that left: their streams get nothing more
+        self._next_stream = 0
+        self._rotation = 0
+
+    # -- replicated state ------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read the group's replicated state if an apply changed it (sets :attr:`gone` when the
+        group was deleted or rebased)."""
+        with self.lock:
+            version = self._applier.version(self.gid)
+            if version == self._version:
+                return
+            store = self._state.store
+            meta = layout.get_meta(store, self.meta.topic, self.meta.group)
+            if meta is None or meta.group_id != self.gid:
+                self.gone = True
+                return
+            self.meta = meta
+            self._cursors = layout.get_cursors(store, self.gid, meta.partitions)
+            self._retries = {(p, o): r for p, o, r in layout.retries(store, self.gid)}
+            self._retry_keys = collections.Counter(r.key for r in self._retries.values() if r.has_key)
+            self._version = version
+
+    def cursor(self, partition: int) -> GroupCursor:
+        return self._cursors[partition]
+
+    def bounds(self, partition: int) -> tuple[int, int]:
+        st = self._state.partition(self.meta.topic_id, partition)
+        return st.start_offset, st.end_offset
+
+    def retry_state(self, position: Position) -> internal_pb2.RetryState | None:
+        return self._retries.get(position)
+
+    # -- streams ---------------------------------------------------------------------------------
+    def open_stream(self) -> int:
+        with self.lock:
+            self._next_stream += 1
+            self._reported[self._next_stream] = set()
+            return self._next_stream
+
+    def close_stream(self, stream_id: int) -> None:
+        with self.lock:
+            self._reported.pop(stream_id, None)
+
+    def eligible(self, member_id: str) -> list[int]:
+        """Partitions whose records ``member_id`` may receive now."""
+        if self.members is None:
+            return list(range(self.meta.partitions))
+        return self.members.assigned(member_id)
+
+    # -- picking ---------------------------------------------------------------------------------
+    def pick(self, stream_id: int, member_id: str, limit: int, now_ms: int) -> Delivery:
+        """Lease up to ``limit`` records to ``stream_id`` and report new events for it."""
+        with self.lock:
+            self.refresh()
+            if self.gone:
+                raise GroupNotFound(self.meta.topic, self.meta.group)
+            out = Delivery()
+            if member_id in self._left:
+                return out
+            eligible = self.eligible(member_id)
+            self._events(stream_id, eligible, out)
+            if self.meta.paused or limit <= 0 or not eligible:
+                return out
+            self._rotation = (self._rotation + 1) % len(eligible)
+            order = eligible[self._rotation:] + eligible[:self._rotation]
+            budget = [limit]
+            self._pick_retries(set(eligible), stream_id, member_id, now_ms, out, budget)
+            for p in order:
+                self._pick_ready(p, stream_id, member_id, now_ms, out, budget)
+            self._pick_waiting(set(eligible), stream_id, member_id, now_ms, out, budget)
+            for p in order:
+                self._pick_fresh(p, stream_id, member_id, now_ms, out, budget)
+            return out
+
+    def _pending(self, position: Position) -> bool:
+        """Not settled, not leased, not waiting for a retry (retries are picked on their own)."""
+        p, o = position
+        return (not self._cursors[p].is_settled(o) and position not in self._retries
+                and self.leases.get(position) is None)
+
+    def _key_busy(self, key: bytes | None, own_retry: bool) -> bool:
+        if not self.meta.config.ordered or key is None:
+            return False
+        return self.leases.key_leased(key) or self._retry_keys.get(key, 0) > (1 if own_retry else 0)
+
+    def _pick_retries(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, out: Delivery,
+                      budget: list[int]) -> None:
+        for (p, o), retry in sorted(self._retries.items()):
+            if budget[0] <= 0:
+                return
+            if p not in eligible or retry.due_ms > now_ms or self.leases.get((p, o)) is not None:
+                continue
+            if self._key_busy(retry.key if retry.has_key else None, own_retry=True):
+                continue
+            self._deliver(p, o, retry.attempts + 1, stream_id, member_id, now_ms, out, budget)
+
+    def _pick_ready(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
+                    budget: list[int]) -> None:
+        heap = self._ready[p]
+        while heap and budget[0] > 0:
+            o = heapq.heappop(heap)
+            if self._pending((p, o)):
+                self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget)
+
+    def _pick_waiting(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, out: Delivery,
+                      budget: list[int]) -> None:
+        for key in list(self._waiting):
+            queue = self._waiting[key]
+            while queue and not self._pending(queue[0]):
+                heapq.heappop(queue)
+            if not queue:
+                del self._waiting[key]
+                continue
+            if budget[0] <= 0 or queue[0][0] not in eligible or self._key_busy(key, own_retry=False):
+                continue
+            p, o = heapq.heappop(queue)
+            self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget)
+
+    def _pick_fresh(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
+                    budget: list[int]) -> None:
+        start, end = self.bounds(p)
+        cursor = self._cursors[p]
+        floor = max(cursor.committed, start)
+        nxt = self._next_fresh[p]
+        nxt = floor if nxt is None else max(nxt, floor)
+        limit = min(end, floor + self.meta.config.max_pending)
+        tid = self.meta.topic_id
+        store = self._state.records_store(tid)
+        while budget[0] > 0 and nxt < limit:
+            nxt = cursor.next_unsettled(nxt)
+            if nxt >= limit:
+                break
+            scan = store.scan(Column.RECORDS, records.record_key(tid, p, nxt), records.record_key(tid, p, limit),
+                              min(SCAN_CHUNK, limit - nxt))
+            progressed = False
+            for key, value in scan:
+                o = records.RECORD_KEY.unpack(key)[2]
+                nxt, progressed = o + 1, True
+                if not self._pending((p, o)):
+                    continue
+                record = self._decode(p, o, key, value, out)
+                if record is None:
+                    continue
+                rkey = record.key if record.HasField("key") else None
+                if self._key_busy(rkey, own_retry=False):
+                    assert rkey is not None
+                    heapq.heappush(self._waiting.setdefault(rkey, []), (p, o))
+                    continue
+                self._lease(record, 1, stream_id, member_id, now_ms, out, budget)
+                if budget[0] <= 0:
+                    break
+            if not progressed:  # nothing stored in [nxt, limit): pruned under us
+                nxt = limit
+        self._next_fresh[p] = nxt
+
+    def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
+                 budget: list[int]) -> None:
+        tid = self.meta.topic_id
+        key = records.record_key(tid, p, o)
+        value = self._state.records_store(tid).get(Column.RECORDS, key)
+        if value is None:  # pruned while it waited: report the loss and settle it as unreadable
+            self._bad(p, o, "the record was pruned before it could be delivered again", out)
+            return
+        record = self._decode(p, o, key, value, out)
+        if record is None:
+            return
+        rkey = record.key if record.HasField("key") else None
+        if self._key_busy(rkey, own_retry=(p, o) in self._retries):
+            assert rkey is not None
+            heapq.heappush(self._waiting.setdefault(rkey, []), (p, o))
+            return
+        self._lease(record, attempt, stream_id, member_id, now_ms, out, budget)
+
+    def _decode(self, p: int, o: int, key: bytes, value: bytes, out: Delivery) -> common_pb2.Record | None:
+        record = common_pb2.Record()
+        try:
+            stored = records.unframe(key, value)
+            record.MergeFromString(stored.body)
+        except (records.CorruptRecord, DecodeError) as exc:
+            self._bad(p, o, f"record skipped: {exc}", out)
+            return None
+        record.topic, record.partition, record.offset = self.meta.topic, p, o
+        record.timestamp_ms = stored.timestamp_ms
+        record.position = records.PositionToken(self.meta.topic_id, p, o + 1).encode()
+        return record
+
+    def _bad(self, p: int, o: int, detail: str, out: Delivery) -> None:
+        out.events.append(self.event(common_pb2.EVENT_TYPE_BADMSG, p, o, o + 1, detail))
+        out.bad.append(internal_pb2.SettleEntry(kind=internal_pb2.SETTLE_BADMSG, partition=p, offset=o,
+                                                reason=f"badmsg: {detail}"))
+
+    def _lease(self, record: common_pb2.Record, attempt: int, stream_id: int, member_id: str, now_ms: int,
+               out: Delivery, budget: list[int]) -> None:
+        record.delivery_attempt = attempt
+        key = record.key if record.HasField("key") and self.meta.config.ordered else None
+        deadline = now_ms + self.meta.config.visibility_timeout_ms
+        self.leases.add(Lease(record.partition, record.offset, stream_id, member_id, deadline, attempt, key))
+        out.records.append(record)
+        budget[0] -= 1
+
+    # -- events ----------------------------------------------------------------------------------
+    def event(self, kind: int, p: int, before: int, after: int, detail: str,
+              before_incarnation: int | None = None) -> common_pb2.Event:
+        tid = self.meta.topic_id
+        old = tid if before_incarnation is None else before_incarnation
+        return common_pb2.Event(
+            type=kind, topic=self.meta.topic, partition=p, offset_before=before, offset_after=after,  # type: ignore[arg-type]
+            position_before=records.PositionToken(old, p, before).encode(),
+            position_after=records.PositionToken(tid, p, after).encode(), detail=detail)
+
+    def _events(self, stream_id: int, partitions: list[int], out: Delivery) -> None:
+        """RESET while a re-created topic's partition has no progress yet; SKIP_FORWARD while the
+        watermark is below the first retained record. Each reported once per stream."""
+        reported = self._reported.setdefault(stream_id, set())
+        meta = self.meta
+        for p in partitions:
+            cursor = self._cursors[p]
+            start, _ = self.bounds(p)
+            if meta.reset_from_topic_id and p < len(meta.start_offsets) and not cursor.ranges \
+                    and cursor.committed <= meta.start_offsets[p] and ("reset", p) not in reported:
+                reported.add(("reset", p))
+                before = meta.reset_from_offsets[p] if p < len(meta.reset_from_offsets) else 0
+                out.events.append(self.event(
+                    common_pb2.EVENT_TYPE_RESET, p, before, meta.start_offsets[p],
+                    f"topic was re-created (incarnation {meta.reset_from_topic_id} -> {meta.topic_id})",
+                    before_incarnation=meta.reset_from_topic_id))
+            if cursor.committed < start and (p, cursor.committed, start) not in reported:
+                reported.add((p, cursor.committed, start))
+                out.events.append(self.event(common_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
+                                             "records before this position were pruned or expired"))
+
+    # -- lease changes -----------------------------------------------------------------------------
+    def settled(self, entries: list[internal_pb2.SettleEntry]) -> None:
+        """Forget the leases of applied settle entries (an EXPIRE only removes the expired lease)."""
+        with self.lock:
+            for entry in entries:
+                position = (entry.partition, entry.offset)
+                lease = self.leases.get(position)
+                if lease is not None and (entry.kind != internal_pb2.SETTLE_EXPIRE or lease.expiring):
+                    self.leases.remove(position)
+
+    def release(self, positions: list[Position]) -> int:
+        """Give leases back for immediate redelivery (no attempt counted); returns how many."""
+        with self.lock:
+            released = 0
+            for p, o in positions:
+                if self.leases.remove((p, o)) is not None:
+                    heapq.heappush(self._ready[p], o)
+                    released += 1
+            return released
+
+    def leave(self, member_id: str) -> int:
+        """``member_id`` is gone for good (it said so): give its leases back at once and deliver
+        nothing more to its streams. Returns how many leases were released."""
+        with self.lock:
+            self._left[member_id] = None
+            while len(self._left) > MAX_LEFT_MEMBERS:
+                del self._left[next(iter(self._left))]
+            return self.release([lease.position for lease in self.leases.of_member(member_id)])
+
+    def rejoin(self, member_id: str) -> None:
+        with self.lock:
+            self._left.pop(member_id, None)
+
+    def give_back(self, leases: list[Lease]) -> None:
+        with self.lock:
+            self.release([lease.position for lease in leases])
+
+    def take_expired(self, now_ms: int) -> list[Lease]:
+        """Leases past their deadline, marked as being expired (the caller replicates EXPIRE)."""
+        with self.lock:
+            expired = self.leases.expired(now_ms)
+            for lease in expired:
+                lease.expiring = True
+            return expired
+
+    def unexpire(self, leases: list[Lease]) -> None:
+        """The EXPIRE could not be replicated: try again later."""
+        with self.lock:
+            for lease in leases:
+                lease.expiring = False
+
+    def reset_partitions(self, partitions: list[int]) -> None:
+        """After a seek: forget leases and delivery progress of ``partitions``."""
+        with self.lock:
+            for p in partitions:
+                for lease in self.leases.of_partition(p):
+                    self.leases.remove(lease.position)
+                self._ready[p] = []
+                self._next_fresh[p] = None
+            for key in list(self._waiting):
+                self._waiting[key] = [pos for pos in self._waiting[key] if pos[0] not in partitions]
+                heapq.heapify(self._waiting[key])
+            self._version = -1
+
+    def next_due_ms(self, member_id: str) -> int | None:
+        """When the earliest retry this member could receive falls due (None: none waits)."""
+        with self.lock:
+            eligible = set(self.eligible(member_id))
+            dues = [r.due_ms for (p, _), r in self._retries.items() if p in eligible]
+            return min(dues) if dues else None

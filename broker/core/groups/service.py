@@ -1,0 +1,401 @@
+"""Leader-side consumer-group operations: runtimes, settling, the data-plane verbs and the ticker.
+
+Everything here runs on the leader only (``NotLeader`` elsewhere, which the services layer turns
+into UNAVAILABLE + ``x-leader``). Runtimes (leases, membership) belong to one leader term: when
+the term changes they are dropped and rebuilt from the replicated state, so a new leader
+re-delivers whatever was in flight (at-least-once) and never anything settled. Every change of
+replicated group state goes through one ``Command`` built here and applied by
+:mod:`broker.core.groups.apply`; a settle command carries many records (one per ``Ack`` call, and
+one per ticker round for all expired leases).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from broker.core import records
+from broker.core.errors import (
+    BrokerError,
+    GroupExists,
+    GroupNotFound,
+    InvalidArgument,
+    TopicNotFound,
+)
+from broker.core.groups import layout
+from broker.core.groups.apply import GroupApplier, SettleResult
+from broker.core.groups.config import normalized_group_config, validate_group_name
+from broker.core.groups.leases import Lease, Position
+from broker.core.groups.runtime import GroupRuntime
+from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.submitter import CommandSubmitter
+from broker.core.topics import validate_name
+from broker.storage import Column
+from broker.v1 import common_pb2, internal_pb2
+
+log = logging.getLogger(__name__)
+K = internal_pb2
+TICK_S = 0.05
+MAX_SETTLE_BYTES = 4 << 20  # one settle command stays well below the replication limit
+MAX_POSITIONS = 10_000
+MAX_REASON_CHARS = 1024
+
+
+def raise_rejected(result: object) -> object:
+    if isinstance(result, Rejected):
+        raise result.error
+    return result
+
+
+class GroupService:
+    """Consumer groups on top of the replicated state machine (leader side)."""
+
+    def __init__(self, state: BrokerStateMachine, applier: GroupApplier, submitter: CommandSubmitter,
+                 clock_ms: Callable[[], int] | None = None, tick_s: float = TICK_S) -> None:
+        self.state = state
+        self.applier = applier
+        self.submitter = submitter
+        self.clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+        self._tick_s = tick_s
+        self._runtimes: dict[tuple[str, str], GroupRuntime] = {}
+        self._term: int | None = None
+        self._lock = threading.Lock()
+        self._barrier_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- runtimes ----------------------------------------------------------------------------------
+    def ensure_leader(self) -> None:
+        self.submitter.ensure_leader()
+
+    def ready(self) -> None:
+        """Raise unless this node leads and has applied everything committed before its term."""
+        self._check_term()
+
+    def _check_term(self) -> None:
+        """Runtimes belong to one leader term. A new leader is reported before it has applied the
+        entries committed in earlier terms, so it first replicates a barrier and waits for it:
+        reading group state earlier could re-deliver settled records or report a lower watermark."""
+        term = self.submitter.leader_term()
+        if term == self._term:
+            return
+        with self._barrier_lock:
+            if term == self._term:
+                return
+            barrier = K.Command(group_barrier=K.GroupBarrierCommand(term=term))
+            raise_rejected(self.submitter.submit(barrier))
+            with self._lock:
+                self._runtimes.clear()
+                self._term = term
+
+    def runtime(self, topic: str, group: str) -> GroupRuntime:
+        """The runtime of an existing group on this leader; follows a re-created topic (rebase)."""
+        validate_name(topic)
+        validate_group_name(group)
+        self._check_term()
+        meta = layout.get_meta(self.state.store, topic, group)
+        if meta is None:
+            raise GroupNotFound(topic, group)
+        current = self.state.topic(topic)
+        if current is None:
+            raise TopicNotFound(topic)
+        if current.topic_id != meta.topic_id:
+            meta = self._rebase(meta, current)
+        with self._lock:
+            rt = self._runtimes.get((topic, group))
+            if rt is None or rt.gid != meta.group_id or rt.gone:
+                rt = GroupRuntime(meta, self.state, self.applier)
+                self._runtimes[(topic, group)] = rt
+        rt.refresh()
+        if rt.gone:  # deleted or rebased between our read and the runtime's
+            return self.runtime(topic, group)
+        return rt
+
+    def runtimes(self) -> list[GroupRuntime]:
+        with self._lock:
+            return list(self._runtimes.values())
+
+    def forget(self, topic: str, group: str) -> None:
+        with self._lock:
+            self._runtimes.pop((topic, group), None)
+
+    def _rebase(self, meta: K.GroupMeta, topic: K.TopicMeta) -> K.GroupMeta:
+        starts = [self.state.partition(topic.topic_id, p).start_offset for p in range(topic.config.partitions)]
+        cmd = K.Command(rebase_group=K.RebaseGroupCommand(topic=meta.topic, group=meta.group, group_id=meta.group_id,
+                                                          topic_id=topic.topic_id, start_offsets=starts))
+        result = self.submitter.submit(cmd)
+        if isinstance(result, Rejected) and isinstance(result.error, GroupNotFound):
+            fresh = layout.get_meta(self.state.store, meta.topic, meta.group)  # rebased by a concurrent call
+            if fresh is not None and fresh.topic_id == topic.topic_id:
+                return fresh
+        new = raise_rejected(result)
+        assert isinstance(new, K.GroupMeta)
+        log.info("group %s of %s follows the re-created topic (incarnation %d -> %d)", meta.group, meta.topic,
+                 meta.topic_id, topic.topic_id)
+        return new
+
+    # -- creation --------------------------------------------------------------------------------
+    def create(self, topic: str, group: str, config: common_pb2.GroupConfig) -> K.GroupMeta:
+        """Create a group; its partitions start where ``config.start_from`` resolves now."""
+        validate_name(topic)
+        validate_group_name(group)
+        self._check_term()
+        normalized = normalized_group_config(config)
+        meta = self.state.topic(topic)
+        if meta is None:
+            raise TopicNotFound(topic)
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            raise InvalidArgument("ephemeral topics cannot have consumer groups (nothing is stored to settle)")
+        starts = [self.resolve(meta, p, normalized.start_from) for p in range(meta.config.partitions)]
+        cmd = K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=meta.topic_id, group=group,
+                                                          config=normalized, now_ms=self.clock_ms(),
+                                                          start_offsets=starts))
+        created = raise_rejected(self.submitter.submit(cmd))
+        assert isinstance(created, K.GroupMeta)
+        return created
+
+    def ensure(self, topic: str, group: str, config: common_pb2.GroupConfig) -> GroupRuntime:
+        """The group's runtime, creating the group with ``config`` if it does not exist."""
+        validate_name(topic)
+        validate_group_name(group)
+        self._check_term()
+        if layout.get_meta(self.state.store, topic, group) is None:
+            with contextlib.suppress(GroupExists):  # a concurrent subscriber created it
+                self.create(topic, group, config)
+        return self.runtime(topic, group)
+
+    def resolve(self, topic: K.TopicMeta, partition: int, position: common_pb2.Position) -> int:
+        """The offset ``position`` designates in one partition now."""
+        st = self.state.partition(topic.topic_id, partition)
+        kind = position.WhichOneof("kind")
+        if kind is None or (kind == "start" and position.start != common_pb2.START_POSITION_LATEST):
+            return st.start_offset
+        if kind == "start":
+            return st.end_offset
+        if kind == "offset":
+            return min(max(position.offset, st.start_offset), st.end_offset)
+        if kind == "timestamp_ms":
+            return records.offset_for_time(self.state.records_store(topic.topic_id), topic.topic_id, partition,
+                                           position.timestamp_ms, st.start_offset, st.end_offset)
+        token = records.PositionToken.decode(position.token)
+        if token.incarnation != topic.topic_id or token.partition != partition:
+            return st.start_offset
+        return min(token.next_offset, st.end_offset)
+
+    # -- settling --------------------------------------------------------------------------------
+    def positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[Position]:
+        """(partition, offset) of delivered records' position tokens; tokens of another topic
+        incarnation are dropped (their group state is gone)."""
+        if len(tokens) > MAX_POSITIONS:
+            raise InvalidArgument(f"at most {MAX_POSITIONS} positions per call, got {len(tokens)}")
+        out: list[Position] = []
+        for raw in tokens:
+            token = records.PositionToken.decode(raw)
+            if token.incarnation != rt.meta.topic_id:
+                continue
+            if token.partition >= rt.meta.partitions or token.next_offset == 0:
+                raise InvalidArgument(f"position of partition {token.partition} offset {token.next_offset - 1} "
+                                      f"is not a record of {rt.meta.topic!r}")
+            out.append((token.partition, token.next_offset - 1))
+        return out
+
+    def entry(self, rt: GroupRuntime, kind: int, position: Position, reason: str = "",
+              delay_ms: int | None = None) -> K.SettleEntry:
+        """A settle entry; NACK, EXPIRE and DISCARD carry the record body (copied if it dies)."""
+        p, o = position
+        entry = K.SettleEntry(kind=kind, partition=p, offset=o, reason=reason[:MAX_REASON_CHARS])  # type: ignore[arg-type]
+        if delay_ms is not None:
+            entry.delay_ms = delay_ms
+        if kind != K.SETTLE_ACK:
+            key = records.record_key(rt.meta.topic_id, p, o)
+            value = self.state.records_store(rt.meta.topic_id).get(Column.RECORDS, key)
+            if value is not None:
+                try:
+                    stored = records.unframe(key, value)
+                    entry.body, entry.timestamp_ms = stored.body, stored.timestamp_ms
+                except records.CorruptRecord:
+                    entry.kind = K.SETTLE_BADMSG
+        return entry
+
+    def settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
+               commits: list[tuple[int, int]] | None = None) -> list[str]:
+        """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes.
+        Partitions whose watermark is below the first retained record are committed up to it in
+        the same command (the reader was told with SKIP_FORWARD before it got later records)."""
+        commits = list(commits or [])
+        for p in sorted({e.partition for e in entries}):
+            start, _ = rt.bounds(p)
+            if rt.cursor(p).committed < start:
+                commits.append((p, start))
+        outcomes: list[str] = []
+        chunk: list[K.SettleEntry] = []
+        size = 0
+        for entry in entries:
+            if chunk and size + entry.ByteSize() > MAX_SETTLE_BYTES:
+                outcomes += self._submit_settle(rt, chunk, [])
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += entry.ByteSize()
+        outcomes += self._submit_settle(rt, chunk, commits)
+        return outcomes
+
+    def _submit_settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
+                       commits: list[tuple[int, int]]) -> list[str]:
+        if not entries and not commits:
+            return []
+        cmd = K.Command(group_settle=K.GroupSettleCommand(
+            topic=rt.meta.topic, group=rt.meta.group, group_id=rt.gid, now_ms=self.clock_ms(), entries=entries,
+            commit_partitions=[p for p, _ in commits], commit_offsets=[o for _, o in commits]))
+        result = raise_rejected(self.submitter.submit(cmd))
+        assert isinstance(result, SettleResult) and len(result.outcomes) == len(entries)
+        rt.settled(entries)
+        return [str(o) for o in result.outcomes]
+
+    # -- data plane ------------------------------------------------------------------------------
+    def ack(self, topic: str, group: str, tokens: list[bytes]) -> int:
+        rt = self.runtime(topic, group)
+        entries = [self.entry(rt, K.SETTLE_ACK, pos) for pos in self.positions(rt, tokens)]
+        return sum(1 for o in self.settle(rt, entries) if o == "settled")
+
+    def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
+        rt = self.runtime(topic, group)
+        positions = self.positions(rt, tokens)
+        if release:
+            if rt.release(positions):
+                self.state.notify_change()
+            return
+        if delay_ms < 0:
+            raise InvalidArgument(f"delay_ms must not be negative, got {delay_ms}")
+        delay = delay_ms if delay_ms > 0 else None
+        self.settle(rt, [self.entry(rt, K.SETTLE_NACK, pos, "nacked", delay) for pos in positions])
+
+    def discard(self, topic: str, group: str, tokens: list[bytes], reason: str) -> None:
+        rt = self.runtime(topic, group)
+        why = f"discarded: {reason}" if reason else "discarded"
+        self.settle(rt, [self.entry(rt, K.SETTLE_DISCARD, pos, why) for pos in self.positions(rt, tokens)])
+
+    def extend(self, topic: str, group: str, tokens: list[bytes], extend_ms: int) -> list[int]:
+        """New deadlines of the leases still held (0 for a position without a lease)."""
+        rt = self.runtime(topic, group)
+        if extend_ms < 0:
+            raise InvalidArgument(f"extend_ms must not be negative, got {extend_ms}")
+        length = extend_ms or rt.meta.config.visibility_timeout_ms
+        deadlines = []
+        with rt.lock:
+            for pos in self.positions(rt, tokens):
+                lease = rt.leases.get(pos)
+                if lease is None or lease.expiring:
+                    deadlines.append(0)
+                    continue
+                lease.deadline_ms = self.clock_ms() + length
+                deadlines.append(lease.deadline_ms)
+        return deadlines
+
+    def commit(self, topic: str, group: str, partition: int, offset: int) -> None:
+        """Settle everything below ``offset`` in ``partition`` (never moves backwards)."""
+        rt = self.runtime(topic, group)
+        if partition >= rt.meta.partitions:
+            raise InvalidArgument(f"partition {partition} does not exist (group has {rt.meta.partitions})")
+        self.settle(rt, [], [(partition, offset)])
+
+    def join(self, topic: str, group: str, member_id: str,
+             config: common_pb2.GroupConfig) -> tuple[str, list[int], int]:
+        """Register a stream-mode member; returns its id, its partitions now and the session timeout."""
+        rt = self.ensure(topic, group, config)
+        if rt.members is None:
+            raise InvalidArgument(f"group {group!r} is a queue-mode group: members need not join")
+        member_id = member_id or f"m-{uuid.uuid4().hex[:12]}"
+        with rt.lock:
+            rt.rejoin(member_id)
+            if rt.members.heartbeat(member_id, self.clock_ms()):
+                self.state.notify_change()
+            return member_id, rt.members.assigned(member_id), rt.members.session_timeout_ms
+
+    def heartbeat(self, topic: str, group: str, member_id: str) -> list[int]:
+        """Keep a member alive (re-joining it after a failover); returns its partitions now."""
+        if not member_id:
+            raise InvalidArgument("member_id is required")
+        rt = self.runtime(topic, group)
+        if rt.members is None:
+            return []
+        with rt.lock:
+            rt.rejoin(member_id)
+            if rt.members.heartbeat(member_id, self.clock_ms()):
+                self.state.notify_change()
+            return rt.members.assigned(member_id)
+
+    def leave(self, topic: str, group: str, member_id: str) -> None:
+        """A member closes: its leases come back for immediate redelivery (no attempt counted),
+        its streams get nothing more and, in stream mode, its partitions move now."""
+        if not member_id:
+            raise InvalidArgument("member_id is required")
+        rt = self.runtime(topic, group)
+        with rt.lock:
+            if rt.members is not None:
+                rt.members.leave(member_id, self.clock_ms())
+            rt.leave(member_id)
+        self.state.notify_change()
+
+    # -- ticker ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="groups-ticker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick_s):
+            try:
+                self.tick()
+            except BrokerError as exc:
+                log.debug("group ticker skipped a round: %s", exc)
+            except Exception:  # noqa: BLE001 - the ticker must survive to expire later leases
+                log.exception("group ticker failed")
+
+    def tick(self) -> None:
+        """Expire leases (one EXPIRE settle per group), expire silent members and hand over
+        partitions. Only on the leader; a lost leadership drops every runtime."""
+        try:
+            self._check_term()
+        except BrokerError:
+            with self._lock:
+                self._runtimes.clear()
+                self._term = None
+            return
+        for rt in self.runtimes():
+            now = self.clock_ms()
+            if rt.members is not None:
+                self._tick_members(rt, now)
+            expired = rt.take_expired(now)
+            if not expired:
+                continue
+            why = f"lease expired (visibility timeout {rt.meta.config.visibility_timeout_ms} ms)"
+            entries = [self.entry(rt, K.SETTLE_EXPIRE, lease.position, why) for lease in expired]
+            try:
+                self.settle(rt, entries)
+            except BrokerError:
+                rt.unexpire(expired)
+                raise
+
+    def _tick_members(self, rt: GroupRuntime, now: int) -> None:
+        members = rt.members
+        assert members is not None
+        with rt.lock:
+            dead, freed = members.expire(now)
+            moved = members.hand_over(now, lambda p: any(
+                lease.member_id == members.owner(p) for lease in rt.leases.of_partition(p)))
+            stale: list[Lease] = [lease for member in dead for lease in rt.leases.of_member(member)]
+            for p in set(freed) | set(moved):
+                stale += [lease for lease in rt.leases.of_partition(p) if lease.member_id != members.owner(p)]
+            rt.give_back(stale)
+        if dead or freed or moved:
+            log.info("group %s of %s: members %s left by timeout, partitions %s moved", rt.meta.group, rt.meta.topic,
+                     dead, sorted(set(freed) | set(moved)))
+            self.state.notify_change()

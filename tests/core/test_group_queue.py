@@ -1,0 +1,177 @@
+"""Queue-mode delivery on the leader: leases, ack/nack/extend/discard, expiry, backoff, dead letters,
+ordered keys and a leadership change (unit: real core over MemoryStore and InMemoryReplicator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.core.groups import layout
+from broker.v1 import common_pb2
+from tests.core.groups_env import make_env, positions, values
+
+pytestmark = pytest.mark.unit
+QUEUE = common_pb2.DELIVERY_MODE_QUEUE
+
+
+def test_two_groups_each_get_every_record_and_a_group_shares_them_out() -> None:
+    env = make_env()
+    env.topic("t", 3)
+    env.publish("t", [b"%d" % i for i in range(30)])
+    a, b = env.group("t", "a"), env.group("t", "b")
+    got_a = values(env.pick(a, a.open_stream(), 100))
+    s1, s2 = b.open_stream(), b.open_stream()
+    first, second = env.pick(b, s1, 10), env.pick(b, s2, 100)
+    assert sorted(got_a) == sorted(b"%d" % i for i in range(30))
+    assert len(first.records) == 10 and len(second.records) == 20
+    assert not set(values(first)) & set(values(second)), "no record leased to two streams of one group"
+    assert not env.pick(b, s1, 100).records, "everything is leased"
+
+
+def test_acks_settle_and_move_the_watermark_nacks_redeliver_after_the_backoff() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c"])
+    rt = env.group("t", "g", base_delay_ms=1000, max_delay_ms=8000)
+    s = rt.open_stream()
+    d = env.pick(rt, s)
+    assert [r.delivery_attempt for r in d.records] == [1, 1, 1]
+    tokens = positions(d)
+    assert env.service.ack("t", "g", [tokens[0], tokens[2]]) == 2
+    env.service.nack("t", "g", [tokens[1]], 0, release=False)
+    rt.refresh()
+    assert rt.cursor(0).committed == 1 and rt.cursor(0).ranges == [(2, 3)]
+    assert not env.pick(rt, s).records, "the retry is not due before the backoff"
+    env.clock.advance(999)
+    assert not env.pick(rt, s).records
+    env.clock.advance(1)
+    again = env.pick(rt, s)
+    assert values(again) == [b"b"] and again.records[0].delivery_attempt == 2
+    env.service.ack("t", "g", positions(again))
+    rt.refresh()
+    assert rt.cursor(0).committed == 3 and rt.cursor(0).retrying == 0
+
+
+def test_expired_lease_is_redelivered_and_extend_keeps_it() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"x", b"y"])
+    rt = env.group("t", "g", visibility_timeout_ms=1000, base_delay_ms=100)
+    s = rt.open_stream()
+    d = env.pick(rt, s)
+    env.clock.advance(800)
+    assert env.service.extend("t", "g", [d.records[0].position], 0) == [env.clock() + 1000]
+    env.clock.advance(300)
+    env.service.tick()  # y expired (deadline 1000), x was extended to 1800
+    rt.refresh()
+    assert [(p, o) for p, o, _ in layout.retries(env.state.store, rt.gid)] == [(0, 1)]
+    env.clock.advance(100)
+    redelivered = env.pick(rt, rt.open_stream())
+    assert values(redelivered) == [b"y"] and redelivered.records[0].delivery_attempt == 2
+    env.clock.advance(1000)
+    env.service.tick()
+    rt.refresh()
+    assert rt.cursor(0).retrying == 2, "x expired later, y expired again"
+
+
+def test_always_failing_record_goes_to_dead_letters_then_retry_brings_it_back() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"poison"], key=b"k")
+    rt = env.group("t", "g", max_attempts=3, base_delay_ms=100, max_delay_ms=1000)
+    s = rt.open_stream()
+    delivered_at = []
+    for _ in range(3):
+        d = env.pick(rt, s)
+        while not d.records:
+            env.clock.advance(10)
+            d = env.pick(rt, s)
+        delivered_at.append(env.clock())
+        env.service.nack("t", "g", positions(d), 0, release=False)
+    assert [b - a for a, b in zip(delivered_at, delivered_at[1:], strict=False)] == [100, 200]
+    lag = env.ops.lag("t", "g").partitions[0]
+    assert (lag.lag, lag.retrying, lag.dead, lag.committed) == (0, 0, 1, 1)
+    [dead] = env.ops.dead_letters("t", "g", 0, None, None)
+    assert dead.attempts == 3 and dead.record.value == b"poison"
+    assert dead.record.topic == "t.g.dlq" and dead.record.headers["dlq.offset"] == "0"
+    assert env.ops.retry_dead_letters("t", "g", [(0, 0)], False) == 1
+    back = env.pick(rt, s)
+    assert values(back) == [b"poison"] and back.records[0].delivery_attempt == 1
+    env.service.ack("t", "g", positions(back))
+    lag = env.ops.lag("t", "g").partitions[0]
+    assert (lag.lag, lag.retrying, lag.dead) == (0, 0, 0)
+
+
+def test_discard_goes_straight_to_dead_letters_and_release_redelivers_at_once() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b"])
+    rt = env.group("t", "g")
+    s = rt.open_stream()
+    d = env.pick(rt, s)
+    env.service.discard("t", "g", [d.records[0].position], "bad payload")
+    env.service.nack("t", "g", [d.records[1].position], 0, release=True)
+    again = env.pick(rt, s)
+    assert values(again) == [b"b"] and again.records[0].delivery_attempt == 1
+    [dead] = env.ops.dead_letters("t", "g", 0, None, None)
+    assert dead.reason == "discarded: bad payload" and dead.attempts == 1
+
+
+def test_ordered_keeps_one_lease_per_key_in_flight_and_order_per_key() -> None:
+    env = make_env()
+    env.topic("t", 2)
+    for i in range(4):
+        env.publish("t", [b"a%d" % i], key=b"A")
+        env.publish("t", [b"b%d" % i], key=b"B")
+    env.publish("t", [b"n0", b"n1"])
+    rt = env.group("t", "g", ordered=True, base_delay_ms=50)
+    s1, s2 = rt.open_stream(), rt.open_stream()
+    first = env.pick(rt, s1)
+    assert sorted(values(first)) == [b"a0", b"b0", b"n0", b"n1"]
+    assert not env.pick(rt, s2).records, "A and B are busy"
+    a0 = next(r for r in first.records if r.value == b"a0")
+    env.service.nack("t", "g", [a0.position], 0, release=False)
+    assert not env.pick(rt, s2).records, "A stays blocked while a0 waits for its retry"
+    env.clock.advance(50)
+    assert values(env.pick(rt, s2)) == [b"a0"]
+    seen: dict[bytes, list[bytes]] = {b"A": [], b"B": []}
+    stream = s1
+    for _ in range(20):
+        d = env.pick(rt, stream)
+        for r in d.records:
+            if r.key in seen:
+                seen[r.key].append(r.value)
+        env.service.ack("t", "g", positions(d) + [r.position for r in first.records])
+        stream = s2 if stream == s1 else s1
+    assert seen[b"A"] == [b"a1", b"a2", b"a3"] and seen[b"B"] == [b"b1", b"b2", b"b3"]
+
+
+def test_a_new_leader_redelivers_in_flight_records_and_never_settled_ones() -> None:
+    env = make_env()
+    env.topic("t", 2)
+    env.publish("t", [b"%d" % i for i in range(10)])
+    rt = env.group("t", "g")
+    d = env.pick(rt, rt.open_stream())
+    acked = {r.value for r in d.records[:6]}
+    env.service.ack("t", "g", [r.position for r in d.records[:6]])
+    rt.refresh()
+    before = [rt.cursor(p).committed for p in (0, 1)]
+    assert sum(before) > 0
+    env.restart_leadership()
+    rt2 = env.service.runtime("t", "g")
+    assert rt2 is not rt
+    redelivered = env.pick(rt2, rt2.open_stream())
+    assert set(values(redelivered)) == {b"%d" % i for i in range(10)} - acked
+    assert [rt2.cursor(p).committed for p in (0, 1)] == before
+
+
+def test_paused_group_receives_nothing_until_resumed() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a"])
+    rt = env.group("t", "g")
+    env.group("t", "h")
+    assert env.ops.pause("t", "", True) == ["g", "h"]
+    s = rt.open_stream()
+    assert not env.pick(rt, s).records
+    assert env.ops.pause("t", "g", False) == ["g"]
+    assert values(env.pick(rt, s)) == [b"a"]
