@@ -21,6 +21,7 @@ from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, TopicLog
+from broker.node_groups import NodeGroups
 from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions
 from broker.services.admin_service import AdminServicer
@@ -50,6 +51,7 @@ class Node:
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store)
         self.retention = Retention(self.state)  # registers its commands before anything is applied
+        self.groups = NodeGroups(self.state)  # consumer groups: likewise
         options = RaftOptions(password=config.raft_password,
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
@@ -68,7 +70,9 @@ class Node:
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
         reader = Reader(self.state, hub, submitter.ensure_leader)
-        self.server = GrpcServer(config.grpc_address, BrokerServicer(self.topic_log, reader, self.metrics),
+        broker = BrokerServicer(self.topic_log, reader, self.metrics)
+        self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics)
+        self.server = GrpcServer(config.grpc_address, broker,
                                  self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES)
 
     def start(self) -> None:
@@ -77,11 +81,13 @@ class Node:
         self.metrics.serve(host, int(port))
         self.server.start()
         self.housekeeper.start()
+        self.groups.start()
         log.info("node %s serving gRPC on %s (raft %s, metrics %s)", self.config.node_id,
                  self.config.grpc_address, self.config.raft_address, self.config.metrics_address)
 
     def close(self) -> None:
         self.housekeeper.stop()
+        self.groups.stop()
         self._hand_over_leadership()
         self.server.stop(GRACE_S)
         self.admin.close()

@@ -12,12 +12,13 @@ from broker.core.submitter import Peer, PeerDirectory
 from broker.core.topic_log import TopicLog
 from broker.replication import Replicator
 from broker.services import errors
+from broker.services.group_service import GroupAdminMethods
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
 
 
-class AdminServicer(admin_pb2_grpc.AdminServicer):
+class AdminServicer(GroupAdminMethods, admin_pb2_grpc.AdminServicer):
     """Control plane."""
 
     def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory) -> None:

@@ -11,12 +11,13 @@ from broker.core.errors import BrokerError
 from broker.core.reading import Reader
 from broker.core.topic_log import TopicLog
 from broker.services import errors
+from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
 from broker.v1 import broker_pb2, broker_pb2_grpc
 
 
-class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    """Data plane."""
+class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
+    """Data plane (consumer-group RPCs: :class:`GroupBrokerMethods`)."""
 
     def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics) -> None:
         self._log = log
@@ -48,7 +49,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     @errors.streaming
     def Subscribe(self, request: broker_pb2.SubscribeRequest,
                   context: grpc.ServicerContext) -> Iterator[broker_pb2.SubscribeResponse]:
-        stream = self._reader.subscribe(request, context.is_active)
+        if request.group:
+            stream = self.group_subscribe(request, context.is_active)
+        else:
+            stream = self._reader.subscribe(request, context.is_active)
         delivered = self._metrics.deliver_records.labels(request.topic)
         self._metrics.subscribers.inc()
         try:
@@ -58,28 +62,3 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 yield item
         finally:
             self._metrics.subscribers.dec()
-
-    def _groups_unavailable(self, context: grpc.ServicerContext) -> None:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "consumer groups are not available in this version")
-
-    def Ack(self, request: broker_pb2.AckRequest, context: grpc.ServicerContext) -> broker_pb2.AckResponse:
-        self._groups_unavailable(context)
-        return broker_pb2.AckResponse()
-
-    def Nack(self, request: broker_pb2.NackRequest, context: grpc.ServicerContext) -> broker_pb2.NackResponse:
-        self._groups_unavailable(context)
-        return broker_pb2.NackResponse()
-
-    def Commit(self, request: broker_pb2.CommitRequest, context: grpc.ServicerContext) -> broker_pb2.CommitResponse:
-        self._groups_unavailable(context)
-        return broker_pb2.CommitResponse()
-
-    def JoinGroup(self, request: broker_pb2.JoinGroupRequest,
-                  context: grpc.ServicerContext) -> broker_pb2.JoinGroupResponse:
-        self._groups_unavailable(context)
-        return broker_pb2.JoinGroupResponse()
-
-    def Heartbeat(self, request: broker_pb2.HeartbeatRequest,
-                  context: grpc.ServicerContext) -> broker_pb2.HeartbeatResponse:
-        self._groups_unavailable(context)
-        return broker_pb2.HeartbeatResponse()

@@ -97,8 +97,13 @@ def test_bad_subscribe_positions_are_invalid(leader: Stubs) -> None:
 
 
 def test_unbuilt_rpcs_say_unimplemented(leader: Stubs) -> None:
-    code, msg = code_of(lambda: leader.broker.Ack(broker_pb2.AckRequest(topic="errs", group="g")))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "consumer groups" in msg
+    code, msg = code_of(lambda: leader.admin.AddNode(admin_pb2.AddNodeRequest(id="n9")))
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "membership" in msg
+
+
+def test_group_rpcs_on_an_unknown_group_say_not_found(leader: Stubs) -> None:
+    code, msg = code_of(lambda: leader.broker.Ack(broker_pb2.AckRequest(topic="errs", group="nobody")))
+    assert code == grpc.StatusCode.NOT_FOUND and "'nobody'" in msg
 
 
 def test_follower_redirects_writes_with_leader_metadata(cluster: DevCluster, leader: Stubs) -> None:
