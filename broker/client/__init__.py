@@ -12,6 +12,7 @@ per record and never skips one (see :mod:`broker.client.subscription`).
 """
 
 from broker.client.client import Client
+from broker.client.consumer import Consumer, Message
 from broker.client.errors import (
     BrokerError,
     DeadlineExceeded,
@@ -22,6 +23,7 @@ from broker.client.errors import (
     Unavailable,
     Unimplemented,
 )
+from broker.client.groups import DeadLetter, GroupInfo, GroupLag, GroupNotFound, Groups, PartitionLag
 from broker.client.models import (
     ClusterStatus,
     Event,
@@ -39,13 +41,21 @@ from broker.client.subscription import Subscription
 __all__ = [
     "BrokerError",
     "Client",
+    "Consumer",
     "ClusterStatus",
+    "DeadLetter",
     "DeadlineExceeded",
     "Event",
+    "GroupInfo",
+    "GroupLag",
+    "GroupNotFound",
+    "Groups",
     "InvalidArgument",
+    "Message",
     "NodeInfo",
     "OutgoingRecord",
     "PartitionInfo",
+    "PartitionLag",
     "PublishResult",
     "Record",
     "ResourceExhausted",

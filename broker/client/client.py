@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from broker.client import wire
+from broker.client.consumer import Consumer
 from broker.client.errors import BrokerError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.handlers import GroupsMixin
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
 from broker.client.routing import RetryPolicy, Router
 from broker.client.subscription import Subscription
@@ -31,7 +33,7 @@ RecordLike = OutgoingRecord | Mapping[str, Any] | bytes | str
 PUBLISH_BATCH_RECORDS_MAX = 10_000
 
 
-class Client:
+class Client(GroupsMixin):
     """A connection to a raftbroker cluster. Use as a context manager or call :meth:`close`.
 
     ``bootstrap``: one or more node addresses (a list, or one comma-separated string).
@@ -248,23 +250,43 @@ class Client:
 
     # -- consuming ------------------------------------------------------------------------------
 
+    @overload
+    def subscribe(self, topic: str, *, group: None = None, **options: Any) -> Subscription: ...
+
+    @overload
+    def subscribe(self, topic: str, *, group: str, **options: Any) -> Consumer: ...
+
     def subscribe(
         self,
         topic: str,
         *,
+        group: str | None = None,
         partition: int | None = None,
         start: str | int | bytes = "earliest",
         timestamp_ms: int | None = None,
         stop_at_end: bool = False,
         max_batch: int = 0,
-    ) -> Subscription:
+        **group_options: Any,
+    ) -> Subscription | Consumer:
         """Records and events of ``topic`` (one partition or all) from a position.
 
         ``start``: "earliest", "latest", an offset, or a record's ``position`` token;
         ``timestamp_ms``: instead, the first record at or after that time. With ``stop_at_end``
         the iterator ends once it has caught up with the log end; otherwise it tails live.
         The iterator resumes transparently after a node failure (see :mod:`.subscription`).
+        With ``group``: a :class:`Consumer`, a member of that consumer group receiving leased
+        messages to ``ack``/``nack``/``extend``/``discard`` (see :mod:`broker.client.consumer`);
+        ``mode`` ("queue" or "stream") and the group options (``visibility_timeout_ms``,
+        ``backoff``, ``max_attempts``, ``ordered``, ...) apply when the group is created, as do
+        ``start``/``timestamp_ms`` (where a new group starts).
         """
+        if group is not None:
+            if partition is not None:
+                raise invalid_argument("a group member reads the partitions the group gives it: drop partition")
+            return self._subscribe_group(topic, group, start=start, timestamp_ms=timestamp_ms,
+                                         stop_at_end=stop_at_end, max_batch=max_batch, **group_options)
+        if group_options:
+            raise invalid_argument(f"unknown option(s) {sorted(group_options)} (group options need group=...)")
         if max_batch < 0:
             raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
         if partition is not None and partition < 0:

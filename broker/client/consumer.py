@@ -1,0 +1,302 @@
+"""A consumer-group member (SPEC §3.2, §6): ``client.subscribe(topic, group=..., mode=...)``.
+
+Contract: iterating a :class:`Consumer` yields :class:`Message` (a leased record: settle it with
+``ack()``, ``nack(delay_ms)``, ``extend()`` or ``discard(reason)``) and, unless ``on_event`` is
+given, :class:`~broker.client.Event` (loss or reset reports, each with the positions before and
+after). Delivery is at-least-once: a record not settled within the group's visibility timeout,
+and every record in flight when the leader fails, is delivered again; nothing settled is. The
+stream follows the leader across failovers by itself; settle calls are retried on the new
+leader (settling is idempotent). ``close()`` gives unsettled records back for immediate
+redelivery and, in stream mode, leaves the group. Sync iteration, or ``async for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import grpc
+
+from broker.client import wire
+from broker.client.errors import (
+    TopicNotFound,
+    Unavailable,
+    error_from_rpc,
+    invalid_argument,
+    leader_hint,
+    rpc_details,
+)
+from broker.client.groups import _not_found, group_config
+from broker.client.models import Event, Record
+from broker.client.routing import Backoff, Router, is_retryable
+from broker.v1 import broker_pb2, common_pb2
+
+DEFAULT_IN_FLIGHT = 100
+_DONE = object()
+
+
+class Message:
+    """A record delivered to a group member, with the verbs that settle it (each replicated)."""
+
+    def __init__(self, consumer: Consumer, msg: common_pb2.Record) -> None:
+        self._consumer = consumer
+        self.record: Record = wire.record(msg)
+        self.delivery_attempt: int = msg.delivery_attempt
+        self.settled = False
+
+    topic = property(lambda self: self.record.topic)
+    partition = property(lambda self: self.record.partition)
+    offset = property(lambda self: self.record.offset)
+    key = property(lambda self: self.record.key)
+    value = property(lambda self: self.record.value)
+    headers = property(lambda self: self.record.headers)
+    timestamp_ms = property(lambda self: self.record.timestamp_ms)
+    position = property(lambda self: self.record.position)
+
+    def __repr__(self) -> str:
+        return (f"Message({self.topic}/{self.partition}@{self.offset}, attempt {self.delivery_attempt}, "
+                f"{len(self.value)} bytes)")
+
+    def ack(self) -> None:
+        """Processed: settled for good (returns once replicated)."""
+        self._consumer.ack([self])
+
+    def nack(self, delay_ms: int | None = None) -> None:
+        """Failed: delivered again after ``delay_ms`` (None: the group's backoff); after the group's
+        ``max_attempts`` failures it goes to the dead letters."""
+        self._consumer.nack([self], delay_ms)
+
+    def extend(self, ms: int | None = None) -> int:
+        """Still working on it: the lease now ends ``ms`` (None: the visibility timeout) from now.
+        Returns the new deadline (ms since the epoch), 0 if the lease was already lost."""
+        return self._consumer.extend([self], ms)[0]
+
+    def discard(self, reason: str = "") -> None:
+        """Poison: straight to the dead letters, no more attempts."""
+        self._consumer.discard([self], reason)
+
+    async def ack_async(self) -> None:
+        await asyncio.to_thread(self.ack)
+
+    async def nack_async(self, delay_ms: int | None = None) -> None:
+        await asyncio.to_thread(self.nack, delay_ms)
+
+    async def extend_async(self, ms: int | None = None) -> int:
+        return await asyncio.to_thread(self.extend, ms)
+
+    async def discard_async(self, reason: str = "") -> None:
+        await asyncio.to_thread(self.discard, reason)
+
+
+Item = Message | Event
+
+
+class Consumer:
+    """One member of a consumer group; iterate it (sync or async), ``close()`` it when done."""
+
+    def __init__(self, router: Router, topic: str, group: str, *, mode: str | None = None,
+                 start: str | int | bytes = "earliest", timestamp_ms: int | None = None, stop_at_end: bool = False,
+                 max_in_flight: int = DEFAULT_IN_FLIGHT, max_batch: int = 0, member_id: str | None = None,
+                 on_event: Callable[[Event], None] | None = None, **config: Any) -> None:
+        if max_in_flight <= 0:
+            raise invalid_argument(f"max_in_flight must be positive, got {max_in_flight}")
+        self._router = router
+        self.topic, self.group = topic, group
+        self.member_id = member_id or f"{uuid.uuid4().hex[:16]}"
+        self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,
+                                    **config)
+        self._stream_mode = mode == "stream"
+        self._request = broker_pb2.SubscribeRequest(
+            topic=topic, group=group, group_config=self._config, member_id=self.member_id,
+            max_in_flight=max_in_flight, max_batch=max_batch, stop_at_end=stop_at_end)
+        self._on_event = on_event
+        self._unsettled: dict[bytes, Message] = {}
+        self._lock = threading.Lock()
+        self._call: grpc.Call | None = None
+        self._closed = threading.Event()
+        self._heartbeats: threading.Thread | None = None
+        self.assigned: tuple[int, ...] = ()  # stream mode: this member's partitions at the last heartbeat
+        self._items = self._run()
+
+    # -- iteration -------------------------------------------------------------------------------
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> Item:
+        return next(self._items)
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Item:
+        item = await asyncio.to_thread(next, self._items, _DONE)
+        if item is _DONE:
+            raise StopAsyncIteration
+        assert isinstance(item, Message | Event)
+        return item
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    def _run(self) -> Generator[Item, None, None]:
+        policy = self._router.policy
+        backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
+        address = self._router.leader or self._router.discover_leader() or self._router.next_address(None)
+        failing_since: float | None = None
+        if self._stream_mode:
+            self._join()
+        while not self._closed.is_set():
+            call = self._open(address)
+            try:
+                for response in call:
+                    failing_since = None
+                    backoff.reset()
+                    yield from self._items_of(response)
+                return
+            except grpc.RpcError as err:
+                if self._closed.is_set():
+                    return
+                if not is_retryable(err):
+                    error = error_from_rpc(err)
+                    raise (_not_found(error) if isinstance(error, TopicNotFound) else error) from None
+                now = time.monotonic()
+                failing_since = failing_since if failing_since is not None else now
+                if now - failing_since >= policy.retry_deadline_s:
+                    raise Unavailable("UNAVAILABLE", f"group {self.group} of {self.topic}: no leader served the "
+                                      f"stream within {policy.retry_deadline_s:g}s; last error: {rpc_details(err)}"
+                                      ) from None
+                self._router.forget_leader(address)
+                address = leader_hint(err) or self._router.discover_leader() or self._router.next_address(address)
+                time.sleep(backoff.next_delay_s())
+            finally:
+                call.cancel()
+
+    def _open(self, address: str) -> grpc.Call:
+        call = self._router.broker(address).Subscribe(self._request)
+        with self._lock:
+            self._call = call
+        if self._closed.is_set():
+            call.cancel()
+        return call
+
+    def _items_of(self, response: broker_pb2.SubscribeResponse) -> Generator[Item, None, None]:
+        if response.HasField("event"):
+            event = wire.event(response.event)
+            if self._on_event is not None:
+                self._on_event(event)
+            else:
+                yield event
+            return
+        for msg in response.batch.records:
+            message = Message(self, msg)
+            with self._lock:
+                self._unsettled[msg.position] = message
+            yield message
+
+    # -- stream-mode membership ------------------------------------------------------------------
+    def _join(self) -> None:
+        request = broker_pb2.JoinGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id,
+                                              group_config=self._config)
+        response = self._router.call(lambda a, t: self._router.broker(a).JoinGroup(request, timeout=t),
+                                     write=True, what=f"join group {self.group}")
+        self.assigned = tuple(response.partitions)
+        interval_s = max(response.session_timeout_ms / 3000, 0.05)
+        self._heartbeats = threading.Thread(target=self._beat, args=(interval_s,), daemon=True,
+                                            name=f"raftbroker-heartbeat-{self.group}")
+        self._heartbeats.start()
+
+    def _beat(self, interval_s: float) -> None:
+        request = broker_pb2.HeartbeatRequest(topic=self.topic, group=self.group, member_id=self.member_id)
+        while not self._closed.wait(interval_s):
+            try:
+                response = self._router.call(lambda a, t: self._router.broker(a).Heartbeat(request, timeout=t),
+                                             write=True, what="heartbeat")
+                self.assigned = tuple(response.partitions)
+            except Exception:  # noqa: BLE001 - keep beating through failovers; the stream reports errors
+                continue
+
+    # -- settling --------------------------------------------------------------------------------
+    def _settle(self, messages: Sequence[Message], what: str, send: Callable[[list[bytes], str, float], object]
+                ) -> object:
+        positions = [m.position for m in messages if not m.settled]
+        if not positions:
+            return None
+        result = self._router.call(lambda a, t: send(positions, a, t), write=True, what=f"{what} in {self.group}")
+        with self._lock:
+            for m in messages:
+                m.settled = True
+                self._unsettled.pop(m.position, None)
+        return result
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        """Settle ``messages`` in one replicated command."""
+        def send(positions: list[bytes], a: str, t: float) -> object:
+            request = broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=positions)
+            return self._router.broker(a).Ack(request, timeout=t)
+        self._settle(messages, "ack", send)
+
+    def nack(self, messages: Sequence[Message], delay_ms: int | None = None) -> None:
+        if delay_ms is not None and delay_ms < 0:
+            raise invalid_argument(f"delay_ms must not be negative, got {delay_ms}")
+
+        def send(positions: list[bytes], a: str, t: float) -> object:
+            request = broker_pb2.NackRequest(topic=self.topic, group=self.group, positions=positions,
+                                             delay_ms=delay_ms or 0)
+            return self._router.broker(a).Nack(request, timeout=t)
+        self._settle(messages, "nack", send)
+
+    def discard(self, messages: Sequence[Message], reason: str = "") -> None:
+        def send(positions: list[bytes], a: str, t: float) -> object:
+            request = broker_pb2.DiscardRequest(topic=self.topic, group=self.group, positions=positions, reason=reason)
+            return self._router.broker(a).Discard(request, timeout=t)
+        self._settle(messages, "discard", send)
+
+    def extend(self, messages: Sequence[Message], ms: int | None = None) -> list[int]:
+        request = broker_pb2.ExtendRequest(topic=self.topic, group=self.group, positions=[m.position for m in messages],
+                                           extend_ms=ms or 0)
+        response = self._router.call(lambda a, t: self._router.broker(a).Extend(request, timeout=t), write=True,
+                                     what=f"extend in {self.group}")
+        return list(response.deadlines_ms)
+
+    def commit(self, partition: int, offset: int) -> None:
+        """Stream mode: settle everything below ``offset`` in ``partition`` (never moves back)."""
+        request = broker_pb2.CommitRequest(topic=self.topic, group=self.group, partition=partition, offset=offset)
+        self._router.call(lambda a, t: self._router.broker(a).Commit(request, timeout=t), write=True,
+                          what=f"commit in {self.group}")
+
+    def unsettled(self) -> list[Message]:
+        with self._lock:
+            return list(self._unsettled.values())
+
+    def close(self) -> None:
+        """Stop the stream and leave the group: every record leased to this member and not settled
+        (also those still in transit) is redelivered at once, without counting an attempt; in
+        stream mode its partitions move now. Safe to call twice and from any thread."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            call = self._call
+            self._unsettled.clear()
+        if call is not None:
+            call.cancel()
+        with contextlib.suppress(Exception):  # best effort: leases also run out by themselves
+            leave = broker_pb2.LeaveGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id)
+            self._router.call(lambda a, t: self._router.broker(a).LeaveGroup(leave, timeout=t), write=True,
+                              what="leave")
+        with contextlib.suppress(ValueError):  # being iterated by another thread, which stops on the cancel
+            self._items.close()

@@ -1,0 +1,255 @@
+"""Consumer-group administration for :class:`broker.client.Client` (SPEC §3.2): ``client.groups``.
+
+Every call goes to the leader (the only node that knows in-flight leases), following redirects
+and retrying on failover like every other call. Writes are idempotent in effect (a retried
+seek/pause/retry finds the same state), so retries are safe.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from broker.client import wire
+from broker.client.errors import TopicNotFound, invalid_argument
+from broker.client.models import Record
+from broker.client.routing import Router
+from broker.v1 import admin_pb2, common_pb2
+
+T = TypeVar("T")
+MODES = ("queue", "stream")
+BACKOFFS = ("fixed", "exponential")
+_CONFIG_FIELDS = ("visibility_timeout_ms", "base_delay_ms", "max_delay_ms", "max_attempts", "session_timeout_ms",
+                  "max_pending")
+
+
+class GroupNotFound(TopicNotFound):
+    """The consumer group does not exist (NOT_FOUND); a :class:`TopicNotFound` for old handlers."""
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A group's configuration as stored, and (stream mode) its members and their partitions."""
+
+    topic: str
+    group: str
+    mode: str
+    paused: bool
+    dlq_topic: str
+    incarnation: int
+    created_ms: int
+    visibility_timeout_ms: int
+    backoff: str
+    base_delay_ms: int
+    max_delay_ms: int
+    max_attempts: int
+    ordered: bool
+    session_timeout_ms: int
+    max_pending: int
+    members: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition of a group: ``lag`` retained records not settled (at or above ``committed``),
+    ``in_flight`` leased now, ``retrying`` waiting for a retry, ``dead`` dead letters, ``lag_ms``
+    the age of the oldest unsettled record."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    committed: int
+    lag: int
+    in_flight: int
+    retrying: int
+    dead: int
+    lag_ms: int
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    paused: bool
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def lag_seconds(self) -> float:
+        return max((p.lag_ms for p in self.partitions), default=0) / 1000
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead letter: the source position, why and when it died, and its copy in the dead-letter
+    topic (``record``, ``None`` once that copy is no longer retained)."""
+
+    partition: int
+    offset: int
+    attempts: int
+    reason: str
+    dead_ms: int
+    dlq_partition: int
+    dlq_offset: int
+    record: Record | None
+
+
+def group_config(mode: str | None = None, *, visibility_timeout_ms: int | None = None, backoff: str | None = None,
+                 base_delay_ms: int | None = None, max_delay_ms: int | None = None, max_attempts: int | None = None,
+                 ordered: bool = False, session_timeout_ms: int | None = None, max_pending: int | None = None,
+                 start: str | int | bytes | None = None, timestamp_ms: int | None = None) -> common_pb2.GroupConfig:
+    """The wire config of a group (``None``: the server default). ``start``/``timestamp_ms``:
+    where a new group starts (as for ``Client.subscribe``); ignored for an existing group."""
+    config = common_pb2.GroupConfig(ordered=ordered)
+    if mode is not None:
+        if mode not in MODES:
+            raise invalid_argument(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+        config.mode = common_pb2.DELIVERY_MODE_QUEUE if mode == "queue" else common_pb2.DELIVERY_MODE_STREAM
+    if backoff is not None:
+        if backoff not in BACKOFFS:
+            raise invalid_argument(f"unknown backoff {backoff!r}; use one of {', '.join(BACKOFFS)}")
+        config.backoff = common_pb2.BACKOFF_FIXED if backoff == "fixed" else common_pb2.BACKOFF_EXPONENTIAL
+    values = dict(zip(_CONFIG_FIELDS, (visibility_timeout_ms, base_delay_ms, max_delay_ms, max_attempts,
+                                       session_timeout_ms, max_pending), strict=True))
+    for name, value in values.items():
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise invalid_argument(f"{name} must be a positive int, got {value!r}")
+            setattr(config, name, value)
+    if start is not None or timestamp_ms is not None:
+        config.start_from.CopyFrom(wire.position(start if start is not None else "earliest", timestamp_ms))
+    return config
+
+
+def group_info(msg: admin_pb2.GroupInfo) -> GroupInfo:
+    c = msg.config
+    return GroupInfo(
+        topic=msg.topic, group=msg.group, mode="stream" if c.mode == common_pb2.DELIVERY_MODE_STREAM else "queue",
+        paused=msg.paused, dlq_topic=msg.dlq_topic, incarnation=msg.incarnation, created_ms=msg.created_ms,
+        visibility_timeout_ms=c.visibility_timeout_ms,
+        backoff="fixed" if c.backoff == common_pb2.BACKOFF_FIXED else "exponential", base_delay_ms=c.base_delay_ms,
+        max_delay_ms=c.max_delay_ms, max_attempts=c.max_attempts, ordered=c.ordered,
+        session_timeout_ms=c.session_timeout_ms, max_pending=c.max_pending,
+        members={m.member_id: tuple(m.partitions) for m in msg.members})
+
+
+def _not_found(err: TopicNotFound) -> TopicNotFound:
+    if err.message.startswith("group "):
+        return GroupNotFound(err.code, err.message, after_unknown_outcome=err.after_unknown_outcome)
+    return err
+
+
+class Groups:
+    """``client.groups``: create, describe, seek/replay, lag, pause/resume, dead letters, delete."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def _call(self, fn: Callable[[str, float], T], what: str, write: bool = True) -> T:
+        try:
+            return self._router.call(fn, write=write, what=what)
+        except TopicNotFound as err:
+            raise _not_found(err) from None
+
+    def create(self, topic: str, group: str, mode: str | None = None, **config: object) -> GroupInfo:
+        """Create a group (``mode`` and the other ``group_config`` options; ``start`` or
+        ``timestamp_ms`` say where it starts). Raises ``TopicExists`` (ALREADY_EXISTS) if it exists."""
+        request = admin_pb2.CreateGroupRequest(topic=topic, group=group,
+                                               config=group_config(mode, **config))  # type: ignore[arg-type]
+        admin = self._router.admin
+        return group_info(self._call(lambda a, t: admin(a).CreateGroup(request, timeout=t), f"create group {group}"))
+
+    def describe(self, topic: str, group: str) -> GroupInfo:
+        request = admin_pb2.DescribeGroupRequest(topic=topic, group=group)
+        admin = self._router.admin
+        return group_info(self._call(lambda a, t: admin(a).DescribeGroup(request, timeout=t),
+                                     f"describe group {group}", write=False))
+
+    def list(self, topic: str) -> list[GroupInfo]:
+        request = admin_pb2.ListGroupsRequest(topic=topic)
+        admin = self._router.admin
+        response = self._call(lambda a, t: admin(a).ListGroups(request, timeout=t), f"list groups of {topic}",
+                              write=False)
+        return [group_info(g) for g in response.groups]
+
+    def delete(self, topic: str, group: str) -> None:
+        """Delete the group's state (its dead-letter topic stays: drop it like any topic)."""
+        request = admin_pb2.DeleteGroupRequest(topic=topic, group=group)
+        admin = self._router.admin
+        try:
+            self._call(lambda a, t: admin(a).DeleteGroup(request, timeout=t), f"delete group {group}")
+        except GroupNotFound as err:
+            if not err.after_unknown_outcome:
+                raise
+
+    def seek(self, topic: str, group: str, to: str | int | bytes = "earliest", *, timestamp_ms: int | None = None,
+             partition: int | None = None) -> dict[int, int]:
+        """Move the group's committed position (backwards too): ``to`` is "earliest", "latest", an
+        offset (in ``partition``, or in each), a record's ``position`` token (right after that
+        record), or give ``timestamp_ms``. Acks and pending retries of the moved partitions are
+        forgotten, dead letters stay. Returns the new committed offset per partition."""
+        request = admin_pb2.SeekGroupRequest(topic=topic, group=group, to=wire.position(to, timestamp_ms))
+        if partition is not None:
+            request.partition = partition
+        admin = self._router.admin
+        response = self._call(lambda a, t: admin(a).SeekGroup(request, timeout=t), f"seek group {group}")
+        return {p.partition: p.offset for p in response.positions}
+
+    def replay(self, topic: str, group: str, timestamp_ms: int, partition: int | None = None) -> dict[int, int]:
+        """Re-deliver everything from ``timestamp_ms`` on (a seek to that time)."""
+        return self.seek(topic, group, timestamp_ms=timestamp_ms, partition=partition)
+
+    def lag(self, topic: str, group: str) -> GroupLag:
+        request = admin_pb2.GroupLagRequest(topic=topic, group=group)
+        admin = self._router.admin
+        response = self._call(lambda a, t: admin(a).GroupLag(request, timeout=t), f"lag of group {group}",
+                              write=False)
+        return GroupLag(response.paused, tuple(
+            PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
+                         p.dead, p.lag_ms) for p in response.partitions))
+
+    def pause(self, topic: str, group: str | None = None) -> builtins.list[str]:
+        """Stop deliveries to ``group`` (or to every group of ``topic``); returns the groups changed."""
+        request = admin_pb2.PauseGroupsRequest(topic=topic, group=group or "")
+        admin = self._router.admin
+        return list(self._call(lambda a, t: admin(a).PauseGroups(request, timeout=t), f"pause {topic}").groups)
+
+    def resume(self, topic: str, group: str | None = None) -> builtins.list[str]:
+        request = admin_pb2.PauseGroupsRequest(topic=topic, group=group or "")
+        admin = self._router.admin
+        return list(self._call(lambda a, t: admin(a).ResumeGroups(request, timeout=t), f"resume {topic}").groups)
+
+    def dead_letters(self, topic: str, group: str, *, limit: int = 100, partition: int | None = None,
+                     after_offset: int | None = None) -> builtins.list[DeadLetter]:
+        """Dead letters in (partition, offset) order; page with ``partition`` + ``after_offset``."""
+        request = admin_pb2.ListDeadLettersRequest(topic=topic, group=group, limit=limit)
+        if partition is not None:
+            request.partition = partition
+        if after_offset is not None:
+            request.after_offset = after_offset
+        admin = self._router.admin
+        response = self._call(lambda a, t: admin(a).ListDeadLetters(request, timeout=t), f"dead letters of {group}",
+                              write=False)
+        return [DeadLetter(d.partition, d.offset, d.attempts, d.reason, d.dead_ms, d.dlq_partition, d.dlq_offset,
+                           wire.record(d.record) if d.HasField("record") else None) for d in response.dead_letters]
+
+    def retry_dead_letters(self, topic: str, group: str, messages: Sequence[tuple[int, int]]) -> int:
+        """Deliver these dead letters ((partition, offset) pairs) again; returns how many were found."""
+        request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, messages=[
+            admin_pb2.PartitionOffset(partition=p, offset=o) for p, o in messages])
+        admin = self._router.admin
+        return int(self._call(lambda a, t: admin(a).RetryDeadLetters(request, timeout=t), f"retry {group}").retried)
+
+    def retry_all_dead_letters(self, topic: str, group: str) -> int:
+        request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, all=True)
+        admin = self._router.admin
+        return int(self._call(lambda a, t: admin(a).RetryDeadLetters(request, timeout=t), f"retry {group}").retried)
+
+    def purge_dead_letters(self, topic: str, group: str) -> int:
+        """Forget the group's dead letters (their copies stay in the dead-letter topic)."""
+        request = admin_pb2.PurgeDeadLettersRequest(topic=topic, group=group)
+        admin = self._router.admin
+        return int(self._call(lambda a, t: admin(a).PurgeDeadLetters(request, timeout=t), f"purge {group}").purged)

@@ -1,0 +1,305 @@
+"""Consumer groups on a real 3-node cluster through the SDK (SPEC §3.2, §3.3, §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from broker.client import Client, Event, GroupNotFound, Message
+from broker.devcluster import DevCluster
+from tests.cluster.group_helpers import Log, first_line, run_member, spawn_member
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def client(cluster: DevCluster) -> Iterator[Client]:
+    cluster.wait_ready()
+    with Client(cluster.addresses, retry_deadline_s=30) as c:
+        yield c
+
+
+def publish(client: Client, topic: str, n: int, key_count: int = 0) -> list[bytes]:
+    values = [b"m%04d" % i for i in range(n)]
+    for start in range(0, n, 500):
+        chunk = values[start:start + 500]
+        client.publish_batch(topic, [{"value": v, "key": b"k%d" % (i % key_count)} if key_count else v
+                                     for i, v in enumerate(chunk, start)])
+    return values
+
+
+def test_two_groups_on_one_topic_each_receive_every_message(client: Client) -> None:
+    client.create_topic("g-two", 3)
+    values = publish(client, "g-two", 300)
+    got: dict[str, list[bytes]] = {}
+    for group in ("billing", "analytics"):
+        seen: list[bytes] = []
+        handled = client.run("g-two", group=group, handler=lambda m, seen=seen: seen.append(m.value),  # type: ignore[misc]
+                             concurrency=4, batch_size=50, stop_at_end=True)
+        got[group] = seen
+        assert handled == 300
+    for group, seen in got.items():
+        assert sorted(seen) == values, f"{group} received every message once"
+    lag = client.groups.lag("g-two", "billing")
+    assert lag.lag == 0 and [p.committed for p in lag.partitions] == [p.end_offset for p in lag.partitions]
+
+
+def test_queue_members_never_process_one_message_at_once(client: Client) -> None:
+    client.create_topic("g-queue", 4)
+    values = publish(client, "g-queue", 200)
+    busy: set[bytes] = set()
+    overlaps: list[bytes] = []
+    lock = threading.Lock()
+
+    def handle(m: Message) -> None:
+        with lock:
+            if m.value in busy:
+                overlaps.append(m.value)
+            busy.add(m.value)
+        time.sleep(0.002)
+        with lock:
+            busy.discard(m.value)
+        m.ack()
+
+    log, stop = Log(), threading.Event()
+    members = [run_member(client, "g-queue", "workers", f"w{i}", log, stop, handle, max_in_flight=8)
+               for i in range(3)]
+    wait_until(lambda: len(set(log.values())) == 200, 60, "every message processed")
+    stop.set()
+    for m in members:
+        m.join(10)
+    assert not overlaps
+    assert sorted(set(log.values())) == values
+    assert len(log.values()) == 200, "nothing delivered twice without a failure"
+    assert len({name for name, _, _ in log.deliveries}) == 3, "the work was shared"
+
+
+def test_per_key_order_holds_in_stream_mode_and_with_ordered_queue(client: Client) -> None:
+    client.create_topic("g-order", 4)
+    publish(client, "g-order", 400, key_count=8)
+    for group, options in (("streamers", {"mode": "stream", "session_timeout_ms": 3000}),
+                           ("ordered", {"mode": "queue", "ordered": True})):
+        log, stop = Log(), threading.Event()
+        members = [run_member(client, "g-order", group, f"{group}{i}", log, stop, max_in_flight=16, **options)
+                   for i in range(3)]
+        wait_until(lambda log=log: len(set(log.values())) == 400, 60, f"{group}: every message")  # type: ignore[misc]
+        stop.set()
+        for m in members:
+            m.join(10)
+        per_key: dict[bytes | None, list[int]] = collections.defaultdict(list)
+        for _, message, _ in log.deliveries:
+            per_key[message.key].append(int(message.value[1:]))
+        for key, numbers in per_key.items():
+            firsts = list(dict.fromkeys(numbers))  # a redelivery after a rebalance repeats, never reorders
+            assert firsts == sorted(firsts), f"{group}: key {key!r} out of order"
+
+
+def test_a_member_killed_mid_lease_gets_its_message_redelivered_after_the_timeout(
+        client: Client, cluster: DevCluster) -> None:
+    client.create_topic("g-kill", 1)
+    values = publish(client, "g-kill", 20)
+    proc = spawn_member(",".join(cluster.addresses), "g-kill", "crashy", "queue", visibility_timeout_ms=2000,
+                        base_delay_ms=10)
+    try:
+        line = first_line(proc, 30)
+        taken = line.split()[-1].encode()
+        killed_at = time.monotonic()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    log, stop = Log(), threading.Event()
+    member = run_member(client, "g-kill", "crashy", "survivor", log, stop)
+    wait_until(lambda: len(set(log.values())) == 20, 30, "every message processed")
+    stop.set()
+    member.join(10)
+    assert sorted(set(log.values())) == values, "nothing lost"
+    [(_, again, at)] = [d for d in log.deliveries if d[1].value == taken]
+    assert again.delivery_attempt == 2, "the killed member's attempt counted"
+    assert at - killed_at >= 1.0, "redelivered only once its lease ran out"
+    assert len(log.deliveries) == 20, "processed once more, nothing else twice"
+
+
+def test_always_failing_handler_backs_off_lands_in_dead_letters_and_retry_brings_it_back(client: Client) -> None:
+    client.create_topic("g-fail", 1)
+    client.publish("g-fail", b"poison", key=b"p")
+    client.publish("g-fail", b"fine")
+    attempts: list[tuple[float, int]] = []
+
+    def handle(m: Message) -> None:
+        if m.value == b"poison":
+            attempts.append((time.monotonic(), m.delivery_attempt))
+            raise RuntimeError("cannot handle this")
+
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: client.run(
+        "g-fail", group="strict", handler=handle, stop=stop, max_attempts=3, base_delay_ms=300, max_delay_ms=2000,
+        backoff="exponential"), daemon=True)
+    runner.start()
+
+    def dead_count() -> int:
+        try:
+            return client.groups.lag("g-fail", "strict").partitions[0].dead
+        except GroupNotFound:  # the runner has not created the group yet
+            return 0
+
+    wait_until(lambda: dead_count() == 1, 30, "the poison dead-lettered")
+    assert [a for _, a in attempts] == [1, 2, 3]
+    gaps = [b - a for (a, _), (b, _) in zip(attempts, attempts[1:], strict=False)]
+    assert 0.27 <= gaps[0] < 1.5 and 0.57 <= gaps[1] < 1.8, f"exponential backoff 300 ms, 600 ms: {gaps}"
+    [dead] = client.groups.dead_letters("g-fail", "strict")
+    assert (dead.offset, dead.attempts) == (0, 3) and "attempt 3 of 3" in dead.reason
+    assert dead.record is not None and dead.record.value == b"poison" and dead.record.topic == "g-fail.strict.dlq"
+    assert dead.record.headers["dlq.offset"] == "0" and dead.record.key == b"p"
+    dlq = [r.value for r in client.subscribe("g-fail.strict.dlq", stop_at_end=True) if not isinstance(r, Event)]
+    assert dlq == [b"poison"], "the dead-letter topic is a normal topic"
+    lag = client.groups.lag("g-fail", "strict").partitions[0]
+    assert (lag.committed, lag.lag, lag.retrying, lag.dead) == (2, 0, 0, 1)
+    attempts.clear()
+    assert client.groups.retry_dead_letters("g-fail", "strict", [(0, 0)]) == 1
+    wait_until(lambda: len(attempts) >= 1, 10, "the retried dead letter delivered again")
+    assert attempts[0][1] == 1, "attempts start over"
+    stop.set()
+    runner.join(10)
+
+
+def test_seek_replay_pause_resume_and_lag_by_hand_count(client: Client) -> None:
+    client.create_topic("g-ops", 2)
+    early = publish(client, "g-ops", 10)
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    client.publish_batch("g-ops", [b"late%d" % i for i in range(6)])
+    assert client.run("g-ops", group="ops", handler=lambda m: None, stop_at_end=True) == 16
+    moved = client.groups.seek("g-ops", "ops", timestamp_ms=cut)
+    assert sum(client.describe_topic("g-ops").partitions[p].end_offset - o for p, o in moved.items()) == 6
+    consumer = client.subscribe("g-ops", group="ops", stop_at_end=True, max_in_flight=100)
+    replayed = [m for m in consumer if isinstance(m, Message)]
+    assert sorted(m.value for m in replayed) == sorted(b"late%d" % i for i in range(6))
+    acked = [m for m in replayed if m.value in (b"late0", b"late3", b"late5")]
+    consumer.ack(acked)
+    unacked = {m.partition: 0 for m in replayed}
+    for m in replayed:
+        if m not in acked:
+            unacked[m.partition] += 1
+    in_flight = client.groups.lag("g-ops", "ops")
+    assert [p.lag for p in in_flight.partitions] == [unacked.get(p, 0) for p in (0, 1)], "lag = unsettled by hand"
+    assert [p.in_flight for p in in_flight.partitions] == [unacked.get(p, 0) for p in (0, 1)]
+    consumer.close()
+    assert sum(p.in_flight for p in client.groups.lag("g-ops", "ops").partitions) == 0, "closing gave them back"
+    assert client.groups.pause("g-ops") == ["ops"]
+    assert client.groups.lag("g-ops", "ops").paused
+    assert client.run("g-ops", group="ops", handler=lambda m: None, stop_at_end=True) == 0, "paused: nothing"
+    client.groups.resume("g-ops", "ops")
+    assert client.run("g-ops", group="ops", handler=lambda m: None, stop_at_end=True) == 3
+    client.groups.replay("g-ops", "ops", timestamp_ms=0)
+    assert client.run("g-ops", group="ops", handler=lambda m: None, stop_at_end=True) == len(early) + 6
+    lag = client.groups.lag("g-ops", "ops")
+    assert lag.lag == 0 and lag.lag_seconds == 0
+
+
+def test_reset_after_drop_and_recreate(client: Client) -> None:
+    client.create_topic("g-reset", 1)
+    publish(client, "g-reset", 3)
+    assert client.run("g-reset", group="r", handler=lambda m: None, stop_at_end=True) == 3
+    old = client.describe_topic("g-reset").incarnation
+    client.drop_topic("g-reset")
+    client.create_topic("g-reset", 1)
+    client.publish_batch("g-reset", [b"x", b"y"])
+    consumer = client.subscribe("g-reset", group="r", stop_at_end=True)
+    items = list(consumer)
+    event = items[0]
+    assert isinstance(event, Event) and event.type == "reset"
+    assert (event.offset_before, event.offset_after) == (3, 0) and str(old) in event.detail
+    assert event.position_before != event.position_after
+    assert [m.value for m in items[1:] if isinstance(m, Message)] == [b"x", b"y"]
+    consumer.close()
+    again = list(client.subscribe("g-reset", group="r", stop_at_end=True))
+    assert again[0] == event, "re-subscribing reports the same event, then the same records"
+    client.groups.delete("g-reset", "r")
+    with pytest.raises(GroupNotFound):
+        client.groups.lag("g-reset", "r")
+
+
+def test_stream_mode_partitions_move_when_a_member_dies(client: Client, cluster: DevCluster) -> None:
+    client.create_topic("g-stream", 2)
+    publish(client, "g-stream", 40)
+    proc = spawn_member(",".join(cluster.addresses), "g-stream", "s", "stream", session_timeout_ms=1500,
+                        visibility_timeout_ms=60_000)
+    try:
+        first_line(proc, 30)
+        info = client.groups.describe("g-stream", "s")
+        assert list(info.members.values()) == [(0, 1)], "one member owns both partitions"
+        log, stop = Log(), threading.Event()
+        member = run_member(client, "g-stream", "s", "heir", log, stop, mode="stream")
+        time.sleep(1.0)
+        assert not log.deliveries, "the live member keeps its partitions"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: len(set(log.values())) == 40, 30, "the heir gets every partition after the session")
+        stop.set()
+        member.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for p in (0, 1):
+        offsets = [m.offset for _, m, _ in log.deliveries if m.partition == p]
+        assert offsets == sorted(offsets) == list(range(len(offsets))), "in order, from the watermark"
+
+
+def test_group_metrics_report_lag_in_flight_retries_and_dead_letters(client: Client, cluster: DevCluster) -> None:
+    client.create_topic("g-metrics", 1)
+    client.publish_batch("g-metrics", [b"hold", b"retry", b"poison"])
+    consumer = client.subscribe("g-metrics", group="m", stop_at_end=True)
+    got = {m.value: m for m in consumer if isinstance(m, Message)}
+    got[b"retry"].nack(delay_ms=60_000)
+    got[b"poison"].discard("unparseable")
+    leader = cluster.leader()
+    assert leader is not None
+    text = urllib.request.urlopen(f"http://{cluster.metrics_address(leader)}/metrics", timeout=5).read().decode()
+    labels = '{group="m",partition="0",topic="g-metrics"}'
+    for metric, value in (("lag_records", 2.0), ("in_flight", 1.0), ("retrying", 1.0), ("dead_letters", 1.0)):
+        assert f"raftbroker_group_{metric}{labels} {value}" in text, metric
+    assert f"raftbroker_group_lag_seconds{labels}" in text
+    consumer.close()
+
+
+def test_async_iteration_and_manual_handlers_that_do_not_settle_nack(client: Client) -> None:
+    client.create_topic("g-async", 1)
+    client.publish_batch("g-async", [b"a", b"b"])
+
+    async def consume() -> list[tuple[bytes, int]]:
+        seen = []
+        async with client.subscribe("g-async", group="aio", stop_at_end=True) as consumer:
+            async for message in consumer:
+                assert isinstance(message, Message)
+                seen.append((message.value, message.delivery_attempt))
+                await message.ack_async()
+        return seen
+
+    assert asyncio.run(consume()) == [(b"a", 1), (b"b", 1)]
+    assert client.groups.lag("g-async", "aio").lag == 0
+    calls: list[tuple[bytes, int]] = []
+
+    def forgetful(m: Message) -> None:
+        calls.append((m.value, m.delivery_attempt))
+        if m.delivery_attempt > 1:
+            m.ack()
+
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: client.run("g-async", group="manual", handler=forgetful, ack="manual",
+                                                        stop=stop, base_delay_ms=50), daemon=True)
+    runner.start()
+    wait_until(lambda: len(calls) == 4, 20, "both records nacked once, then acked")
+    stop.set()
+    runner.join(10)
+    assert sorted(calls) == [(b"a", 1), (b"a", 2), (b"b", 1), (b"b", 2)]
+    assert client.groups.lag("g-async", "manual").lag == 0
