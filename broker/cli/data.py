@@ -275,6 +275,16 @@ def consume(
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Only this partition.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Stop after N records.")] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new records (live tail).")] = False,
+    group: Annotated[
+        str | None,
+        typer.Option("--group", "-g", help="Consume as a member of this consumer group: each record printed is "
+                     "acknowledged after it is printed (see 'raftbroker group').", show_default=False),
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option("--mode", help="With --group, when the group is created: queue (default) or stream.",
+                     show_default=False),
+    ] = None,
     json_: JsonFlag = False,
     bootstrap_: BootstrapOption = None,
 ) -> None:
@@ -285,8 +295,16 @@ def consume(
     "headers", "timestamp_ms", "position", "msg_id"}; key and value are UTF-8 text, or null with
     "key_b64"/"value_b64" (base64) when not valid UTF-8. Events (data loss or a reset is never
     silent): {"event": "skip_forward"|"reset"|"badmsg"|"gap", "topic", "partition",
-    "offset_before", "offset_after", "detail"}.
+    "offset_before", "offset_after", "position_before", "position_after", "detail"}.
+    With --group G: records come as leases of consumer group G (created on first use, starting at
+    --from); without --follow it stops once nothing more is available now; --json records also
+    carry "delivery_attempt".
     """
+    if group is not None:
+        from broker.cli.group import consume_group  # late: group imports this module
+
+        consume_group(ctx, topic, group, mode=mode, from_=from_, limit=limit, follow=follow, partition=partition)
+        return
     start, timestamp_ms = parse_from(from_)
     json_output = state(ctx).json
     delivered = 0

@@ -15,6 +15,7 @@ import typer
 from broker.cli import bench, cluster, data, dedup, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.failover_bench import failover_command
+from broker.cli.group import register as register_group
 from broker.cli.serve import register as register_serve
 
 app = typer.Typer(
@@ -68,6 +69,7 @@ bench.app.command("failover")(failover_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(dedup.app, name="dedup")
 data.register(app)
+register_group(app)
 register_serve(app)
 
 

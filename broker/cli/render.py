@@ -11,7 +11,8 @@ JSON shapes (stable, for scripts):
   ``position`` is the base64 resume token (``consume --from token:...``); ``msg_id`` is the
   producer-session message id as a decimal string, ``""`` when the record had none.
 - publish result: ``{"partition", "offset", "duplicate"}``.
-- event: ``{"event", "topic", "partition", "offset_before", "offset_after", "detail"}``.
+- event: ``{"event", "topic", "partition", "offset_before", "offset_after", "position_before",
+  "position_after", "detail"}``; the positions are base64 tokens (``consume --from token:...``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def event_json(event: Event) -> dict[str, Any]:
         "partition": event.partition,
         "offset_before": event.offset_before,
         "offset_after": event.offset_after,
+        "position_before": base64.b64encode(event.position_before).decode("ascii"),
+        "position_after": base64.b64encode(event.position_after).decode("ascii"),
         "detail": event.detail,
     }
 
