@@ -73,7 +73,7 @@ def _kill_follower(rng: random.Random, nodes: int) -> Step:
     variant = rng.choice(["plain", "snapshot"])
     return Step("kill", {"target": "follower", "variant": variant, "k": rng.randrange(16),
                          "down_s": round(rng.uniform(0.5, 3.0), 2),
-                         "install_kill_s": round(rng.uniform(0.05, 1.0), 2), "quiet_s": _quiet(rng)})
+                         "install_kill_s": round(rng.uniform(0.0, 0.2), 3), "quiet_s": _quiet(rng)})
 
 
 def _pause_leader(rng: random.Random, nodes: int) -> Step:

@@ -69,7 +69,11 @@ def drill_command(
         run_out = None if out is None else (out / name if scenario == ALL else out)
         try:
             report = run_drill(DrillOptions(name, seed, duration, nodes, network, run_out), echo)
-        except DrillError as err:
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except Exception as err:  # DrillError, or anything that broke the drill itself: not a verdict
+            if not isinstance(err, DrillError):
+                err = DrillError(f"{type(err).__name__}: {err}")
             echo(f"drill {name}: could not run: {err}")
             reports.append({"scenario": name, "seed": seed, "available": True, "error": str(err), "violations": 0})
             failed = True

@@ -9,6 +9,7 @@ import time
 
 from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, NemesisError, Step
 
+DUMP_FILE_NAME = "raft.snapshot"  # broker/replication/raft.py; pysyncobj receives into "<dump>.1.tmp"
 ELECTION_WATCH_S = 3.0
 SNAPSHOT_WAIT_S = 20.0
 _SNAPSHOT_WRITTEN = re.compile(rb"(?:wrote|packed) snapshot at index (\d+)")
@@ -81,7 +82,8 @@ def _log_since(ctx: Ctx, i: int, offset: int) -> bytes:
 
 def _kill_in_snapshot_install(ctx: Ctx, step: Step) -> None:
     """kill -9 a follower; once the leader has compacted its log past the follower's index, restart
-    the follower (it must install a snapshot) and kill it again after ``install_kill_s``."""
+    the follower (it must install a snapshot) and kill it again ``install_kill_s`` after the
+    snapshot transfer shows (its incoming file), i.e. in the middle of the install."""
     target = ctx.follower(int(step.params.get("k", 0)))
     before = ctx.cluster.view(target)
     applied = before.applied_index if before is not None else 0
@@ -100,15 +102,35 @@ def _kill_in_snapshot_install(ctx: Ctx, step: Step) -> None:
         ctx.note(fid, leader_compacted_past_follower=compacted)
         mark = _log_size(ctx, target)
         ctx.cluster.spawn(target)
+        receiving = _await_snapshot_transfer(ctx, target, mark)
         ctx.hold(float(step.params["install_kill_s"]))
         ctx.cluster.kill(target)
         installed = bool(_SNAPSHOT_RESTORED.search(_log_since(ctx, target, mark)))
-        ctx.note(fid, killed_after_s=step.params["install_kill_s"], snapshot_restored_before_kill=installed)
+        ctx.note(fid, receiving_snapshot_seen=receiving, killed_after_s=step.params["install_kill_s"],
+                 snapshot_restored_before_kill=installed)
         ctx.hold(float(step.params.get("down_s", 0.5)))
     finally:
         if not ctx.cluster.alive(target):
             ctx.cluster.spawn(target)
         ctx.heal(fid, "kill", restarted=[ctx.node(target)])
+
+
+def _await_snapshot_transfer(ctx: Ctx, i: int, log_mark: int) -> bool:
+    """Poll until node ``i`` receives a snapshot (pysyncobj's incoming file exists) or restored one;
+    True when the transfer was seen in progress."""
+    incoming = ctx.cluster.node_data_dir(i) / "raft" / f"{DUMP_FILE_NAME}.1.tmp"
+    started = time.time() - 0.05  # a file left by an install killed earlier does not count
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while time.monotonic() < deadline and not ctx.abort.is_set() and ctx.cluster.alive(i):
+        try:
+            if incoming.stat().st_mtime >= started:
+                return True
+        except FileNotFoundError:
+            pass
+        if _SNAPSHOT_RESTORED.search(_log_since(ctx, i, log_mark)):
+            return False
+        time.sleep(0.002)
+    return False
 
 
 def pause(ctx: Ctx, step: Step) -> None:
