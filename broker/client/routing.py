@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 
@@ -38,6 +38,7 @@ from broker.client.errors import (
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
 T = TypeVar("T")
+S = TypeVar("S")
 Call = Callable[[str, float], T]
 
 _CHANNEL_OPTIONS = [
@@ -121,6 +122,7 @@ class Router:
         self._known = list(dict.fromkeys(known))
         self._leader: str | None = None
         self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[tuple[object, str], object] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._next_discovery = 0.0
@@ -131,24 +133,39 @@ class Router:
     def channel(self, address: str) -> grpc.Channel:
         """The (reused) channel to ``address``."""
         with self._lock:
-            if self._closed:
-                raise BrokerError("CANCELLED", "the client is closed")
-            chan = self._channels.get(address)
-            if chan is None:
-                chan = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-                self._channels[address] = chan
-            return chan
+            return self._channel_locked(address)
+
+    def _channel_locked(self, address: str) -> grpc.Channel:
+        if self._closed:
+            raise BrokerError("CANCELLED", "the client is closed")
+        chan = self._channels.get(address)
+        if chan is None:
+            chan = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = chan
+        return chan
+
+    def stub(self, address: str, factory: Callable[[grpc.Channel], S]) -> S:
+        """The stub of ``factory`` for ``address``, made once. Making a stub registers its methods on
+        the channel, which grpc does not make thread-safe: doing it per call from several threads, or
+        while :meth:`close` closes the channel, can crash the process; so it happens once, under the lock."""
+        with self._lock:
+            stub = self._stubs.get((factory, address))
+            if stub is None:
+                stub = factory(self._channel_locked(address))
+                self._stubs[(factory, address)] = stub
+            return cast(S, stub)
 
     def broker(self, address: str) -> broker_pb2_grpc.BrokerStub:
-        return broker_pb2_grpc.BrokerStub(self.channel(address))
+        return self.stub(address, broker_pb2_grpc.BrokerStub)
 
     def admin(self, address: str) -> admin_pb2_grpc.AdminStub:
-        return admin_pb2_grpc.AdminStub(self.channel(address))
+        return self.stub(address, admin_pb2_grpc.AdminStub)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             channels, self._channels = list(self._channels.values()), {}
+            self._stubs.clear()
         for chan in channels:
             chan.close()
 
@@ -227,7 +244,7 @@ class Router:
             status = self.admin(address).ClusterStatus(
                 admin_pb2.ClusterStatusRequest(), timeout=self.policy.timeout_s
             )
-        except (grpc.RpcError, BrokerError):  # best effort: unimplemented, unreachable or closed
+        except (grpc.RpcError, BrokerError, ValueError):  # best effort: unimplemented, unreachable or closed
             return
         for node in status.nodes:
             if node.grpc_address:
