@@ -74,11 +74,13 @@ class CommandSubmitter:
         self.ensure_leader()
         return self._replicator.status().term
 
-    def submit(self, command: internal_pb2.Command) -> object:
-        """Replicate ``command``; return the state machine's result once applied here."""
+    def submit(self, command: internal_pb2.Command, *, sync: bool = False) -> object:
+        """Replicate ``command``; return the state machine's result once applied here.
+
+        ``sync=True`` (``fsync`` topics): acknowledged only once a majority has fsynced it."""
         self.ensure_leader()
         waiter = _Waiter()
-        self._replicator.submit(command.SerializeToString(), waiter)
+        self._replicator.submit(command.SerializeToString(), waiter, sync=sync)
         if not waiter.done.wait(self._timeout_s):
             raise Unavailable(
                 f"not committed within {self._timeout_s:g} s (quorum lost or overloaded); "

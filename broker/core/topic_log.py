@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from broker.core import dedup, partitioning, schemas
 from broker.core.ephemeral import EphemeralHub
-from broker.core.errors import InvalidArgument, TopicNotFound, Unimplemented
+from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.submitter import CommandSubmitter
 from broker.core.topics import normalized_config, validate_name
@@ -60,8 +60,6 @@ class TopicLog:
     # -- admin -------------------------------------------------------------------------------
     def create_topic(self, config: admin_pb2.TopicConfig) -> admin_pb2.TopicInfo:
         config = normalized_config(config)
-        if config.durability == common_pb2.DURABILITY_FSYNC:
-            raise Unimplemented("the 'fsync' durability class is not available in this version")
         if config.schema_json:
             schemas.compile_schema(config.schema_json)
         schemas.validate_dedup_fields(list(config.dedup_fields))
@@ -69,7 +67,7 @@ class TopicLog:
             raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=config, now_ms=self._clock_ms()))
-        result = self._submitter.submit(cmd)
+        result = self._submitter.submit(cmd, sync=config.durability == common_pb2.DURABILITY_FSYNC)
         self._raise_rejected(result)
         return self.describe_topic(config.name)
 
@@ -130,8 +128,8 @@ class TopicLog:
         append.now_ms = self._clock_ms()
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             result: object = self._publish_ephemeral(meta, append)
-        else:
-            result = self._submitter.submit(cmd)
+        else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
+            result = self._submitter.submit(cmd, sync=meta.config.durability == common_pb2.DURABILITY_FSYNC)
         self._raise_rejected(result)
         assert isinstance(result, Appended) and len(result.placements) == len(request.records)
         response = broker_pb2.PublishResponse()

@@ -1,0 +1,30 @@
+"""`fsync` topics (SPEC §2.1): created and published with synced submits, `disk` topics without."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.core.state_machine import BrokerStateMachine
+from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.core.topic_log import Limits, TopicLog
+from broker.replication.memory import InMemoryReplicator
+from broker.storage.memory import MemoryStore
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
+
+pytestmark = pytest.mark.unit
+
+
+def test_fsync_topics_submit_synced_and_disk_topics_do_not() -> None:
+    state = BrokerStateMachine(MemoryStore())
+    replicator = InMemoryReplicator(state)
+    replicator.start()
+    submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
+    log = TopicLog(state, submitter, Limits(), "c/n1")
+    info = log.create_topic(admin_pb2.TopicConfig(name="f", durability=common_pb2.DURABILITY_FSYNC))
+    assert info.config.durability == common_pb2.DURABILITY_FSYNC and replicator.synced_submits == 1
+    log.create_topic(admin_pb2.TopicConfig(name="d", durability=common_pb2.DURABILITY_DISK))
+    records = [broker_pb2.PublishRecord(value=b"v%d" % i) for i in range(3)]
+    log.publish(broker_pb2.PublishRequest(topic="d", records=records))
+    assert replicator.synced_submits == 1
+    results = log.publish(broker_pb2.PublishRequest(topic="f", records=records)).results
+    assert [r.offset for r in results] == [0, 1, 2] and replicator.synced_submits == 2
