@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pysyncobj.journal import Journal
+from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
@@ -53,6 +54,7 @@ _NO_VOTE = b"\x00"
 _VOTE = b"\x01"
 
 Entry = tuple[bytes, int, int]
+_datasync = getattr(os, "fdatasync", os.fsync)
 
 
 class JournalError(Exception):
@@ -140,8 +142,9 @@ class DurableJournal(Journal):
             else:
                 logger.warning("power-loss simulation: %s has no synced length; keeping it whole", self._path)
         good = self._replay(memoryview(data)[:end])
-        if self.dropped_bytes:
-            logger.warning("power-loss simulation: dropped %d unsynced bytes of %s", self.dropped_bytes, self._path)
+        if self._simulate:
+            logger.warning("power-loss simulation: %s cut back to its last fsync (dropped %d bytes)",
+                           self._path, self.dropped_bytes)
         if good < len(data):
             logger.warning("journal %s: cutting %d bytes after the last whole record", self._path, len(data) - good)
             os.truncate(self._path, good)
@@ -260,7 +263,7 @@ class DurableJournal(Journal):
         if self.failure is not None:  # after a failed fsync nothing can be trusted to be durable
             raise self.failure
         try:
-            os.fsync(self._fd)
+            _datasync(self._fd)  # appends: the data and the new file size
         except OSError as exc:
             self._fail(exc)
             raise
@@ -349,10 +352,15 @@ class SyncingTransport(TCPTransport):
     Messages keep their order: once one is held, the following ones are held too. :meth:`release`
     fsyncs once and sends them all; the node calls it before and after each socket poll (see
     :class:`ReleasingPoller`), so one fsync covers everything appended in between (group commit).
+    A leader's tick may append for up to ``appendEntriesPeriod`` (50 ms) while commands keep coming;
+    the followers would idle meanwhile, so a message held for ``max_hold_s`` releases at once.
     """
+
+    max_hold_s = 0.002
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803 (pysyncobj's names)
         self._held: list[tuple[Any, Any]] = []
+        self._held_since = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _journal(self) -> DurableJournal | None:
@@ -366,7 +374,11 @@ class SyncingTransport(TCPTransport):
         connection = self._connections.get(node)
         if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
             return False
+        if not self._held:
+            self._held_since = monotonic()
         self._held.append((node, message))
+        if monotonic() - self._held_since >= self.max_hold_s:
+            self.release()
         return True
 
     def release(self) -> None:

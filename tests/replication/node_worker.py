@@ -117,7 +117,7 @@ def run_load(rep: raft.PysyncobjReplicator, req: dict[str, Any]) -> None:
         if not inflight.acquire(timeout=0.1):
             continue
         seq += 1
-        rep.submit(make_command(req["prefix"], seq, req["size"]), callback)
+        rep.submit(make_command(req["prefix"], seq, req["size"]), callback, sync=req.get("sync", False))
     for _ in range(req["inflight"]):  # wait (bounded) for the outstanding ones
         if not inflight.acquire(timeout=5):
             break
@@ -131,7 +131,8 @@ def run_latency(rep: raft.PysyncobjReplicator, req: dict[str, Any]) -> None:
     for seq in range(req["count"]):
         done = threading.Event()
         started = time.monotonic()
-        rep.submit(make_command(req["prefix"], seq, req["size"]), lambda _r, _e, done=done: done.set())
+        rep.submit(make_command(req["prefix"], seq, req["size"]), lambda _r, _e, done=done: done.set(),
+                   sync=req.get("sync", False))
         if not done.wait(5):
             break
         latencies.append(time.monotonic() - started)
@@ -149,11 +150,12 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
             "sm_applied": sm.applied_index(), "sm_chain": sm.chain(), "sm_count": sm.applied_count,
             "sm_skipped": sm.skipped, "pending": rep.pending_count(), "counters": dict(counters),
             "patches": sorted(active_patches()),
+            "fsyncs": journal.fsyncs if (journal := rep._node.journal) is not None else None,  # type: ignore[union-attr]
         })
     elif op == "submit":
         tally = Tally(req["id"], req["count"])
         for seq in range(req["count"]):
-            rep.submit(make_command(req["prefix"], seq, req["size"]), tally.callback)
+            rep.submit(make_command(req["prefix"], seq, req["size"]), tally.callback, sync=req.get("sync", False))
     elif op == "load":
         threading.Thread(target=run_load, args=(rep, req), daemon=True).start()
     elif op == "latency":
