@@ -58,3 +58,13 @@ class GroupExists(BrokerError):
     def __init__(self, topic: str, group: str) -> None:
         super().__init__(f"group {group!r} of topic {topic!r} already exists")
         self.topic, self.group = topic, group
+
+
+class MemberNotFound(BrokerError):
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node {node_id!r} is not a member of the cluster")
+        self.node_id = node_id
+
+
+class MemberExists(BrokerError):
+    """A node id or Raft address already belongs to another member."""

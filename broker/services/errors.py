@@ -21,6 +21,8 @@ _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.TopicExists, grpc.StatusCode.ALREADY_EXISTS),
     (errors.GroupNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.GroupExists, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.MemberNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.MemberExists, grpc.StatusCode.ALREADY_EXISTS),
     (errors.DuplicateMessage, grpc.StatusCode.ALREADY_EXISTS),
     (errors.NotLeader, grpc.StatusCode.UNAVAILABLE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
