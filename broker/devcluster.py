@@ -105,6 +105,19 @@ class DevCluster:
             self.spawn(i)
         return self
 
+    def add_node(self) -> int:
+        """Spawn one more node (the next index) with every node of this cluster as its peer; it joins
+        the Raft group when the leader is told to add it (``Client.add_node``). Returns its index."""
+        i = self.nodes
+        ports = [self.base_port + offset + i for offset in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET)]
+        busy = [p for p in ports if not _port_free(p)]
+        if busy:
+            raise RuntimeError(f"ports {busy} for node {self.node_id(i)} are taken")
+        self.nodes += 1
+        self.procs.append(None)
+        self.spawn(i)
+        return i
+
     def spawn(self, i: int) -> None:
         """Start node ``i`` (it must not be running)."""
         assert not self.alive(i), f"node {self.node_id(i)} is already running"

@@ -17,6 +17,7 @@ from types import FrameType
 from broker.config import NodeConfig
 from broker.core.ephemeral import EphemeralHub
 from broker.core.housekeeping import Housekeeper
+from broker.core.membership import MemberRegistry, MembershipChanges
 from broker.core.reading import Reader
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
@@ -55,6 +56,7 @@ class Node:
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store)
         self.retention = Retention(self.state)  # registers its commands before anything is applied
+        self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
         self.groups = NodeGroups(self.state)  # consumer groups: likewise
         options = RaftOptions(password=config.raft_password,
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
@@ -73,6 +75,9 @@ class Node:
         self.metrics = NodeMetrics()
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
+        peers.attach(self.member_registry, self.replicator.members)
+        self.admin.membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter,
+                                                  peers, config.commit_timeout_ms / 1000)
         reader = Reader(self.state, hub, submitter.ensure_leader)
         broker = BrokerServicer(self.topic_log, reader, self.metrics)
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics)

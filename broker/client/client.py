@@ -315,3 +315,19 @@ class Client(GroupsMixin):
             if node.grpc_address:
                 self._router.learn(node.grpc_address, is_leader=node.id == status.leader_id and node.reachable)
         return status
+
+    def add_node(self, node_id: str, raft_address: str, grpc_address: str) -> None:
+        """Make a running node a member (start it first with the current members as its peers); it
+        catches up from the leader. Idempotent for the same addresses; ALREADY_EXISTS (``TopicExists``)
+        if the id or Raft address belongs to another member. One change at a time."""
+        request = admin_pb2.AddNodeRequest(id=node_id, raft_address=raft_address, grpc_address=grpc_address)
+        self._router.call(lambda addr, t: self._router.admin(addr).AddNode(request, timeout=t),
+                          write=True, what=f"add node {node_id}")
+        self._router.learn(grpc_address, is_leader=False)
+
+    def remove_node(self, node_id: str) -> None:
+        """Take a member out of the cluster (the leader hands leadership over first); stop its process
+        afterwards. A node that is not a member: NOT_FOUND (``TopicNotFound``, the message names it)."""
+        request = admin_pb2.RemoveNodeRequest(id=node_id)
+        self._router.call(lambda addr, t: self._router.admin(addr).RemoveNode(request, timeout=t),
+                          write=True, what=f"remove node {node_id}")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.core.errors import InvalidArgument, NotLeader, ResourceExhausted, Unavailable
 from broker.replication import FailReason, ReplicationError, Replicator, Role
@@ -20,17 +22,43 @@ class Peer:
     metrics_address: str = ""
 
 
+class MemberSource(Protocol):
+    """Members added at run time (``broker.core.membership.MemberRegistry``), by node id."""
+
+    def members(self) -> dict[str, Peer]: ...
+
+
 class PeerDirectory:
-    """Maps Raft addresses (what the replicator knows) to members (what clients need)."""
+    """Maps Raft addresses (what the replicator knows) to members (what clients need): the members
+    this node was configured with, and the replicated registry of members added later."""
 
     def __init__(self, peers: list[Peer]) -> None:
         self._by_raft = {p.raft_address: p for p in peers}
+        self._registry: MemberSource | None = None
+        self._current: Callable[[], list[str]] | None = None
+
+    def attach(self, registry: MemberSource, current: Callable[[], list[str]]) -> None:
+        """Consult ``registry`` too; ``current()`` gives the Raft addresses of the configuration."""
+        self._registry, self._current = registry, current
+
+    def _registered(self) -> dict[str, Peer]:
+        return self._registry.members() if self._registry is not None else {}
 
     def by_raft(self, raft_address: str | None) -> Peer | None:
-        return self._by_raft.get(raft_address) if raft_address else None
+        if not raft_address:
+            return None
+        found = next((p for p in self._registered().values() if p.raft_address == raft_address), None)
+        return found or self._by_raft.get(raft_address)
+
+    def by_id(self, node_id: str) -> Peer | None:
+        found = self._registered().get(node_id)
+        return found or next((p for p in self._by_raft.values() if p.node_id == node_id), None)
 
     def all(self) -> list[Peer]:
-        return list(self._by_raft.values())
+        """The current members (as configured when nothing is attached)."""
+        if self._current is None:
+            return list(self._by_raft.values())
+        return [self.by_raft(address) or Peer(address, address, "") for address in self._current()]
 
 
 class _Waiter:

@@ -114,3 +114,20 @@ class Replicator(Protocol):
     def close(self) -> None:
         """Stop ticking and release files and sockets."""
         ...
+
+
+class Membership(Protocol):
+    """The optional power to change the Raft group's members, one node at a time."""
+
+    def members(self) -> list[str]:
+        """Raft addresses of the current configuration, this node first (as of the last tick)."""
+        ...
+
+    def add_member(self, raft_address: str, callback: Callback) -> None:
+        """On the leader: append a configuration that adds ``raft_address``; ``callback(None, None)``
+        once it is committed. The new node should already run, with the members as its peers."""
+        ...
+
+    def remove_member(self, raft_address: str, callback: Callback) -> None:
+        """On the leader: append a configuration without ``raft_address`` (never the leader itself)."""
+        ...

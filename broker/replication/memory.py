@@ -115,6 +115,17 @@ class InMemoryReplicator:
             assert self._started and not self._closed
             self._become_leader()
 
+    def members(self) -> list[str]:
+        """A one-node group."""
+        return [self._self_address]
+
+    def add_member(self, raft_address: str, callback: Callback) -> None:
+        """There is no network to add a node to: refused."""
+        callback(None, ReplicationError(FailReason.DISCARDED, "an in-memory replicator has no other members"))
+
+    def remove_member(self, raft_address: str, callback: Callback) -> None:
+        callback(None, ReplicationError(FailReason.DISCARDED, "an in-memory replicator has no other members"))
+
     def transfer_leadership(self, target_address: str | None = None) -> bool:
         """There is no other node to hand leadership to."""
         return False

@@ -137,7 +137,7 @@ class RaftOptions:
             connectionRetryTime=self.connection_retry_s,
             journalFile=str(journal_file), fullDumpFile=str(dump_file), serializer=serializer,
             deserializer=deserializer, serializeChecker=serialize_checker,
-            useFork=False, dynamicMembershipChange=False,
+            useFork=False, dynamicMembershipChange=True,
         )
 
 
@@ -374,6 +374,7 @@ class PysyncobjReplicator:
         self._failure: BaseException | None = None
         self._codec: SnapshotCodec | None = None
         self._has_quorum = False  # set by the tick thread (pysyncobj's set arithmetic is not thread-safe)
+        self._members = [self_address, *sorted(self._peer_addresses)]  # likewise
 
     @property
     def options(self) -> RaftOptions:
@@ -430,13 +431,9 @@ class PysyncobjReplicator:
             _call(callback, None, ReplicationError(FailReason.TOO_LARGE, f"{size} > {limit} bytes"))
             return
         node = self._node
-        if node is None or self._closed or node.halted:
-            _call(callback, None, ReplicationError(FailReason.NO_LEADER, "replicator is not running"))
-            return
-        if not node._isLeader():
-            leader = node._getLeader()
-            reason = FailReason.NO_LEADER if leader is None else FailReason.NOT_LEADER
-            _call(callback, None, ReplicationError(reason, "" if leader is None else str(leader.id)))
+        refusal = self._leader_refusal(node)
+        if refusal is not None or node is None:
+            _call(callback, None, refusal or ReplicationError(FailReason.NO_LEADER))
             return
         token = next(self._tokens)
         with self._lock:  # close() drains _pending under this lock after setting _closed
@@ -454,7 +451,7 @@ class PysyncobjReplicator:
         apply = node._apply_synced_command if sync else node._apply_command
         apply(command, callback=functools.partial(self._complete, token))
 
-    def _complete(self, token: int, result: object, code: int) -> None:
+    def _complete(self, token: int, result: object, code: int, denied: str = "") -> None:
         with self._lock:
             entry = self._pending.pop(token, None)
             if entry is not None:
@@ -464,7 +461,60 @@ class PysyncobjReplicator:
         if code == FAIL_REASON.SUCCESS:
             _call(entry[0], result, None)
         else:
-            _call(entry[0], None, ReplicationError(map_fail_reason(code)))
+            message = denied if code == FAIL_REASON.REQUEST_DENIED else ""
+            _call(entry[0], None, ReplicationError(map_fail_reason(code), message))
+
+    # -- membership (broker.replication.Membership) ---------------------------------------------
+    def members(self) -> list[str]:
+        """Raft addresses of the current configuration, this node first (as of the last tick)."""
+        return list(self._members)
+
+    def add_member(self, raft_address: str, callback: Callback) -> None:
+        """Append a configuration with ``raft_address`` (leader only); the callback runs on commit.
+
+        pysyncobj changes one member at a time and applies a configuration when it is appended:
+        the new node counts in the majority at once, so it should be running (with the current
+        members as peers) and will catch up from the leader's snapshot and log."""
+        self._change_member("add", raft_address, callback)
+
+    def remove_member(self, raft_address: str, callback: Callback) -> None:
+        """Append a configuration without ``raft_address`` (leader only, never the leader itself)."""
+        self._change_member("rem", raft_address, callback)
+
+    def _change_member(self, kind: str, raft_address: str, callback: Callback) -> None:
+        host, _, port = raft_address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"raft address must be 'host:port', got {raft_address!r}")
+        node = self._node
+        refusal = self._leader_refusal(node)
+        if refusal is None and kind == "rem" and raft_address == self._self_address:
+            refusal = ReplicationError(FailReason.NOT_LEADER, "the leader cannot remove itself: transfer first")
+        if refusal is not None or node is None:
+            _call(callback, None, refusal or ReplicationError(FailReason.NO_LEADER))
+            return
+        token = next(self._tokens)
+        with self._lock:
+            if self._closed:
+                refusal = ReplicationError(FailReason.NO_LEADER, "replicator is not running")
+            else:
+                self._pending[token] = (callback, 0)
+        if refusal is not None:
+            _call(callback, None, refusal)
+            return
+        denied = ("refused: another membership change is not committed yet, the node is already in (or "
+                  "not in) the configuration, or this leader's first entry is not committed yet")
+        change = node.addNodeToCluster if kind == "add" else node.removeNodeFromCluster
+        change(raft_address, callback=functools.partial(self._complete, token, denied=denied))
+
+    def _leader_refusal(self, node: _RaftNode | None) -> ReplicationError | None:
+        if node is None or self._closed or node.halted:
+            return ReplicationError(FailReason.NO_LEADER, "replicator is not running")
+        if not node._isLeader():
+            leader = node._getLeader()
+            if leader is None:
+                return ReplicationError(FailReason.NO_LEADER)
+            return ReplicationError(FailReason.NOT_LEADER, str(leader.id))
+        return None
 
     def _on_tick(self, node: _RaftNode) -> None:
         journal = node.journal
@@ -472,6 +522,9 @@ class PysyncobjReplicator:
             self._halt(journal.failure)  # a failed write or fsync: stop, as after a failed restore
             return
         self._has_quorum = bool(node.hasQuorum)
+        others = sorted(str(n.id) for n in node.otherNodes)
+        if others != self._members[1:]:
+            self._members = [self._self_address, *others]
         while self._tick_calls:
             try:
                 self._tick_calls.popleft()()

@@ -13,12 +13,13 @@ from broker.core.topic_log import TopicLog
 from broker.replication import Replicator
 from broker.services import errors
 from broker.services.group_service import GroupAdminMethods
+from broker.services.membership_service import MembershipAdminMethods
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
 
 
-class AdminServicer(GroupAdminMethods, admin_pb2_grpc.AdminServicer):
+class AdminServicer(GroupAdminMethods, MembershipAdminMethods, admin_pb2_grpc.AdminServicer):
     """Control plane."""
 
     def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory) -> None:
@@ -83,9 +84,6 @@ class AdminServicer(GroupAdminMethods, admin_pb2_grpc.AdminServicer):
                                       raft_address=peer.raft_address, metrics_address=peer.metrics_address,
                                       role="unreachable", reachable=False)
 
-    def _unavailable(self, context: grpc.ServicerContext, what: str) -> None:
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not available in this version")
-
     @errors.unary
     def AlterTopic(self, request: admin_pb2.AlterTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
         return self._log.alter_topic(request.name, request.retention, request.full_policy)
@@ -115,16 +113,6 @@ class AdminServicer(GroupAdminMethods, admin_pb2_grpc.AdminServicer):
                        context: grpc.ServicerContext) -> admin_pb2.ResetWatermarkResponse:
         self._log.reset_watermark(request.topic, request.dedup_id)
         return admin_pb2.ResetWatermarkResponse()
-
-    def AddNode(self, request: admin_pb2.AddNodeRequest,
-                context: grpc.ServicerContext) -> admin_pb2.MembershipResponse:
-        self._unavailable(context, "membership change")
-        return admin_pb2.MembershipResponse()
-
-    def RemoveNode(self, request: admin_pb2.RemoveNodeRequest,
-                   context: grpc.ServicerContext) -> admin_pb2.MembershipResponse:
-        self._unavailable(context, "membership change")
-        return admin_pb2.MembershipResponse()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

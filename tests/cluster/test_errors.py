@@ -96,9 +96,14 @@ def test_bad_subscribe_positions_are_invalid(leader: Stubs) -> None:
         assert code == grpc.StatusCode.INVALID_ARGUMENT, req
 
 
-def test_unbuilt_rpcs_say_unimplemented(leader: Stubs) -> None:
+def test_membership_requests_are_checked(leader: Stubs) -> None:
     code, msg = code_of(lambda: leader.admin.AddNode(admin_pb2.AddNodeRequest(id="n9")))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "membership" in msg
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "raft_address" in msg
+    code, msg = code_of(lambda: leader.admin.AddNode(admin_pb2.AddNodeRequest(
+        id="bad id", raft_address="127.0.0.1:1", grpc_address="127.0.0.1:2")))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "node id" in msg
+    code, msg = code_of(lambda: leader.admin.RemoveNode(admin_pb2.RemoveNodeRequest(id="n9")))
+    assert code == grpc.StatusCode.NOT_FOUND and "'n9'" in msg
 
 
 def test_group_rpcs_on_an_unknown_group_say_not_found(leader: Stubs) -> None:

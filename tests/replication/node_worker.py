@@ -160,6 +160,12 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
         threading.Thread(target=run_load, args=(rep, req), daemon=True).start()
     elif op == "latency":
         threading.Thread(target=run_latency, args=(rep, req), daemon=True).start()
+    elif op in ("add_member", "remove_member"):
+        def changed(result: object, error: ReplicationError | None, request_id: int = req["id"]) -> None:
+            reply({"id": request_id, "ok": error is None, "error": None if error is None else str(error)})
+        getattr(rep, op)(req["address"], changed)
+    elif op == "members":
+        reply({"id": req["id"], "members": rep.members()})
     elif op == "compact":
         rep.force_compaction()
         reply({"id": req["id"]})

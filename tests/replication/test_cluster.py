@@ -8,11 +8,12 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from .chain_sm import Record
-from .cluster import Cluster, NodeProcess, wait_until
+from .cluster import Cluster, NodeProcess, free_port, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -174,3 +175,36 @@ def test_encrypted_transport_replicates(cluster_factory: ClusterFactory) -> None
     leader = cluster.leader()
     assert leader.request("submit", count=50, size=1000, prefix="secret")["ok"] == 50
     assert_converged(cluster, leader)
+
+
+# --- membership ------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(90)
+def test_a_node_joins_through_a_snapshot_and_a_member_leaves(cluster_factory: ClusterFactory, tmp_path: Path) -> None:
+    cluster = cluster_factory()
+    leader = cluster.leader()
+    assert leader.request("submit", count=200, size=1000, prefix="before")["ok"] == 200
+    leader.request("compact")
+    wait_until(lambda: leader.request("entry_size", index=5)["size"] is None, 10, "the leader to compact")
+    address = f"127.0.0.1:{free_port()}"
+    first = cluster.nodes[0]
+    joiner = NodeProcess(address, [n.address for n in cluster.nodes] + [address], tmp_path / "joiner",
+                         tmp_path / "joiner.log", first.options, (), False)
+    cluster.nodes.append(joiner)  # killed with the others at teardown
+    joiner.start()
+    time.sleep(1.0)  # not a member yet: it must not disturb anyone (PreVote, refused connections)
+    term = leader.status()["term"]  # type: ignore[index]
+    assert leader.request("add_member", address=address)["ok"]
+    assert leader.request("add_member", address=address)["ok"] is False  # already a member
+    wait_until(lambda: len(leader.request("members")["members"]) == 4, 5, "a 4-node configuration")
+    assert leader.request("submit", count=100, size=1000, prefix="after")["ok"] == 100
+    assert_converged(cluster, leader)
+    assert any(r.kind == "R" for r in joiner.records()), "the new node did not catch up through a snapshot"
+    victim = next(n for n in followers(cluster, leader) if n is not joiner)
+    assert leader.request("remove_member", address=victim.address)["ok"]
+    victim.kill()
+    wait_until(lambda: len(leader.request("members")["members"]) == 3, 5, "a 3-node configuration")
+    assert leader.request("submit", count=50, size=1000, prefix="shrunk")["ok"] == 50
+    assert_converged(cluster, leader)
+    assert leader.request("remove_member", address=leader.address)["ok"] is False  # never itself
+    assert leader.status()["term"] == term, "a membership change caused an election"  # type: ignore[index]
