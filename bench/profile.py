@@ -26,11 +26,14 @@ class HotSpot:
     total_pct: float
 
 
-def start_profiler(pid: int, duration_s: float, output: Path) -> subprocess.Popen[bytes]:
-    """Start ``py-spy record`` on ``pid`` for ``duration_s`` seconds, writing folded stacks to ``output``."""
+def start_profiler(pid: int, duration_s: float, output: Path, *, gil_only: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``py-spy record`` on ``pid`` for ``duration_s`` seconds, writing folded stacks to ``output``.
+
+    ``gil_only``: sample only the thread holding the GIL (what the interpreter is busy with; the
+    default view also counts threads that are runnable but waiting for the GIL or in C code)."""
     exe = shutil.which("py-spy") or str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "py-spy")
     argv = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(duration_s))), "--rate", "200",
-            "--format", "raw", "--nonblocking", "--output", str(output)]
+            "--format", "raw", "--nonblocking", "--output", str(output), *(["--gil"] if gil_only else [])]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

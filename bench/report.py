@@ -114,16 +114,26 @@ def _profile(doc: Json) -> list[str]:
         prof = system.get("profile")
         if not prof:
             continue
-        if "error" in prof:
-            return ["## Profile of the raftbroker leader", "", f"py-spy failed: {prof['error']}", ""]
         lines = ["## Profile of the raftbroker leader (py-spy, publish of 100 B records)", "",
-                 f"{prof['samples']} samples of pid {prof['pid']} while it took "
-                 f"{prof['publish_msgs_per_s']:,.0f} msgs/s; folded stacks in `{prof['folded']}`.", "",
-                 "| function (by self time) | self % | incl. % |", "|---|---|---|"]
-        lines += [f"| `{h['function']}` | {h['self_pct']:.1f} | {h['total_pct']:.1f} |" for h in prof["by_self"][:15]]
-        lines += ["", "| function (by inclusive time) | self % | incl. % |", "|---|---|---|"]
-        lines += [f"| `{h['function']}` | {h['self_pct']:.1f} | {h['total_pct']:.1f} |" for h in prof["by_total"][:20]]
-        return [*lines, ""]
+                 f"pid {prof.get('pid')} while it took {prof.get('publish_msgs_per_s', 0):,.0f} msgs/s under the "
+                 "profiler.", ""]
+        views = {"all": "every thread that is not idle", "gil": "only the thread holding the GIL"}
+        for key, what in views.items():
+            view = prof.get(key, prof if key == "all" and "by_self" in prof else None)
+            if not view:
+                continue
+            if "error" in view:
+                lines += [f"py-spy ({what}) failed: {view['error']}", ""]
+                continue
+            lines += [f"### {what} ({view['samples']} samples, `{view['folded']}`)", "",
+                      "| function (by self time) | self % | incl. % |", "|---|---|---|"]
+            lines += [f"| `{h['function']}` | {h['self_pct']:.1f} | {h['total_pct']:.1f} |"
+                      for h in view["by_self"][:15]]
+            lines += ["", "| function (by inclusive time) | self % | incl. % |", "|---|---|---|"]
+            lines += [f"| `{h['function']}` | {h['self_pct']:.1f} | {h['total_pct']:.1f} |"
+                      for h in view["by_total"][:20]]
+            lines.append("")
+        return lines
     return []
 
 

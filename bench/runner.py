@@ -158,18 +158,23 @@ async def _profile(deployment: Deployment, config: BenchConfig, out_dir: Path) -
     pid = deployment.cluster.pids[leader]
     assert pid is not None
     folded = out_dir / "profile-raftbroker-leader.txt"
+    folded_gil = out_dir / "profile-raftbroker-leader-gil.txt"
     log(f"  profiling the leader (pid {pid}) for {config.profile_s:g} s with py-spy")
-    spy = profile.start_profiler(pid, config.profile_s, folded)
+    spies = [profile.start_profiler(pid, config.profile_s, folded),
+             profile.start_profiler(pid, config.profile_s, folded_gil, gil_only=True)]
     await asyncio.sleep(0.5)
     metrics = await workloads.publish_consume(deployment, 100, 10_000_000, config.profile_s)
-    _, err = await asyncio.to_thread(spy.communicate)
-    if spy.returncode != 0 or not folded.exists():
-        return {"error": f"py-spy failed ({spy.returncode}): {err.decode(errors='replace')[-500:]}"}
-    text = folded.read_text()
-    samples, by_self = profile.hot_spots(text, 20)
-    by_total = profile.top_inclusive(text, 25)
-    return {"pid": pid, "samples": samples, "folded": folded.name, "publish_msgs_per_s": metrics["publish_msgs_per_s"],
-            "by_self": [vars(s) for s in by_self], "by_total": [vars(s) for s in by_total]}
+    result: Json = {"pid": pid, "publish_msgs_per_s": metrics["publish_msgs_per_s"]}
+    for spy, path, key in zip(spies, (folded, folded_gil), ("all", "gil"), strict=True):
+        _, err = await asyncio.to_thread(spy.communicate)
+        if spy.returncode != 0 or not path.exists():
+            result[key] = {"error": f"py-spy failed ({spy.returncode}): {err.decode(errors='replace')[-500:]}"}
+            continue
+        text = path.read_text()
+        samples, by_self = profile.hot_spots(text, 20)
+        result[key] = {"samples": samples, "folded": path.name, "by_self": [vars(s) for s in by_self],
+                       "by_total": [vars(s) for s in profile.top_inclusive(text, 25)]}
+    return result
 
 
 def run_all(config: BenchConfig, out_dir: Path) -> Json:

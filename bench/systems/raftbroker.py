@@ -29,12 +29,18 @@ _GUARANTEE = {
 
 
 def _version() -> str:
+    """``0.1.0 (<commit>)``, with ``+uncommitted`` when the measured ``broker/`` differs from that commit."""
+    repo = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[2], timeout=5).stdout.strip()
+                             cwd=repo, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "broker", "proto"], capture_output=True,
+                               text=True, cwd=repo, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"0.1.0 ({sha})" if sha else "0.1.0"
+        sha, dirty = "", ""
+    if not sha:
+        return "0.1.0"
+    return f"0.1.0 ({sha}{'+uncommitted' if dirty else ''})"
 
 
 class RaftbrokerEndpoint(Endpoint):
