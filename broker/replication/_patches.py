@@ -76,6 +76,26 @@ _JOURNAL_RELIED_UPON_SHA256 = {
         "5a3fd97bc17dc1cf3070b007538b6a8d46adb71f0b6523f3922dc953420645e8"
     ),
     (pysyncobj_transport.TCPTransport, "send"): "2fd6c84b8621427d4bdc7742fa93271ba81dca0e0b4b22ff7b5ea989c976f166",
+    # Membership: raft.PysyncobjReplicator calls addNodeToCluster/removeNodeFromCluster (one change
+    # at a time, __changeCluster); _RaftNode replays the log's changes after a restart through
+    # __parseChangeClusterRequest/__doChangeCluster, relying on __doChangeCluster being a no-op for a
+    # node already in (or out of) the configuration when __doApplyCommand applies the entry again.
+    (pysyncobj_syncobj.SyncObj, "addNodeToCluster"): "409209c3165ec2dc83dca52c2a7399084299dc5842ddc12e2a5f72581cca63b6",
+    (pysyncobj_syncobj.SyncObj, "removeNodeFromCluster"): (
+        "a655f3c1f147299823a8152d7ed9e15b5812af2d264fca8dc8c667faf9566877"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__changeCluster"): (
+        "66b42884f9d2dbd1d27daaf1e1aa93d97c8969705b782b4837b7741d94746da6"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__doChangeCluster"): (
+        "247d4d4101b8cd3ce82232ec9cf69d3556c78df7e6d0002a277d38676e630350"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__parseChangeClusterRequest"): (
+        "b2d5d695b12e592fd32dc956415884096f7d13cd8f7b2cf69d4b8d3c2bb0178f"
+    ),
+    (pysyncobj_syncobj.SyncObj, "_SyncObj__doApplyCommand"): (
+        "1ea7aa506e950d0aecc7aa7ea750a6fc1164cbff9b208784fe4724dfe1ec91dc"
+    ),
     (pysyncobj_journal, "createJournal"): "9ea9e463ae2a0b8bc28887a9cc9ec1f58b2b789c33a2f88973182d69a47d1169",
 }
 

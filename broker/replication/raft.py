@@ -186,6 +186,7 @@ class _RaftNode(PreVoteMixin, SyncObj):
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
+        self._configuration_replayed = False
         active = _patches.active_patches()
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
                            conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
@@ -251,11 +252,28 @@ class _RaftNode(PreVoteMixin, SyncObj):
         self.conf.logCompactionMinTime = self._compaction_min_time_s * deferral
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
+        if not self._configuration_replayed and self._SyncObj__needLoadDumpFile \
+                and not os.path.isfile(self.conf.fullDumpFile):
+            self._replay_log_configuration()  # with a snapshot, _SyncObj__loadDumpFile does it
         # pysyncobj checks the election deadline before reading the socket: a follower whose tick
         # stalled (long apply or snapshot) would depose a live leader whose heartbeats are waiting.
         if self._SyncObj__raftState != _LEADER_STATE and self._SyncObj__raftElectionDeadline < pysyncobj_monotonic():
             self._poller.poll(0)
         super()._onTick(timeToWait)
+
+    def _replay_log_configuration(self) -> None:
+        """Raft uses the latest configuration in its log, committed or not. pysyncobj changes its
+        configuration when it appends a membership entry, but after a restart only when it applies
+        one: a node restarted before applying the entries after its snapshot would count votes and
+        commits in an older configuration. Apply those changes now (applying them again later is a
+        no-op in pysyncobj)."""
+        self._configuration_replayed = True
+        for command, index, _term in self._SyncObj__raftLog[:]:
+            if index <= self.raftLastApplied:
+                continue
+            request = self._SyncObj__parseChangeClusterRequest(command)
+            if request is not None:
+                self._SyncObj__doChangeCluster(request)
 
     def halt(self) -> None:
         """Stop for good without another word to the leader (after a failed snapshot restore)."""
@@ -270,6 +288,7 @@ class _RaftNode(PreVoteMixin, SyncObj):
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         super()._SyncObj__loadDumpFile(clearJournal)
+        self._replay_log_configuration()  # the snapshot's configuration, then the log's changes
         # Restoring a large snapshot can outlast the election timeout that the leader's message
         # just reset; count the leader as heard from now, or this follower would depose it.
         self._SyncObj__raftElectionDeadline = pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout()
