@@ -117,7 +117,9 @@ class DurableJournal(Journal):
         self._size = 0  # bytes written to the file
         self._synced_size = 0  # bytes known to be on stable storage
         self._sync_pending = False  # a written record must be fsynced before any message leaves
+        self._term_pending = False  # ...and it is a term/vote record
         self.fsyncs = 0
+        self.fsync_seconds = 0.0  # time spent in the fsyncs of appends (diagnostics)
         self.dropped_bytes = 0  # power-loss simulation: unsynced bytes cut off at open
         self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
         self._fd = -1
@@ -188,7 +190,7 @@ class DurableJournal(Journal):
     def _fail(self, exc: OSError) -> None:
         logger.critical("raft journal %s failed; this node sends nothing more", self._path, exc_info=exc)
         self.failure = exc
-        self._sync_pending = True  # holds every message back for good
+        self._sync_pending = self._term_pending = True  # holds every message back for good
 
     def _rewrite(self) -> None:
         """Write the whole state into a new file of the next generation, fsync it, rename it in place."""
@@ -220,7 +222,7 @@ class DurableJournal(Journal):
             os.close(self._fd)
         self._fd = os.open(self._path, os.O_WRONLY)
         self._size = self._synced_size = size
-        self._sync_pending = False
+        self._sync_pending = self._term_pending = False
         self._commit_written = self._commit
         self.fsyncs += 1
 
@@ -249,6 +251,11 @@ class DurableJournal(Journal):
         return self._sync_pending
 
     @property
+    def term_pending(self) -> bool:
+        """True while a term/vote record waits for its fsync (no message may leave before it)."""
+        return self._term_pending
+
+    @property
     def unsynced_bytes(self) -> int:
         return self._size - self._synced_size
 
@@ -262,14 +269,16 @@ class DurableJournal(Journal):
     def _fsync(self) -> None:
         if self.failure is not None:  # after a failed fsync nothing can be trusted to be durable
             raise self.failure
+        started = monotonic()
         try:
             _datasync(self._fd)  # appends: the data and the new file size
         except OSError as exc:
             self._fail(exc)
             raise
+        self.fsync_seconds += monotonic() - started
         self.fsyncs += 1
         self._synced_size = self._size
-        self._sync_pending = False
+        self._sync_pending = self._term_pending = False
         self._mark_synced_for_simulation()
 
     def _mark_synced_for_simulation(self) -> None:
@@ -321,6 +330,7 @@ class DurableJournal(Journal):
         self._term = term
         self._voted_for = votedForNodeId
         self._append(TERM, _term_payload(term, votedForNodeId), True)  # Raft safety: always synced
+        self._term_pending = True
 
     def getCurrentTerm(self) -> int:  # noqa: N802
         return self._term
@@ -352,8 +362,12 @@ class SyncingTransport(TCPTransport):
     Messages keep their order: once one is held, the following ones are held too. :meth:`release`
     fsyncs once and sends them all; the node calls it before and after each socket poll (see
     :class:`ReleasingPoller`), so one fsync covers everything appended in between (group commit).
-    A leader's tick may append for up to ``appendEntriesPeriod`` (50 ms) while commands keep coming;
-    the followers would idle meanwhile, so a message held for ``max_hold_s`` releases at once.
+    A message held for ``max_hold_s`` releases at once (a tick may run for 50 ms).
+
+    One exception (Raft thesis §10.2.1): a leader's AppendEntries may leave before the leader's own
+    fsync, unless a term/vote record is pending. The leader counts itself in a commit, but it
+    fsyncs in the release before its next poll, before it can read any reply; so its fsync runs
+    while the followers receive and sync, instead of before.
     """
 
     max_hold_s = 0.002
@@ -369,8 +383,10 @@ class SyncingTransport(TCPTransport):
 
     def send(self, node: Any, message: Any) -> bool:
         journal = self._journal()
-        if not self._held and (journal is None or not journal.sync_pending):
+        if journal is None or (not self._held and not journal.sync_pending):
             return bool(super().send(node, message))
+        if not journal.term_pending and isinstance(message, dict) and message.get("type") == "append_entries":
+            return bool(super().send(node, message))  # the leader's own entries: see the class docstring
         connection = self._connections.get(node)
         if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
             return False

@@ -1,12 +1,13 @@
-"""The pysyncobj implementation of :class:`broker.replication.Replicator`.
+"""The pysyncobj implementation of :class:`broker.replication.Replicator` (and its Membership power).
 
-One ``SyncObj`` subclass with a single ``@replicated`` method that hands each committed ``bytes``
-command to the :class:`StateMachine` with its Raft index. Importing this module applies the pinned
-pysyncobj patches (see ``_patches.py``; ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` switches them off).
+The ``SyncObj`` subclass is in ``raft_node.py``; this module holds the options, the failure mapping
+and :class:`PysyncobjReplicator`. Importing it applies the pinned pysyncobj patches (see
+``_patches.py``; ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` switches them, PreVote and the journal's entry
+syncs off for tests).
 
-Threads: pysyncobj's tick thread does all the work (network, append, apply, callbacks, snapshots).
-``submit``/``status``/``transfer_leadership``/``force_compaction`` may be called from any thread;
-work that must touch pysyncobj's state is handed to the tick thread.
+Threads: pysyncobj's tick thread does all the work (network, append, fsync, apply, callbacks,
+snapshots). ``submit``/``status``/``transfer_leadership``/``force_compaction``/membership changes
+may be called from any thread; work that must touch pysyncobj's state is handed to the tick thread.
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ import functools
 import itertools
 import logging
 import os
-import queue
 import threading
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj, SyncObjConf, replicated
-from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
 
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
-from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingTransport, fsync_path
-from broker.replication.prevote import PreVoteMixin
+from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
+
+__all__ = ["PysyncobjReplicator", "RaftOptions", "command_needs_sync", "map_fail_reason", "_APPLY_METHOD",
+           "_SYNCED_APPLY_METHOD", "_RaftNode"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,19 +37,11 @@ _patches.apply_patches_from_env()
 
 JOURNAL_FILE_NAME = "raft.wal"  # journal.DurableJournal (pysyncobj's own format was "raft.journal")
 ENV_SIMULATE_POWER_LOSS = "RAFTBROKER_SIMULATE_POWER_LOSS"
+ENV_JOURNAL_SYNC = "RAFTBROKER_JOURNAL_SYNC"
 DUMP_FILE_NAME = "raft.snapshot"
 SNAPSHOT_WORK_DIR_NAME = "snapshot-work"
 _TRANSFER_WAIT_S = 1.0
 _CLOSE_JOIN_S = 5.0
-_ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
-_LEADER_STATE = 2
-_LEADER_COMPACTION_DEFERRAL = 4
-# A peer grants a pre-vote only if it has not heard from a leader for this share of the minimum
-# election timeout: below 1 so that, after a leader dies, the first follower to time out is granted.
-_PREVOTE_LEASE_SHARE = 0.75
-_APPLY_METHOD = "_apply_command_v0"
-_SYNCED_APPLY_METHOD = "_apply_synced_command_v0"
-_REGULAR, _NO_OP = 0, 1  # pysyncobj's _COMMAND_TYPE values (MEMBERSHIP 2, VERSION 3)
 _SERIALIZER_STATES = {
     PackState.IDLE: SERIALIZER_STATE.NOT_SERIALIZING,
     PackState.RUNNING: SERIALIZER_STATE.SERIALIZING,
@@ -141,30 +133,13 @@ class RaftOptions:
         )
 
 
-def _replicated_method_ids(cls: type) -> dict[str, int]:
-    """The ids pysyncobj gives the replicated methods of ``cls`` (sorted by version, then name)."""
-    names = [m for m in dir(cls) if getattr(getattr(cls, m), "replicated", False)
-             and m != getattr(cls, m).origName]
-    return {name: i for i, (_ver, name) in enumerate(sorted((getattr(cls, n).ver, n) for n in names))}
-
-
-def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
-    """Whether a log entry must be fsynced before it is acknowledged: calls of the synced apply method
-    and membership/version changes do; no-ops and plain applies do not. Reads the pysyncobj command
-    header (type byte, pickle PROTO, optional FRAME, BININT1 method id); anything else is synced."""
-    kind = command[0] if command else _REGULAR
-    if kind == _NO_OP:
-        return False
-    if kind != _REGULAR:
-        return True
-    pos = 1
-    if command[pos:pos + 1] == b"\x80":  # PROTO n
-        pos += 2
-    if command[pos:pos + 1] == b"\x95":  # FRAME <8-byte length>
-        pos += 9
-    if command[pos:pos + 1] != b"K":  # BININT1 <method id>
-        return True
-    return command[pos + 1] == synced_method_id
+def journal_sync_from_env(default: str) -> str:
+    """``RAFTBROKER_JOURNAL_SYNC=all`` fsyncs every entry before it is acknowledged, whatever its
+    topic's class (measurements and the cautious); ``flagged`` only ``sync=True`` submits."""
+    value = os.environ.get(ENV_JOURNAL_SYNC, "") or default
+    if value not in ("flagged", "all"):
+        raise ValueError(f"{ENV_JOURNAL_SYNC} must be flagged or all, not {value!r}")
+    return value
 
 
 def simulate_power_loss_from_env() -> bool:
@@ -172,188 +147,6 @@ def simulate_power_loss_from_env() -> bool:
     return os.environ.get(ENV_SIMULATE_POWER_LOSS, "") not in ("", "0")
 
 
-class _RaftNode(PreVoteMixin, SyncObj):
-    """The SyncObj: two replicated methods (plain and synced), no forwarding to the leader, PreVote,
-    our journal with its send gate, halts on a failed restore."""
-
-    _METHOD_IDS = {}  # type: dict[str, int]  # filled below the class
-
-    def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
-                 state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
-                 pre_vote: bool | None = None, simulate_power_loss: bool = False) -> None:
-        # Set before SyncObj.__init__: its tick thread may apply entries at once.
-        self._state_machine = state_machine
-        self._compaction_max_log_bytes = compaction_max_log_bytes
-        self._applied_bytes_since_compaction = 0
-        self.halted = False
-        self._configuration_replayed = False
-        active = _patches.active_patches()
-        self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
-                           conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
-        synced_id = self._METHOD_IDS[_SYNCED_APPLY_METHOD]
-        dump_file = Path(conf.fullDumpFile)
-
-        def snapshot_barrier() -> None:  # the snapshot replacing a dropped prefix is durable first
-            fsync_path(dump_file)
-            fsync_path(dump_file.parent)
-
-        journal_path = str(conf.journalFile)
-        _patches.register_journal(journal_path, lambda: DurableJournal(
-            Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
-            sync_entries=journal_sync if "journal_sync" in active else "never",
-            snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss))
-        # Nodes reach the same entry count together; spread their compactions (each stalls its tick
-        # thread while the state machine snapshots) so that at most one node pauses at a time.
-        spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000
-        self._compaction_min_entries = max(2, int(conf.logCompactionMinEntries * spread))
-        self._compaction_min_time_s = conf.logCompactionMinTime * spread
-        conf.logCompactionMinEntries = self._compaction_min_entries
-        conf.logCompactionMinTime = self._compaction_min_time_s
-        try:
-            super().__init__(self_address, peer_addresses, conf, transportClass=SyncingTransport)
-        finally:
-            _patches.forget_journal(journal_path)
-        assert self._methodToID[_SYNCED_APPLY_METHOD] == synced_id, "pysyncobj numbers methods differently"
-
-    # pysyncobj assigns self._poller in SyncObj.__init__; every poll releases held messages around it.
-    @property
-    def _poller(self) -> ReleasingPoller:
-        poller: ReleasingPoller = self.__dict__["_releasing_poller"]
-        return poller
-
-    @_poller.setter
-    def _poller(self, poller: object) -> None:
-        self.__dict__["_releasing_poller"] = ReleasingPoller(poller, self.release_held_messages)
-
-    def release_held_messages(self) -> None:
-        """fsync the journal if needed and send what the transport held back (replication thread)."""
-        transport = self.__dict__.get("_SyncObj__transport")
-        if isinstance(transport, SyncingTransport):
-            transport.release()
-
-    @property
-    def journal(self) -> DurableJournal | None:
-        journal = self.__dict__.get("_SyncObj__raftLog")
-        return journal if isinstance(journal, DurableJournal) else None
-
-    def _SyncObj__applyLogEntries(self) -> bool:
-        # Applying leads to acknowledgements; nothing is applied before it is synced (a single node
-        # never sends, so this is where its entries are synced).
-        journal = self.journal
-        if journal is not None and journal.sync_pending and self.raftCommitIndex > self.raftLastApplied:
-            self.release_held_messages()
-        return bool(super()._SyncObj__applyLogEntries())
-
-    def _SyncObj__setState(self, newState: int) -> None:
-        super()._SyncObj__setState(newState)
-        # A leader that pauses longer than the election timeout is deposed: it compacts 4x less often.
-        deferral = _LEADER_COMPACTION_DEFERRAL if newState == _LEADER_STATE else 1
-        self.conf.logCompactionMinEntries = self._compaction_min_entries * deferral
-        self.conf.logCompactionMinTime = self._compaction_min_time_s * deferral
-
-    def _onTick(self, timeToWait: float = 0.0) -> None:
-        if not self._configuration_replayed and self._SyncObj__needLoadDumpFile \
-                and not os.path.isfile(self.conf.fullDumpFile):
-            self._replay_log_configuration()  # with a snapshot, _SyncObj__loadDumpFile does it
-        # pysyncobj checks the election deadline before reading the socket: a follower whose tick
-        # stalled (long apply or snapshot) would depose a live leader whose heartbeats are waiting.
-        if self._SyncObj__raftState != _LEADER_STATE and self._SyncObj__raftElectionDeadline < pysyncobj_monotonic():
-            self._poller.poll(0)
-        super()._onTick(timeToWait)
-
-    def _replay_log_configuration(self) -> None:
-        """Raft uses the latest configuration in its log, committed or not. pysyncobj changes its
-        configuration when it appends a membership entry, but after a restart only when it applies
-        one: a node restarted before applying the entries after its snapshot would count votes and
-        commits in an older configuration. Apply those changes now (applying them again later is a
-        no-op in pysyncobj)."""
-        self._configuration_replayed = True
-        for command, index, _term in self._SyncObj__raftLog[:]:
-            if index <= self.raftLastApplied:
-                continue
-            request = self._SyncObj__parseChangeClusterRequest(command)
-            if request is not None:
-                self._SyncObj__doChangeCluster(request)
-
-    def halt(self) -> None:
-        """Stop for good without another word to the leader (after a failed snapshot restore)."""
-        self.halted = True
-        self.destroy()
-
-    def _SyncObj__sendNextNodeIdx(self, node: object, reset: bool = False, nextNodeIdx: int | None = None,
-                                  success: bool = False) -> None:
-        if self.halted:  # do not acknowledge a snapshot that could not be restored
-            return
-        super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
-
-    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
-        super()._SyncObj__loadDumpFile(clearJournal)
-        self._replay_log_configuration()  # the snapshot's configuration, then the log's changes
-        # Restoring a large snapshot can outlast the election timeout that the leader's message
-        # just reset; count the leader as heard from now, or this follower would depose it.
-        self._SyncObj__raftElectionDeadline = pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout()
-
-    @replicated
-    def _apply_command(self, command: bytes) -> object:
-        return self._apply(command)
-
-    @replicated
-    def _apply_synced_command(self, command: bytes) -> object:
-        """The same, for commands whose entry is fsynced before it is acknowledged (``sync=True``)."""
-        return self._apply(command)
-
-    def _apply(self, command: bytes) -> object:
-        # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception
-        # here makes the next tick retry the same index (the state machine skips what it has).
-        result = self._state_machine.apply(self.raftLastApplied + 1, command)
-        self._applied_bytes_since_compaction += len(command)
-        if self._applied_bytes_since_compaction >= self._compaction_max_log_bytes:
-            self._applied_bytes_since_compaction = 0
-            self.forceLogCompaction()
-        return result
-
-    def _checkCommandsToApply(self) -> None:
-        """Append queued commands when leader; otherwise fail them (stock pysyncobj forwards them)."""
-        if self._isLeader():
-            super()._checkCommandsToApply()
-            return
-        reason = FAIL_REASON.NOT_LEADER if self._getLeader() is not None else FAIL_REASON.MISSING_LEADER
-        commands = self._SyncObj__commandsQueue
-        for _ in range(self.conf.commandsQueueSize):
-            try:
-                _command, callback = commands.get_nowait()
-            except queue.Empty:
-                return
-            self._SyncObj__callErrCallback(reason, callback)
-
-    def status_fields(self, has_quorum: bool) -> tuple[Role, int, int, int, str | None, bool]:
-        """(role, term, commit index, last applied, leader address, has quorum) from any thread: each
-        is one attribute read of a value the tick thread replaces atomically."""
-        applied = self.raftLastApplied  # before the commit index, which is never below it
-        leader = self._getLeader()
-        return (
-            _ROLES[self._SyncObj__raftState],
-            self.raftCurrentTerm,
-            max(self.raftCommitIndex, applied),
-            applied,
-            None if leader is None else str(leader.id),
-            has_quorum,
-        )
-
-    def log_entry_size_bytes(self, index: int) -> int | None:
-        """Size of the stored (and sent) entry at Raft ``index``, or None when not in the log."""
-        log = self._SyncObj__raftLog
-        try:
-            first = log[0][1]
-            entry = log[index - first] if index >= first else None
-        except IndexError:
-            return None
-        if entry is None or entry[1] != index:
-            return None
-        return len(entry[0])
-
-
-_RaftNode._METHOD_IDS = _replicated_method_ids(_RaftNode)
 
 
 class PysyncobjReplicator:
@@ -417,7 +210,7 @@ class PysyncobjReplicator:
         self._codec = codec
         options = self._options
         node = _RaftNode(self._self_address, self._peer_addresses, conf, self._state_machine,
-                         options.compaction_max_log_bytes, journal_sync=options.journal_sync,
+                         options.compaction_max_log_bytes, journal_sync=journal_sync_from_env(options.journal_sync),
                          pre_vote=None if options.pre_vote else False,
                          simulate_power_loss=options.simulate_power_loss or simulate_power_loss_from_env())
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.

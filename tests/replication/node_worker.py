@@ -151,6 +151,7 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
             "sm_skipped": sm.skipped, "pending": rep.pending_count(), "counters": dict(counters),
             "patches": sorted(active_patches()),
             "fsyncs": journal.fsyncs if (journal := rep._node.journal) is not None else None,  # type: ignore[union-attr]
+            "fsync_seconds": journal.fsync_seconds if journal is not None else None,
         })
     elif op == "submit":
         tally = Tally(req["id"], req["count"])

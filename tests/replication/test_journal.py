@@ -239,3 +239,24 @@ def test_a_term_change_is_synced_before_the_reply(gated_follower: tuple[Any, lis
     assert sent == [] and node.journal.sync_pending
     node.release_held_messages()
     assert [m["type"] for m in sent] == ["response_vote"] and node.journal.getCurrentTerm() == 5
+
+
+def test_a_leader_sends_its_entries_first_and_syncs_before_it_reads_a_reply(
+        gated_follower: tuple[Any, list[Any]]) -> None:
+    node, sent = gated_follower
+    node._SyncObj__connectedNodes.update(node.otherNodes)
+    node._SyncObj__onBecomeLeader()
+    node.release_held_messages()
+    sent.clear()
+    journal = node.journal
+    fsyncs = journal.fsyncs
+    node._apply_synced_command(b"payload", callback=lambda result, error: None)
+    node._checkCommandsToApply()
+    carried = [m for m in sent if m["type"] == "append_entries" and m.get("entries")]
+    assert len(carried) == 2 and journal.sync_pending  # on the wire while the leader's fsync is pending
+    node._poller.poll(0)  # the release before the poll: the leader's own fsync
+    assert journal.fsyncs == fsyncs + 1 and not journal.sync_pending
+    sent.clear()
+    journal.setCurrentTerm(journal.getCurrentTerm() + 1, None)
+    node._SyncObj__sendAppendEntries()
+    assert sent == [] and node._SyncObj__transport.held_count == 2  # a pending term record holds even these

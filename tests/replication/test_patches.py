@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.syncobj as pysyncobj_syncobj
 import pytest
 
 from broker.replication import _patches, raft
@@ -55,7 +56,7 @@ def test_unknown_patch_names_in_the_environment_are_rejected() -> None:
 
 def test_switching_patches_off_and_on_restores_the_exact_functions(restore_patches: None) -> None:
     # _RaftNode overrides the handler (PreVote) and calls SyncObj's, which the patch replaces.
-    base = raft.SyncObj
+    base = pysyncobj_syncobj.SyncObj
     on = base._SyncObj__onMessageReceived
     _patches.apply_patches(append_entries=False)
     assert base._SyncObj__onMessageReceived is _patches._ORIGINALS["append_entries"]
