@@ -69,11 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, help="records per publish run (default 200000)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output directory (default bench/results)")
     parser.add_argument("--render", type=Path, help="only re-render this results JSON")
+    parser.add_argument("--latest", action="store_true", help="with --render: also write latest.* beside it")
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing what is missing")
     args = parser.parse_args(argv)
     if args.render:
         doc = json.loads(args.render.read_text())
-        for path in write_outputs(doc, args.render.parent, args.render.stem, latest=False):
+        for path in write_outputs(doc, args.render.parent, args.render.stem, latest=args.latest):
             print(path)
         return 0
     config = _config(args)
