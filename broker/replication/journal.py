@@ -5,14 +5,16 @@ pysyncobj keeps its log in a ``Journal`` (``pysyncobj.syncobj.createJournal`` bu
 ``FileJournal`` is an mmap that is never synced, with 4-byte offsets. :class:`DurableJournal` keeps
 the same in-memory list of ``(command, index, term)`` entries and appends every change to one file:
 
-    header   magic(8) generation(8) crc32(4) | simulated synced length(8) crc32(4)   (32 bytes)
+    header   magic(8) generation(8) crc32(4) | synced length(8) crc32(4)   (32 bytes)
     record   length(4) crc32(4) type(1) payload      crc32 covers type + payload
 
 Records: ENTRY (index, term, command), TRUNCATE (delete entries with index >= i), TERM (term,
 voted-for), COMMIT (commit index). Reading stops at the first short or corrupt record, so what is
-recovered is always a prefix of what was written. Dropping the covered prefix (log compaction) and
-``clear`` (snapshot installed) write a new file of the next generation, fsync it and rename it in
-place, after fsyncing the snapshot file they rely on (``snapshot_barrier``).
+recovered is always a prefix of what was written; past the synced length recorded in the header
+that is a torn tail and is cut off, before it it is damage and the journal refuses to open.
+Dropping the covered prefix (log compaction) and ``clear`` (snapshot installed) write a new file
+of the next generation, fsync it and rename it in place, after fsyncing the snapshot file they
+rely on (``snapshot_barrier``).
 
 What is synced and when (see ``docs/design/replication.md``): TERM records always mark the journal
 "sync pending"; ENTRY and TRUNCATE records do when ``needs_sync(command)`` says so (entries of the
@@ -21,8 +23,8 @@ What is synced and when (see ``docs/design/replication.md``): TERM records alway
 releases them (group commit); a node applies nothing that still needs a sync. A journal opened after
 a crash is fsynced once, so whatever was recovered is durable from then on.
 
-Power-loss simulation (tests): each fsync also records the synced length in the header; on open the
-file is cut back to it, dropping every byte written but not fsynced.
+Power-loss simulation (tests): on open the file is cut back to the synced length recorded in the
+header, dropping every byte written but not fsynced.
 """
 
 from __future__ import annotations
@@ -133,17 +135,23 @@ class DurableJournal(Journal):
         data = self._path.read_bytes()
         magic, generation, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
         if magic != MAGIC or crc != zlib.crc32(data[:16]):
-            raise JournalError(f"{self._path} is not a raftbroker journal (bad header)")
+            raise JournalError(
+                f"{self._path} is not a raftbroker journal (bad header; a journal of pysyncobj's own format is "
+                "not read any more): move the node's data directory away and let it catch up from the leader")
         self._generation = generation
+        synced, synced_crc = _SIM.unpack_from(data, _HEAD.size)
+        if synced_crc != zlib.crc32(_U64.pack(synced)) or synced < HEADER_BYTES:
+            logger.warning("journal %s: no valid synced length in the header", self._path)
+            synced = HEADER_BYTES
         end = len(data)
         if self._simulate:
-            synced, sim_crc = _SIM.unpack_from(data, _HEAD.size)
-            if sim_crc == zlib.crc32(_U64.pack(synced)) and HEADER_BYTES <= synced <= end:
-                self.dropped_bytes = end - synced
-                end = synced
-            else:
-                logger.warning("power-loss simulation: %s has no synced length; keeping it whole", self._path)
+            self.dropped_bytes = max(0, end - synced)
+            end = min(end, synced)
         good = self._replay(memoryview(data)[:end])
+        if good < min(synced, end):
+            # A bad record inside what was fsynced is damage, not a torn write: refuse to guess.
+            raise JournalError(f"{self._path}: corrupt record at offset {good}, inside the {synced} bytes it had "
+                               "fsynced: move the node's data directory away and let it catch up from the leader")
         if self._simulate:
             logger.warning("power-loss simulation: %s cut back to its last fsync (dropped %d bytes)",
                            self._path, self.dropped_bytes)
@@ -155,7 +163,7 @@ class DurableJournal(Journal):
         # Whatever was recovered (written before a process crash) is made durable once, now.
         os.fsync(self._fd)
         self._synced_size = good
-        self._mark_synced_for_simulation()
+        self._record_synced_length()
         self._commit_written = self._commit
 
     def _replay(self, data: memoryview) -> int:
@@ -279,12 +287,13 @@ class DurableJournal(Journal):
         self.fsyncs += 1
         self._synced_size = self._size
         self._sync_pending = self._term_pending = False
-        self._mark_synced_for_simulation()
+        self._record_synced_length()
 
-    def _mark_synced_for_simulation(self) -> None:
-        if self._simulate:
-            sim = _U64.pack(self._synced_size)
-            os.pwrite(self._fd, sim + struct.pack("<I", zlib.crc32(sim)), _HEAD.size)
+    def _record_synced_length(self) -> None:
+        # Stable with the next fsync. At open, damage before it is corruption (refused), after it a
+        # torn tail (cut); the power-loss simulation cuts the file back to it.
+        synced = _U64.pack(self._synced_size)
+        os.pwrite(self._fd, synced + struct.pack("<I", zlib.crc32(synced)), _HEAD.size)
 
     # -- pysyncobj's Journal interface -------------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 _patches.apply_patches_from_env()
 
-JOURNAL_FILE_NAME = "raft.wal"  # journal.DurableJournal (pysyncobj's own format was "raft.journal")
+JOURNAL_FILE_NAME = "raft.journal"  # journal.DurableJournal; refuses files of pysyncobj's own format
 ENV_SIMULATE_POWER_LOSS = "RAFTBROKER_SIMULATE_POWER_LOSS"
 ENV_JOURNAL_SYNC = "RAFTBROKER_JOURNAL_SYNC"
 DUMP_FILE_NAME = "raft.snapshot"

@@ -85,7 +85,7 @@ def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
     journal = open_journal(path)
     journal.add(command(PLAIN_ID), 1, 1)
     journal.add(command(PLAIN_ID), 2, 1)
-    journal._destroy()
+    crash(journal)  # neither record was fsynced: a crash may tear the last one
     whole = path.stat().st_size
     with open(path, "r+b") as f:
         f.truncate(whole - 3)  # the second record loses its last bytes
@@ -93,6 +93,26 @@ def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
     assert entries(again) == [(1, 1)]
     again.add(command(PLAIN_ID), 2, 1)  # appends continue after the last whole record
     again._destroy()
+    assert entries(open_journal(path)) == [(1, 1), (2, 1)]
+
+
+def test_damage_inside_what_was_fsynced_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path)
+    journal.add(command(SYNCED_ID), 1, 1)
+    journal.add(command(SYNCED_ID), 2, 1)
+    journal.sync()
+    crash(journal)
+    clean = path.read_bytes()
+    flipped = bytearray(clean)
+    flipped[HEADER_BYTES + 30] ^= 0xFF  # a bit flip in an fsynced record, not a torn write
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(JournalError, match="corrupt record at offset"):
+        open_journal(path)
+    path.write_bytes(clean[:-5])  # fsynced bytes missing: damage too
+    with pytest.raises(JournalError, match="corrupt record at offset"):
+        open_journal(path)
+    path.write_bytes(clean)
     assert entries(open_journal(path)) == [(1, 1), (2, 1)]
 
 
