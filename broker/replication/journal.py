@@ -220,7 +220,9 @@ class DurableJournal(Journal):
         staged = self._path.with_name(self._path.name + ".rewrite")
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, _header(self._generation, size) + body)
+            view = memoryview(_header(self._generation, size) + body)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -324,7 +326,7 @@ class DurableJournal(Journal):
     def _destroy(self) -> None:
         if self._fd < 0:
             return
-        if self.unsynced_bytes:
+        if self.unsynced_bytes and self.failure is None:
             self._fsync()  # a clean stop leaves nothing to lose
         os.close(self._fd)
         self._fd = -1

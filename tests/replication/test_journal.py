@@ -280,3 +280,24 @@ def test_a_leader_sends_its_entries_first_and_syncs_before_it_reads_a_reply(
     journal.setCurrentTerm(journal.getCurrentTerm() + 1, None)
     node._SyncObj__sendAppendEntries()
     assert sent == [] and node._SyncObj__transport.held_count == 2  # a pending term record holds even these
+
+
+def test_a_failed_fsync_is_final(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from broker.replication import journal as journal_module
+
+    journal = open_journal(tmp_path / "raft.wal")
+    journal.add(command(SYNCED_ID), 1, 1)
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(journal_module, "_datasync", broken)
+    with pytest.raises(OSError):
+        journal.sync()
+    monkeypatch.undo()  # the disk "recovers": the journal must not believe it
+    assert journal.failure is not None and journal.sync_pending and journal.term_pending
+    with pytest.raises(OSError):
+        journal.sync()
+    journal._destroy()  # closes without trying again
