@@ -13,7 +13,6 @@ import functools
 import json
 import shutil
 import subprocess
-import tempfile
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,10 +85,10 @@ class NatsEndpoint(Endpoint):
 class NatsDeployment(Deployment):
     """``nodes`` nats-server processes with JetStream, clustered over loopback routes."""
 
-    def __init__(self, nodes: int = 3, workdir: Path | None = None) -> None:
+    def __init__(self, nodes: int, workdir: Path) -> None:
         if shutil.which("nats-server") is None:
             raise NotAvailable("nats-server is not installed (apt-get install nats-server)")
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bench-nats-"))
+        self.workdir = workdir  # the caller owns (and removes) it
         self.info = DeploymentInfo(
             system="nats", variant=f"JetStream R{nodes} file", nodes=nodes, version=_version(),
             guarantee="ack after a majority stored the message (file store, fsync on an interval)",

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,10 +47,10 @@ def _version() -> str:
 class RabbitCluster:
     """``nodes`` RabbitMQ nodes plus the epmd they register with; every process run as user rabbitmq."""
 
-    def __init__(self, nodes: int = 3, workdir: Path | None = None) -> None:
+    def __init__(self, nodes: int, workdir: Path) -> None:
         if not Path(SERVER).exists() or shutil.which("epmd") is None:
             raise NotAvailable("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bench-rabbitmq-"))
+        self.workdir = workdir  # the caller owns (and removes) it
         blocked = [p for p in self.workdir.resolve().parents if not p.stat().st_mode & 0o001]
         if blocked:
             raise NotAvailable(f"RabbitMQ runs as user {USER}, who cannot enter {blocked[0]} (mode "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,10 +90,10 @@ class RaftbrokerEndpoint(Endpoint):
 class RaftbrokerDeployment(Deployment):
     """``nodes`` raftbroker processes; every topic the endpoint creates has class ``durability``."""
 
-    def __init__(self, nodes: int, durability: str, workdir: Path | None = None) -> None:
+    def __init__(self, nodes: int, durability: str, workdir: Path) -> None:
         assert durability in _GUARANTEE and nodes >= 1
         self.durability = durability
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"bench-raftbroker-{durability}-"))
+        self.workdir = workdir  # the caller owns (and removes) it
         self.info = DeploymentInfo(
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
             guarantee=_GUARANTEE[durability], client="raftbroker SDK publish_batch(1000), 4 in flight",

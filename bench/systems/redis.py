@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,10 +67,10 @@ class RedisEndpoint(Endpoint):
 class RedisDeployment(Deployment):
     """One redis-server with an append-only file synced on every write."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path) -> None:
         if shutil.which("redis-server") is None:
             raise NotAvailable("redis-server is not installed (apt-get install redis-server)")
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bench-redis-"))
+        self.workdir = workdir  # the caller owns (and removes) it
         self.info = DeploymentInfo(
             system="redis", variant="Streams AOF always", nodes=1, version=_version(),
             guarantee="ack after the write is fsynced to the AOF on the one node (no replication)",
