@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import Client, TopicNotFound
+from broker.client import BrokerError, Client, TopicNotFound
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.digests import digest, partition_contents, wait_converged
@@ -29,6 +29,7 @@ class Publisher:
 
     def __init__(self, client: Client) -> None:
         self.acked: list[bytes] = []
+        self.cancelled = 0
         self.error: BaseException | None = None
         self._client = client
         self._stop = threading.Event()
@@ -39,7 +40,16 @@ class Publisher:
         try:
             while not self._stop.is_set():
                 values = [b"%d-%d" % (b, i) for i in range(20)]
-                self._client.publish_batch(TOPIC, [{"value": v, "partition": 0} for v in values])
+                batch = [{"value": v, "partition": 0, "idempotency_key": v.decode()} for v in values]
+                try:
+                    self._client.publish_batch(TOPIC, batch)
+                except BrokerError as err:
+                    # A leader stopped with SIGTERM cancels the calls in flight and the SDK reports
+                    # CANCELLED (it retries only UNAVAILABLE and deadlines): retry, same keys.
+                    if err.code != "CANCELLED":
+                        raise
+                    self.cancelled += 1
+                    continue
                 self.acked.extend(values)
                 b += 1
         except BaseException as exc:  # reported by the test
@@ -156,6 +166,7 @@ def test_grow_to_five_and_shrink_to_three_while_publishing(tmp_path: Path) -> No
         assert not missing, f"{len(missing)} acknowledged records lost"
         order = [positions[v] for v in publisher.acked]
         assert order == sorted(order), "acknowledged records out of order"
-        print(f"{len(publisher.acked)} records acknowledged through 2 additions and 2 removals")
+        print(f"{len(publisher.acked)} records acknowledged through 2 additions and 2 removals "
+              f"({publisher.cancelled} publishes cancelled by a stopping leader and retried)")
     finally:
         c.stop()
