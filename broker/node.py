@@ -24,10 +24,12 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, TopicLog
 from broker.node_groups import NodeGroups
+from broker.node_routes import NodeRoutes
 from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
+from broker.services.log_metrics import DeletionCollector
 from broker.services.metrics import NodeMetrics
 from broker.services.server import GrpcServer
 from broker.storage.rocks import RocksStore
@@ -58,6 +60,7 @@ class Node:
         self.retention = Retention(self.state)  # registers its commands before anything is applied
         self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
         self.groups = NodeGroups(self.state)  # consumer groups: likewise
+        self.routes = NodeRoutes(self.state)  # likewise
         options = RaftOptions(password=config.raft_password,
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
@@ -78,11 +81,15 @@ class Node:
         peers.attach(self.member_registry, self.replicator.members)
         self.admin.membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter,
                                                   peers, config.commit_timeout_ms / 1000)
+        self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
+        mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
+                                  limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
+                                  admin=self.admin, metrics=self.metrics)
         reader = Reader(self.state, hub, submitter.ensure_leader)
         broker = BrokerServicer(self.topic_log, reader, self.metrics)
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics)
         self.server = GrpcServer(config.grpc_address, broker,
-                                 self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES)
+                                 self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES, extra=[mirror])
 
     def start(self) -> None:
         self.replicator.start()
@@ -91,12 +98,14 @@ class Node:
         self.server.start()
         self.housekeeper.start()
         self.groups.start()
+        self.routes.start()
         log.info("node %s serving gRPC on %s (raft %s, metrics %s)", self.config.node_id,
                  self.config.grpc_address, self.config.raft_address, self.config.metrics_address)
 
     def close(self) -> None:
         self.housekeeper.stop()
         self.groups.stop()
+        self.routes.stop()
         self._hand_over_leadership()
         self.server.stop(GRACE_S)
         self.admin.close()

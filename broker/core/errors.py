@@ -27,6 +27,18 @@ class DuplicateMessage(BrokerError):
     """A record repeats the dedup-field values of a stored record (SPEC §4)."""
 
 
+class NotFound(BrokerError):
+    """A named thing other than a topic (e.g. a route) does not exist."""
+
+
+class AlreadyExists(BrokerError):
+    """A named thing other than a topic (e.g. a route) already exists."""
+
+
+class FailedPrecondition(BrokerError):
+    """The request is well formed but the current state forbids it (e.g. it would close a route cycle)."""
+
+
 class NotLeader(BrokerError):
     """This node is not the leader; ``leader_address`` is the leader's gRPC address if known."""
 

@@ -23,24 +23,26 @@ _OPS = {v: k.removeprefix("OP_").lower() for k, v in common_pb2.Op.items()}
 _VARIABLES = {"key", "headers", "op", "partition", "timestamp_ms", "value"}
 
 
-class RecordFilter:
-    """A compiled CEL expression over one record."""
+class RecordExpression:
+    """A compiled CEL expression over one record (filters, route partition keys); ``what`` names
+    it in error messages."""
 
-    def __init__(self, expression: str) -> None:
+    def __init__(self, expression: str, what: str = "filter") -> None:
         if len(expression) > MAX_EXPRESSION_CHARS:
-            raise InvalidArgument(f"filter is longer than {MAX_EXPRESSION_CHARS} characters")
+            raise InvalidArgument(f"{what} is longer than {MAX_EXPRESSION_CHARS} characters")
         try:
             self._program = cel.compile(expression)
         except (ValueError, RuntimeError) as exc:
-            raise InvalidArgument(f"invalid filter expression: {exc}") from None
+            raise InvalidArgument(f"invalid {what} expression: {exc}") from None
         unknown = set(self._program.variables()) - _VARIABLES
         if unknown:
-            raise InvalidArgument(f"invalid filter expression: unknown variable(s) {', '.join(sorted(unknown))}; "
+            raise InvalidArgument(f"invalid {what} expression: unknown variable(s) {', '.join(sorted(unknown))}; "
                                   f"use {', '.join(sorted(_VARIABLES))}")
         self._needs_value = "value" in self._program.variables()
         self.expression = expression
 
-    def matches(self, record: common_pb2.Record) -> bool:
+    def evaluate(self, record: common_pb2.Record) -> Any:
+        """The expression's value for ``record``; raises whatever CEL raises on an evaluation error."""
         activation: dict[str, Any] = {
             "key": record.key if record.HasField("key") else None,
             "headers": dict(record.headers),
@@ -53,7 +55,14 @@ class RecordFilter:
                 activation["value"] = json.loads(record.value)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 activation["value"] = record.value
+        return self._program.execute(activation)
+
+
+class RecordFilter(RecordExpression):
+    """A filter: a record matches when the expression is ``true``."""
+
+    def matches(self, record: common_pb2.Record) -> bool:
         try:
-            return self._program.execute(activation) is True
+            return self.evaluate(record) is True
         except Exception:  # noqa: BLE001 - CEL evaluation errors (missing field, type) mean "no match"
             return False

@@ -14,13 +14,14 @@ from broker.replication import Replicator
 from broker.services import errors
 from broker.services.group_service import GroupAdminMethods
 from broker.services.membership_service import MembershipAdminMethods
+from broker.services.route_service import RouteAdminMethods
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
 
 
-class AdminServicer(GroupAdminMethods, MembershipAdminMethods, admin_pb2_grpc.AdminServicer):
-    """Control plane."""
+class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods, admin_pb2_grpc.AdminServicer):
+    """Control plane (route RPCs: :class:`RouteAdminMethods`)."""
 
     def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory) -> None:
         self._log = log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -18,7 +19,9 @@ MAX_WORKERS = 64
 class GrpcServer:
     """Owns the grpc.Server and its health status."""
 
-    def __init__(self, address: str, broker: BrokerServicer, admin: AdminServicer, max_message_bytes: int) -> None:
+    def __init__(self, address: str, broker: BrokerServicer, admin: AdminServicer, max_message_bytes: int,
+                 extra: Sequence[tuple[str, Callable[[grpc.Server], None]]] = ()) -> None:
+        """``extra``: more services as (full service name, registrar), e.g. the Mirror service."""
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -28,11 +31,14 @@ class GrpcServer:
                                    options=options, maximum_concurrent_rpcs=MAX_WORKERS * 4)
         broker_pb2_grpc.add_BrokerServicer_to_server(broker, self._server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
+        for _, register in extra:
+            register(self._server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         names = [
             broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+            *(name for name, _ in extra),
             health.SERVICE_NAME,
             reflection.SERVICE_NAME,
         ]

@@ -1,0 +1,124 @@
+"""Leader-side route administration: validate, replicate, describe (SPEC §3.4).
+
+Every input is checked before anything is submitted: names, that the source (and a local target)
+exist and are stored topics, the CEL filter and partition-key expressions (compiled), the op list,
+remote addresses, and that a local route does not close a cycle of routes (checked again when the
+command is applied, so two concurrent creates cannot close one either).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound
+from broker.core.filters import RecordExpression, RecordFilter
+from broker.core.router import RouteRunner
+from broker.core.routes import RouteTable, cycle_error, find_cycle
+from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.submitter import CommandSubmitter
+from broker.core.topics import NAME_RE, validate_name
+from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
+
+MAX_ROUTES = 1000
+MAX_TARGET_ADDRESSES = 16
+
+
+def _check_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"target_cluster address {address!r} is not host:port")
+    return address
+
+
+def _stored_topic(state: BrokerStateMachine, name: str, role: str) -> internal_pb2.TopicMeta:
+    validate_name(name)
+    meta = state.topic(name)
+    if meta is None:
+        raise TopicNotFound(name)
+    if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        raise InvalidArgument(f"{role} topic {name!r} is ephemeral: routes need stored topics")
+    return meta
+
+
+class RouteAdmin:
+    """Create, list and delete routes; ``runner`` (this node's router) adds its live statistics."""
+
+    def __init__(self, state: BrokerStateMachine, table: RouteTable, submitter: CommandSubmitter,
+                 runner: RouteRunner | None = None, clock_ms: Callable[[], int] | None = None) -> None:
+        self._state = state
+        self._table = table
+        self._submitter = submitter
+        self._runner = runner
+        self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+
+    def normalized(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteConfig:
+        """A validated copy of ``config``; raises the error a caller should see."""
+        if not NAME_RE.match(config.name):
+            raise InvalidArgument(f"invalid route name {config.name!r}: use 1-249 characters of "
+                                  "A-Z a-z 0-9 . _ - starting with a letter or digit")
+        out = routes_pb2.RouteConfig()
+        out.CopyFrom(config)
+        _stored_topic(self._state, config.source, "source")
+        validate_name(config.target)
+        if config.target_cluster:
+            addresses = [a.strip() for a in config.target_cluster if a.strip()]
+            if not 0 < len(addresses) <= MAX_TARGET_ADDRESSES:
+                raise InvalidArgument(f"target_cluster needs 1 to {MAX_TARGET_ADDRESSES} addresses")
+            del out.target_cluster[:]
+            out.target_cluster.extend(dict.fromkeys(_check_address(a) for a in addresses))
+        else:
+            _stored_topic(self._state, config.target, "target")
+        if config.filter:
+            RecordFilter(config.filter)
+        if config.partition_key:
+            RecordExpression(config.partition_key, "partition_key")
+        for op in config.ops:
+            if op not in common_pb2.Op.values():
+                raise InvalidArgument(f"unknown op {op}")
+        del out.ops[:]
+        out.ops.extend(sorted(set(config.ops)))
+        return out
+
+    def create(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteInfo:
+        self._submitter.ensure_leader()
+        config = self.normalized(config)
+        existing = self._table.all()
+        if any(m.config.name == config.name for m in existing):
+            raise AlreadyExists(f"route {config.name!r} already exists")
+        if len(existing) >= MAX_ROUTES:
+            raise InvalidArgument(f"a cluster holds at most {MAX_ROUTES} routes")
+        cycle = find_cycle((m.config for m in existing), config)
+        if cycle is not None:
+            raise cycle_error(config.name, cycle)
+        result = self._submitter.submit(internal_pb2.Command(create_route=routes_internal_pb2.CreateRouteCommand(
+            config=config, now_ms=self._clock_ms())))
+        if isinstance(result, Rejected):
+            raise result.error
+        assert isinstance(result, routes_internal_pb2.RouteMeta)
+        if self._runner is not None:
+            self._runner.wake()
+        return self.info(result)
+
+    def delete(self, name: str) -> None:
+        self._submitter.ensure_leader()
+        meta = self._table.get(name)
+        if meta is None:
+            raise NotFound(f"route {name!r} does not exist")
+        result = self._submitter.submit(internal_pb2.Command(delete_route=routes_internal_pb2.DeleteRouteCommand(
+            name=name, route_id=meta.route_id)))
+        if isinstance(result, Rejected):
+            raise result.error
+
+    def list(self) -> list[routes_pb2.RouteInfo]:
+        return [self.info(meta) for meta in self._table.all()]
+
+    def info(self, meta: routes_internal_pb2.RouteMeta) -> routes_pb2.RouteInfo:
+        info = routes_pb2.RouteInfo(config=meta.config, route_id=meta.route_id, created_ms=meta.created_ms)
+        for partition, next_offset, end_offset in self._table.positions(meta):
+            info.partitions.add(partition=partition, next_offset=next_offset, end_offset=end_offset)
+            info.lag += max(0, end_offset - next_offset)
+        stats = self._runner.stats.get(meta.config.name) if self._runner is not None else None
+        if stats is not None and stats.route_id == meta.route_id:
+            info.last_error, info.copied, info.skipped = stats.last_error, stats.copied, stats.skipped
+        return info

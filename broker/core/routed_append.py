@@ -1,0 +1,109 @@
+"""Appending routed copies: stored record bodies go into a topic verbatim, so they keep their origin.
+
+This is the router's side door to the log, never reachable from the public ``Publish`` RPC (which
+always stamps this node's origin): the local router calls it directly, and a remote cluster's
+router calls it through the ``Mirror`` service. It checks what ``TopicLog.publish`` checks (limits,
+the target's schema and dedup fields) and then submits the same ``AppendCommand``, each copy with
+its idempotency key, so a copy retried after a failover is stored once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from google.protobuf.message import DecodeError
+
+from broker.core import schemas
+from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.routes import MAX_KEY_CHARS, Copy, origin_cluster, place
+from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.core.submitter import CommandSubmitter
+from broker.core.topic_log import Limits
+from broker.core.topics import validate_name
+from broker.v1 import common_pb2, internal_pb2
+
+
+class TrustedAppender:
+    """Appends :class:`Copy` batches all-or-nothing on the leader; see the module docstring."""
+
+    def __init__(self, state: BrokerStateMachine, submitter: CommandSubmitter, limits: Limits, cluster_id: str,
+                 clock_ms: Callable[[], int] | None = None) -> None:
+        self._state = state
+        self._submitter = submitter
+        self._limits = limits
+        self._cluster_id = cluster_id
+        self._schemas = schemas.SchemaCache()
+        self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+
+    @property
+    def cluster_id(self) -> str:
+        return self._cluster_id
+
+    def append(self, topic: str, copies: Sequence[Copy], *, foreign: bool = False) -> Appended:
+        """Append ``copies`` to ``topic``; ``foreign``: they come from another cluster, whose
+        records must carry an origin that is not this cluster (a mirror never echoes)."""
+        self._submitter.ensure_leader()
+        validate_name(topic)
+        meta = self._state.topic(topic)
+        if meta is None:
+            raise TopicNotFound(topic)
+        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+            raise InvalidArgument(f"topic {topic!r} is ephemeral: routes copy only into stored topics")
+        if not copies:
+            raise InvalidArgument("an append needs at least one record")
+        if len(copies) > self._limits.max_batch_records:
+            raise InvalidArgument(f"batch of {len(copies)} records is over the limit of "
+                                  f"{self._limits.max_batch_records}")
+        bodies = [self._check(i, c, foreign) for i, c in enumerate(copies)]
+        total = sum(len(c.body) for c in copies)
+        if total > self._limits.max_batch_bytes:
+            raise InvalidArgument(f"batch of {total} bytes is over the limit of {self._limits.max_batch_bytes} bytes")
+        cmd = internal_pb2.Command()
+        append = cmd.append
+        append.topic, append.topic_id = topic, meta.topic_id
+        append.partitions.extend(place(c.partition_key, c.source_partition, meta.config.partitions) for c in copies)
+        append.bodies.extend(c.body for c in copies)
+        append.idempotency_keys.extend(c.idempotency_key for c in copies)
+        self._check_documents(meta, bodies, append)
+        append.now_ms = self._clock_ms()
+        result = self._submitter.submit(cmd)
+        if isinstance(result, Rejected):
+            raise result.error
+        assert isinstance(result, Appended) and len(result.placements) == len(copies)
+        return result
+
+    def _check(self, i: int, copy: Copy, foreign: bool) -> internal_pb2.RecordBody:
+        if not copy.idempotency_key or len(copy.idempotency_key) > MAX_KEY_CHARS:
+            raise InvalidArgument(f"record {i}: a routed copy needs an idempotency_key of 1 to {MAX_KEY_CHARS} "
+                                  "characters")
+        if len(copy.body) > self._limits.max_record_bytes:
+            raise InvalidArgument(f"record {i} is {len(copy.body)} bytes, over the limit of "
+                                  f"{self._limits.max_record_bytes} bytes")
+        try:
+            body = internal_pb2.RecordBody.FromString(copy.body)
+        except DecodeError:
+            raise InvalidArgument(f"record {i}: body is not a stored record") from None
+        if body.op not in common_pb2.Op.values():
+            raise InvalidArgument(f"record {i}: unknown op {body.op}")
+        if not body.origin:
+            raise InvalidArgument(f"record {i}: a routed copy must carry its origin")
+        if foreign and origin_cluster(body.origin) == self._cluster_id:
+            raise InvalidArgument(f"record {i}: its origin {body.origin!r} is this cluster; a mirror never "
+                                  "brings a record back to the cluster it came from")
+        return body
+
+    def _check_documents(self, meta: internal_pb2.TopicMeta, bodies: list[internal_pb2.RecordBody],
+                         append: internal_pb2.AppendCommand) -> None:
+        """The target's schema and dedup fields, as for a publish; any failure refuses the batch."""
+        config = meta.config
+        if not config.schema_json and not config.dedup_fields:
+            return
+        validator = self._schemas.get(meta.topic_id, config.schema_json) if config.schema_json else None
+        fields = list(config.dedup_fields)
+        for i, body in enumerate(bodies):
+            document = schemas.parse_json(i, body.value)
+            if validator is not None:
+                schemas.check_value(validator, i, document)
+            if fields:
+                append.unique_keys.append(schemas.unique_key(i, document, fields))

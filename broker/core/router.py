@@ -1,0 +1,319 @@
+"""The router: on the leader, copies every route's matching records into its target (SPEC §3.4).
+
+One daemon thread per node; it works only while its node leads. A pass reads each route's
+source partitions from the replicated cursor on (at most ``batch_records`` records per route),
+evaluates the op list, the CEL filter and the partition-key expression on every record, appends
+the copies to the target in source order (the local log through :class:`TrustedAppender`, or a
+remote cluster through a :class:`RemoteCluster`), and only then advances the replicated cursor.
+Each copy carries an idempotency key derived from (cluster, route, source incarnation, partition,
+offset), so copies re-sent by a new leader after a failover are stored once (within the target's
+dedup window). A remote route never copies a record whose origin is the target cluster: mirrored
+clusters exchange their own records only (no echo).
+
+Errors never stop other routes: a route whose target is unreachable, missing or full is retried
+with a capped backoff and reports ``last_error``; a record its target refuses for good (schema,
+dedup fields) is skipped, counted and logged, and the route goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from google.protobuf.message import DecodeError
+
+from broker.core import records
+from broker.core.errors import DuplicateMessage, InvalidArgument, ResourceExhausted
+from broker.core.filters import RecordExpression, RecordFilter
+from broker.core.routed_append import TrustedAppender
+from broker.core.routes import Copy, RouteTable, idempotency_key, origin_cluster
+from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.submitter import CommandSubmitter
+from broker.storage import Column
+from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2
+
+log = logging.getLogger(__name__)
+
+BATCH_RECORDS = 500
+BATCH_BYTES = 1 << 20
+WAKE_S = 1.0
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 5.0
+_POISON_CODES = ("INVALID_ARGUMENT", "ALREADY_EXISTS")
+
+
+class RemoteCluster(Protocol):
+    """Another cluster a route mirrors into (implemented with the SDK: ``broker.client.mirror``)."""
+
+    def cluster_id(self) -> str: ...
+
+    def append(self, topic: str, copies: Sequence[Copy]) -> object: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RouteStats:
+    """What this node's router did for one route while it led (not replicated)."""
+
+    route_id: int
+    copied: int = 0
+    skipped: int = 0
+    last_error: str = ""
+    retry_at: float = 0.0
+    backoff_s: float = 0.0
+
+
+@dataclass
+class _Compiled:
+    meta: routes_internal_pb2.RouteMeta
+    filter: RecordFilter | None
+    key: RecordExpression | None
+    ops: frozenset[int]
+    first_partition: int = 0  # rotates so one busy partition cannot starve the others
+
+
+@dataclass
+class _Pass:
+    copies: list[Copy] = field(default_factory=list)
+    advances: dict[int, int] = field(default_factory=dict)
+    skipped: int = 0
+
+
+def _is_poison(exc: Exception) -> bool:
+    """A refusal that retrying cannot change (bad record for the target), as opposed to an outage."""
+    return isinstance(exc, InvalidArgument | DuplicateMessage) or getattr(exc, "code", None) in _POISON_CODES
+
+
+class RouteRunner:
+    """The router thread of one node; see the module docstring."""
+
+    def __init__(self, state: BrokerStateMachine, table: RouteTable, appender: TrustedAppender,
+                 submitter: CommandSubmitter, is_leader: Callable[[], bool],
+                 remote: Callable[[list[str]], RemoteCluster], batch_records: int = BATCH_RECORDS,
+                 batch_bytes: int = BATCH_BYTES) -> None:
+        assert batch_records > 0 and batch_bytes > 0
+        self._state = state
+        self._table = table
+        self._appender = appender
+        self._submitter = submitter
+        self._is_leader = is_leader
+        self._remote_factory = remote
+        self._remotes: dict[tuple[str, ...], RemoteCluster] = {}
+        self._batch_records = batch_records
+        self._batch_bytes = batch_bytes
+        self._compiled: dict[int, _Compiled] = {}
+        self.stats: dict[str, RouteStats] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="router", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._state.notify_change()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        for remote in self._remotes.values():
+            remote.close()
+
+    def wake(self) -> None:
+        """Look at the routes now (e.g. one was just created)."""
+        self._state.notify_change()
+
+    # -- loop ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._is_leader():
+                self._stop.wait(0.2)
+                continue
+            seen = self._state.version
+            try:
+                progressed = self.run_once()
+            except Exception:  # noqa: BLE001 - a bug must not kill the router thread; it is logged
+                log.exception("router pass failed")
+                progressed = False
+                self._stop.wait(1.0)
+            if not progressed:
+                self._state.wait_for_change(seen, WAKE_S)
+
+    def run_once(self) -> bool:
+        """One pass over every route; True when some cursor moved (more may be waiting)."""
+        routes = self._table.all()
+        live = {m.config.name for m in routes}
+        for name in [n for n in self.stats if n not in live]:
+            del self.stats[name]
+        ids = {m.route_id for m in routes}
+        for route_id in [i for i in self._compiled if i not in ids]:
+            del self._compiled[route_id]
+        progressed = False
+        for meta in routes:
+            if self._stop.is_set() or not self._is_leader():
+                break
+            stats = self.stats.get(meta.config.name)
+            if stats is None or stats.route_id != meta.route_id:
+                stats = self.stats[meta.config.name] = RouteStats(meta.route_id)
+            if time.monotonic() < stats.retry_at:
+                continue
+            try:
+                progressed = self._route(self._compile(meta), stats) or progressed
+                stats.backoff_s = 0.0
+            except Exception as exc:  # noqa: BLE001 - any failure of one route: report, back off, go on
+                stats.last_error = f"{type(exc).__name__}: {exc}"
+                stats.backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, stats.backoff_s * 2))
+                stats.retry_at = time.monotonic() + stats.backoff_s
+                log.info("route %s: %s (retrying in %.1f s)", meta.config.name, stats.last_error, stats.backoff_s)
+        return progressed
+
+    def _compile(self, meta: routes_internal_pb2.RouteMeta) -> _Compiled:
+        compiled = self._compiled.get(meta.route_id)
+        if compiled is None:
+            config = meta.config
+            compiled = self._compiled[meta.route_id] = _Compiled(
+                meta,
+                RecordFilter(config.filter) if config.filter else None,
+                RecordExpression(config.partition_key, "partition_key") if config.partition_key else None,
+                frozenset(config.ops))
+        return compiled
+
+    # -- one route -----------------------------------------------------------------------------
+    def _route(self, route: _Compiled, stats: RouteStats) -> bool:
+        config = route.meta.config
+        source = self._state.topic(config.source)
+        if source is None:
+            stats.last_error = f"source topic {config.source!r} does not exist"
+            return False
+        remote = self._remote(list(config.target_cluster)) if config.target_cluster else None
+        echo_cluster = remote.cluster_id() if remote is not None else None
+        if echo_cluster == self._appender.cluster_id:
+            raise InvalidArgument(f"the target cluster is this cluster ({echo_cluster!r}); route to the topic instead")
+        work = self._collect(route, source, echo_cluster)
+        if not work.advances:
+            return False
+        refused = self._deliver(config.target, work.copies, remote) if work.copies else 0
+        cmd = internal_pb2.Command(advance_route=routes_internal_pb2.AdvanceRouteCommand(
+            name=config.name, route_id=route.meta.route_id, source_topic_id=source.topic_id,
+            partitions=list(work.advances), next_offsets=list(work.advances.values())))
+        result = self._submitter.submit(cmd)
+        if isinstance(result, Rejected):
+            raise result.error
+        stats.copied += len(work.copies) - refused
+        stats.skipped += work.skipped + refused
+        stats.last_error = ""
+        return True
+
+    def _remote(self, addresses: list[str]) -> RemoteCluster:
+        key = tuple(addresses)
+        remote = self._remotes.get(key)
+        if remote is None:
+            remote = self._remotes[key] = self._remote_factory(addresses)
+        return remote
+
+    def _collect(self, route: _Compiled, source: internal_pb2.TopicMeta, echo_cluster: str | None) -> _Pass:
+        """Read and judge up to one batch of source records, partition by partition."""
+        work = _Pass()
+        budget_records, budget_bytes = self._batch_records, self._batch_bytes
+        cursors = self._table.cursors(route.meta.config.name)
+        count, tid = source.config.partitions, source.topic_id
+        route.first_partition = (route.first_partition + 1) % count
+        for i in range(count):
+            p = (route.first_partition + i) % count
+            if budget_records <= 0 or budget_bytes <= 0:
+                break
+            st = self._state.partition(tid, p)
+            stored_tid, stored = cursors.get(p, (0, 0))
+            start = stored if stored_tid == tid else 0
+            if start < st.start_offset:  # pruned or expired before it was routed: counted, not hidden
+                log.warning("route %s: source records %d..%d of partition %d were deleted before they were "
+                            "routed", route.meta.config.name, start, st.start_offset - 1, p)
+                work.skipped += st.start_offset - start
+                start = st.start_offset
+            next_offset = start
+            scan = self._state.records_store(tid).scan(
+                Column.RECORDS, records.record_key(tid, p, start), records.record_key(tid, p, st.end_offset),
+                budget_records)
+            for key, value in scan:
+                offset = records.RECORD_KEY.unpack(key)[2]
+                copy = self._judge(route, source, key, value, offset, echo_cluster)
+                if copy is None:
+                    work.skipped += 1
+                else:
+                    work.copies.append(copy)
+                    budget_bytes -= len(copy.body)
+                budget_records -= 1
+                next_offset = offset + 1
+                if budget_bytes <= 0:
+                    break
+            if next_offset != stored or stored_tid != tid:
+                work.advances[p] = next_offset
+        return work
+
+    def _judge(self, route: _Compiled, source: internal_pb2.TopicMeta, key: bytes, value: bytes, offset: int,
+               echo_cluster: str | None) -> Copy | None:
+        """The copy of one stored record, or None when the route does not copy it."""
+        name = route.meta.config.name
+        try:
+            stored = records.unframe(key, value)
+            record = common_pb2.Record.FromString(stored.body)
+        except (records.CorruptRecord, DecodeError) as exc:
+            log.warning("route %s: skipped the unreadable record %d of partition %d: %s", name, offset,
+                        records.RECORD_KEY.unpack(key)[1], exc)
+            return None
+        record.topic, record.partition, record.offset = source.config.name, stored.partition, offset
+        record.timestamp_ms = stored.timestamp_ms
+        if route.ops and record.op not in route.ops:
+            return None
+        if echo_cluster is not None and origin_cluster(record.origin) == echo_cluster:
+            return None
+        if route.filter is not None and not route.filter.matches(record):
+            return None
+        return Copy(stored.body, self._partition_key(route, record), stored.partition,
+                    idempotency_key(self._appender.cluster_id, route.meta.route_id, source.topic_id,
+                                    stored.partition, offset))
+
+    @staticmethod
+    def _partition_key(route: _Compiled, record: common_pb2.Record) -> bytes | None:
+        """The expression's string/bytes/int result (an int as its decimal text), else the record key."""
+        if route.key is not None:
+            try:
+                result = route.key.evaluate(record)
+            except Exception:  # noqa: BLE001 - evaluation error: fall back to the record's key
+                result = None
+            if isinstance(result, bytes):
+                return result
+            if isinstance(result, str):
+                return result.encode()
+            if isinstance(result, int) and not isinstance(result, bool):
+                return str(result).encode()
+        return record.key if record.HasField("key") else None
+
+    def _deliver(self, target: str, copies: list[Copy], remote: RemoteCluster | None) -> int:
+        """Append ``copies`` in order; returns how many the target refused for good (skipped)."""
+        def send(batch: list[Copy]) -> None:
+            if remote is not None:
+                remote.append(target, batch)
+            else:
+                self._appender.append(target, batch)
+
+        try:
+            send(copies)
+            return 0
+        except Exception as exc:  # noqa: BLE001 - core errors locally, SDK errors remotely
+            if not _is_poison(exc) or isinstance(exc, ResourceExhausted):
+                raise
+        refused = 0
+        for copy in copies:  # one by one: skip only what the target refuses for good
+            try:
+                send([copy])
+            except Exception as exc:  # noqa: BLE001 - as above
+                if not _is_poison(exc):
+                    raise
+                refused += 1
+                log.warning("route to %s: the target refused the copy %s for good: %s", target,
+                            copy.idempotency_key, exc)
+        return refused

@@ -1,0 +1,70 @@
+"""Routes over gRPC: the ``Admin`` route RPCs (mixed into ``AdminServicer``) and the ``Mirror``
+service a remote cluster's router appends through. Translation only; the logic is in
+``broker.core.route_admin`` and ``broker.core.routed_append``."""
+
+from __future__ import annotations
+
+import grpc
+
+from broker.core.errors import Unimplemented
+from broker.core.route_admin import RouteAdmin
+from broker.core.routed_append import TrustedAppender
+from broker.core.routes import Copy
+from broker.services import errors
+from broker.v1 import routes_pb2, routes_pb2_grpc
+
+
+class RouteAdminMethods:
+    """``Admin.CreateRoute`` / ``ListRoutes`` / ``DeleteRoute``; set :attr:`route_admin` to enable them."""
+
+    route_admin: RouteAdmin | None = None
+
+    def _routes(self) -> RouteAdmin:
+        if self.route_admin is None:
+            raise Unimplemented("routes are not enabled on this node")
+        return self.route_admin
+
+    @errors.unary
+    def CreateRoute(self, request: routes_pb2.CreateRouteRequest, context: grpc.ServicerContext
+                    ) -> routes_pb2.RouteInfo:
+        return self._routes().create(request.config)
+
+    @errors.unary
+    def ListRoutes(self, request: routes_pb2.ListRoutesRequest, context: grpc.ServicerContext
+                   ) -> routes_pb2.ListRoutesResponse:
+        return routes_pb2.ListRoutesResponse(routes=self._routes().list())
+
+    @errors.unary
+    def DeleteRoute(self, request: routes_pb2.DeleteRouteRequest, context: grpc.ServicerContext
+                    ) -> routes_pb2.DeleteRouteResponse:
+        self._routes().delete(request.name)
+        return routes_pb2.DeleteRouteResponse()
+
+
+class MirrorServicer(routes_pb2_grpc.MirrorServicer):
+    """What another cluster's router calls: who this cluster is, and appends of copies."""
+
+    def __init__(self, appender: TrustedAppender, node_id: str) -> None:
+        self._appender = appender
+        self._node_id = node_id
+
+    @errors.unary
+    def Identify(self, request: routes_pb2.IdentifyRequest, context: grpc.ServicerContext
+                 ) -> routes_pb2.IdentifyResponse:
+        return routes_pb2.IdentifyResponse(cluster_id=self._appender.cluster_id, node_id=self._node_id)
+
+    @errors.unary
+    def Append(self, request: routes_pb2.MirrorAppendRequest, context: grpc.ServicerContext
+               ) -> routes_pb2.MirrorAppendResponse:
+        copies = [Copy(r.body, r.partition_key if r.HasField("partition_key") else None, r.source_partition,
+                       r.idempotency_key) for r in request.records]
+        result = self._appender.append(request.topic, copies, foreign=True)
+        return routes_pb2.MirrorAppendResponse(results=[
+            routes_pb2.MirrorResult(partition=p, offset=o, duplicate=d) for p, o, _, d in result.placements])
+
+
+def add_mirror(server: grpc.Server, servicer: MirrorServicer) -> None:
+    routes_pb2_grpc.add_MirrorServicer_to_server(servicer, server)
+
+
+MIRROR_SERVICE = routes_pb2.DESCRIPTOR.services_by_name["Mirror"].full_name
