@@ -3,8 +3,9 @@
 Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
 :class:`PartitionInfo`, :class:`PublishResult`, :class:`Record`, :class:`Event`,
 :class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`,
-:class:`Watermark`), the iterator :class:`Subscription`, and the error types rooted at
-:class:`BrokerError`.
+:class:`Watermark`, :class:`RouteInfo`), the iterator :class:`Subscription`, typed topics
+(:class:`TypedTopic` from ``client.topic(name, PydanticModel)``, see :mod:`broker.client.typed`),
+and the error types rooted at :class:`BrokerError`.
 
 Delivery guarantees: publishing is exactly-once in effect, because every record carries an
 idempotency key that retries reuse (see :meth:`Client.publish_batch`); reading is at-least-once
@@ -16,8 +17,12 @@ from broker.client.consumer import Consumer, Message
 from broker.client.errors import (
     BrokerError,
     DeadlineExceeded,
+    DuplicateMessageError,
     InvalidArgument,
     ResourceExhausted,
+    RouteExists,
+    RouteNotFound,
+    SchemaMismatchError,
     TopicExists,
     TopicNotFound,
     Unavailable,
@@ -36,7 +41,9 @@ from broker.client.models import (
     TopicInfo,
     Watermark,
 )
+from broker.client.routes import RouteInfo, RoutePartition
 from broker.client.subscription import Subscription
+from broker.client.typed import TypedSubscription, TypedTopic
 
 __all__ = [
     "BrokerError",
@@ -45,6 +52,7 @@ __all__ = [
     "ClusterStatus",
     "DeadLetter",
     "DeadlineExceeded",
+    "DuplicateMessageError",
     "Event",
     "GroupInfo",
     "GroupLag",
@@ -60,10 +68,17 @@ __all__ = [
     "Record",
     "ResourceExhausted",
     "Retention",
+    "RouteExists",
+    "RouteInfo",
+    "RouteNotFound",
+    "RoutePartition",
+    "SchemaMismatchError",
     "Subscription",
     "TopicExists",
     "TopicInfo",
     "TopicNotFound",
+    "TypedSubscription",
+    "TypedTopic",
     "Unavailable",
     "Unimplemented",
     "Watermark",

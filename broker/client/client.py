@@ -16,24 +16,28 @@ repeat it without risking a second copy, publish again with your own keys (or a 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
 from broker.client import wire
 from broker.client.consumer import Consumer
-from broker.client.errors import BrokerError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.errors import BrokerError, DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
+from broker.client.log_admin import LogAdminMixin
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
+from broker.client.routes import RoutesMixin
 from broker.client.routing import RetryPolicy, Router
 from broker.client.subscription import Subscription
+from broker.client.typed import TypedTopicsMixin
 from broker.v1 import admin_pb2, broker_pb2
 
 RecordLike = OutgoingRecord | Mapping[str, Any] | bytes | str
 PUBLISH_BATCH_RECORDS_MAX = 10_000
 
 
-class Client(GroupsMixin):
+class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
     """A connection to a raftbroker cluster. Use as a context manager or call :meth:`close`.
 
     ``bootstrap``: one or more node addresses (a list, or one comma-separated string).
@@ -84,17 +88,28 @@ class Client(GroupsMixin):
         durability: str | None = None,
         full_policy: str | None = None,
         dedup_window_ms: int | None = None,
+        schema: Mapping[str, Any] | str | None = None,
+        dedup_fields: Sequence[str] | None = None,
     ) -> TopicInfo:
         """Create a topic; raises ``TopicExists`` if it exists, ``InvalidArgument`` for a bad config.
 
         ``dedup_window_ms``: how long an idempotency key is remembered (``None``: the server
         default, 120000; ``-1``: forever).
+        ``schema``: a JSON Schema (dict or JSON text) every value must satisfy (values are JSON).
+        ``dedup_fields``: JSON fields (dotted paths reach into objects) whose values form a
+        permanent unique key; publishing a repeat raises :class:`DuplicateMessageError`.
         If an earlier attempt's outcome was unknown (connection lost mid-call) and the retry finds
         the topic existing, that attempt created it: the topic is described and returned.
         """
         request = admin_pb2.CreateTopicRequest(
             config=wire.topic_config(name, partitions, retention, durability, full_policy, dedup_window_ms)
         )
+        if schema is not None:
+            request.config.schema_json = schema if isinstance(schema, str) else json.dumps(schema)
+        if dedup_fields is not None:
+            if isinstance(dedup_fields, str):
+                raise invalid_argument("dedup_fields must be a sequence of field names, not one string")
+            request.config.dedup_fields.extend(dedup_fields)
         try:
             info = self._router.call(
                 lambda addr, t: self._router.admin(addr).CreateTopic(request, timeout=t),
@@ -203,11 +218,15 @@ class Client(GroupsMixin):
             dedup_id=dedup_id or "",
             records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)],
         )
-        response = self._router.call(
-            lambda addr, t: self._router.broker(addr).Publish(request, timeout=t),
-            write=True,
-            what=f"publish to {topic}",
-        )
+        try:
+            response = self._router.call(
+                lambda addr, t: self._router.broker(addr).Publish(request, timeout=t),
+                write=True,
+                what=f"publish to {topic}",
+            )
+        except TopicExists as err:  # ALREADY_EXISTS from a publish: a repeat of dedup fields
+            unknown = err.after_unknown_outcome
+            raise DuplicateMessageError(err.code, err.message, after_unknown_outcome=unknown) from None
         if len(response.results) != len(batch):
             raise BrokerError(
                 "INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records"
@@ -266,6 +285,7 @@ class Client(GroupsMixin):
         timestamp_ms: int | None = None,
         stop_at_end: bool = False,
         max_batch: int = 0,
+        filter: str | None = None,
         **group_options: Any,
     ) -> Subscription | Consumer:
         """Records and events of ``topic`` (one partition or all) from a position.
@@ -279,6 +299,10 @@ class Client(GroupsMixin):
         ``mode`` ("queue" or "stream") and the group options (``visibility_timeout_ms``,
         ``backoff``, ``max_attempts``, ``ordered``, ...) apply when the group is created, as do
         ``start``/``timestamp_ms`` (where a new group starts).
+        ``filter``: a CEL expression evaluated by the server on each record (variables ``key``,
+        ``headers``, ``op``, ``partition``, ``timestamp_ms`` and ``value``, the JSON document when
+        the value is JSON); only matching records are delivered. An invalid expression raises
+        :class:`InvalidArgument` on the first ``next()``.
         """
         if group is not None:
             if partition is not None:
@@ -299,6 +323,7 @@ class Client(GroupsMixin):
             stop_at_end=stop_at_end,
             max_batch=max_batch,
             partition_count=lambda: self.describe_topic(topic).partition_count,
+            filter=filter or "",
         )
 
     # -- cluster --------------------------------------------------------------------------------

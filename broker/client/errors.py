@@ -60,6 +60,24 @@ class DeadlineExceeded(BrokerError):
     """The call did not finish within its timeout; its outcome is unknown (DEADLINE_EXCEEDED)."""
 
 
+class DuplicateMessageError(BrokerError):
+    """A published record repeats the dedup-field values of a stored one; nothing of its batch
+    was stored (ALREADY_EXISTS from a publish, SPEC §4)."""
+
+
+class SchemaMismatchError(BrokerError):
+    """A typed topic's stored schema cannot carry its model, or a stored value does not fit the
+    model (FAILED_PRECONDITION; see :mod:`broker.client.typed`)."""
+
+
+class RouteNotFound(BrokerError):
+    """The route does not exist (NOT_FOUND)."""
+
+
+class RouteExists(BrokerError):
+    """A route of that name already exists (ALREADY_EXISTS)."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
     grpc.StatusCode.NOT_FOUND: TopicNotFound,
     grpc.StatusCode.ALREADY_EXISTS: TopicExists,

@@ -56,6 +56,7 @@ class Subscription(Iterator[Item]):
         stop_at_end: bool,
         max_batch: int,
         partition_count: Callable[[], int],
+        filter: str = "",
     ) -> None:
         self._router = router
         self._topic = topic
@@ -64,6 +65,7 @@ class Subscription(Iterator[Item]):
         self._stop_at_end = stop_at_end
         self._max_batch = max_batch
         self._partition_count = partition_count
+        self._filter = filter  # CEL, evaluated by the server
         self._tokens: dict[int, bytes] = {}  # partition -> position of the last delivered record
         self._calls: set[grpc.Call] = set()
         self._lock = threading.Lock()
@@ -156,6 +158,7 @@ class Subscription(Iterator[Item]):
             topic=self._topic,
             stop_at_end=self._stop_at_end,
             max_batch=self._max_batch,
+            filter=self._filter,
             **{"from": position},  # "from" is a Python keyword
         )
         if partition is not None:
