@@ -275,6 +275,12 @@ def consume(
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Only this partition.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Stop after N records.")] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new records (live tail).")] = False,
+    filter_: Annotated[
+        str | None,
+        typer.Option("--filter", help="CEL expression evaluated by the server on each record, e.g. "
+                     "'value.type == \"order.paid\" && headers.source == \"checkout\"'; variables: key, headers, "
+                     "op, partition, timestamp_ms, value (the JSON document, else the bytes).", show_default=False),
+    ] = None,
     group: Annotated[
         str | None,
         typer.Option("--group", "-g", help="Consume as a member of this consumer group: each record printed is "
@@ -309,7 +315,7 @@ def consume(
     json_output = state(ctx).json
     delivered = 0
     with connect(ctx) as client, client.subscribe(
-        topic, partition=partition, start=start, timestamp_ms=timestamp_ms, stop_at_end=not follow
+        topic, partition=partition, start=start, timestamp_ms=timestamp_ms, stop_at_end=not follow, filter=filter_
     ) as subscription:
         for item in subscription:
             if isinstance(item, Event):

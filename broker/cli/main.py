@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import bench, cluster, data, dedup, topic
+from broker.cli import bench, cluster, data, dedup, log_admin, route, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
@@ -68,6 +68,8 @@ app.add_typer(cluster.app, name="cluster")
 bench.app.command("failover")(failover_command)
 app.add_typer(bench.app, name="bench")
 app.add_typer(dedup.app, name="dedup")
+app.add_typer(route.app, name="route")
+log_admin.register(topic.app, app)
 data.register(app)
 register_group(app)
 register_serve(app)

@@ -2,9 +2,10 @@
 
 JSON shapes (stable, for scripts):
 - topic: ``{"name", "partition_count", "durability", "full_policy", "retention": {"max_age_ms",
-  "max_records", "max_bytes"}, "dedup_window_ms", "incarnation", "created_ms", "records", "bytes",
-  "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``;
-  ``dedup_window_ms`` is -1 when idempotency keys are kept forever.
+  "max_records", "max_bytes"}, "dedup_window_ms", "schema", "dedup_fields", "incarnation", "created_ms",
+  "records", "bytes", "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``;
+  ``dedup_window_ms`` is -1 when idempotency keys are kept forever; ``schema`` is the topic's JSON
+  Schema (an object) or ``null``.
 - record: ``{"topic", "partition", "offset", "key", "value", "headers", "timestamp_ms",
   "position", "msg_id"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
   (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
@@ -18,6 +19,7 @@ JSON shapes (stable, for scripts):
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from rich.console import Console
@@ -38,6 +40,8 @@ def topic_json(info: TopicInfo) -> dict[str, Any]:
             "max_bytes": info.retention.max_bytes,
         },
         "dedup_window_ms": info.dedup_window_ms,
+        "schema": json.loads(info.schema_json) if info.schema_json else None,
+        "dedup_fields": list(info.dedup_fields),
         "incarnation": info.incarnation,
         "created_ms": info.created_ms,
         "records": info.records,
@@ -147,6 +151,9 @@ def print_topic(console: Console, info: TopicInfo) -> None:
         f"full policy {info.full_policy}, retention {_retention_text(info)}, "
         f"dedup window {_dedup_window_text(info)}, incarnation {info.incarnation}"
     )
+    if info.schema_json or info.dedup_fields:
+        fields = ", ".join(info.dedup_fields) or "none"
+        console.print(f"schema: {'yes' if info.schema_json else 'none'}; dedup fields: {fields}")
     table = Table("partition", "start offset", "end offset", "records", "bytes", box=None)
     for p in info.partitions:
         table.add_row(str(p.partition), str(p.start_offset), str(p.end_offset), str(p.records), str(p.bytes))

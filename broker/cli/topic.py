@@ -1,8 +1,10 @@
-"""``raftbroker topic create|list|describe|drop``."""
+"""``raftbroker topic create|list|describe|drop`` (``alter`` and ``clear``: :mod:`broker.cli.log_admin`)."""
 
 from __future__ import annotations
 
 import enum
+import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -45,12 +47,26 @@ def create(
         typer.Option(min=-1, help="How long idempotency keys are remembered, in ms; -1: forever "
                      "(server default: 120000).", show_default=False),
     ] = None,
+    schema: Annotated[
+        Path | None,
+        typer.Option("--schema", help="JSON Schema file: every value must be a JSON document that satisfies it.",
+                     show_default=False, exists=True, dir_okay=False, readable=True),
+    ] = None,
+    dedup_fields: Annotated[
+        str | None,
+        typer.Option("--dedup-fields", help="Comma-separated JSON fields (dotted paths allowed) whose values form "
+                     "a permanent unique key: a repeat is refused (ALREADY_EXISTS).", show_default=False),
+    ] = None,
     json_: JsonFlag = False,
     bootstrap_: BootstrapOption = None,
 ) -> None:
     """Create a topic (exit 1 if it exists)."""
     if dedup_window_ms == 0:
         raise typer.BadParameter("give a positive number of ms or -1 (forever)", param_hint="--dedup-window-ms")
+    schema_json = _read_schema(schema) if schema is not None else None
+    fields = [f.strip() for f in dedup_fields.split(",") if f.strip()] if dedup_fields is not None else None
+    if fields is not None and not fields:
+        raise typer.BadParameter("give at least one field name", param_hint="--dedup-fields")
     retention = {"max_age_ms": max_age_ms, "max_records": max_records, "max_bytes": max_bytes}
     with connect(ctx) as client:
         info = client.create_topic(
@@ -60,6 +76,8 @@ def create(
             durability=durability.value if durability else None,
             full_policy=full_policy.value if full_policy else None,
             dedup_window_ms=dedup_window_ms,
+            schema=schema_json,
+            dedup_fields=fields,
         )
     if state(ctx).json:
         emit_json(render.topic_json(info))
@@ -67,6 +85,18 @@ def create(
         Console().print(
             f"created topic {info.name}: {info.partition_count} partition(s), durability {info.durability}"
         )
+
+
+def _read_schema(path: Path) -> str:
+    """The schema file's text, checked to be a JSON object (usage error otherwise)."""
+    text = path.read_text()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise typer.BadParameter(f"{path} is not JSON: {err}", param_hint="--schema") from None
+    if not isinstance(document, dict):
+        raise typer.BadParameter(f"{path} must hold a JSON object (a JSON Schema)", param_hint="--schema")
+    return text
 
 
 @app.command("list")
