@@ -1,0 +1,238 @@
+"""Routes in the core (SPEC §3.4): replicated definitions and cursors, cycle refusal, and the
+router's filter, partition key, op list, FIFO per source partition, origin, idempotent retries,
+echo prevention and poison records, over the in-memory replicator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from broker.core import errors
+from broker.core.partitioning import partition_for_key
+from broker.core.reading import Reader
+from broker.core.retention import Retention
+from broker.core.route_admin import RouteAdmin
+from broker.core.routed_append import TrustedAppender
+from broker.core.router import RouteRunner
+from broker.core.routes import Copy, RouteTable, find_cycle, idempotency_key
+from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.core.topic_log import Limits, TopicLog
+from broker.replication.memory import InMemoryReplicator
+from broker.storage import Column
+from broker.storage.memory import MemoryStore
+from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class FakeRemote:
+    """A remote cluster that records what it was sent."""
+
+    cluster: str
+    sent: list[tuple[str, list[Copy]]] = field(default_factory=list)
+
+    def cluster_id(self) -> str:
+        return self.cluster
+
+    def append(self, topic: str, copies: Sequence[Copy]) -> None:
+        self.sent.append((topic, list(copies)))
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Env:
+    state: BrokerStateMachine
+    log: TopicLog
+    reader: Reader
+    table: RouteTable
+    admin: RouteAdmin
+    runner: RouteRunner
+    appender: TrustedAppender
+    remote: FakeRemote
+    submitter: CommandSubmitter
+
+    def drain(self) -> None:
+        for _ in range(100):
+            if not self.runner.run_once():
+                return
+        raise AssertionError("the router never caught up")
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    state = BrokerStateMachine(MemoryStore())
+    Retention(state)
+    table = RouteTable(state)
+    replicator = InMemoryReplicator(state)
+    replicator.start()
+    submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
+    log = TopicLog(state, submitter, Limits(), "east/n1")
+    appender = TrustedAppender(state, submitter, Limits(), "east")
+    remote = FakeRemote("west")
+    runner = RouteRunner(state, table, appender, submitter, lambda: True, lambda addresses: remote,
+                         batch_records=7)
+    yield Env(state, log, Reader(state), table, RouteAdmin(state, table, submitter, runner), runner, appender,
+              remote, submitter)
+    replicator.close()
+
+
+def create(env: Env, name: str, partitions: int = 1, **config: object) -> None:
+    env.log.create_topic(admin_pb2.TopicConfig(name=name, partitions=partitions, **config))  # type: ignore[arg-type]
+
+
+def publish(env: Env, topic: str, docs: list[dict[str, object]], **kw: object) -> None:
+    env.log.publish(broker_pb2.PublishRequest(topic=topic, records=[
+        broker_pb2.PublishRecord(value=json.dumps(d).encode(), **kw) for d in docs]))  # type: ignore[arg-type]
+
+
+def read(env: Env, topic: str) -> list[common_pb2.Record]:
+    out: list[common_pb2.Record] = []
+    for item in env.reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True), lambda: True):
+        assert item.HasField("batch"), item
+        out.extend(item.batch.records)
+    return out
+
+
+def route(name: str, source: str, target: str, **kw: object) -> routes_pb2.RouteConfig:
+    return routes_pb2.RouteConfig(name=name, source=source, target=target, **kw)  # type: ignore[arg-type]
+
+
+def test_find_cycle_follows_local_routes_only() -> None:
+    a_b, b_c = route("r1", "a", "b"), route("r2", "b", "c")
+    assert find_cycle([a_b, b_c], route("r3", "c", "a")) == ["c", "a", "b", "c"]
+    assert find_cycle([a_b], route("r3", "a", "a")) == ["a", "a"]
+    assert find_cycle([a_b, b_c], route("r3", "c", "d")) is None
+    remote = route("m", "b", "a", target_cluster=["h:1"])
+    assert find_cycle([a_b], remote) is None
+    assert find_cycle([a_b, remote], route("r3", "b", "c")) is None
+
+
+def test_route_with_filter_and_partition_key_copies_in_order_and_keeps_origin(env: Env) -> None:
+    create(env, "src", 2)
+    create(env, "dst", 3)
+    docs = [{"n": i, "kind": "a" if i % 3 else "b", "user": f"u{i % 5}"} for i in range(40)]
+    for p in (0, 1):
+        publish(env, "src", [d for d in docs if d["n"] % 2 == p], partition=p)  # type: ignore[operator]
+    info = env.admin.create(route("r", "src", "dst", filter='value.kind == "a"', partition_key="value.user"))
+    assert info.lag == 40 and info.route_id == 1
+    env.drain()
+    copied = read(env, "dst")
+    expected = [d for d in docs if d["kind"] == "a"]
+    assert sorted(json.loads(r.value)["n"] for r in copied) == [d["n"] for d in expected]
+    for r in copied:
+        doc = json.loads(r.value)
+        assert r.partition == partition_for_key(str(doc["user"]).encode(), 3), "the partition key is applied"
+        assert r.origin == "east/n1"
+    for p in (0, 1):  # FIFO per source partition, inside every target partition
+        for target in range(3):
+            ns = [n for r in copied if r.partition == target and (n := json.loads(r.value)["n"]) % 2 == p]
+            assert ns == sorted(ns)
+    (after,) = env.admin.list()
+    assert after.lag == 0 and after.copied == len(expected) and after.skipped == 40 - len(expected)
+    assert [(p.partition, p.next_offset) for p in after.partitions] == [(0, 20), (1, 20)]
+
+
+def test_a_retry_after_a_lost_cursor_stores_nothing_twice(env: Env) -> None:
+    create(env, "src")
+    create(env, "dst")
+    publish(env, "src", [{"n": i} for i in range(10)])
+    env.admin.create(route("r", "src", "dst"))
+    env.drain()
+    # a new leader whose applied cursor lags behind the copies: forget the cursor in the store
+    batch = env.state.store.batch()
+    batch.delete_range(Column.META, b"rcur/", b"rcur0")
+    env.state.store.write(batch)
+    env.drain()
+    assert [json.loads(r.value)["n"] for r in read(env, "dst")] == list(range(10))
+
+
+def test_ops_list_and_key_fallback(env: Env) -> None:
+    create(env, "src")
+    create(env, "dst", 4)
+    records = [broker_pb2.PublishRecord(value=b'{"x": 1}', key=b"k%d" % i, op=op)  # type: ignore[arg-type]
+               for i, op in enumerate([common_pb2.OP_INSERT, common_pb2.OP_DELETE, common_pb2.OP_UPDATE])]
+    env.log.publish(broker_pb2.PublishRequest(topic="src", records=records))
+    env.admin.create(route("r", "src", "dst", ops=[common_pb2.OP_INSERT, common_pb2.OP_UPDATE],
+                           partition_key="value.missing"))
+    env.drain()
+    copied = read(env, "dst")
+    assert sorted(r.key for r in copied) == [b"k0", b"k2"]
+    for r in copied:  # the expression failed: the record's own key places it
+        assert r.partition == partition_for_key(r.key, 4)
+
+
+def test_create_refuses_cycles_bad_expressions_and_missing_topics(env: Env) -> None:
+    for name in ("a", "b", "c"):
+        create(env, name)
+    env.admin.create(route("ab", "a", "b"))
+    env.admin.create(route("bc", "b", "c"))
+    with pytest.raises(errors.FailedPrecondition, match="c -> a -> b -> c"):
+        env.admin.create(route("ca", "c", "a"))
+    with pytest.raises(errors.FailedPrecondition):
+        env.admin.create(route("aa", "a", "a"))
+    with pytest.raises(errors.AlreadyExists):
+        env.admin.create(route("ab", "a", "c"))
+    with pytest.raises(errors.InvalidArgument, match="filter"):
+        env.admin.create(route("x", "a", "c", filter="value.n =="))
+    with pytest.raises(errors.InvalidArgument, match="partition_key"):
+        env.admin.create(route("x", "a", "c", partition_key="nope + 1"))
+    with pytest.raises(errors.TopicNotFound):
+        env.admin.create(route("x", "a", "missing"))
+    with pytest.raises(errors.InvalidArgument, match="host:port"):
+        env.admin.create(route("x", "a", "c", target_cluster=["nohost"]))
+    # the state machine repeats the cycle check, so a create racing another cannot close one
+    cmd = internal_pb2.Command(create_route=routes_internal_pb2.CreateRouteCommand(config=route("ca", "c", "a")))
+    result = env.submitter.submit(cmd)
+    assert isinstance(result, Rejected) and isinstance(result.error, errors.FailedPrecondition)
+    env.admin.delete("bc")
+    env.admin.create(route("ca", "c", "a"))  # no longer a cycle
+    with pytest.raises(errors.NotFound):
+        env.admin.delete("bc")
+
+
+def test_remote_route_skips_records_from_the_target_cluster(env: Env) -> None:
+    create(env, "src", 2)
+    publish(env, "src", [{"n": 1}, {"n": 2}], partition=0)
+    west = internal_pb2.RecordBody(value=b'{"n": 3}', origin="west/n2").SerializeToString()
+    env.appender.append("src", [Copy(west, None, 1, "k-west")], foreign=True)
+    env.admin.create(route("m", "src", "mirror", target_cluster=["127.0.0.1:1"]))
+    env.drain()
+    (topic, copies), = env.remote.sent
+    assert topic == "mirror"
+    assert [json.loads(internal_pb2.RecordBody.FromString(c.body).value)["n"] for c in copies] == [1, 2]
+    assert all(internal_pb2.RecordBody.FromString(c.body).origin == "east/n1" for c in copies)
+    assert copies[0].idempotency_key == idempotency_key("east", 1, 1, 0, 0)
+    with pytest.raises(errors.InvalidArgument, match="never brings a record back"):
+        own = internal_pb2.RecordBody(value=b"{}", origin="east/n1").SerializeToString()
+        env.appender.append("src", [Copy(own, None, 0, "k-own")], foreign=True)
+
+
+def test_records_the_target_refuses_are_skipped_and_counted(env: Env) -> None:
+    create(env, "src")
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    create(env, "dst", schema_json=schema)
+    publish(env, "src", [{"n": 1}, {"n": "two"}, {"n": 3}])
+    env.admin.create(route("r", "src", "dst"))
+    env.drain()
+    assert [json.loads(r.value)["n"] for r in read(env, "dst")] == [1, 3]
+    (info,) = env.admin.list()
+    assert info.copied == 2 and info.skipped == 1 and info.lag == 0
+
+
+def test_advance_never_moves_a_cursor_back(env: Env) -> None:
+    create(env, "src")
+    publish(env, "src", [{"n": i} for i in range(5)])
+    create(env, "dst")
+    meta = env.admin.create(route("r", "src", "dst"))
+    env.drain()
+    back = internal_pb2.Command(advance_route=routes_internal_pb2.AdvanceRouteCommand(
+        name="r", route_id=meta.route_id, source_topic_id=1, partitions=[0], next_offsets=[2]))
+    env.submitter.submit(back)
+    assert env.table.cursors("r") == {0: (1, 5)}
