@@ -59,7 +59,7 @@ class Node:
         self.state = BrokerStateMachine(self.store)
         self.retention = Retention(self.state)  # registers its commands before anything is applied
         self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
-        self.groups = NodeGroups(self.state)  # consumer groups: likewise
+        self.groups = NodeGroups(self.state, self.retention)  # consumer groups: likewise
         self.routes = NodeRoutes(self.state)  # likewise
         options = RaftOptions(password=config.raft_password,
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,

@@ -12,6 +12,7 @@ from broker.core.groups.apply import GroupApplier
 from broker.core.groups.delivery import GroupDelivery
 from broker.core.groups.operations import GroupOperations
 from broker.core.groups.service import GroupService
+from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter
 from broker.services.group_service import GroupAdminMethods, GroupBrokerMethods, GroupCollector
@@ -21,9 +22,10 @@ from broker.services.metrics import NodeMetrics
 class NodeGroups:
     """Everything consumer groups add to a node."""
 
-    def __init__(self, state: BrokerStateMachine) -> None:
+    def __init__(self, state: BrokerStateMachine, retention: Retention) -> None:
         self._state = state
         self.applier = GroupApplier(state)
+        retention.set_prune_guard(self.applier.prune_roles)  # lead and protect groups (SPEC §2.2)
         self.service: GroupService | None = None
 
     def wire(self, *, submitter: CommandSubmitter, broker: GroupBrokerMethods, admin: GroupAdminMethods,

@@ -1,10 +1,11 @@
 """``raftbroker group ...`` (SPEC §3.2, §6) and ``raftbroker consume --group``.
 
 Commands: ``create``, ``list``, ``describe``, ``lag``, ``seek``, ``replay``, ``pause``, ``resume``,
-``delete`` and ``dlq list|retry|retry-all|purge``. Human tables by default, ``--json`` for scripts:
+``mark``, ``delete`` and ``dlq list|retry|retry-all|purge``. Human tables by default, ``--json`` for scripts:
 - lag: ``{"topic", "group", "paused", "lag", "lag_seconds", "partitions": [{"partition",
   "start_offset", "end_offset", "committed", "lag", "in_flight", "retrying", "dead", "lag_ms"}]}``;
-- group: ``{"topic", "group", "mode", "paused", "dlq_topic", ... config ..., "members": {id: [p]}}``;
+- group: ``{"topic", "group", "mode", "paused", "dlq_topic", ... config ..., "members": {id: [p]},
+  "prune_role"}``;
 - dead letter: ``{"partition", "offset", "attempts", "reason", "dead_ms", "dlq_partition",
   "dlq_offset", "record": <record> | null}``.
 """
@@ -116,9 +117,9 @@ def list_groups(ctx: typer.Context, topic: Topic, json_: JsonFlag = False, boots
     if state(ctx).json:
         emit_json([dataclasses.asdict(g) for g in groups])
         return
-    table = Table("group", "mode", "paused", "dead letters topic", box=None)
+    table = Table("group", "mode", "paused", "prune role", "dead letters topic", box=None)
     for g in groups:
-        table.add_row(g.group, g.mode, "yes" if g.paused else "no", g.dlq_topic)
+        table.add_row(g.group, g.mode, "yes" if g.paused else "no", g.prune_role, g.dlq_topic)
     Console().print(table if groups else f"no groups on {topic}")
 
 
@@ -133,7 +134,7 @@ def describe(ctx: typer.Context, topic: Topic, group: Group, json_: JsonFlag = F
          f"{info.group} on {info.topic}: {info.mode}{' (paused)' if info.paused else ''}, visibility "
          f"{info.visibility_timeout_ms} ms, {info.backoff} backoff {info.base_delay_ms}..{info.max_delay_ms} ms, "
          f"max attempts {info.max_attempts}{', ordered' if info.ordered else ''}; dead letters in {info.dlq_topic}; "
-         f"members {members}")
+         f"prune role {info.prune_role}; members {members}")
 
 
 def lag_json(topic: str, group: str, lag: GroupLag) -> dict[str, Any]:
@@ -208,6 +209,23 @@ def resume(ctx: typer.Context, topic: Topic,
            json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
     """Resume deliveries to GROUP (or to every group of TOPIC)."""
     _pause(ctx, topic, group, False)
+
+
+@app.command("mark")
+def mark(ctx: typer.Context, topic: Topic, group: Group,
+         lead: Annotated[bool, typer.Option("--lead", help="GROUP may prune TOPIC up to its committed positions "
+                                            "(raftbroker prune TOPIC --group GROUP).")] = False,
+         protect: Annotated[bool, typer.Option("--protect", help="No prune or clear of TOPIC may delete records "
+                                               "GROUP has not committed.")] = False,
+         none: Annotated[bool, typer.Option("--none", help="Neither (the default of a new group).")] = False,
+         json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
+    """Set GROUP's prune role: --lead, --protect or --none (replicated). --json prints the group."""
+    chosen = [name for name, flag in (("lead", lead), ("protect", protect), ("none", none)) if flag]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --lead, --protect, --none")
+    with connect(ctx) as client:
+        info = client.groups.mark(topic, group, chosen[0])
+    _say(ctx, dataclasses.asdict(info), f"group {group} of {topic} is now prune role {info.prune_role}")
 
 
 @app.command("delete")

@@ -8,11 +8,9 @@ import typer
 from rich.console import Console
 
 from broker.cli import render
-from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, fail, state
+from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 from broker.cli.topic import FullPolicy
-from broker.client import Retention, Unimplemented
-
-MAX_OFFSET = 2**64 - 1
+from broker.client import Retention
 
 
 def register(topic_app: typer.Typer, app: typer.Typer) -> None:
@@ -94,24 +92,21 @@ def prune(
                                                show_default=False)] = None,
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0,
                                                   help="Only this partition (default: every partition).")] = None,
-    group: Annotated[str | None, typer.Option("--group", help="Prune up to what this consumer group has committed "
-                                              "(with --before: no further than OFFSET).", show_default=False)] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Prune up to what this consumer group (marked lead: "
+                                              "'group mark TOPIC G --lead') has committed; with --before: no "
+                                              "further than OFFSET.", show_default=False)] = None,
     json_: JsonFlag = False,
     bootstrap_: BootstrapOption = None,
 ) -> None:
     """Delete the records of TOPIC before a position; prints how many were deleted.
 
+    A group marked protect refuses a prune past its committed position (nothing is deleted).
     --json: {"topic": T, "pruned": N}. Readers behind the new start get skip_forward.
     """
     if before is None and group is None:
         raise typer.BadParameter("give --before OFFSET (or --group G)", param_hint="--before")
     with connect(ctx) as client:
-        try:
-            pruned = client.prune(topic, MAX_OFFSET if before is None else before, partition, group=group)
-        except Unimplemented as err:
-            if group is None:
-                raise
-            fail(f"prune --group is not available on this cluster: {err.message}")
+        pruned = client.prune(topic, before, partition, group=group)
     if state(ctx).json:
         emit_json({"topic": topic, "pruned": pruned})
     else:

@@ -31,7 +31,7 @@ from broker.client.errors import (
     leader_hint,
     rpc_details,
 )
-from broker.client.groups import _not_found, group_config
+from broker.client.groups import group_config, group_not_found
 from broker.client.models import Event, Record
 from broker.client.routing import Backoff, Router, is_retryable
 from broker.v1 import broker_pb2, common_pb2
@@ -172,7 +172,7 @@ class Consumer:
                     return
                 if not is_retryable(err):
                     error = error_from_rpc(err)
-                    raise (_not_found(error) if isinstance(error, TopicNotFound) else error) from None
+                    raise (group_not_found(error) if isinstance(error, TopicNotFound) else error) from None
                 now = time.monotonic()
                 failing_since = failing_since if failing_since is not None else now
                 if now - failing_since >= policy.retry_deadline_s:

@@ -60,12 +60,17 @@ class DeadlineExceeded(BrokerError):
     """The call did not finish within its timeout; its outcome is unknown (DEADLINE_EXCEEDED)."""
 
 
+class FailedPrecondition(BrokerError):
+    """The cluster's state forbids the request (FAILED_PRECONDITION), e.g. a prune a protecting group
+    refuses or a route that would close a cycle; nothing was changed."""
+
+
 class DuplicateMessageError(BrokerError):
     """A published record repeats the dedup-field values of a stored one; nothing of its batch
     was stored (ALREADY_EXISTS from a publish, SPEC §4)."""
 
 
-class SchemaMismatchError(BrokerError):
+class SchemaMismatchError(FailedPrecondition):
     """A typed topic's stored schema cannot carry its model, or a stored value does not fit the
     model (FAILED_PRECONDITION; see :mod:`broker.client.typed`)."""
 
@@ -87,6 +92,7 @@ _BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
 }
 
 

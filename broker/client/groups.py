@@ -20,6 +20,8 @@ from broker.v1 import admin_pb2, common_pb2
 
 T = TypeVar("T")
 MODES = ("queue", "stream")
+PRUNE_ROLES = {"none": common_pb2.PRUNE_ROLE_NONE, "lead": common_pb2.PRUNE_ROLE_LEAD,
+               "protect": common_pb2.PRUNE_ROLE_PROTECT}
 BACKOFFS = ("fixed", "exponential")
 _CONFIG_FIELDS = ("visibility_timeout_ms", "base_delay_ms", "max_delay_ms", "max_attempts", "session_timeout_ms",
                   "max_pending")
@@ -49,6 +51,7 @@ class GroupInfo:
     session_timeout_ms: int
     max_pending: int
     members: dict[str, tuple[int, ...]]
+    prune_role: str = "none"  # "lead" (may prune up to its position) or "protect" (blocks prunes past it)
 
 
 @dataclass(frozen=True)
@@ -133,10 +136,12 @@ def group_info(msg: admin_pb2.GroupInfo) -> GroupInfo:
         backoff="fixed" if c.backoff == common_pb2.BACKOFF_FIXED else "exponential", base_delay_ms=c.base_delay_ms,
         max_delay_ms=c.max_delay_ms, max_attempts=c.max_attempts, ordered=c.ordered,
         session_timeout_ms=c.session_timeout_ms, max_pending=c.max_pending,
-        members={m.member_id: tuple(m.partitions) for m in msg.members})
+        members={m.member_id: tuple(m.partitions) for m in msg.members},
+        prune_role=next((name for name, value in PRUNE_ROLES.items() if value == msg.prune_role), "none"))
 
 
-def _not_found(err: TopicNotFound) -> TopicNotFound:
+def group_not_found(err: TopicNotFound) -> TopicNotFound:
+    """A NOT_FOUND about a group as :class:`GroupNotFound` (the server says which thing is missing)."""
     if err.message.startswith("group "):
         return GroupNotFound(err.code, err.message, after_unknown_outcome=err.after_unknown_outcome)
     return err
@@ -152,7 +157,7 @@ class Groups:
         try:
             return self._router.call(fn, write=write, what=what)
         except TopicNotFound as err:
-            raise _not_found(err) from None
+            raise group_not_found(err) from None
 
     def create(self, topic: str, group: str, mode: str | None = None, **config: object) -> GroupInfo:
         """Create a group (``mode`` and the other ``group_config`` options; ``start`` or
@@ -210,6 +215,15 @@ class Groups:
         return GroupLag(response.paused, tuple(
             PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
                          p.dead, p.lag_ms) for p in response.partitions))
+
+    def mark(self, topic: str, group: str, role: str) -> GroupInfo:
+        """Set the group's prune role: "lead" (``client.prune(topic, group=...)`` deletes up to its
+        committed positions), "protect" (no prune or clear may pass them) or "none"."""
+        if role not in PRUNE_ROLES:
+            raise invalid_argument(f"role must be one of {', '.join(PRUNE_ROLES)}, got {role!r}")
+        request = admin_pb2.MarkGroupRequest(topic=topic, group=group, role=PRUNE_ROLES[role])
+        admin = self._router.admin
+        return group_info(self._call(lambda a, t: admin(a).MarkGroup(request, timeout=t), f"mark group {group}"))
 
     def pause(self, topic: str, group: str | None = None) -> builtins.list[str]:
         """Stop deliveries to ``group`` (or to every group of ``topic``); returns the groups changed."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker.client import wire
-from broker.client.errors import invalid_argument
+from broker.client.errors import TopicNotFound, invalid_argument
+from broker.client.groups import group_not_found
 from broker.client.models import FULL_POLICIES, Retention, TopicInfo
 from broker.client.routing import Router
 from broker.v1 import admin_pb2
@@ -40,21 +41,30 @@ class LogAdminMixin:
                                  write=True, what=f"alter topic {name}")
         return wire.topic_info(info)
 
-    def prune(self, topic: str, before_offset: int, partition: int | None = None, *, group: str | None = None) -> int:
+    def prune(self, topic: str, before_offset: int | None = None, partition: int | None = None, *,
+              group: str | None = None) -> int:
         """Delete every record before ``before_offset`` (in ``partition``, or in every partition);
         returns how many were deleted. Readers behind the new start get ``skip_forward``.
 
-        ``group``: prune up to what that consumer group has committed instead (needs consumer
-        groups on the server; until then the server answers ``Unimplemented``)."""
-        if not isinstance(before_offset, int) or isinstance(before_offset, bool) or before_offset < 0:
+        ``group`` (a group marked lead, ``client.groups.mark``): prune up to what it has committed,
+        and no further than ``before_offset`` when that is given too. A group marked protect refuses
+        a prune past its own committed position (``FailedPrecondition``; nothing is deleted)."""
+        if before_offset is None:
+            if not group:
+                raise invalid_argument("give before_offset, or a lead group to prune by")
+            before_offset = 0  # with a group: no bound of its own
+        elif not isinstance(before_offset, int) or isinstance(before_offset, bool) or before_offset < 0:
             raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
         request = admin_pb2.PruneRequest(topic=topic, before_offset=before_offset, group=group or "")
         if partition is not None:
             if partition < 0:
                 raise invalid_argument(f"partition must be >= 0, got {partition}")
             request.partition = partition
-        response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),
-                                     write=True, what=f"prune {topic}")
+        try:
+            response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),
+                                         write=True, what=f"prune {topic}")
+        except TopicNotFound as err:
+            raise group_not_found(err) from None
         return int(response.records_pruned)
 
     def clear_topic(self, name: str) -> None:

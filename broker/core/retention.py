@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Protocol
 
 from broker.core import records
-from broker.core.errors import InvalidArgument, ResourceExhausted, TopicNotFound
+from broker.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
 from broker.storage import Batch, Column
 from broker.v1 import admin_pb2, common_pb2, internal_pb2
@@ -42,16 +43,30 @@ def check_reject(config: admin_pb2.TopicConfig, partition: int, state: Partition
     return None
 
 
+class PruneGuard(Protocol):
+    """What consumer groups decide about an explicit prune (``broker.core.groups.prune_roles``)."""
+
+    def limit(self, topic: internal_pb2.TopicMeta, cmd: internal_pb2.PruneCommand,
+              targets: dict[int, int]) -> dict[int, int] | Rejected:
+        """The target per partition (delete below it), possibly lowered; Rejected to refuse it all."""
+        ...
+
+
 class Retention:
     """Prefix deletion for one state machine; registers its commands on construction."""
 
     def __init__(self, state: BrokerStateMachine) -> None:
         self._state = state
+        self._guard: PruneGuard | None = None
         self.deleted_records = {"retention": 0, "prune": 0}
         state.register("prune", self._apply_prune)
         state.register("enforce_retention", self._apply_enforce)
         state.register("alter_topic", self._apply_alter)
         state.set_append_policy(self)
+
+    def set_prune_guard(self, guard: PruneGuard) -> None:
+        """Let consumer groups limit or refuse prunes (set before anything is applied)."""
+        self._guard = guard
 
     def check(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, new_records: int,
               new_bytes: int) -> ResourceExhausted | None:
@@ -110,8 +125,19 @@ class Retention:
         meta = self._state.topic(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
+        if any(p >= meta.config.partitions for p in cmd.partitions):
+            return Rejected(InvalidArgument(f"topic {cmd.topic!r} has {meta.config.partitions} partitions"))
+        targets = {p: min(before, self._state.partition(meta.topic_id, p).end_offset)
+                   for p, before in zip(cmd.partitions, cmd.before_offsets, strict=True)}
+        if self._guard is not None:
+            limited = self._guard.limit(meta, cmd, targets)
+            if isinstance(limited, Rejected):
+                return limited
+            targets = limited
+        elif cmd.group:
+            return Rejected(FailedPrecondition("this node has no consumer groups to prune by"))
         pruned = 0
-        for partition, before in zip(cmd.partitions, cmd.before_offsets, strict=True):
+        for partition, before in targets.items():
             old = self._state.partition(meta.topic_id, partition)
             new = self.delete_before(meta.topic_id, partition, old, before, batch, changes, "prune")
             pruned += old.records - new.records

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.core import dedup, partitioning, schemas
+from broker.core import dedup, partitioning, records, schemas
 from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
@@ -162,14 +162,13 @@ class TopicLog:
 
     def _dedup_fields(self, request: broker_pb2.PublishRequest, append: internal_pb2.AppendCommand) -> None:
         """Idempotency keys and producer-session ids, checked before anything is replicated."""
-        records = request.records
-        keys = [r.idempotency_key for r in records]
+        keys = [r.idempotency_key for r in request.records]
         for i, key in enumerate(keys):
             if len(key) > MAX_ID_CHARS:
                 raise InvalidArgument(f"record {i}: idempotency_key is longer than {MAX_ID_CHARS} characters")
         if any(keys):
             append.idempotency_keys.extend(keys)
-        ids = [r.msg_id for r in records]
+        ids = [r.msg_id for r in request.records]
         if not request.dedup_id:
             if any(ids):
                 raise InvalidArgument("msg_id needs a dedup_id on the request")
@@ -199,27 +198,33 @@ class TopicLog:
         self._raise_rejected(self._submitter.submit(cmd))
         return self.describe_topic(name)
 
-    def prune(self, topic: str, partition: int | None, before_offset: int) -> int:
-        """Delete every record before ``before_offset`` (in one partition, or in each); returns how many."""
+    def prune(self, topic: str, partition: int | None, before_offset: int, group: str = "") -> int:
+        """Delete every record before ``before_offset`` (in one partition, or in each); returns how
+        many. With ``group`` (marked lead): up to its committed positions, and no further than
+        ``before_offset`` unless that is 0. Groups marked protect may refuse it (FAILED_PRECONDITION)."""
         meta = self._meta(topic)
         count = meta.config.partitions
         if partition is not None and partition >= count:
             raise InvalidArgument(f"partition {partition} does not exist (topic {topic!r} has {count})")
         partitions = [partition] if partition is not None else list(range(count))
-        return self._prune(meta, partitions, [before_offset] * len(partitions))
+        if group and before_offset == 0:
+            before_offset = records.MAX_OFFSET  # no bound of its own
+        return self._prune(meta, partitions, [before_offset] * len(partitions), group=group)
 
     def clear_topic(self, name: str) -> int:
         """Delete every record; offsets keep growing from where they were."""
         meta = self._meta(name)
         partitions = list(range(meta.config.partitions))
         ends = [self._state.partition(meta.topic_id, p).end_offset for p in partitions]
-        return self._prune(meta, partitions, ends)
+        return self._prune(meta, partitions, ends, clear=True)
 
-    def _prune(self, meta: internal_pb2.TopicMeta, partitions: list[int], before: list[int]) -> int:
+    def _prune(self, meta: internal_pb2.TopicMeta, partitions: list[int], before: list[int], group: str = "",
+               clear: bool = False) -> int:
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics store nothing to prune")
         cmd = internal_pb2.Command(prune=internal_pb2.PruneCommand(
-            topic=meta.config.name, topic_id=meta.topic_id, partitions=partitions, before_offsets=before))
+            topic=meta.config.name, topic_id=meta.topic_id, partitions=partitions, before_offsets=before,
+            group=group, clear=clear))
         result = self._submitter.submit(cmd)
         self._raise_rejected(result)
         assert isinstance(result, int)

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from broker.core.errors import Unimplemented
 from broker.core.submitter import Peer, PeerDirectory
 from broker.core.topic_log import TopicLog
 from broker.replication import Replicator
@@ -97,10 +96,9 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
 
     @errors.unary
     def Prune(self, request: admin_pb2.PruneRequest, context: grpc.ServicerContext) -> admin_pb2.PruneResponse:
-        if request.group:
-            raise Unimplemented("pruning up to a group's committed position needs consumer groups")
         partition = request.partition if request.HasField("partition") else None
-        return admin_pb2.PruneResponse(records_pruned=self._log.prune(request.topic, partition, request.before_offset))
+        return admin_pb2.PruneResponse(records_pruned=self._log.prune(request.topic, partition, request.before_offset,
+                                                                      request.group))
 
     @errors.unary
     def GetWatermarks(self, request: admin_pb2.GetWatermarksRequest,

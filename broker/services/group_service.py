@@ -156,6 +156,10 @@ class GroupAdminMethods:
             retried=self._ops().retry_dead_letters(request.topic, request.group, positions, request.all))
 
     @errors.unary
+    def MarkGroup(self, request: admin_pb2.MarkGroupRequest, context: grpc.ServicerContext) -> admin_pb2.GroupInfo:
+        return self._ops().mark(request.topic, request.group, request.role)
+
+    @errors.unary
     def PurgeDeadLetters(self, request: admin_pb2.PurgeDeadLettersRequest,
                          context: grpc.ServicerContext) -> admin_pb2.PurgeDeadLettersResponse:
         return admin_pb2.PurgeDeadLettersResponse(purged=self._ops().purge_dead_letters(request.topic, request.group))

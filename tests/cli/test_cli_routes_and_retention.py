@@ -80,9 +80,25 @@ def test_alter_clear_and_prune(bootstrap: str) -> None:
         "topic": "cli-log", "pruned": 8}
     first = json_lines(cli(bootstrap, "consume", "cli-log", "--partition", "1", "--from", "0", "--json"))
     assert first[0]["event"] == "skip_forward" and first[1]["offset"] == 6
-    group = cli(bootstrap, "prune", "cli-log", "--group", "archiver", expect=1)
-    assert "prune --group is not available on this cluster" in group.stderr and "consumer groups" in group.stderr
+    assert "does not exist" in cli(bootstrap, "prune", "cli-log", "--group", "archiver", expect=1).stderr
     assert cli(bootstrap, "prune", "cli-log", expect=2).exit_code == 2
+
+    cli(bootstrap, "group", "create", "cli-log", "archiver")
+    cli(bootstrap, "group", "create", "cli-log", "audit")
+    cli(bootstrap, "group", "seek", "cli-log", "archiver", "--to", "8")
+    cli(bootstrap, "group", "seek", "cli-log", "audit", "--to", "7")
+    assert "not marked lead" in cli(bootstrap, "prune", "cli-log", "--group", "archiver", expect=1).stderr
+    assert "prune role lead" in cli(bootstrap, "group", "mark", "cli-log", "archiver", "--lead").stdout
+    marked = json.loads(cli(bootstrap, "group", "mark", "cli-log", "audit", "--protect", "--json").stdout)
+    assert marked["prune_role"] == "protect"
+    refused = cli(bootstrap, "prune", "cli-log", "--group", "archiver", expect=1)
+    assert "group 'audit' protects partition 0 from offset 7" in refused.stderr
+    assert "clear of topic 'cli-log' refused" in cli(bootstrap, "topic", "clear", "cli-log", expect=1).stderr
+    assert "prune role" in cli(bootstrap, "group", "list", "cli-log").stdout
+    assert cli(bootstrap, "group", "mark", "cli-log", "audit", "--lead", "--none", expect=2).exit_code == 2
+    cli(bootstrap, "group", "mark", "cli-log", "audit", "--none")
+    assert json.loads(cli(bootstrap, "prune", "cli-log", "--group", "archiver", "--json").stdout) == {
+        "topic": "cli-log", "pruned": 4}
 
     assert json.loads(cli(bootstrap, "topic", "clear", "cli-log", "--json").stdout) == {"cleared": "cli-log"}
     described = json.loads(cli(bootstrap, "topic", "describe", "cli-log", "--json").stdout)

@@ -77,8 +77,9 @@ class Env:
 
 def make_env(state: BrokerStateMachine | None = None) -> Env:
     state = state or BrokerStateMachine(MemoryStore())
-    Retention(state)
+    retention = Retention(state)
     applier = GroupApplier(state)
+    retention.set_prune_guard(applier.prune_roles)
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)

@@ -23,6 +23,7 @@ from broker.core.errors import GroupExists, GroupNotFound, InvalidArgument, Topi
 from broker.core.groups import layout
 from broker.core.groups.config import dlq_topic_name, retry_delay_ms
 from broker.core.groups.cursor import GroupCursor
+from broker.core.groups.prune_roles import PruneRoles
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
 from broker.core.topics import normalized_config
 from broker.storage import Batch, Column
@@ -159,6 +160,7 @@ class GroupApplier:
                               ("retry_dead_letters", self._retry_dead), ("purge_dead_letters", self._purge_dead),
                               ("group_barrier", lambda cmd, batch, changes: None)):
             state.register(kind, handler)
+        self.prune_roles = PruneRoles(state, self._touched)  # give it to Retention.set_prune_guard
 
     def version(self, gid: int) -> int:
         """Changes after every apply that wrote group ``gid``."""

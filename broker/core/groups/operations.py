@@ -1,4 +1,5 @@
-"""Group administration (SPEC §3.2): describe, seek, replay, lag, pause/resume, dead letters, delete.
+"""Group administration (SPEC §3.2): describe, seek, replay, lag, pause/resume, prune roles, dead
+letters, delete.
 
 Every operation that changes group state replicates one command; reads come from this node's
 applied state (the leader's, since every group call goes to the leader, which also knows the
@@ -71,7 +72,8 @@ class GroupOperations:
 
     def info(self, meta: K.GroupMeta, rt: GroupRuntime | None = None) -> admin_pb2.GroupInfo:
         info = admin_pb2.GroupInfo(topic=meta.topic, group=meta.group, config=meta.config, paused=meta.paused,
-                                   incarnation=meta.topic_id, dlq_topic=meta.dlq_topic, created_ms=meta.created_ms)
+                                   incarnation=meta.topic_id, dlq_topic=meta.dlq_topic, created_ms=meta.created_ms,
+                                   prune_role=meta.prune_role)
         if rt is not None and rt.members is not None:
             with rt.lock:
                 for member in rt.members.members():
@@ -142,6 +144,16 @@ class GroupOperations:
         changed = raise_rejected(self._service.submitter.submit(cmd))
         assert isinstance(changed, list)
         return changed
+
+    def mark(self, topic: str, group: str, role: int) -> admin_pb2.GroupInfo:
+        """Set the group's prune role (lead, protect or none; SPEC §2.2)."""
+        self._service.ready()
+        if role not in common_pb2.PruneRole.values():
+            raise InvalidArgument(f"unknown prune role {role}")
+        cmd = K.Command(mark_group=K.MarkGroupCommand(topic=topic, group=group, role=role))  # type: ignore[arg-type]
+        meta = raise_rejected(self._service.submitter.submit(cmd))
+        assert isinstance(meta, K.GroupMeta)
+        return self.info(meta)
 
     # -- dead letters --------------------------------------------------------------------------
     def dead_letters(self, topic: str, group: str, limit: int, partition: int | None,
