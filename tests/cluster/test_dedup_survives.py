@@ -1,5 +1,5 @@
-"""Idempotency keys and dedup watermarks survive leader failover, whole-cluster restart and
-snapshot catch-up (SPEC §4)."""
+"""Idempotency keys, dedup watermarks and dedup fields survive leader failover, whole-cluster
+restart and snapshots (SPEC §4)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from broker.client import Client
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.stubs import stubs
@@ -49,23 +50,36 @@ def session(*ids: int) -> broker_pb2.PublishRequest:
         broker_pb2.PublishRecord(value=b"m%d" % abs(i), msg_id=i) for i in ids])
 
 
+PAGE = broker_pb2.PublishRequest(topic="u", records=[broker_pb2.PublishRecord(value=b'{"url": "a", "n": 2}')])
+
+
+def refused(c: DevCluster, req: broker_pb2.PublishRequest) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        publish(c, req)
+    return info.value.code()  # type: ignore[attr-defined, no-any-return]
+
+
 def test_dedup_state_survives_failover_restart_and_snapshots(tmp_path: Path) -> None:
     env = dict(os.environ, RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES="20")
     c = DevCluster(3, tmp_path, env=env).start()
     try:
-        leader = c.addresses.index(c.wait_ready(60))
-        s = stubs(c.grpc_address(leader))
-        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="d", dedup_window_ms=-1)))
-        s.close()
+        c.wait_ready(60)
+        with Client(c.addresses, retry_deadline_s=30) as client:  # follows the leader through an election
+            client.create_topic("d", dedup_window_ms=-1)
+            client.create_topic("u", dedup_fields=["url"])
+        publish(c, broker_pb2.PublishRequest(topic="u", records=[broker_pb2.PublishRecord(value=b'{"url": "a"}')]))
         first = publish(c, keyed("k-1")).results[0]
         assert not publish(c, session(1, 2, 3)).results[0].duplicate
         for i in range(40):  # enough commands for several compactions
             publish(c, keyed(f"filler-{i}"))
 
+        leader = c.leader()
+        assert leader is not None
         c.kill(leader)  # failover
         again = publish(c, keyed("k-1")).results[0]
         assert again.duplicate and (again.partition, again.offset) == (first.partition, first.offset)
         assert [r.duplicate for r in publish(c, session(3, 4)).results] == [True, False]
+        assert refused(c, PAGE) == grpc.StatusCode.ALREADY_EXISTS
 
         for i in range(c.nodes):  # whole-cluster kill -9 and restart
             c.kill(i)
@@ -74,6 +88,7 @@ def test_dedup_state_survives_failover_restart_and_snapshots(tmp_path: Path) -> 
         c.wait_ready(60)
         assert publish(c, keyed("k-1")).results[0].duplicate
         assert [r.duplicate for r in publish(c, session(4, -5)).results] == [True, False]
+        assert refused(c, PAGE) == grpc.StatusCode.ALREADY_EXISTS, "dedup fields are permanent"
         s = stubs(c.grpc_address(c.leader() or 0))
         marks = s.admin.GetWatermarks(admin_pb2.GetWatermarksRequest(topic="d")).watermarks
         assert [(m.dedup_id, m.msg_id) for m in marks] == [("feed", 5)]

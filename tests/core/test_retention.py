@@ -95,6 +95,18 @@ def test_reject_policy_refuses_the_whole_batch(env: tuple[TopicLog, Reader, Brok
     assert part(log, "r").records == 5
 
 
+def test_reject_policy_by_bytes_refuses_the_batch_that_would_pass_max_bytes(
+        env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+    log, _, state, _ = env
+    create(log, "rb", policy=common_pb2.FULL_POLICY_REJECT, max_bytes=60)
+    pub(log, "rb", 1)
+    used = part(log, "rb").bytes
+    assert 0 < used <= 60
+    with pytest.raises(errors.ResourceExhausted, match="max_bytes=60"):
+        pub(log, "rb", 60 // used + 1, start=1)
+    assert part(log, "rb").bytes == used and stored(state) == 1, "nothing of the refused batch"
+
+
 def test_max_age_expires_old_records(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
     log, reader, _, clock = env
     create(log, "a", max_age_ms=60_000)
