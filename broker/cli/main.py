@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import bench, cluster, data, dedup, log_admin, route, topic
+from broker.cli import bench, cluster, data, dedup, drill, log_admin, route, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
@@ -73,6 +73,7 @@ log_admin.register(topic.app, app)
 data.register(app)
 register_group(app)
 register_serve(app)
+drill.register(app)
 
 
 if __name__ == "__main__":

@@ -161,3 +161,12 @@ def test_publish_prints_duplicates_of_an_idempotency_key(fake: FakeNode) -> None
                                input="single line\n")
     assert json.loads(from_stdin.stdout) == {"partition": 0, "offset": 1, "duplicate": False}
     assert fake.script.logs[("t", 0)] == [b"once", b"single line"]
+
+
+def test_every_documented_command_is_wired_into_the_cli() -> None:
+    from broker.cli.main import app as real_app
+
+    for command in (["drill"], ["group", "mark"], ["route", "create"], ["prune"], ["topic", "alter"],
+                    ["dedup", "watermarks"], ["cluster", "add-node"], ["bench", "failover"]):
+        result = CliRunner().invoke(real_app, [*command, "--help"])
+        assert result.exit_code == 0, f"raftbroker {' '.join(command)}: {result.output}"
