@@ -67,7 +67,7 @@ class TrustedAppender:
         append.idempotency_keys.extend(c.idempotency_key for c in copies)
         self._check_documents(meta, bodies, append)
         append.now_ms = self._clock_ms()
-        result = self._submitter.submit(cmd)
+        result = self._submitter.submit(cmd, sync=meta.config.durability == common_pb2.DURABILITY_FSYNC)
         if isinstance(result, Rejected):
             raise result.error
         assert isinstance(result, Appended) and len(result.placements) == len(copies)

@@ -97,7 +97,7 @@ class GroupOperations:
         meta = layout.get_meta(self._state.store, topic, group)
         gid = meta.group_id if meta is not None else 0
         cmd = K.Command(delete_group=K.DeleteGroupCommand(topic=topic, group=group, group_id=gid))
-        raise_rejected(self._service.submitter.submit(cmd))
+        raise_rejected(self._service.submit(cmd, topic))
         self._service.forget(topic, group)
 
     def seek(self, topic: str, group: str, position: common_pb2.Position,
@@ -122,7 +122,7 @@ class GroupOperations:
         offsets = [self._service.resolve(tmeta, p, position) for p in partitions]
         cmd = K.Command(seek_group=K.SeekGroupCommand(topic=topic, group=group, group_id=rt.gid,
                                                       partitions=partitions, offsets=offsets))
-        raise_rejected(self._service.submitter.submit(cmd))
+        raise_rejected(self._service.submit(cmd, topic))
         rt.reset_partitions(partitions)
         self._state.notify_change()
         return list(zip(partitions, offsets, strict=True))
@@ -141,7 +141,7 @@ class GroupOperations:
         if self._state.topic(topic) is None and not layout.topic_metas(self._state.store, topic):
             raise TopicNotFound(topic)
         cmd = K.Command(pause_groups=K.PauseGroupsCommand(topic=topic, group=group, paused=paused))
-        changed = raise_rejected(self._service.submitter.submit(cmd))
+        changed = raise_rejected(self._service.submit(cmd, topic))
         assert isinstance(changed, list)
         return changed
 
@@ -151,7 +151,7 @@ class GroupOperations:
         if role not in common_pb2.PruneRole.values():
             raise InvalidArgument(f"unknown prune role {role}")
         cmd = K.Command(mark_group=K.MarkGroupCommand(topic=topic, group=group, role=role))  # type: ignore[arg-type]
-        meta = raise_rejected(self._service.submitter.submit(cmd))
+        meta = raise_rejected(self._service.submit(cmd, topic))
         assert isinstance(meta, K.GroupMeta)
         return self.info(meta)
 
@@ -195,14 +195,14 @@ class GroupOperations:
         cmd = K.Command(retry_dead_letters=K.RetryDeadLettersCommand(
             topic=topic, group=group, group_id=rt.gid, now_ms=self._service.clock_ms(), all=everything,
             partitions=[p for p, _ in positions], offsets=[o for _, o in positions]))
-        count = raise_rejected(self._service.submitter.submit(cmd))
+        count = raise_rejected(self._service.submit(cmd, topic))
         assert isinstance(count, int)
         return count
 
     def purge_dead_letters(self, topic: str, group: str) -> int:
         rt = self._service.runtime(topic, group)
         cmd = K.Command(purge_dead_letters=K.PurgeDeadLettersCommand(topic=topic, group=group, group_id=rt.gid))
-        count = raise_rejected(self._service.submitter.submit(cmd))
+        count = raise_rejected(self._service.submit(cmd, topic))
         assert isinstance(count, int)
         return count
 

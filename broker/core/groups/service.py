@@ -123,11 +123,18 @@ class GroupService:
         with self._lock:
             self._runtimes.pop((topic, group), None)
 
+    def submit(self, cmd: K.Command, topic: str) -> object:
+        """Replicate a group command of ``topic``: synced like the topic's records when it is an
+        ``fsync`` topic, so committed positions survive a power loss as its records do."""
+        meta = self.state.topic(topic)
+        synced = meta is not None and meta.config.durability == common_pb2.DURABILITY_FSYNC
+        return self.submitter.submit(cmd, sync=synced)
+
     def _rebase(self, meta: K.GroupMeta, topic: K.TopicMeta) -> K.GroupMeta:
         starts = [self.state.partition(topic.topic_id, p).start_offset for p in range(topic.config.partitions)]
         cmd = K.Command(rebase_group=K.RebaseGroupCommand(topic=meta.topic, group=meta.group, group_id=meta.group_id,
                                                           topic_id=topic.topic_id, start_offsets=starts))
-        result = self.submitter.submit(cmd)
+        result = self.submit(cmd, meta.topic)
         if isinstance(result, Rejected) and isinstance(result.error, GroupNotFound):
             fresh = layout.get_meta(self.state.store, meta.topic, meta.group)  # rebased by a concurrent call
             if fresh is not None and fresh.topic_id == topic.topic_id:
@@ -154,7 +161,7 @@ class GroupService:
         cmd = K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=meta.topic_id, group=group,
                                                           config=normalized, now_ms=self.clock_ms(),
                                                           start_offsets=starts))
-        created = raise_rejected(self.submitter.submit(cmd))
+        created = raise_rejected(self.submit(cmd, topic))
         assert isinstance(created, K.GroupMeta)
         return created
 
@@ -250,7 +257,7 @@ class GroupService:
         cmd = K.Command(group_settle=K.GroupSettleCommand(
             topic=rt.meta.topic, group=rt.meta.group, group_id=rt.gid, now_ms=self.clock_ms(), entries=entries,
             commit_partitions=[p for p, _ in commits], commit_offsets=[o for _, o in commits]))
-        result = raise_rejected(self.submitter.submit(cmd))
+        result = raise_rejected(self.submit(cmd, rt.meta.topic))
         assert isinstance(result, SettleResult) and len(result.outcomes) == len(entries)
         rt.settled(entries)
         return [str(o) for o in result.outcomes]
