@@ -65,7 +65,9 @@ class TrustedAppender:
         append.partitions.extend(place(c.partition_key, c.source_partition, meta.config.partitions) for c in copies)
         append.bodies.extend(c.body for c in copies)
         append.idempotency_keys.extend(c.idempotency_key for c in copies)
-        self._check_documents(meta, bodies, append)
+        config = meta.config
+        append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
+                                                                (b.value for b in bodies)))
         append.now_ms = self._clock_ms()
         result = self._submitter.submit(cmd, sync=meta.config.durability == common_pb2.DURABILITY_FSYNC)
         if isinstance(result, Rejected):
@@ -92,18 +94,3 @@ class TrustedAppender:
             raise InvalidArgument(f"record {i}: its origin {body.origin!r} is this cluster; a mirror never "
                                   "brings a record back to the cluster it came from")
         return body
-
-    def _check_documents(self, meta: internal_pb2.TopicMeta, bodies: list[internal_pb2.RecordBody],
-                         append: internal_pb2.AppendCommand) -> None:
-        """The target's schema and dedup fields, as for a publish; any failure refuses the batch."""
-        config = meta.config
-        if not config.schema_json and not config.dedup_fields:
-            return
-        validator = self._schemas.get(meta.topic_id, config.schema_json) if config.schema_json else None
-        fields = list(config.dedup_fields)
-        for i, body in enumerate(bodies):
-            document = schemas.parse_json(i, body.value)
-            if validator is not None:
-                schemas.check_value(validator, i, document)
-            if fields:
-                append.unique_keys.append(schemas.unique_key(i, document, fields))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jsonschema_rs
@@ -82,3 +83,21 @@ class SchemaCache:
             if validator is None:
                 validator = self._validators[topic_id] = compile_schema(schema_json)
             return validator
+
+    def check_documents(self, topic_id: int, schema_json: str, dedup_fields: Sequence[str],
+                        values: Iterable[bytes]) -> list[str]:
+        """Validate every value against the topic's schema (if any) and return the dedup-field key
+        of each (empty without dedup fields); the first failure raises InvalidArgument naming the
+        record index, so a batch is refused whole."""
+        if not schema_json and not dedup_fields:
+            return []
+        validator = self.get(topic_id, schema_json) if schema_json else None
+        fields = list(dedup_fields)
+        keys = []
+        for i, value in enumerate(values):
+            document = parse_json(i, value)
+            if validator is not None:
+                check_value(validator, i, document)
+            if fields:
+                keys.append(unique_key(i, document, fields))
+        return keys

@@ -123,7 +123,9 @@ class TopicLog:
         append.topic_id = meta.topic_id
         append.partitions.extend(self._place(request, meta.config.partitions))
         self._dedup_fields(request, append)
-        self._check_documents(request, meta, append)
+        config = meta.config
+        append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
+                                                                (r.value for r in request.records)))
         append.bodies.extend(self._bodies(request))
         append.now_ms = self._clock_ms()
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
@@ -136,21 +138,6 @@ class TopicLog:
         for partition, offset, ts, duplicate in result.placements:
             response.results.add(partition=partition, offset=offset, timestamp_ms=ts, duplicate=duplicate)
         return response
-
-    def _check_documents(self, request: broker_pb2.PublishRequest, meta: internal_pb2.TopicMeta,
-                         append: internal_pb2.AppendCommand) -> None:
-        """Schema validation and dedup-field keys; any failure refuses the whole batch."""
-        config = meta.config
-        if not config.schema_json and not config.dedup_fields:
-            return
-        validator = self._schemas.get(meta.topic_id, config.schema_json) if config.schema_json else None
-        fields = list(config.dedup_fields)
-        for i, rec in enumerate(request.records):
-            document = schemas.parse_json(i, rec.value)
-            if validator is not None:
-                schemas.check_value(validator, i, document)
-            if fields:
-                append.unique_keys.append(schemas.unique_key(i, document, fields))
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1)."""

@@ -11,12 +11,12 @@ from broker.client import (
     Client,
     DuplicateMessageError,
     Event,
+    GroupNotFound,
     InvalidArgument,
     Record,
     ResourceExhausted,
     Retention,
     SchemaMismatchError,
-    Unimplemented,
 )
 from broker.devcluster import DevCluster
 
@@ -108,8 +108,10 @@ def test_alter_prune_and_clear(client: Client) -> None:
     client.publish_batch("prunable", [{"value": b"%d" % i, "partition": i % 2} for i in range(20)])
     assert client.prune("prunable", 4, partition=1) == 4
     assert client.prune("prunable", 6) == 6 + 2  # partition 0 from 0, partition 1 from 4
-    with pytest.raises(Unimplemented, match="consumer groups"):
+    with pytest.raises(GroupNotFound):
         client.prune("prunable", 8, group="archiver")
+    with pytest.raises(InvalidArgument, match="before_offset"):
+        client.prune("prunable")
     client.clear_topic("prunable")
     described = client.describe_topic("prunable")
     assert described.records == 0 and [p.end_offset for p in described.partitions] == [10, 10]
