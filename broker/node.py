@@ -14,6 +14,7 @@ import threading
 import time
 from types import FrameType
 
+from broker.clock import NodeClock
 from broker.config import NodeConfig
 from broker.core.ephemeral import EphemeralHub
 from broker.core.housekeeping import Housekeeper
@@ -55,6 +56,9 @@ class Node:
         if simulate_power_loss_from_env():  # tests: RocksDB is written without fsync, so a power
             # loss may take any of it; rebuild from the fsynced snapshot and journal, as after one
             shutil.rmtree(config.data_dir / "store", ignore_errors=True)
+        # wall time of every command's now_ms and of the broker's own leases and windows (drills shift it)
+        self.clock = NodeClock.from_env()
+        self.clock.start()  # a test hook's file is followed from here on (no-op in production)
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store)
         self.retention = Retention(self.state)  # registers its commands before anything is applied
@@ -71,7 +75,7 @@ class Node:
         limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
-                                  hub=hub)
+                                  clock_ms=self.clock.now_ms, hub=hub)
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention],
                                        lambda: self.replicator.status().role == Role.LEADER,
                                        config.housekeeping_period_ms / 1000)
@@ -84,10 +88,11 @@ class Node:
         self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
         mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
                                   limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
-                                  admin=self.admin, metrics=self.metrics)
+                                  admin=self.admin, metrics=self.metrics, clock_ms=self.clock.now_ms)
         reader = Reader(self.state, hub, submitter.ensure_leader)
         broker = BrokerServicer(self.topic_log, reader, self.metrics)
-        self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics)
+        self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
+                         clock_ms=self.clock.now_ms)
         self.server = GrpcServer(config.grpc_address, broker,
                                  self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES, extra=[mirror])
 
@@ -111,6 +116,7 @@ class Node:
         self.admin.close()
         self.replicator.close()
         self.store.close()
+        self.clock.stop()
 
 
     def _hand_over_leadership(self) -> None:

@@ -8,6 +8,8 @@ then :meth:`start` and :meth:`stop` it with the node.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.core.groups.apply import GroupApplier
 from broker.core.groups.delivery import GroupDelivery
 from broker.core.groups.operations import GroupOperations
@@ -29,9 +31,10 @@ class NodeGroups:
         self.service: GroupService | None = None
 
     def wire(self, *, submitter: CommandSubmitter, broker: GroupBrokerMethods, admin: GroupAdminMethods,
-             metrics: NodeMetrics) -> None:
-        """Create the leader-side service and attach it to the servicers and the metrics."""
-        self.service = GroupService(self._state, self.applier, submitter)
+             metrics: NodeMetrics, clock_ms: Callable[[], int]) -> None:
+        """Create the leader-side service and attach it to the servicers and the metrics; ``clock_ms``
+        (the node clock, wall ms) stamps group commands and times leases and member sessions."""
+        self.service = GroupService(self._state, self.applier, submitter, clock_ms=clock_ms)
         broker.groups = self.service
         broker.group_delivery = GroupDelivery(self.service)
         admin.group_ops = GroupOperations(self.service)

@@ -34,13 +34,14 @@ class NodeRoutes:
         self.runner: RouteRunner | None = None
 
     def wire(self, *, cluster_id: str, node_id: str, submitter: CommandSubmitter, limits: Limits,
-             is_leader: Callable[[], bool], admin: RouteAdminMethods, metrics: NodeMetrics
-             ) -> tuple[str, Callable[[grpc.Server], None]]:
+             is_leader: Callable[[], bool], admin: RouteAdminMethods, metrics: NodeMetrics,
+             clock_ms: Callable[[], int]) -> tuple[str, Callable[[grpc.Server], None]]:
         """Create the router and attach the admin methods and metrics; returns the Mirror service
-        (name, registrar) for the gRPC server."""
-        appender = TrustedAppender(self._state, submitter, limits, cluster_id)
+        (name, registrar) for the gRPC server. ``clock_ms`` is the node clock (wall ms) that stamps
+        routed appends and route creations."""
+        appender = TrustedAppender(self._state, submitter, limits, cluster_id, clock_ms=clock_ms)
         self.runner = RouteRunner(self._state, self.table, appender, submitter, is_leader, MirrorClient)
-        admin.route_admin = RouteAdmin(self._state, self.table, submitter, self.runner)
+        admin.route_admin = RouteAdmin(self._state, self.table, submitter, self.runner, clock_ms=clock_ms)
         metrics.registry.register(RouteCollector(admin.route_admin))
         mirror = MirrorServicer(appender, node_id)
         return MIRROR_SERVICE, lambda server: add_mirror(server, mirror)

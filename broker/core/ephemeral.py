@@ -53,7 +53,8 @@ class EphemeralHub:
 
     def publish(self, topic_id: int, term: int, partitions: list[int], bodies: list[bytes],
                 now_ms: int) -> list[tuple[int, int, int, bool]]:
-        """Append to the rings; returns (partition, offset, timestamp, duplicate=False) per record."""
+        """Append to the rings; returns (partition, offset, timestamp, duplicate=False) per record.
+        Timestamps are ``max(now_ms, the ring's newest)``: they never decrease within a leadership."""
         placements = []
         with self._lock:
             if term != self._term:  # a new leadership: what an old one held is gone
@@ -63,9 +64,10 @@ class EphemeralHub:
                 ring = self._ring(topic_id, partition)
                 if len(ring.records) == ring.records.maxlen:
                     ring.bytes -= len(ring.records[0].body)
-                ring.records.append(EphemeralRecord(ring.next_offset, now_ms, body))
+                ts = max(now_ms, ring.records[-1].timestamp_ms) if ring.records else now_ms
+                ring.records.append(EphemeralRecord(ring.next_offset, ts, body))
                 ring.bytes += len(body)
-                placements.append((partition, ring.next_offset, now_ms, False))
+                placements.append((partition, ring.next_offset, ts, False))
                 ring.next_offset += 1
         self._on_publish()
         return placements

@@ -95,8 +95,11 @@ FRAME_BYTES = _FRAME.size
 
 
 def offset_for_time(store: Store, topic_id: int, partition: int, timestamp_ms: int, lo: int, hi: int) -> int:
-    """First offset in ``[lo, hi)`` whose timestamp is >= ``timestamp_ms`` (``hi`` if none); relies on
-    timestamps never decreasing within a partition. A missing record counts as older."""
+    """First offset in ``[lo, hi)`` whose timestamp is >= ``timestamp_ms`` (``hi`` if none). A binary
+    search: it relies on timestamps never decreasing within a partition, which the state machine's
+    log-append time guarantees (``max(leader now_ms, previous timestamp)`` at apply, whatever the
+    leaders' clocks do). Subscribing from a timestamp and retention by age both use it. A missing
+    record counts as older."""
     while lo < hi:
         mid = (lo + hi) // 2
         value = store.get(Column.RECORDS, record_key(topic_id, partition, mid))

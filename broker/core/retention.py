@@ -6,7 +6,9 @@ oldest records in the same apply — and ``max_age_ms`` by the leader's periodic
 ``EnforceRetentionCommand`` (which also re-applies count and byte caps, e.g. after they were
 lowered). Deleting a prefix is one range delete; the byte counter is kept exact by reading the
 sizes of the deleted records. Every decision depends only on the command (its ``now_ms``) and
-the store, so every node deletes the same prefix.
+the store, so every node deletes the same prefix. Age is a binary search for the first young
+enough record (``records.offset_for_time``): it relies on timestamps never decreasing in a
+partition, which the state machine guarantees (log-append time, ``BrokerStateMachine._append``).
 """
 
 from __future__ import annotations

@@ -38,7 +38,9 @@ _PART = struct.Struct(">II")
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """Counters of one partition; replaced, never mutated, so readers see consistent values."""
+    """Counters of one partition; replaced, never mutated, so readers see consistent values.
+    ``last_timestamp_ms``: the newest record's timestamp, the floor of the next one's (0 in stores
+    written before it existed: the first append sets it)."""
 
     start_offset: int = 0
     end_offset: int = 0
@@ -285,6 +287,11 @@ class BrokerStateMachine:
             callback()
 
     def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch, commit: CacheChanges) -> object:
+        """Store a batch. Log-append time: a record's timestamp is ``max(cmd.now_ms, the partition's
+        last timestamp)``, so timestamps never decrease in a partition whatever the leaders' clocks do;
+        the floor is ``PartitionState.last_timestamp_ms``, written in the same batch as the records
+        and read from the cache (no extra store read). ``records.offset_for_time`` (subscribe from a
+        timestamp, retention by age) relies on it."""
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))

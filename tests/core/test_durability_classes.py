@@ -84,3 +84,11 @@ def test_ephemeral_topic_fans_out_from_a_bounded_buffer_and_signals_gaps(store: 
         log.publish(broker_pb2.PublishRequest(topic="e", records=[broker_pb2.PublishRecord(value=b"x",
                                                                                              idempotency_key="k")]))
     rep.close()
+
+
+def test_ephemeral_timestamps_do_not_go_back_when_the_leader_clock_does() -> None:
+    hub = EphemeralHub(lambda: None)
+    hub.publish(1, 1, [0], [b"a"], now_ms=5000)
+    placed = hub.publish(1, 1, [0, 1], [b"b", b"c"], now_ms=4000)
+    assert [ts for _, _, ts, _ in placed] == [5000, 4000]  # partition 1 has no floor of its own yet
+    assert [r.timestamp_ms for r in hub.read(1, 0, 0, 10)] == [5000, 5000]

@@ -88,6 +88,57 @@ def test_timestamps_never_decrease_within_a_partition() -> None:
     assert isinstance(res, Appended) and res.placements[0][2] == 5000
 
 
+def stored_timestamps(sm: BrokerStateMachine, topic_id: int, partition: int) -> list[int]:
+    begin, end = records.record_key(topic_id, partition, 0), records.record_key(topic_id, partition + 1, 0)
+    return [records.unframe(k, v).timestamp_ms for k, v in sm.store.scan(Column.RECORDS, begin, end)]
+
+
+def test_a_command_with_an_older_now_ms_gets_the_previous_timestamp() -> None:
+    sm = BrokerStateMachine(MemoryStore())
+    sm.apply(1, create("t", 2))
+    sm.apply(2, append("t", 1, [0, 1], now_ms=5000))
+    res = sm.apply(3, append("t", 1, [0, 0, 1], now_ms=3000))  # the leader's clock jumped back
+    assert isinstance(res, Appended)
+    assert [ts for _, _, ts, _ in res.placements] == [5000, 5000, 5000]
+    res = sm.apply(4, append("t", 1, [0], now_ms=6000))  # time moves on from the floor
+    assert isinstance(res, Appended) and res.placements[0][2] == 6000
+    assert stored_timestamps(sm, 1, 0) == [5000, 5000, 5000, 6000]
+    assert sm.partition(1, 0).last_timestamp_ms == 6000 and sm.partition(1, 1).last_timestamp_ms == 5000
+
+
+def test_the_timestamp_floor_is_per_partition() -> None:
+    sm = BrokerStateMachine(MemoryStore())
+    sm.apply(1, create("t", 2))
+    sm.apply(2, append("t", 1, [0], now_ms=9000))
+    res = sm.apply(3, append("t", 1, [1, 0], now_ms=2000))
+    assert isinstance(res, Appended) and [ts for _, _, ts, _ in res.placements] == [2000, 9000]
+
+
+def test_the_timestamp_floor_survives_a_restart_over_the_same_store(tmp_path: Path) -> None:
+    store = RocksStore(tmp_path / "db")
+    sm = BrokerStateMachine(store)
+    sm.apply(1, create("t", 1))
+    sm.apply(2, append("t", 1, [0], now_ms=5000))
+    store.close()
+    reopened = BrokerStateMachine(RocksStore(tmp_path / "db"))
+    assert reopened.partition(1, 0).last_timestamp_ms == 5000
+    res = reopened.apply(3, append("t", 1, [0], now_ms=4000))
+    assert isinstance(res, Appended) and res.placements[0][2] == 5000
+    assert stored_timestamps(reopened, 1, 0) == [5000, 5000]
+    reopened.store.close()
+
+
+def test_the_timestamp_floor_travels_in_a_snapshot(tmp_path: Path) -> None:
+    sm = BrokerStateMachine(MemoryStore())
+    sm.apply(1, create("t", 1))
+    sm.apply(2, append("t", 1, [0], now_ms=7000))
+    sm.write_snapshot(str(tmp_path / "snap"))
+    other = BrokerStateMachine(MemoryStore())
+    other.restore_snapshot(str(tmp_path / "snap"), 2)
+    res = other.apply(3, append("t", 1, [0], now_ms=1000))
+    assert isinstance(res, Appended) and res.placements[0][2] == 7000
+
+
 def test_drop_removes_every_key_of_the_topic() -> None:
     sm = BrokerStateMachine(MemoryStore())
     sm.apply(1, create("t"))

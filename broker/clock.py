@@ -1,0 +1,105 @@
+"""The node clock: the wall clock every leader-side timestamp and broker-owned timeout reads.
+
+One :class:`NodeClock` per node is handed (as its bound ``now_ms``) to every component that stamps
+a command's ``now_ms`` or measures a lease, session or window against wall time: ``TopicLog``,
+the group service, the routes. In production its offset is 0 and ``now_ms`` is ``time.time()`` in
+milliseconds. Tests and drills may shift it: with ``RAFTBROKER_CLOCK_FILE`` naming a file, a
+daemon thread re-reads that file every ``POLL_S`` and takes its content (an integer, in ms) as the
+offset; a missing or empty file means 0; a bad value is logged and ignored (the offset stays).
+
+Only wall-time readings move. Elapsed-time waits (commit timeout, housekeeping period, leadership
+hand-over, router backoff) use ``time.monotonic()`` or ``Event.wait`` and Raft's election timers
+are pysyncobj's own: a jumped node clock does not touch them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV_CLOCK_FILE = "RAFTBROKER_CLOCK_FILE"
+POLL_S = 0.05
+OFFSET_MS_MAX = 10 * 365 * 24 * 3600 * 1000  # a sanity bound: ten years either way
+
+
+class NodeClock:
+    """Wall-clock milliseconds plus an offset; ``now_ms`` reads one attribute and never a file."""
+
+    def __init__(self, offset_ms: int = 0, offset_file: Path | None = None) -> None:
+        assert abs(offset_ms) <= OFFSET_MS_MAX
+        self._offset_ms = offset_ms
+        self._file = offset_file
+        self._bad: str | None = None  # the last bad content logged (each distinct one logged once)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if offset_file is not None:
+            self.poll()  # the first readings of a starting node already see the file's offset
+
+    @classmethod
+    def from_env(cls) -> NodeClock:
+        """The production clock (offset 0), or a file-driven one when ``RAFTBROKER_CLOCK_FILE`` is set."""
+        name = os.environ.get(ENV_CLOCK_FILE, "")
+        return cls(offset_file=Path(name) if name else None)
+
+    @property
+    def offset_ms(self) -> int:
+        return self._offset_ms
+
+    def now_ms(self) -> int:
+        """Milliseconds since the epoch as this node believes them (wall clock + offset)."""
+        return int(time.time() * 1000) + self._offset_ms
+
+    def set_offset_ms(self, offset_ms: int) -> None:
+        """Shift this clock (tests); logs one line when the offset changes."""
+        if not -OFFSET_MS_MAX <= offset_ms <= OFFSET_MS_MAX:
+            raise ValueError(f"clock offset {offset_ms} ms is beyond {OFFSET_MS_MAX} ms")
+        if offset_ms != self._offset_ms:
+            self._offset_ms = offset_ms  # one attribute store: readers see the old or the new offset
+            log.info("clock offset now %+d ms", offset_ms)
+
+    def poll(self) -> None:
+        """Read the offset file once (missing or empty: 0; a bad value: logged, offset kept)."""
+        assert self._file is not None
+        try:
+            text = self._file.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        except OSError as err:
+            self._report_bad(f"unreadable: {err}")
+            return
+        try:
+            self.set_offset_ms(int(text) if text else 0)
+            self._bad = None
+        except ValueError:
+            self._report_bad(repr(text[:64]))
+
+    def _report_bad(self, what: str) -> None:
+        if what != self._bad:
+            self._bad = what
+            log.warning("clock file %s: bad offset %s (keeping %+d ms)", self._file, what, self._offset_ms)
+
+    def start(self) -> None:
+        """Start watching the offset file (no-op without one)."""
+        if self._file is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._watch, name="clock-file", daemon=True)
+        self._thread.start()
+        log.info("clock offset follows %s (now %+d ms)", self._file, self._offset_ms)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+            self._thread = None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a test hook must never take the node down; it is logged
+                log.exception("clock file poll failed")
