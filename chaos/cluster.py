@@ -25,6 +25,7 @@ from chaos.net import Fabric
 
 NETNS_BASE_PORT = 7001  # inside its own namespace every port is free
 STATUS_TIMEOUT_S = 0.5
+NODE_DIR = "{node_data_dir}"  # in a ``node_env`` value: that node's data directory (per-node files)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ class NodeView:
 
 
 class ChaosCluster(DevCluster):
-    """DevCluster on a fabric, with SIGSTOP/SIGCONT and status views that tolerate silent nodes."""
+    """DevCluster on a fabric, with SIGSTOP/SIGCONT and status views that tolerate silent nodes.
+    ``node_env`` is given to every node; ``{node_data_dir}`` (:data:`NODE_DIR`) in a value becomes
+    the node's own data directory."""
 
     def __init__(self, nodes: int, data_dir: Path, fabric: Fabric, node_env: Mapping[str, str] | None = None,
                  extra_args: Sequence[str] = ()) -> None:
@@ -73,7 +76,8 @@ class ChaosCluster(DevCluster):
         return self.fabric.wrap(i, cmd)
 
     def spawn(self, i: int) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.node_env, **self.fabric.env(i)}
+        node_env = {k: v.replace(NODE_DIR, str(self.node_data_dir(i))) for k, v in self.node_env.items()}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **node_env, **self.fabric.env(i)}
         if not is_loopback(self.raft_address(i)):
             env["RAFTBROKER_RAFT_PASSWORD"] = self.raft_password
         self.env = env
@@ -99,6 +103,21 @@ class ChaosCluster(DevCluster):
         for channel in self._status_channels.values():
             channel.close()
         self._status_channels.clear()
+
+    # -- node logs ---------------------------------------------------------------------------------
+    def log_size(self, i: int) -> int:
+        """How many bytes node ``i``'s log holds now (a mark for :meth:`log_since`)."""
+        path = self.log_path(i)
+        return path.stat().st_size if path.exists() else 0
+
+    def log_since(self, i: int, offset: int) -> bytes:
+        """What node ``i`` logged after ``offset`` (empty when its log cannot be read)."""
+        try:
+            with open(self.log_path(i), "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError:
+            return b""
 
     # -- views ----------------------------------------------------------------------------------
     def view(self, i: int, timeout_s: float = STATUS_TIMEOUT_S) -> NodeView | None:

@@ -2,10 +2,11 @@
 a final read of every node, and the checker's report.
 
 Order: seed and schedule printed → cluster on its fabric → availability probes → topic → status
-polls, producers, readers → faults until the duration is used → heal everything → wait until a
-publish invoked after the last heal is acknowledged → stop and settle producers → wait until the
-nodes converge → final read of every partition on every node → readers catch up and stop →
-teardown (every node killed by PID, the fabric removed) → checker. Teardown runs also on failure.
+polls, producers, readers, consumer groups → faults until the duration is used → heal everything →
+wait until a publish invoked after the last heal is acknowledged → stop and settle producers (group
+members stop crashing) → wait until the nodes converge → final read of every partition on every
+node → readers catch up, groups drain (both bounded) and stop → teardown (every node killed by
+PID, the fabric removed) → checker. Teardown runs also on failure.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from chaos.net import Fabric, make_fabric, netns_unavailable
 from chaos.reads import read_partition
 from chaos.scenarios import NEMESES, SCENARIOS, Scenario
 from chaos.workloads.groups import WORKLOAD as GROUPS
-from chaos.workloads.groups import unavailable as groups_unavailable
+from chaos.workloads.groups import GroupWorkload
 from chaos.workloads.producers import Producer
 from chaos.workloads.readers import Reader
 from chaos.workloads.status import StatusPoller
@@ -54,6 +55,7 @@ class DrillOptions:
     producers: int = 3
     partitions: int = 3
     readers: bool = True
+    groups: bool = True  # the consumer-group workload (chaos.workloads.groups)
     recovery_timeout_s: float = 60.0
 
 
@@ -103,6 +105,7 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
     producers: list[Producer] = []
     readers: list[Reader] = []
     poller: StatusPoller | None = None
+    groups: GroupWorkload | None = None
     try:
         cluster.start()
         if cluster.wait_leader(START_TIMEOUT_S) is None:
@@ -124,11 +127,7 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
             return Client(cluster.addresses, timeout_s=5.0, retry_deadline_s=20.0)
 
         with make_client() as admin:
-            admin.create_topic(TOPIC, partitions=opts.partitions, dedup_window_ms=-1)
-        why = groups_unavailable(cluster.addresses, TOPIC)
-        if why is not None:
-            history.info("drill", "workload-unavailable", {"workload": GROUPS, "reason": why})
-            echo(f"  workload {GROUPS}: not available: {why}")
+            admin.create_topic(TOPIC, partitions=opts.partitions, dedup_window_ms=-1, durability=scenario.durability)
         poller = StatusPoller(cluster, history).start()
         producers = [Producer(f"p{k}", make_client, TOPIC, opts.partitions, history,
                               random.Random(rng.getrandbits(64)), stop) for k in range(opts.producers)]
@@ -136,6 +135,12 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
             if opts.readers else []
         for t in [*producers, *readers]:
             t.start()
+        if opts.groups:
+            groups = GroupWorkload(make_client, TOPIC, opts.partitions, history, random.Random(rng.getrandbits(64)),
+                                   calm=stop)
+            why = groups.start()
+            if why is not None:
+                echo(f"  workload {GROUPS}: not available: {why}")
         ctx = Ctx(cluster, history, abort, topics={TOPIC: opts.partitions}, echo=echo)
         for step in plan:
             if history.now() >= opts.duration_s:
@@ -159,6 +164,9 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
                                             "after_heal_s": None if applied is None else history.now() - healed_at})
         ends = _final_reads(cluster, history, opts.partitions)
         _await_readers(readers, ends)
+        if groups is not None:
+            for group in groups.await_drained(ends):
+                echo(f"  workload {GROUPS}: group {group} did not drain within the bound")
     finally:
         stop.set()
         abort.set()
@@ -170,6 +178,8 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
         for r in readers:
             r.join(30)
             r.close()
+        if groups is not None:
+            groups.halt()
         if poller is not None:
             poller.stop()
         cluster.stop()
@@ -210,7 +220,8 @@ def _final_reads(cluster: ChaosCluster, history: History, partitions: int) -> di
             read = read_partition(cluster.grpc_address(i), TOPIC, p)
             history.info("checker", "final-read", {
                 "node": cluster.node_id(i), "topic": TOPIC, "partition": p, "leader": i == leader,
-                "records": [[o, v] for o, v in read.records], "events": read.events, "error": read.error})
+                "records": [[o, v] for o, v in read.records], "timestamps_ms": read.timestamps_ms,
+                "events": read.events, "error": read.error})
             if read.records:
                 ends[p] = max(ends.get(p, 0), read.records[-1][0] + 1)
     return ends

@@ -17,9 +17,11 @@ _EVENT_NAMES = {common_pb2.EVENT_TYPE_SKIP_FORWARD: "skip_forward", common_pb2.E
 
 @dataclass
 class PartitionRead:
-    """(offset, value) of every record, the events, or the error that ended the read."""
+    """(offset, value) of every record, their timestamps (parallel), the events, or the error that
+    ended the read."""
 
     records: list[tuple[int, str]] = field(default_factory=list)
+    timestamps_ms: list[int] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
@@ -37,6 +39,7 @@ def read_partition(address: str, topic: str, partition: int, timeout_s: float = 
         for item in broker_pb2_grpc.BrokerStub(channel).Subscribe(req, timeout=timeout_s):
             if item.HasField("batch"):
                 out.records.extend((r.offset, r.value.decode(errors="replace")) for r in item.batch.records)
+                out.timestamps_ms.extend(r.timestamp_ms for r in item.batch.records)
             else:
                 ev = item.event
                 out.events.append({"event": _EVENT_NAMES.get(ev.type, str(ev.type)), "offset_before": ev.offset_before,

@@ -13,17 +13,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.nemeses import Nemesis, Step
+from chaos.nemeses.clock import CLOCK_ENV, clock_jump, clock_jump_step
 from chaos.nemeses.disk import MODES, corrupt
+from chaos.nemeses.membership import membership
 from chaos.nemeses.network import loss, partition
+from chaos.nemeses.power import POWER_LOSS_ENV, power_loss
 from chaos.nemeses.process import kill, pause, rolling_restart
-from chaos.nemeses.unavailable import CLOCK_REASON, membership_unavailable, power_loss_unavailable
 
 # Snapshots every few seconds under the drill's load, so installs and SST files happen in a run.
 SNAPSHOT_OFTEN = {"RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "100"}
 MAX_STEPS = 200
 
 NEMESES: dict[str, Nemesis] = {"kill": kill, "pause": pause, "partition": partition, "loss": loss,
-                               "corrupt": corrupt, "rolling-restart": rolling_restart}
+                               "corrupt": corrupt, "rolling-restart": rolling_restart,
+                               "power-loss": power_loss, "membership": membership, "clock-jump": clock_jump}
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class Scenario:
     step: Callable[[random.Random, int], Step] | None = None
     needs_link_faults: bool = False
     node_env: dict[str, str] = field(default_factory=dict)
+    durability: str = "disk"  # of the workload's topic
+    opening: Callable[[random.Random, int], Step] | None = None  # the first step, when it must be this one
     unavailable: str | None = None
     probe: Callable[[list[str]], str | None] | None = None
 
@@ -45,7 +50,7 @@ class Scenario:
         steps: list[Step] = []
         budget = duration_s
         while budget > 0 and len(steps) < MAX_STEPS:
-            s = self.step(rng, nodes)
+            s = self.opening(rng, nodes) if self.opening is not None and not steps else self.step(rng, nodes)
             steps.append(s)
             budget -= _estimate_s(s)
         return steps
@@ -102,12 +107,27 @@ def _corrupt(rng: random.Random, nodes: int) -> Step:
                             "down_s": round(rng.uniform(0.2, 1.0), 2), "quiet_s": _quiet(rng)})
 
 
+def _power_loss(rng: random.Random, nodes: int, targets: str | None = None) -> Step:
+    return Step("power-loss", {"targets": targets or rng.choice(["all", "majority", "majority", "leader", "follower"]),
+                               "k": rng.randrange(16), "stagger_s": round(rng.uniform(0.0, 0.05), 3),
+                               "down_s": round(rng.uniform(0.3, 2.0), 2), "quiet_s": _quiet(rng)})
+
+
+def _whole_cluster_power_loss(rng: random.Random, nodes: int) -> Step:
+    return _power_loss(rng, nodes, "all")
+
+
 def _rolling_restart(rng: random.Random, nodes: int) -> Step:
     order: list[Any] = list(range(nodes))
     rng.shuffle(order)
     order[rng.randrange(nodes)] = "leader"  # one turn goes to whoever leads then
     return Step("rolling-restart", {"order": order, "graceful": rng.random() < 0.75,
                                     "gap_s": round(rng.uniform(0.3, 1.5), 2), "quiet_s": _quiet(rng)})
+
+
+def _membership(rng: random.Random, nodes: int) -> Step:
+    return Step("membership", {"target": rng.choice(["leader", "follower"]), "k": rng.randrange(16),
+                               "hold_s": round(rng.uniform(1.0, 4.0), 2), "quiet_s": _quiet(rng)})
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
@@ -121,13 +141,18 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "one node", _partition_minority, needs_link_faults=True),
     Scenario("packet-loss", "lose 5-35% of the packets between nodes for seconds", _packet_loss,
              needs_link_faults=True),
-    Scenario("power-loss", "crash nodes dropping unsynced writes", probe=power_loss_unavailable),
+    Scenario("power-loss", "cut the power of every node, a majority or one (unsynced writes are lost) while "
+             "writing to an fsync topic, power them on", _power_loss,
+             node_env={**POWER_LOSS_ENV, **SNAPSHOT_OFTEN}, durability="fsync", opening=_whole_cluster_power_loss),
     Scenario("corrupt", "flip bytes in or truncate one stopped node's store files, restart it, repair what "
              "it detects", _corrupt, node_env=SNAPSHOT_OFTEN),
-    Scenario("membership", "remove and re-add nodes while writing", probe=membership_unavailable),
+    Scenario("membership", "remove a node (leader or follower), wipe it, keep it out while the others serve, "
+             "add it back empty: it catches up by snapshot", _membership, node_env=SNAPSHOT_OFTEN),
     Scenario("rolling-restart", "restart every node in turn (mostly SIGTERM), waiting for each to catch up",
              _rolling_restart),
-    Scenario("clock-jump", "jump the clock behind the broker's own timeouts", unavailable=CLOCK_REASON),
+    Scenario("clock-jump", "jump the node clock of the leader, a follower or every node by 1 s to 10 min, "
+             "either way, for seconds (sometimes then kill the jumped leader), set it back", clock_jump_step,
+             node_env=CLOCK_ENV),
 ]}
 
 ALL = "all"

@@ -4,8 +4,9 @@ observations, and the final read of every node) into a :class:`Report` of violat
 Checks: lost acknowledged writes, duplicates of idempotent publishes, inconsistent offsets (one
 offset, two values; acks that disagree with the log; reads of values the log does not hold),
 reordering within a partition, non-contiguous offsets, phantom writes, silent skips in reads,
-replicas that disagree after healing, more than one leader per term, committed group positions
-that regress, records never delivered to a group, and recovery after the last fault heals.
+replicas that disagree after healing, record timestamps that go back within a partition, more
+than one leader per term, committed group positions that regress, records never delivered to a
+group, and recovery after the last fault heals.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from chaos.checkers.readers import check_readers, reader_counts
 from chaos.checkers.recovery import measure
 from chaos.checkers.replicas import check_replicas
 from chaos.checkers.report import CHECKS, Report
+from chaos.checkers.timestamps import check_timestamps
 from chaos.history import Entry, pairs
 
 __all__ = ["CHECKS", "Report", "Violation", "check"]
@@ -39,6 +41,7 @@ def check(entries: list[Entry], scenario: str = "", seed: int | None = None) -> 
     violations += check_log(model)
     violations += check_readers(model)
     violations += check_replicas(model)
+    violations += check_timestamps(model)
     violations += check_leaders(model)
     violations += check_groups(model)
     violations += recovery_violations
@@ -64,6 +67,13 @@ def _operations(model: Model, entries: list[Entry]) -> dict[str, Any]:
         "records_read": sum(reader_counts(model).values()),
         "group_deliveries": sum(1 for e in entries if e.type == "info" and e.f == "deliver"),
         "group_commits": sum(1 for _ in pairs(entries, "commit")),
+        "group_commits_ok": sum(1 for e in entries if e.type == "ok" and e.f == "commit"),
+        "group_committed_polls": sum(1 for e in entries if e.type == "info" and e.f == "committed"),
+        "group_member_crashes": sum(1 for e in entries if e.type == "info" and e.f == "member-crash"),
+        "groups_drained": sorted({str(e.value["group"]) for e in entries if e.type == "info"
+                                  and e.f == "group-drained"}),
+        "groups_not_drained": sorted({str(e.value["group"]) for e in entries if e.type == "info"
+                                      and e.f == "group-not-drained"}),
         "leader_terms": terms_seen(model),
         "status_polls": sum(1 for e in entries if e.type == "info" and e.f == "status"),
         "not_available": not_available,
@@ -75,8 +85,10 @@ def _skipped(model: Model, entries: list[Entry]) -> dict[str, str]:
     out: dict[str, str] = {}
     if not model.final_reads:
         for c in ("lost-write", "duplicate", "non-contiguous", "phantom-write", "replica-divergence",
-                  "final-read-failed"):
+                  "final-read-failed", "timestamp-regression"):
             out[c] = "no final read"
+    elif all(fr.timestamps_ms is None for fr in model.final_reads):
+        out["timestamp-regression"] = "the final reads carry no timestamps"
     if not any(e.f == "read" for e in entries):
         out["silent-skip"] = "no reader ran"
     if not any(e.f == "status" for e in entries):
@@ -86,6 +98,8 @@ def _skipped(model: Model, entries: list[Entry]) -> dict[str, str]:
         reason = next((str(e.value["reason"]) for e in entries if e.type == "info" and e.f == "workload-unavailable"
                        and e.value.get("workload") == "groups"), "no group workload ran")
         out["group-regress"] = out["undelivered"] = reason
+    elif not any(e.type == "info" and e.f == "group-drained" for e in entries):
+        out["undelivered"] = "no group drained"
     if not any(e.f == "fault" for e in entries):
         out["no-recovery"] = out["fault-not-healed"] = "no fault injected"
     return out

@@ -8,8 +8,9 @@ History shapes (produced by ``chaos.workloads`` and ``chaos.drill``, or written 
   was delivered, in delivery order; ``read-event`` info ``{"topic", "partition", "event",
   "offset_before", "offset_after"}``; ``read-restart`` info ``{"topic", "partition"}``.
 - ``final-read`` info ``{"node", "topic", "partition", "records": [[offset, id], ...],
-  "events": [{"event", "offset_before", "offset_after", "detail"}], "error": str | null,
-  "leader": bool}``.
+  "timestamps_ms": [timestamp_ms, ...], "events": [{"event", "offset_before", "offset_after",
+  "detail"}], "error": str | null, "leader": bool}``; ``timestamps_ms`` is parallel to ``records``
+  (absent in histories written before it: the timestamp check is then skipped).
 - ``status`` info ``{"node", "role", "term", "leader_id"}``.
 - ``fault`` / ``heal`` info ``{"id", "kind", ...}``; ``converged`` info ``{"applied_index"}``.
 - groups: ``deliver`` info ``{"topic", "group", "member", "partition", "offset", "id"}``;
@@ -88,6 +89,7 @@ class FinalRead:
     error: str | None
     leader: bool
     entry: int
+    timestamps_ms: list[int] | None = None  # parallel to records; None when the history has none
 
 
 @dataclass
@@ -126,7 +128,17 @@ def parse(entries: list[Entry]) -> Model:
                 fate.acks.append(((int(p), int(o)), done.time, done.index))
     reads = [FinalRead(str(e.value["node"]), str(e.value["topic"]), int(e.value["partition"]),
                        [(int(o), str(i)) for o, i in e.value.get("records", [])], list(e.value.get("events", [])),
-                       e.value.get("error"), bool(e.value.get("leader", False)), e.index)
+                       e.value.get("error"), bool(e.value.get("leader", False)), e.index,
+                       _timestamps(e.value))
              for e in entries if e.f == "final-read" and e.type == "info"]
     latest = {(fr.node, fr.topic, fr.partition): fr for fr in reads}  # a later read of a node replaces one
     return Model(records, ops, list(latest.values()), entries)
+
+
+def _timestamps(value: dict[str, Any]) -> list[int] | None:
+    """A final read's record timestamps, or None when it has none (older histories) or they do not
+    match its records one to one."""
+    raw = value.get("timestamps_ms")
+    if raw is None or len(raw) != len(value.get("records", [])):
+        return None
+    return [int(t) for t in raw]

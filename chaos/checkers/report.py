@@ -10,7 +10,8 @@ from chaos.checkers.model import Violation
 from chaos.checkers.recovery import Recovery
 
 CHECKS = ("lost-write", "duplicate", "inconsistent-offset", "reorder", "non-contiguous", "phantom-write",
-          "silent-skip", "replica-divergence", "final-read-failed", "multiple-leaders", "group-regress",
+          "silent-skip", "replica-divergence", "final-read-failed", "timestamp-regression", "multiple-leaders",
+          "group-regress",
           "undelivered", "no-recovery", "fault-not-healed")
 
 
@@ -56,6 +57,13 @@ class Report:
         lines.append(f"  operations: publish invoke={pub.get('invoke', 0)} ok={pub.get('ok', 0)} "
                      f"fail={pub.get('fail', 0)} info={pub.get('info', 0)}  records acked={ops.get('records_acked', 0)}"
                      f" stored={ops.get('records_stored', 0)}  read by readers={ops.get('records_read', 0)}")
+        if ops.get("group_deliveries") or ops.get("group_commits"):
+            lines.append(f"  groups: deliveries={ops.get('group_deliveries', 0)} commits={ops.get('group_commits', 0)}"
+                         f" (ok={ops.get('group_commits_ok', 0)}) committed polls={ops.get('group_committed_polls', 0)}"
+                         f" member crashes={ops.get('group_member_crashes', 0)}"
+                         f"  drained: {', '.join(ops.get('groups_drained', [])) or '-'}"
+                         + (f"  NOT drained: {', '.join(ops['groups_not_drained'])}" if ops.get("groups_not_drained")
+                            else ""))
         for name, why in ops.get("not_available", {}).items():
             lines.append(f"  workload {name}: not available: {why}")
         lines.append(f"  {'check':<22} result")

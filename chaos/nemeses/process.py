@@ -69,15 +69,6 @@ def _kill_during_election(ctx: Ctx, fid: int, old_leader: int, k: int, delay_s: 
     return victim
 
 
-def _log_size(ctx: Ctx, i: int) -> int:
-    path = ctx.cluster.log_path(i)
-    return path.stat().st_size if path.exists() else 0
-
-
-def _log_since(ctx: Ctx, i: int, offset: int) -> bytes:
-    with open(ctx.cluster.log_path(i), "rb") as f:
-        f.seek(offset)
-        return f.read()
 
 
 def _kill_in_snapshot_install(ctx: Ctx, step: Step) -> None:
@@ -92,20 +83,20 @@ def _kill_in_snapshot_install(ctx: Ctx, step: Step) -> None:
     try:
         ctx.cluster.kill(target)
         leader = ctx.leader()
-        mark = _log_size(ctx, leader)
+        mark = ctx.cluster.log_size(leader)
         deadline = time.monotonic() + SNAPSHOT_WAIT_S
         compacted = False
         while time.monotonic() < deadline and not ctx.abort.is_set() and not compacted:
-            compacted = any(int(m) > applied for m in _SNAPSHOT_WRITTEN.findall(_log_since(ctx, leader, mark)))
+            compacted = any(int(m) > applied for m in _SNAPSHOT_WRITTEN.findall(ctx.cluster.log_since(leader, mark)))
             if not compacted:
                 time.sleep(0.2)
         ctx.note(fid, leader_compacted_past_follower=compacted)
-        mark = _log_size(ctx, target)
+        mark = ctx.cluster.log_size(target)
         ctx.cluster.spawn(target)
         receiving = _await_snapshot_transfer(ctx, target, mark)
         ctx.hold(float(step.params["install_kill_s"]))
         ctx.cluster.kill(target)
-        installed = bool(_SNAPSHOT_RESTORED.search(_log_since(ctx, target, mark)))
+        installed = bool(_SNAPSHOT_RESTORED.search(ctx.cluster.log_since(target, mark)))
         ctx.note(fid, receiving_snapshot_seen=receiving, killed_after_s=step.params["install_kill_s"],
                  snapshot_restored_before_kill=installed)
         ctx.hold(float(step.params.get("down_s", 0.5)))
@@ -127,7 +118,7 @@ def _await_snapshot_transfer(ctx: Ctx, i: int, log_mark: int) -> bool:
                 return True
         except FileNotFoundError:
             pass
-        if _SNAPSHOT_RESTORED.search(_log_since(ctx, i, log_mark)):
+        if _SNAPSHOT_RESTORED.search(ctx.cluster.log_since(i, log_mark)):
             return False
         time.sleep(0.002)
     return False

@@ -33,15 +33,21 @@ class Hist:
             self.add(outcome, process, "publish", {"error": "UNAVAILABLE", "message": "x"})
 
     def final(self, node: str, partition: int, records: list[tuple[int, str]], *, leader: bool = False,
-              events: list[dict[str, Any]] | None = None, error: str | None = None) -> None:
-        self.add("info", "checker", "final-read", {"node": node, "topic": TOPIC, "partition": partition,
-                                                   "records": [list(r) for r in records], "events": events or [],
-                                                   "error": error, "leader": leader})
+              events: list[dict[str, Any]] | None = None, error: str | None = None,
+              timestamps_ms: list[int] | None = None) -> None:
+        """One node's final read; ``timestamps_ms`` (parallel to ``records``) is left out when None,
+        as in histories written before it existed."""
+        value: dict[str, Any] = {"node": node, "topic": TOPIC, "partition": partition,
+                                 "records": [list(r) for r in records], "events": events or [], "error": error,
+                                 "leader": leader}
+        if timestamps_ms is not None:
+            value["timestamps_ms"] = timestamps_ms
+        self.add("info", "checker", "final-read", value)
 
-    def finals(self, partition: int, records: list[tuple[int, str]], nodes: tuple[str, ...] = ("n1", "n2", "n3")
-               ) -> None:
+    def finals(self, partition: int, records: list[tuple[int, str]], nodes: tuple[str, ...] = ("n1", "n2", "n3"),
+               timestamps_ms: list[int] | None = None) -> None:
         for i, n in enumerate(nodes):
-            self.final(n, partition, records, leader=i == 0)
+            self.final(n, partition, records, leader=i == 0, timestamps_ms=timestamps_ms)
 
     def status(self, node: str, role: str, term: int) -> None:
         self.add("info", f"status-{node}", "status", {"node": node, "role": role, "term": term, "leader_id": ""})
@@ -73,6 +79,6 @@ def clean() -> Hist:
     h.publish("p1", [("b2", 1)], [(1, 1)])
     h.read("r0", 0, [(0, "a0"), (1, "a1"), (2, "a2")])
     h.read("r0", 0, [(3, "a3")])
-    h.finals(0, [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3")])
-    h.finals(1, [(0, "b0"), (1, "b2")])
+    h.finals(0, [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3")], timestamps_ms=[1000, 1000, 1200, 1300])
+    h.finals(1, [(0, "b0"), (1, "b2")], timestamps_ms=[1000, 1400])
     return h

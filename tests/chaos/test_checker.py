@@ -122,6 +122,36 @@ def test_a_node_serving_a_corrupted_record_diverges_and_an_unreadable_node_fails
     assert kinds(h) == ["final-read-failed", "replica-divergence"]
 
 
+def test_a_timestamp_lower_than_its_predecessor_is_found_and_named() -> None:
+    h = clean()
+    h.finals(0, [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3")], timestamps_ms=[1000, 1500, 1200, 1300])
+    report = check(h.entries)
+    assert [v.kind for v in report.violations] == ["timestamp-regression"]
+    assert report.violations[0].records == ("0:2=a2 ts=1200 < 0:1=a1 ts=1500 (-300 ms) on n1,n2,n3",)
+    assert report.to_json()["checks"]["timestamp-regression"] == 1
+    assert "timestamp-regression   1 VIOLATION(S)" in report.table()
+
+
+def test_a_regression_on_one_replica_only_names_that_node() -> None:
+    h = clean()
+    h.final("n3", 1, [(0, "b0"), (1, "b2")], timestamps_ms=[1400, 1000])
+    report = check(h.entries)
+    regress = [v for v in report.violations if v.kind == "timestamp-regression"]
+    assert regress and regress[0].records == ("1:1=b2 ts=1000 < 1:0=b0 ts=1400 (-400 ms) on n3",)
+
+
+def test_equal_timestamps_are_not_a_regression_and_old_histories_skip_the_check() -> None:
+    h = clean()
+    h.finals(1, [(0, "b0"), (1, "b2")], timestamps_ms=[1400, 1400])  # a leader clock that went back
+    assert kinds(h) == []
+    old = Hist()
+    old.publish("p0", [("x", 0)], [(0, 0)])
+    old.finals(0, [(0, "x")])  # written before final reads carried timestamps
+    doc = check(old.entries).to_json()
+    assert doc["violations"] == 0
+    assert doc["checks"]["timestamp-regression"] == "skipped: the final reads carry no timestamps"
+
+
 def test_two_leaders_in_one_term_are_found() -> None:
     h = clean()
     h.status("n3", "leader", 2)  # n2 led term 2 already
@@ -208,6 +238,7 @@ def test_checks_without_data_say_so_instead_of_passing() -> None:
     h.publish("p0", [("x", 0)], [(0, 0)])
     doc = check(h.entries).to_json()
     assert doc["checks"]["lost-write"] == "skipped: no final read"
+    assert doc["checks"]["timestamp-regression"] == "skipped: no final read"
     assert doc["checks"]["group-regress"].startswith("skipped")
 
 

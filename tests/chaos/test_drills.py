@@ -35,3 +35,6 @@ def test_drill_finds_no_violation(scenario: str, seed: int, tmp_path: Path) -> N
     assert doc["operations"]["records_acked"] > 0, "the workload ran"
     assert doc["recovery"]["faults"], "faults were injected"
     assert doc["checks"]["lost-write"] == 0 and doc["checks"]["multiple-leaders"] == 0
+    if "groups" not in doc["operations"]["not_available"]:
+        assert doc["operations"]["group_deliveries"] > 0 and doc["operations"]["group_commits_ok"] > 0, \
+            "the group workload ran"
