@@ -98,6 +98,7 @@ def run_publish_bench(
     topic: str | None = None,
     threads: int = 8,
     partitions: int = 1,
+    durability: str | None = None,
     run_s_max: float = 10.0,
     timeout_s: float = 10.0,
     retry_deadline_s: float = 30.0,
@@ -115,7 +116,7 @@ def run_publish_bench(
     results = []
     with Client(bootstrap, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s) as client:
         with contextlib.suppress(TopicExists):
-            client.create_topic(name, partitions)
+            client.create_topic(name, partitions, durability=durability)
         try:
             client.publish_batch(name, [payload])  # warm-up: channels and the leader are found
             for batch_size in batch_sizes:
@@ -159,6 +160,8 @@ def publish(
     topic: Annotated[str | None, typer.Option(help="Topic to use (default: a temporary one).")] = None,
     threads: Annotated[int, typer.Option(min=1, max=64, help="Threads of the concurrent variant.")] = 8,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the temporary topic.")] = 1,
+    durability: Annotated[str | None, typer.Option(help="Durability class of the temporary topic: ephemeral, "
+                                                   "memory, disk (the default) or fsync.", show_default=False)] = None,
     max_seconds: Annotated[
         float, typer.Option(min=0.1, help="Stop a run after this many seconds even if COUNT is not reached.")
     ] = 10.0,
@@ -174,8 +177,10 @@ def publish(
     sizes = _parse_sizes(batch_sizes)
     opts = state(ctx)
     console = Console(stderr=True)
+    if durability is not None and topic is not None:
+        raise typer.BadParameter("--durability applies to the temporary topic: drop --topic", param_hint="--durability")
     config = {"count": count, "batch_sizes": sizes, "size_bytes": size, "threads": threads,
-              "max_seconds": max_seconds, "spawn": spawn}
+              "max_seconds": max_seconds, "spawn": spawn, "durability": durability or "disk"}
 
     def progress(result: BenchResult) -> None:
         if not opts.json:
@@ -191,7 +196,7 @@ def publish(
             bootstrap = opts.bootstrap
         results = run_publish_bench(
             bootstrap, count=count, batch_sizes=sizes, size_bytes=size, topic=topic,
-            threads=threads, partitions=partitions, run_s_max=max_seconds,
+            threads=threads, partitions=partitions, durability=durability, run_s_max=max_seconds,
             timeout_s=opts.timeout_s, retry_deadline_s=max(opts.retry_deadline_s, 30.0), on_result=progress,
         )
     if opts.json:

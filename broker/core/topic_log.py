@@ -140,9 +140,11 @@ class TopicLog:
         return response
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
-        """Leader-only fan-out: no Raft, no store (SPEC §2.1)."""
-        if append.idempotency_keys or append.dedup_id:
-            raise InvalidArgument("ephemeral topics do not deduplicate: drop idempotency_key, dedup_id and msg_id")
+        """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
+        deduplicated: idempotency keys (the SDK sends one with every record) are accepted and
+        ignored; a producer session (dedup_id, msg_id), which promises deduplication, is refused."""
+        if append.dedup_id:
+            raise InvalidArgument("ephemeral topics do not deduplicate: drop dedup_id and msg_id")
         term = self._submitter.leader_term()
         return Appended(self._hub.publish(meta.topic_id, term, list(append.partitions), list(append.bodies),
                                           append.now_ms))

@@ -120,6 +120,11 @@ def test_bench_publish_with_tiny_counts(bootstrap: str) -> None:
                for r in report["results"])
     table = cli(bootstrap, "bench", "publish", "--count", "10", "--batch-sizes", "5").stdout
     assert "msgs/s" in table and "concurrent" in table
+    for durability in ("fsync", "memory", "ephemeral"):  # the SDK's idempotency keys suit every class
+        classed = json.loads(cli(bootstrap, "--json", "bench", "publish", "--count", "10", "--batch-sizes", "5",
+                                 "--durability", durability).stdout)
+        assert classed["config"]["durability"] == durability
+        assert all(r["records"] == 10 for r in classed["results"])
     topics = json.loads(cli(bootstrap, "--json", "topic", "list").stdout)
     assert not [t for t in topics if t["name"].startswith("bench-")], "the temporary topic is dropped"
 

@@ -80,9 +80,12 @@ def test_ephemeral_topic_fans_out_from_a_bounded_buffer_and_signals_gaps(store: 
     assert (gap.offset_before, gap.offset_after) == (base, base + 15)  # type: ignore[union-attr]
     assert [r.value for r in items[1:]] == [b"%d" % i for i in range(15, 25)]  # type: ignore[union-attr]
     assert list(store.scan(Column.RECORDS, b"", b"\xff" * 16)) == []
+    keyed = broker_pb2.PublishRequest(topic="e", records=[broker_pb2.PublishRecord(value=b"x", idempotency_key="k")])
+    first, again = log.publish(keyed).results[0], log.publish(keyed).results[0]
+    assert again.offset == first.offset + 1 and not again.duplicate, "keys are accepted and not remembered"
     with pytest.raises(Exception, match="do not deduplicate"):
-        log.publish(broker_pb2.PublishRequest(topic="e", records=[broker_pb2.PublishRecord(value=b"x",
-                                                                                             idempotency_key="k")]))
+        log.publish(broker_pb2.PublishRequest(topic="e", dedup_id="s", records=[broker_pb2.PublishRecord(
+            value=b"x", msg_id=1)]))
     rep.close()
 
 
