@@ -4,31 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from broker.cli.main import app
 from broker.client import Client
 from broker.devcluster import DevCluster
+from tests.cli.helpers import cli
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
-runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def bootstrap(cluster: DevCluster) -> Iterator[str]:
-    cluster.wait_ready()
-    yield ",".join(cluster.addresses)
-
-
-def cli(bootstrap: str, *args: str, expect: int = 0) -> Result:
-    result = runner.invoke(app, ["--bootstrap", bootstrap, *args])
-    assert result.exit_code == expect, f"exit {result.exit_code}: {result.output}"
-    assert "Traceback" not in result.output
-    return result
 
 
 def lines(result: Result) -> list[dict[str, Any]]:

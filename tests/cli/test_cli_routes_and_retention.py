@@ -4,38 +4,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner, Result
 
-from broker.cli.main import app
 from broker.client import Client
 from broker.core.partitioning import partition_for_key
-from broker.devcluster import DevCluster
+from tests.cli.helpers import cli, json_lines
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
-runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def bootstrap(cluster: DevCluster) -> Iterator[str]:
-    cluster.wait_ready()
-    yield ",".join(cluster.addresses)
-
-
-def cli(bootstrap: str, *args: str, input: str | None = None, expect: int = 0) -> Result:
-    result = runner.invoke(app, ["--bootstrap", bootstrap, *args], input=input)
-    assert result.exit_code == expect, f"exit {result.exit_code}: {result.output}"
-    assert "Traceback" not in result.output
-    return result
-
-
-def json_lines(result: Result) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
 
 def test_create_with_schema_and_dedup_fields(bootstrap: str, tmp_path: Path) -> None:
