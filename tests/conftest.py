@@ -52,3 +52,13 @@ def fresh_cluster(tmp_path: Path) -> Iterator[DevCluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A 3-node cluster of one test module whose tests kill nodes (and restart them afterwards)."""
+    c = start_cluster(tmp_path_factory.mktemp("killable"))
+    try:
+        yield c
+    finally:
+        c.stop()

@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from broker.client import Client, Record, Unavailable
 from broker.devcluster import DevCluster
-from tests.conftest import start_cluster, wait_until
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
-
-
-@pytest.fixture(scope="module")
-def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """This module's own cluster: tests kill its leader and restart the node afterwards."""
-    c = start_cluster(tmp_path_factory.mktemp("failover"))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def kill_leader(c: DevCluster) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,21 +14,12 @@ from broker.core import records
 from broker.devcluster import DevCluster
 from broker.storage import Column
 from broker.storage.rocks import RocksStore
-from tests.conftest import start_cluster, wait_until
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 TOTAL = 3000
 MEMBERS = 3
 IN_FLIGHT = 20
-
-
-@pytest.fixture(scope="module")
-def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("groups-failover"))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 class Ledger:

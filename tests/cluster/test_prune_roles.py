@@ -3,25 +3,14 @@ prune across a leader kill, on a real 3-node cluster through the SDK (SPEC §2.2
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from broker.client import Client, Event, FailedPrecondition, GroupNotFound, InvalidArgument, Message
 from broker.devcluster import DevCluster
 from tests.cluster.digests import partition_contents, wait_converged
-from tests.conftest import start_cluster, wait_until
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
-
-
-@pytest.fixture(scope="module")
-def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    c = start_cluster(tmp_path_factory.mktemp("prune-roles"))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def starts(client: Client, topic: str) -> list[int]:
