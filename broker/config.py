@@ -75,6 +75,8 @@ class NodeConfig(BaseModel):
     housekeeping_period_ms: int = Field(default=10_000, ge=50)  # retention by age, dedup-key expiry
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
+    raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down
+    raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a silent Raft peer counts as disconnected
     insecure: bool = False
 
     _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)

@@ -68,7 +68,9 @@ class Node:
         options = RaftOptions(password=config.raft_password,
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
-                              compaction_min_time_s=config.raft_compaction_min_time_s)
+                              compaction_min_time_s=config.raft_compaction_min_time_s,
+                              leader_fallback_timeout_s=config.raft_leader_fallback_timeout_s,
+                              connection_timeout_s=config.raft_connection_timeout_s)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)

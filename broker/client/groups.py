@@ -73,8 +73,13 @@ class PartitionLag:
 
 @dataclass(frozen=True)
 class GroupLag:
+    """A group's figures as the leader read them after a read barrier: ``node`` answered, and its
+    answer reflects Raft index ``applied_index`` (every change committed before the request)."""
+
     paused: bool
     partitions: tuple[PartitionLag, ...]
+    node: str = ""
+    applied_index: int = 0
 
     @property
     def lag(self) -> int:
@@ -214,7 +219,7 @@ class Groups:
                               write=False)
         return GroupLag(response.paused, tuple(
             PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
-                         p.dead, p.lag_ms) for p in response.partitions))
+                         p.dead, p.lag_ms) for p in response.partitions), response.node, response.applied_index)
 
     def mark(self, topic: str, group: str, role: str) -> GroupInfo:
         """Set the group's prune role: "lead" (``client.prune(topic, group=...)`` deletes up to its

@@ -82,6 +82,12 @@ class CommandSubmitter:
         self._peers = peers
         self._timeout_s = commit_timeout_s
 
+    def self_grpc_address(self) -> str:
+        """This node's gRPC address (its Raft address when the directory does not know it)."""
+        address = self._replicator.status().self_address
+        peer = self._peers.by_raft(address)
+        return peer.grpc_address if peer is not None and peer.grpc_address else address
+
     def leader_grpc_address(self) -> str | None:
         peer = self._peers.by_raft(self._replicator.status().leader_address)
         return peer.grpc_address if peer else None

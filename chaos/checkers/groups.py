@@ -49,10 +49,18 @@ def _regressions(model: Model) -> list[Violation]:
                     high = (done_sorted[i][2], done_sorted[i][3])
                 i += 1
             if high is not None and offset < high[0]:
-                bad.append(f"{topic}/{group}/{p}: {offset} after {high[0]}")
+                bad.append(f"{topic}/{group}/{p}: {offset} after {high[0]}{_answered_by(model, entry)}")
                 entries += [high[1], entry]
     return [violation("group-regress", f"{len(bad)} committed group position(s) went back", bad, entries)] \
         if bad else []
+
+
+def _answered_by(model: Model, entry: int) -> str:
+    """`` (read on NODE at index N)`` for a poll that names the node that answered it."""
+    found = next((e for e in model.entries if e.index == entry), None)
+    if found is None or found.f != "committed" or not found.value.get("node"):
+        return ""
+    return f" (read on {found.value['node']} at index {found.value.get('applied_index', '?')})"
 
 
 def _undelivered(model: Model) -> list[Violation]:

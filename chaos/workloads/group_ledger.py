@@ -106,8 +106,10 @@ class GroupLedger:
         with self._lock:
             return list(self._commits_ok)
 
-    def polled(self, process: str, rows: Sequence[PartitionLag], token: list[int]) -> None:
-        """Record each partition's committed position as the leader reported it (see the module doc)."""
+    def polled(self, process: str, rows: Sequence[PartitionLag], token: list[int], node: str = "",
+               applied_index: int = 0) -> None:
+        """Record each partition's committed position as the leader reported it (see the module doc),
+        with the node that answered and the Raft index its answer reflects."""
         with self._lock:
             for row in rows:
                 p = row.partition
@@ -119,7 +121,8 @@ class GroupLedger:
                 self.history.info(process, "committed", {**self._key(p), "offset": row.committed,
                                                          "end": row.end_offset, "lag": row.lag,
                                                          "in_flight": row.in_flight, "retrying": row.retrying,
-                                                         "dead": row.dead})
+                                                         "dead": row.dead, "node": node,
+                                                         "applied_index": applied_index})
                 self._known[p] = max(self._known[p], row.committed)
                 self.polls_recorded += 1
 

@@ -12,8 +12,9 @@ every ``deliver``/``commit``/``committed`` goes through a :class:`~chaos.workloa
   commit above every committed position observed so far (an acknowledged one proves the position
   is at least ``offset``; ``Ack`` reports no position, so acks are recorded as ``ack``/``nack``
   invoke ``{"topic", "group", "member", "records": [[partition, offset], ...]}`` and ok/info);
-- ``committed`` info (same fields, plus ``end``, ``lag``, ``in_flight``, ``retrying``, ``dead``) for
-  each partition at every :data:`POLL_PERIOD_S` poll of ``Admin.GroupLag``; ``committed`` fail
+- ``committed`` info (same fields, plus ``end``, ``lag``, ``in_flight``, ``retrying``, ``dead``, and
+  ``node`` / ``applied_index``: who answered and the Raft index the answer reflects) for each
+  partition at every :data:`POLL_PERIOD_S` poll of ``Admin.GroupLag``; ``committed`` fail
   ``{"topic", "group", "error"}`` when a poll failed (no value is recorded then);
 - ``group-drained`` info ``{"topic", "group", "after_s"}`` once, after the final reads, the
   group's committed positions reached the end of every partition with nothing unsettled; or
@@ -81,7 +82,7 @@ class LagPoller(threading.Thread):
             if not self.halted.is_set():
                 ledger.poll_failed(self.process, err)
             return
-        ledger.polled(self.process, lag.partitions, token)
+        ledger.polled(self.process, lag.partitions, token, lag.node, lag.applied_index)
         with self._lock:
             self._latest[ledger.group] = (sent, lag)
 

@@ -1,9 +1,11 @@
 """Group administration (SPEC §3.2): describe, seek, replay, lag, pause/resume, prune roles, dead
 letters, delete.
 
-Every operation that changes group state replicates one command; reads come from this node's
-applied state (the leader's, since every group call goes to the leader, which also knows the
-in-flight leases). :func:`lag_rows` also serves the metrics of any node.
+Every operation that changes group state replicates one command. Reads (describe, list, lag,
+dead letters) are served by the leader after a read barrier (:meth:`GroupService.read_barrier`):
+a node that lost the leadership without knowing it (cut off by a partition) cannot answer from
+stale state, so committed positions read by a client never go back. :func:`lag_rows` also serves
+the metrics of any node (those are this node's view, without a barrier).
 """
 
 from __future__ import annotations
@@ -84,11 +86,12 @@ class GroupOperations:
         return self.info(self._service.create(topic, group, config))
 
     def describe(self, topic: str, group: str) -> admin_pb2.GroupInfo:
+        self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         return self.info(rt.meta, rt)
 
     def list_groups(self, topic: str) -> list[admin_pb2.GroupInfo]:
-        self._service.ready()
+        self._service.read_barrier()
         return [self.info(meta) for meta in layout.topic_metas(self._state.store, topic)]
 
     def delete(self, topic: str, group: str) -> None:
@@ -128,12 +131,15 @@ class GroupOperations:
         return list(zip(partitions, offsets, strict=True))
 
     def lag(self, topic: str, group: str) -> admin_pb2.GroupLagResponse:
+        applied = self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         rows = lag_rows(self._state, rt.meta, self._service.clock_ms(), rt)
-        return admin_pb2.GroupLagResponse(paused=rt.meta.paused, partitions=[
-            admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset, end_offset=r.end_offset,
-                                   committed=r.committed, lag=r.lag, in_flight=r.in_flight, retrying=r.retrying,
-                                   dead=r.dead, lag_ms=r.lag_ms) for r in rows])
+        partitions = [admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset,
+                                             end_offset=r.end_offset, committed=r.committed, lag=r.lag,
+                                             in_flight=r.in_flight, retrying=r.retrying, dead=r.dead, lag_ms=r.lag_ms)
+                      for r in rows]
+        return admin_pb2.GroupLagResponse(paused=rt.meta.paused, partitions=partitions, applied_index=applied,
+                                          node=self._service.submitter.self_grpc_address())
 
     def pause(self, topic: str, group: str, paused: bool) -> list[str]:
         """Pause (or resume) one group, or every group of ``topic`` when ``group`` is empty."""
@@ -158,6 +164,7 @@ class GroupOperations:
     # -- dead letters --------------------------------------------------------------------------
     def dead_letters(self, topic: str, group: str, limit: int, partition: int | None,
                      after_offset: int | None) -> list[admin_pb2.DeadLetter]:
+        self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         if limit > MAX_DEAD_LIMIT:
             raise InvalidArgument(f"limit must be at most {MAX_DEAD_LIMIT}, got {limit}")

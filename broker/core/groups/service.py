@@ -92,6 +92,17 @@ class GroupService:
                 self._runtimes.clear()
                 self._term = term
 
+    def read_barrier(self) -> int:
+        """Before reading group state: replicate a no-op and wait until it is applied here, which
+        proves this node still leads (a leader cut off from the majority cannot commit it, so it
+        fails instead of answering from what it last applied) and that the state includes every
+        change committed before the call (Raft's read-index rule, done through the log). Returns the
+        applied index the read reflects."""
+        self._check_term()
+        term = self.submitter.leader_term()
+        raise_rejected(self.submitter.submit(K.Command(group_barrier=K.GroupBarrierCommand(term=term))))
+        return self.state.applied_index()
+
     def runtime(self, topic: str, group: str) -> GroupRuntime:
         """The runtime of an existing group on this leader; follows a re-created topic (rebase)."""
         validate_name(topic)
