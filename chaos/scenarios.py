@@ -14,6 +14,7 @@ from typing import Any
 
 from chaos.nemeses import Nemesis, Step
 from chaos.nemeses.clock import CLOCK_ENV, clock_jump, clock_jump_step
+from chaos.nemeses.compound import membership_under_fault
 from chaos.nemeses.disk import MODES, corrupt
 from chaos.nemeses.membership import membership
 from chaos.nemeses.network import loss, partition
@@ -26,7 +27,8 @@ MAX_STEPS = 200
 
 NEMESES: dict[str, Nemesis] = {"kill": kill, "pause": pause, "partition": partition, "loss": loss,
                                "corrupt": corrupt, "rolling-restart": rolling_restart,
-                               "power-loss": power_loss, "membership": membership, "clock-jump": clock_jump}
+                               "power-loss": power_loss, "membership": membership, "clock-jump": clock_jump,
+                               "membership+fault": membership_under_fault}
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Scenario:
 
 def _estimate_s(step: Step) -> float:
     p: dict[str, Any] = step.params
-    held = sum(float(p.get(k, 0.0)) for k in ("down_s", "pause_s", "hold_s", "install_kill_s"))
+    held = sum(float(p.get(k, 0.0)) for k in ("down_s", "pause_s", "hold_s", "install_kill_s", "side_hold_s"))
     if step.kind == "rolling-restart":
         held = 5.0 * len(p["order"])
     return held + float(p.get("quiet_s", 0.0)) + 1.0
@@ -130,6 +132,28 @@ def _membership(rng: random.Random, nodes: int) -> Step:
                                "hold_s": round(rng.uniform(1.0, 4.0), 2), "quiet_s": _quiet(rng)})
 
 
+def _membership_under_fault(rng: random.Random, nodes: int) -> Step:
+    """A membership change with a second fault while it is in flight (``chaos.nemeses.compound``):
+    the leader partitioned away, or the follower being removed paused."""
+    side = rng.choice(["partition", "pause-target"])
+    target = "follower" if side == "pause-target" else rng.choice(["leader", "follower"])
+    return Step("membership+fault", {
+        "target": target, "k": rng.randrange(16), "hold_s": round(rng.uniform(1.0, 3.0), 2), "side": side,
+        "side_delay_s": round(rng.uniform(0.0, 0.5), 2), "side_hold_s": round(rng.uniform(1.0, 3.0), 2),
+        "quiet_s": _quiet(rng)})
+
+
+# Every kind of fault, drawn anew for each step of a ``mixed`` run (the two compound steps twice as
+# often: they are the rarest schedules anywhere else).
+_MIXED: list[Callable[[random.Random, int], Step]] = [
+    _kill_leader, _kill_follower, _pause_leader, _partition_leader, _partition_minority, _packet_loss, _corrupt,
+    _power_loss, _rolling_restart, _membership, clock_jump_step, _membership_under_fault, _membership_under_fault]
+
+
+def _mixed(rng: random.Random, nodes: int) -> Step:
+    return rng.choice(_MIXED)(rng, nodes)
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("kill-leader", "kill -9 the leader (sometimes a second node mid-election), restart it", _kill_leader),
     Scenario("kill-follower", "kill -9 a follower (sometimes again during its snapshot install)", _kill_follower,
@@ -153,6 +177,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("clock-jump", "jump the node clock of the leader, a follower or every node by 1 s to 10 min, "
              "either way, for seconds (sometimes then kill the jumped leader), set it back", clock_jump_step,
              node_env=CLOCK_ENV),
+    Scenario("mixed", "every kind of fault above in one run, drawn per step, plus a membership change with the "
+             "leader partitioned or the removed follower paused meanwhile (fsync topic, power-loss restarts, "
+             "snapshots often, node clocks)", _mixed, needs_link_faults=True,
+             node_env={**SNAPSHOT_OFTEN, **POWER_LOSS_ENV, **CLOCK_ENV}, durability="fsync"),
 ]}
 
 ALL = "all"

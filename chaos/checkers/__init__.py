@@ -6,7 +6,8 @@ offset, two values; acks that disagree with the log; reads of values the log doe
 reordering within a partition, non-contiguous offsets, phantom writes, silent skips in reads,
 replicas that disagree after healing, record timestamps that go back within a partition, more
 than one leader per term, committed group positions that regress, records never delivered to a
-group, and recovery after the last fault heals.
+group, and recovery after the last fault heals; and liveness with stated bounds (publishes and a
+leader soon after the last heal, expired leases delivered again, no group stalled).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from chaos.checkers.groups import check_groups
 from chaos.checkers.leaders import check_leaders, terms_seen
+from chaos.checkers.liveness import check_liveness
 from chaos.checkers.log import check_log, reference_reads
 from chaos.checkers.model import Model, Violation, parse
 from chaos.checkers.readers import check_readers, reader_counts
@@ -45,8 +47,14 @@ def check(entries: list[Entry], scenario: str = "", seed: int | None = None) -> 
     violations += check_leaders(model)
     violations += check_groups(model)
     violations += recovery_violations
+    live, figures = check_liveness(model, recovery.last_heal_s, recovery.recovery_s)
+    violations += live
     report.violations = violations
     report.operations = _operations(model, entries)
+    report.operations["liveness"] = {"leader_after_heal_s": None if figures.leader_after_heal_s is None
+                                     else round(figures.leader_after_heal_s, 3),
+                                     "leases_judged": figures.leases_judged,
+                                     "leases_not_judged": figures.leases_not_judged}
     report.checks_skipped = _skipped(model, entries)
     return report
 
@@ -102,4 +110,9 @@ def _skipped(model: Model, entries: list[Entry]) -> dict[str, str]:
         out["undelivered"] = "no group drained"
     if not any(e.f == "fault" for e in entries):
         out["no-recovery"] = out["fault-not-healed"] = "no fault injected"
+        out["slow-recovery"] = out["no-leader"] = "no fault injected"
+    if not any(e.f == "group-config" and e.value.get("mode") == "queue" for e in entries):
+        out["lease-not-redelivered"] = "no queue group (or a history without its configuration)"
+    if not has_groups:
+        out["group-stalled"] = out["group-regress"]
     return out

@@ -12,7 +12,8 @@ from chaos.checkers.recovery import Recovery
 CHECKS = ("lost-write", "duplicate", "inconsistent-offset", "reorder", "non-contiguous", "phantom-write",
           "silent-skip", "replica-divergence", "final-read-failed", "timestamp-regression", "multiple-leaders",
           "group-regress",
-          "undelivered", "no-recovery", "fault-not-healed")
+          "undelivered", "no-recovery", "fault-not-healed", "slow-recovery", "no-leader", "lease-not-redelivered",
+          "group-stalled")
 
 
 @dataclass
@@ -80,6 +81,11 @@ class Report:
                          + (f"  ({f['detail']})" if f.get("detail") else ""))
         lines.append(f"  recovery after last heal: first ack {_s(rec.recovery_s)}, converged {_s(rec.converged_s)};"
                      f" longest stretch without acks {_s(rec.max_unavailable_s)}")
+        live = ops.get("liveness")
+        if live:
+            lines.append(f"  liveness: leader {_s(live.get('leader_after_heal_s'))} after the last heal; "
+                         f"expired leases judged {live.get('leases_judged', 0)} (not judged, near a fault or the end: "
+                         f"{live.get('leases_not_judged', 0)})")
         for v in self.violations:
             lines.append(f"  VIOLATION {v.kind}: {v.detail}")
             for r in v.records[:5]:

@@ -31,7 +31,7 @@ def membership(ctx: Ctx, step: Step) -> None:
     """Remove the ``target`` (leader | the ``k``-th follower), wipe it, keep it out for ``hold_s``,
     add it back and wait until it has caught up. The node is re-added (and running) whatever
     happens after its removal was asked for; :class:`NemesisError` when a step cannot be done."""
-    target = ctx.leader() if step.params["target"] == "leader" else ctx.follower(int(step.params.get("k", 0)))
+    target = resolve_target(ctx, step)
     fid = ctx.fault("membership", [target], change="remove, wipe, re-add", role=step.params["target"],
                     hold_s=step.params["hold_s"])
     log_mark = ctx.cluster.log_size(target)
@@ -51,6 +51,14 @@ def membership(ctx: Ctx, step: Step) -> None:
     if problem is not None:
         raise NemesisError(problem)
     _await_caught_up(ctx, fid, target, log_mark)
+
+
+def resolve_target(ctx: Ctx, step: Step) -> int:
+    """The node a membership step changes: ``index`` when a compound step chose it already, else the
+    leader or the ``k``-th follower, as of now."""
+    if "index" in step.params:
+        return int(step.params["index"])
+    return ctx.leader() if step.params["target"] == "leader" else ctx.follower(int(step.params.get("k", 0)))
 
 
 def _remove(ctx: Ctx, client: Client, fid: int, i: int) -> None:

@@ -30,16 +30,16 @@ def partition(ctx: Ctx, step: Step) -> None:
         rest = [i for i in range(n) if i != bridge]
         half = len(rest) // 2
         a, c = rest[:half], rest[half:]
-        _inject_hold_heal(ctx, [bridge], {"shape": "bridge", "sides": f"{_names(ctx, a)}|{_names(ctx, c)}"},
+        _inject_hold_heal(ctx, [bridge], {"shape": "bridge", "sides": f"{names(ctx, a)}|{names(ctx, c)}"},
                           float(step.params["hold_s"]), lambda: ctx.cluster.fabric.cut([(x, y) for x in a for y in c]))
         return
     else:
         raise NemesisError(f"unknown partition shape {shape!r}")
-    _inject_hold_heal(ctx, targets, {"shape": shape, "sides": "|".join(_names(ctx, g) for g in groups)},
+    _inject_hold_heal(ctx, targets, {"shape": shape, "sides": "|".join(names(ctx, g) for g in groups)},
                       float(step.params["hold_s"]), lambda: ctx.cluster.fabric.partition(groups))
 
 
-def _names(ctx: Ctx, nodes: list[int]) -> str:
+def names(ctx: Ctx, nodes: list[int]) -> str:
     return ",".join(ctx.node(i) for i in nodes)
 
 

@@ -16,6 +16,8 @@ every ``deliver``/``commit``/``committed`` goes through a :class:`~chaos.workloa
   ``node`` / ``applied_index``: who answered and the Raft index the answer reflects) for each
   partition at every :data:`POLL_PERIOD_S` poll of ``Admin.GroupLag``; ``committed`` fail
   ``{"topic", "group", "error"}`` when a poll failed (no value is recorded then);
+- ``group-config`` info ``{"topic", "group", "mode", "visibility_timeout_ms", ...}`` once per group
+  at start (the liveness checker bounds redeliveries by the visibility timeout);
 - ``group-drained`` info ``{"topic", "group", "after_s"}`` once, after the final reads, the
   group's committed positions reached the end of every partition with nothing unsettled; or
   ``group-not-drained`` info (with the last positions seen) if that did not happen in time;
@@ -115,6 +117,8 @@ class GroupWorkload:
             return why
         for ledger in self.ledgers:
             mode = GROUP_MODES[ledger.group]
+            self.history.info(WORKLOAD, "group-config", {"topic": self.topic, "group": ledger.group, "mode": mode,
+                                                         **GROUP_CONFIG})
             plan = MemberPlan(mode, {**GROUP_CONFIG, "max_in_flight": MAX_IN_FLIGHT},
                               hold_s=GROUP_CONFIG["visibility_timeout_ms"] / 1000 + 0.5)
             for k in range(MEMBERS_PER_GROUP):

@@ -59,8 +59,8 @@ class Hist:
     def fault(self, fid: int, kind: str = "kill") -> None:
         self.add("info", "nemesis", "fault", {"id": fid, "kind": kind, "targets": ["n1"]})
 
-    def heal(self, fid: int) -> None:
-        self.add("info", "nemesis", "heal", {"id": fid})
+    def heal(self, fid: int, dt: float = 0.1) -> None:
+        self.add("info", "nemesis", "heal", {"id": fid}, dt)
 
 
 def clean() -> Hist:

@@ -1,8 +1,10 @@
 """Every drill scenario with fixed seeds against a real local cluster: zero violations (SPEC §9).
 
 `make chaos` runs this file (``pytest -m chaos``). A scenario whose broker feature does not exist
-yet is skipped with the drill's own "not available" reason, never passed. Soak: set
-``RAFTBROKER_CHAOS_SEEDS`` (e.g. ``1,2,3,4,5``) and ``RAFTBROKER_CHAOS_DURATION_S`` (``make soak``).
+yet is skipped with the drill's own "not available" reason, never passed. ``mixed`` (every kind of
+fault in one run) also runs on a 5-node cluster. Soak: set ``RAFTBROKER_CHAOS_SEEDS`` (e.g.
+``1,2,3,4,5``) and ``RAFTBROKER_CHAOS_DURATION_S``; ``make soak`` runs ``mixed`` on 3 and 5 nodes
+with seeds 1-8.
 """
 
 from __future__ import annotations
@@ -24,8 +26,18 @@ DURATION_S = float(os.environ.get("RAFTBROKER_CHAOS_DURATION_S", "20"))
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_drill_finds_no_violation(scenario: str, seed: int, tmp_path: Path) -> None:
+    _drill(DrillOptions(scenario, seed, DURATION_S, out_dir=tmp_path / "drill"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_mixed_drill_on_five_nodes_finds_no_violation(seed: int, tmp_path: Path) -> None:
+    _drill(DrillOptions("mixed", seed, DURATION_S, nodes=5, out_dir=tmp_path / "drill"))
+
+
+def _drill(options: DrillOptions) -> None:
+    scenario = options.scenario
     lines: list[str] = []
-    report = run_drill(DrillOptions(scenario, seed, DURATION_S, out_dir=tmp_path / "drill"), lines.append)
+    report = run_drill(options, lines.append)
     print("\n".join(lines))
     if not report.available:
         pytest.skip(f"{scenario}: not available: {report.reason}")
