@@ -73,7 +73,7 @@ clean:
 chaos: $(STAMP)
 	@command -v iptables >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null 2>&1 || echo "chaos: no iptables; drills use the TCP-proxy network"
 	$(BIN)/ruff check chaos tests/chaos broker/cli/drill.py
-	$(BIN)/pytest -m chaos -p no:cacheprovider
+	$(BIN)/pytest -m chaos tests/chaos -p no:cacheprovider
 
 # The mixed drill (every kind of fault in one run) on 3 and 5 nodes, seeds 1-8, 45 s runs (about
 # 25 minutes); `make soak-all` runs every scenario that way (about 90 minutes).

@@ -119,3 +119,19 @@ def test_a_group_that_did_not_drain_is_stalled() -> None:
     h.add("info", "groups", "group-not-drained", {"topic": TOPIC, "group": GROUP, "ends": {"0": 4},
                                                   "committed": {"0": 2}, "lag": 2})
     assert kinds(h) == ["group-stalled"]
+
+
+def test_a_late_ack_by_the_holder_settles_a_lease_that_was_not_redelivered_yet() -> None:
+    h = clean()
+    queue_group(h)
+    deliver(h, "m1", 1)
+    ack(h, "m1", 1, dt=VIS_S + 1)  # after its lease, before anybody else got it: settled
+    deliver(h, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
+    report = check(h.entries)
+    assert report.violations == [], report.table()
+    too_late = clean()
+    queue_group(too_late)
+    deliver(too_late, "m1", 1)
+    ack(too_late, "m1", 1, dt=VIS_S + LEASE_BOUND_S + 1)  # nothing happened to it for too long
+    deliver(too_late, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
+    assert kinds(too_late) == ["lease-not-redelivered"]
