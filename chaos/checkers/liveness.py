@@ -5,9 +5,9 @@ for a loaded 2-core machine (CI shares it) and stated in ``docs/drills.md``:
 - ``slow-recovery``: after the last fault healed, a publish invoked after the heal is acknowledged
   within :data:`RECOVERY_BOUND_S` (``no-recovery`` covers "never");
 - ``no-leader``: after the last heal, some node reports itself leader within :data:`LEADER_BOUND_S`;
-- ``lease-not-redelivered``: a record leased to a queue-group member that did not ack it within
-  the visibility timeout is delivered again (or settled by that member's late ack, which the
-  broker accepts while nobody else holds the record) within visibility + :data:`LEASE_BOUND_S`, the wait
+- ``lease-not-redelivered``: a record leased to a queue-group member and not settled (by any
+  member's ack) within the visibility timeout is delivered again (or settled by a late ack of its
+  old holder, which the broker accepts while nobody else holds it) within visibility + :data:`LEASE_BOUND_S`, the wait
   extended by the time faults overlap it (each fault from injection to :data:`FAULT_SETTLE_S` after
   its heal: a failover drops the leases, and the new leader redelivers them). A lease whose
   deadline falls after the group's last delivery (the run ended) is not judged; the report counts
@@ -119,29 +119,28 @@ def _leases(model: Model) -> tuple[list[Violation], int, int]:
             if gkey in visibility:
                 deliveries[(*gkey, int(e.value["partition"]), int(e.value["offset"]))].append(e)
                 last_delivery[gkey] = e.time
-    acks = _ack_times(model)
+    settles = _settle_times(model)
     bad: list[str] = []
     entries: list[int] = []
     judged = skipped = 0
     for (topic, group, p, o), seen in deliveries.items():
         vis = visibility[(topic, group)]
+        settled = settles.get((topic, group, p, o), [])
         for k, d in enumerate(seen):
-            member = str(d.value.get("member", ""))
-            acked = next((t for t in acks.get((d.process, member, p, o), []) if t >= d.time), None)
-            if acked is not None and acked <= d.time + vis:
-                continue  # acked in time by the member that held it: no lease expired
+            if any(t <= d.time + vis for t in settled):
+                continue  # settled already (a duplicate delivery) or acked in time: no lease expired
             deadline = _deadline(d.time, vis + LEASE_BOUND_S, windows)
             if deadline > last_delivery[(topic, group)]:
                 skipped += 1  # the run ended first
                 continue
             judged += 1
             again = seen[k + 1].time if k + 1 < len(seen) else None
-            # a late ack from the old holder settles the record too, if it came before a redelivery
-            resolved = min((t for t in (again, acked) if t is not None), default=None)
+            late_ack = settled[0] if settled else None  # an old holder's late ack settles it too
+            resolved = min((t for t in (again, late_ack) if t is not None), default=None)
             if resolved is None or resolved > deadline:
                 late = "never" if again is None else f"after {again - d.time:.2f} s"
-                bad.append(f"{group}/{p}:{o} leased to {member} at {d.time:.2f} s, delivered again {late}"
-                           + ("" if acked is None else f", acked by it after {acked - d.time:.2f} s"))
+                bad.append(f"{group}/{p}:{o} leased to {d.value.get('member', '')} at {d.time:.2f} s, delivered "
+                           f"again {late}" + ("" if late_ack is None else f", acked after {late_ack - d.time:.2f} s"))
                 entries.append(d.index)
     out = [violation("lease-not-redelivered", f"{len(bad)} expired lease(s) not delivered again within the visibility "
                      f"timeout + {LEASE_BOUND_S:g} s", bad, entries)] if bad else []
@@ -159,13 +158,15 @@ def _deadline(start: float, bound_s: float, windows: list[tuple[float, float]]) 
     return deadline
 
 
-def _ack_times(model: Model) -> dict[tuple[str, str, int, int], list[float]]:
-    """(process, member, partition, offset) -> invoke times of every ``ack`` that named the record
-    and was not definitely refused (an unknown outcome may have settled it)."""
+def _settle_times(model: Model) -> dict[tuple[str, str, int, int], list[float]]:
+    """(topic, group, partition, offset) -> when an ``ack`` naming the record settled it: its
+    completion when acknowledged, its invoke when its outcome is unknown (it may have settled it);
+    sorted. A definitely refused ack settles nothing; a nack asks for a redelivery."""
     out: dict[tuple[str, str, int, int], list[float]] = defaultdict(list)
-    for inv, done in pairs(model.entries, "ack"):  # a nack asks for a redelivery: the record must come back
+    for inv, done in pairs(model.entries, "ack"):
         if done is not None and done.type == "fail":
             continue
+        at = done.time if done is not None and done.type == "ok" else inv.time
         for p, o in inv.value.get("records", []):
-            out[(inv.process, str(inv.value.get("member", "")), int(p), int(o))].append(inv.time)
-    return out
+            out[(str(inv.value.get("topic")), str(inv.value.get("group")), int(p), int(o))].append(at)
+    return {k: sorted(v) for k, v in out.items()}

@@ -135,3 +135,15 @@ def test_a_late_ack_by_the_holder_settles_a_lease_that_was_not_redelivered_yet()
     ack(too_late, "m1", 1, dt=VIS_S + LEASE_BOUND_S + 1)  # nothing happened to it for too long
     deliver(too_late, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
     assert kinds(too_late) == ["lease-not-redelivered"]
+
+
+def test_a_duplicate_delivery_of_a_settled_record_needs_no_redelivery() -> None:
+    h = clean()
+    queue_group(h)
+    deliver(h, "m1", 1)
+    ack(h, "m1", 1)
+    deliver(h, "m1", 1)  # at-least-once: delivered again after it was settled (e.g. around a failover)
+    deliver(h, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
+    ack(h, "m2", 2)
+    report = check(h.entries)
+    assert report.violations == [], report.table()
