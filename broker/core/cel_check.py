@@ -128,7 +128,7 @@ def _check_structure(toks: list[Token], what: str, limits: ExpressionLimits) -> 
                                           f"{limits.literal_items_max} are allowed")
             continue
         if tok.text == "," and stack and isinstance(stack[-1][2], int) and stack[-1][2] >= 0:
-            stack[-1][2] += 1  # type: ignore[operator]
+            stack[-1][2] += 1
 
 
 def _check_key_usage(toks: list[Token], what: str) -> None:

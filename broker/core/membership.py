@@ -102,7 +102,8 @@ class MembershipChanges:
     def add(self, node_id: str, raft_address: str, grpc_address: str) -> None:
         """Make the running node ``node_id`` a member; idempotent for the same addresses."""
         if not _NODE_ID.match(node_id):
-            raise InvalidArgument(f"node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), got {shown(node_id)}")
+            raise InvalidArgument("node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), "
+                                  f"got {shown(node_id)}")
         check_address("raft_address", raft_address)
         check_address("grpc_address", grpc_address)
         with self._lock:

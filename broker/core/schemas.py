@@ -80,7 +80,8 @@ def _parse_bounded(text: str | bytes, depth_max: int, what: str) -> Any:
     except RecursionError:
         raise deep from None
     # Counting brackets is cheap; only a document with many of them needs the walk.
-    brackets = text.count("[" if isinstance(text, str) else b"[") + text.count("{" if isinstance(text, str) else b"{")
+    raw = text.encode() if isinstance(text, str) else text
+    brackets = raw.count(b"[") + raw.count(b"{")
     if brackets > depth_max and json_depth(document, depth_max) > depth_max:
         raise deep
     return document
@@ -101,8 +102,8 @@ def compile_schema(schema_json: str, limits: SchemaLimits = LIMITS) -> jsonschem
     try:
         return jsonschema_rs.validator_for(schema, retriever=_refuse_external)
     except (jsonschema_rs.ValidationError, ValueError) as exc:
-        first = str(exc).splitlines()[0]
-        raise InvalidArgument(f"schema is not a valid JSON Schema: {shown(first, quote=False, chars_max=400)}") from None
+        first = shown(str(exc).splitlines()[0], quote=False, chars_max=400)
+        raise InvalidArgument(f"schema is not a valid JSON Schema: {first}") from None
 
 
 def validate_dedup_fields(fields: list[str]) -> None:
