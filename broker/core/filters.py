@@ -25,7 +25,6 @@ from broker.core import cel_check, cel_sandbox
 from broker.core.errors import InvalidArgument, shown
 from broker.v1 import common_pb2
 
-MAX_EXPRESSION_CHARS = cel_check.LIMITS.expression_chars_max
 _OPS = {v: k.removeprefix("OP_").lower() for k, v in common_pb2.Op.items()}
 _VARIABLES = {"key", "headers", "op", "partition", "timestamp_ms", "value"}
 _TRIAL_ROW: cel_sandbox.Row = (b"k", {"h": "v"}, "insert", 0, 0, b'{"a": 1}')

@@ -19,7 +19,7 @@ import pytest
 
 from broker.core.schemas import LIMITS
 from broker.devcluster import DevCluster
-from broker.v1 import admin_pb2, broker_pb2
+from broker.v1 import admin_pb2, broker_pb2, routes_pb2
 from tests.cluster.stubs import Stubs, stubs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -145,10 +145,14 @@ def test_a_deep_json_value_is_invalid_argument_not_internal(leader: Stubs) -> No
     assert sum(p.records for p in info.partitions) == 1
 
 
-def test_a_huge_name_is_not_quoted_back_whole(leader: Stubs) -> None:
-    name = "n" * (4 << 20)
+@pytest.mark.parametrize("size", [100_000, 4 << 20])
+def test_a_huge_name_is_not_quoted_back_whole(leader: Stubs, size: int) -> None:
+    name = "n" * size
     code, msg = refused(lambda: leader.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name=name)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and len(msg) < 1000, (code, len(msg))
     code, msg = refused(create(leader, name, ""))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and len(msg) < 1000, (code, len(msg))
-    assert str(4 << 20) in msg  # the length is said instead
+    assert str(size) in msg  # the length is said instead
+    route = routes_pb2.CreateRouteRequest(config=routes_pb2.RouteConfig(name=name, source="a", target="b"))
+    code, msg = refused(lambda: leader.admin.CreateRoute(route))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and len(msg) < 1000, (code, len(msg))
