@@ -277,9 +277,12 @@ def consume(
     follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new records (live tail).")] = False,
     filter_: Annotated[
         str | None,
-        typer.Option("--filter", help="CEL expression evaluated by the server on each record, e.g. "
-                     "'value.type == \"order.paid\" && headers.source == \"checkout\"'; variables: key, headers, "
-                     "op, partition, timestamp_ms, value (the JSON document, else the bytes).", show_default=False),
+        typer.Option("--filter", help="Boolean CEL expression evaluated by the server on each record, e.g. "
+                     "'value.type == \"order.paid\" && headers.source == \"checkout\"'. Variables: key (bytes: "
+                     "key == b\"k1\" or string(key) == \"k1\"), headers (map of strings), op (string), partition "
+                     "and timestamp_ms (ints), value (the JSON document, else the bytes; guard fields with "
+                     "has(value.f)). Non-boolean filters, nested comprehensions and costly ones are refused.",
+                     show_default=False),
     ] = None,
     group: Annotated[
         str | None,

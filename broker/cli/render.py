@@ -41,6 +41,7 @@ def topic_json(info: TopicInfo) -> dict[str, Any]:
         },
         "dedup_window_ms": info.dedup_window_ms,
         "schema": json.loads(info.schema_json) if info.schema_json else None,
+        "has_schema": info.has_schema,
         "dedup_fields": list(info.dedup_fields),
         "incarnation": info.incarnation,
         "created_ms": info.created_ms,
@@ -151,9 +152,9 @@ def print_topic(console: Console, info: TopicInfo) -> None:
         f"full policy {info.full_policy}, retention {_retention_text(info)}, "
         f"dedup window {_dedup_window_text(info)}, incarnation {info.incarnation}"
     )
-    if info.schema_json or info.dedup_fields:
+    if info.has_schema or info.dedup_fields:
         fields = ", ".join(info.dedup_fields) or "none"
-        console.print(f"schema: {'yes' if info.schema_json else 'none'}; dedup fields: {fields}")
+        console.print(f"schema: {'yes' if info.has_schema else 'none'}; dedup fields: {fields}")
     table = Table("partition", "start offset", "end offset", "records", "bytes", box=None)
     for p in info.partitions:
         table.add_row(str(p.partition), str(p.start_offset), str(p.end_offset), str(p.records), str(p.bytes))

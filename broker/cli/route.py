@@ -50,8 +50,9 @@ def create(
     name: Annotated[str, typer.Argument(help="Route name: 1-249 of A-Z a-z 0-9 . _ -")],
     source: Annotated[str, typer.Option("--from", help="Source topic (this cluster).")],
     target: Annotated[str, typer.Option("--to", help="Target topic.")],
-    filter_: Annotated[str | None, typer.Option("--filter", help="CEL: copy only matching records (variables: "
-                                                "key, headers, op, partition, timestamp_ms, value).",
+    filter_: Annotated[str | None, typer.Option("--filter", help="Boolean CEL: copy only matching records "
+                                                "(variables: key (bytes), headers, op, partition, timestamp_ms, "
+                                                "value; see README 'Filters').",
                                                 show_default=False)] = None,
     partition_key: Annotated[str | None, typer.Option("--partition-key", help="CEL whose string/bytes/int "
                                                       "result is hashed to pick the target partition "

@@ -47,7 +47,8 @@ class TopicInfo:
     incarnation: int
     created_ms: int
     partitions: tuple[PartitionInfo, ...] = ()
-    schema_json: str = ""
+    schema_json: str = ""  # empty in list_topics() results: describe_topic() carries the schema
+    has_schema: bool = False
     dedup_fields: tuple[str, ...] = ()
     dedup_window_ms: int = 0
 

@@ -117,6 +117,7 @@ def topic_info(msg: admin_pb2.TopicInfo) -> TopicInfo:
             for p in msg.partitions
         ),
         schema_json=cfg.schema_json,
+        has_schema=msg.has_schema or bool(cfg.schema_json),
         dedup_fields=tuple(cfg.dedup_fields),
         dedup_window_ms=cfg.dedup_window_ms,
     )

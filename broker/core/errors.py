@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+ECHO_CHARS_MAX = 120
+
+
+def shown(value: str | bytes, quote: bool = True, chars_max: int = ECHO_CHARS_MAX) -> str:
+    """``value`` as an error message may quote it: ``repr`` (or the text itself with ``quote=False``)
+    cut to ``chars_max`` characters, with the full length said. Every message that quotes a caller's
+    input (a name, a value, an expression) goes through here, so no error echoes a huge input whole."""
+    assert chars_max > 0
+    text = repr(value) if quote else (value.decode(errors="replace") if isinstance(value, bytes) else value)
+    if len(text) <= chars_max:
+        return text
+    return f"{text[:chars_max]}... ({len(value)} {'bytes' if isinstance(value, bytes) else 'characters'})"
+
 
 class BrokerError(Exception):
     """Base of every error the core reports to a caller."""
@@ -13,13 +26,13 @@ class InvalidArgument(BrokerError):
 
 class TopicNotFound(BrokerError):
     def __init__(self, name: str) -> None:
-        super().__init__(f"topic {name!r} does not exist")
+        super().__init__(f"topic {shown(name)} does not exist")
         self.name = name
 
 
 class TopicExists(BrokerError):
     def __init__(self, name: str) -> None:
-        super().__init__(f"topic {name!r} already exists")
+        super().__init__(f"topic {shown(name)} already exists")
         self.name = name
 
 
@@ -62,19 +75,19 @@ class Unimplemented(BrokerError):
 
 class GroupNotFound(BrokerError):
     def __init__(self, topic: str, group: str) -> None:
-        super().__init__(f"group {group!r} of topic {topic!r} does not exist")
+        super().__init__(f"group {shown(group)} of topic {shown(topic)} does not exist")
         self.topic, self.group = topic, group
 
 
 class GroupExists(BrokerError):
     def __init__(self, topic: str, group: str) -> None:
-        super().__init__(f"group {group!r} of topic {topic!r} already exists")
+        super().__init__(f"group {shown(group)} of topic {shown(topic)} already exists")
         self.topic, self.group = topic, group
 
 
 class MemberNotFound(BrokerError):
     def __init__(self, node_id: str) -> None:
-        super().__init__(f"node {node_id!r} is not a member of the cluster")
+        super().__init__(f"node {shown(node_id)} is not a member of the cluster")
         self.node_id = node_id
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from broker.core.errors import InvalidArgument, MemberExists, MemberNotFound, NotLeader, Unavailable
+from broker.core.errors import InvalidArgument, MemberExists, MemberNotFound, NotLeader, Unavailable, shown
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.replication import FailReason, Membership, ReplicationError, Replicator, Role
@@ -73,7 +73,7 @@ class MemberRegistry:
 def check_address(what: str, address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"{what} must be host:port with a port in 1..65535, got {address!r}")
+        raise InvalidArgument(f"{what} must be host:port with a port in 1..65535, got {shown(address)}")
 
 
 class _Outcome:
@@ -102,7 +102,8 @@ class MembershipChanges:
     def add(self, node_id: str, raft_address: str, grpc_address: str) -> None:
         """Make the running node ``node_id`` a member; idempotent for the same addresses."""
         if not _NODE_ID.match(node_id):
-            raise InvalidArgument(f"node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), got {node_id!r}")
+            raise InvalidArgument("node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), "
+                                  f"got {shown(node_id)}")
         check_address("raft_address", raft_address)
         check_address("grpc_address", grpc_address)
         with self._lock:

@@ -28,7 +28,9 @@ WAKE_S = 0.5  # how often an idle stream re-checks that its caller is still ther
 
 
 def _drop_unmatched(batch: broker_pb2.RecordBatch, record_filter: RecordFilter) -> None:
-    keep = [r for r in batch.records if record_filter.matches(r)]
+    """Keep the matching records; a filter over its budget or yielding a non-boolean ends the stream
+    with its error (RESOURCE_EXHAUSTED or INVALID_ARGUMENT), never a silent empty stream."""
+    keep = [r for r, match in zip(batch.records, record_filter.select(batch.records), strict=True) if match]
     if len(keep) != len(batch.records):
         del batch.records[:]
         batch.records.extend(keep)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound
+from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound, shown
 from broker.core.filters import RecordExpression, RecordFilter
 from broker.core.router import RouteRunner
 from broker.core.routes import RouteTable, cycle_error, find_cycle
@@ -27,7 +27,7 @@ MAX_TARGET_ADDRESSES = 16
 def _check_address(address: str) -> str:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"target_cluster address {address!r} is not host:port")
+        raise InvalidArgument(f"target_cluster address {shown(address)} is not host:port")
     return address
 
 
@@ -55,7 +55,7 @@ class RouteAdmin:
     def normalized(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteConfig:
         """A validated copy of ``config``; raises the error a caller should see."""
         if not NAME_RE.match(config.name):
-            raise InvalidArgument(f"invalid route name {config.name!r}: use 1-249 characters of "
+            raise InvalidArgument(f"invalid route name {shown(config.name)}: use 1-249 characters of "
                                   "A-Z a-z 0-9 . _ - starting with a letter or digit")
         out = routes_pb2.RouteConfig()
         out.CopyFrom(config)
@@ -104,7 +104,7 @@ class RouteAdmin:
         self._submitter.ensure_leader()
         meta = self._table.get(name)
         if meta is None:
-            raise NotFound(f"route {name!r} does not exist")
+            raise NotFound(f"route {shown(name)} does not exist")
         result = self._submitter.submit(internal_pb2.Command(delete_route=routes_internal_pb2.DeleteRouteCommand(
             name=name, route_id=meta.route_id)))
         if isinstance(result, Rejected):

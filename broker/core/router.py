@@ -12,7 +12,11 @@ clusters exchange their own records only (no echo).
 
 Errors never stop other routes: a route whose target is unreachable, missing or full is retried
 with a capped backoff and reports ``last_error``; a record its target refuses for good (schema,
-dedup fields) is skipped, counted and logged, and the route goes on.
+dedup fields) is skipped, counted and logged, and the route goes on. A route whose expressions this
+version refuses (e.g. stored before the checks of ``cel_check`` existed), that break their
+evaluation budget, or whose filter yields a non-boolean, is paused on this leader: it is not
+evaluated again, and reports ``last_error`` ("paused: ...") until it is deleted and re-created.
+Expressions are evaluated in evaluator processes (``cel_sandbox``), never under this process's GIL.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Protocol
 from google.protobuf.message import DecodeError
 
 from broker.core import records
+from broker.core.cel_sandbox import ExpressionBudgetExceeded
 from broker.core.errors import DuplicateMessage, InvalidArgument, ResourceExhausted
 from broker.core.filters import RecordExpression, RecordFilter
 from broker.core.routed_append import TrustedAppender
@@ -66,6 +71,11 @@ class RouteStats:
     last_error: str = ""
     retry_at: float = 0.0
     backoff_s: float = 0.0
+    paused: bool = False  # an expression was refused or broke its budget: never evaluated again
+
+
+class _ExpressionRefused(Exception):
+    """A route's filter or partition key cannot be run safely (or yields no boolean): pause the route."""
 
 
 @dataclass
@@ -158,11 +168,16 @@ class RouteRunner:
             stats = self.stats.get(meta.config.name)
             if stats is None or stats.route_id != meta.route_id:
                 stats = self.stats[meta.config.name] = RouteStats(meta.route_id)
-            if time.monotonic() < stats.retry_at:
+            if stats.paused or time.monotonic() < stats.retry_at:
                 continue
             try:
                 progressed = self._route(self._compile(meta), stats) or progressed
                 stats.backoff_s = 0.0
+            except _ExpressionRefused as exc:
+                stats.paused = True
+                stats.last_error = f"paused: {exc}"
+                log.error("route %s paused: %s (delete and re-create it with a cheaper expression)",
+                          meta.config.name, exc)
             except Exception as exc:  # noqa: BLE001 - any failure of one route: report, back off, go on
                 stats.last_error = f"{type(exc).__name__}: {exc}"
                 stats.backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, stats.backoff_s * 2))
@@ -171,14 +186,20 @@ class RouteRunner:
         return progressed
 
     def _compile(self, meta: routes_internal_pb2.RouteMeta) -> _Compiled:
+        """The route's checked expressions; a stored expression that the checks refuse now is never
+        evaluated (``_ExpressionRefused``: the route is paused)."""
         compiled = self._compiled.get(meta.route_id)
         if compiled is None:
             config = meta.config
-            compiled = self._compiled[meta.route_id] = _Compiled(
-                meta,
-                RecordFilter(config.filter) if config.filter else None,
-                RecordExpression(config.partition_key, "partition_key") if config.partition_key else None,
-                frozenset(config.ops))
+            try:
+                compiled = _Compiled(
+                    meta,
+                    RecordFilter(config.filter) if config.filter else None,
+                    RecordExpression(config.partition_key, "partition_key") if config.partition_key else None,
+                    frozenset(config.ops))
+            except InvalidArgument as exc:
+                raise _ExpressionRefused(str(exc)) from None
+            self._compiled[meta.route_id] = compiled
         return compiled
 
     # -- one route -----------------------------------------------------------------------------
@@ -237,9 +258,9 @@ class RouteRunner:
             scan = self._state.records_store(tid).scan(
                 Column.RECORDS, records.record_key(tid, p, start), records.record_key(tid, p, st.end_offset),
                 budget_records)
-            for key, value in scan:
-                offset = records.RECORD_KEY.unpack(key)[2]
-                copy = self._judge(route, source, key, value, offset, echo_cluster)
+            judged = [(records.RECORD_KEY.unpack(key)[2], self._candidate(route, source, key, value, echo_cluster))
+                      for key, value in scan]
+            for offset, copy in self._evaluate(route, source, judged):
                 if copy is None:
                     work.skipped += 1
                 else:
@@ -253,10 +274,37 @@ class RouteRunner:
                 work.advances[p] = next_offset
         return work
 
-    def _judge(self, route: _Compiled, source: internal_pb2.TopicMeta, key: bytes, value: bytes, offset: int,
-               echo_cluster: str | None) -> Copy | None:
-        """The copy of one stored record, or None when the route does not copy it."""
+    def _evaluate(self, route: _Compiled, source: internal_pb2.TopicMeta,
+                  judged: list[tuple[int, tuple[common_pb2.Record, bytes] | None]]
+                  ) -> list[tuple[int, Copy | None]]:
+        """Run the filter and the partition key over the candidates of one scan, in one sandbox call
+        each; ``_ExpressionRefused`` when an expression breaks its budget or a filter is not boolean."""
+        candidates = [c for _, c in judged if c is not None]
+        try:
+            if route.filter is not None and candidates:
+                matched = iter(route.filter.select([record for record, _ in candidates]))
+                judged = [(o, c if c is not None and next(matched) else None) for o, c in judged]
+                candidates = [c for _, c in judged if c is not None]
+            keys = iter(self._partition_keys(route, [record for record, _ in candidates]))
+        except (ExpressionBudgetExceeded, InvalidArgument) as exc:
+            raise _ExpressionRefused(str(exc)) from None
+        out: list[tuple[int, Copy | None]] = []
+        for offset, candidate in judged:
+            if candidate is None:
+                out.append((offset, None))
+                continue
+            record, body = candidate
+            out.append((offset, Copy(body, next(keys), record.partition,
+                                     idempotency_key(self._appender.cluster_id, route.meta.route_id,
+                                                     source.topic_id, record.partition, offset))))
+        return out
+
+    def _candidate(self, route: _Compiled, source: internal_pb2.TopicMeta, key: bytes, value: bytes,
+                   echo_cluster: str | None) -> tuple[common_pb2.Record, bytes] | None:
+        """A stored record (and its stored body) that the op list and echo rule let through to the
+        expressions, or None when the route does not copy it."""
         name = route.meta.config.name
+        offset = records.RECORD_KEY.unpack(key)[2]
         try:
             stored = records.unframe(key, value)
             record = common_pb2.Record.FromString(stored.body)
@@ -270,27 +318,24 @@ class RouteRunner:
             return None
         if echo_cluster is not None and origin_cluster(record.origin) == echo_cluster:
             return None
-        if route.filter is not None and not route.filter.matches(record):
-            return None
-        return Copy(stored.body, self._partition_key(route, record), stored.partition,
-                    idempotency_key(self._appender.cluster_id, route.meta.route_id, source.topic_id,
-                                    stored.partition, offset))
+        return record, stored.body
 
     @staticmethod
-    def _partition_key(route: _Compiled, record: common_pb2.Record) -> bytes | None:
-        """The expression's string/bytes/int result (an int as its decimal text), else the record key."""
-        if route.key is not None:
-            try:
-                result = route.key.evaluate(record)
-            except Exception:  # noqa: BLE001 - evaluation error: fall back to the record's key
-                result = None
-            if isinstance(result, bytes):
-                return result
-            if isinstance(result, str):
-                return result.encode()
-            if isinstance(result, int) and not isinstance(result, bool):
-                return str(result).encode()
-        return record.key if record.HasField("key") else None
+    def _partition_keys(route: _Compiled, batch: list[common_pb2.Record]) -> list[bytes | None]:
+        """Per record: the expression's string/bytes/int result (an int as its decimal text), else
+        (no expression, an evaluation error, another type) the record key."""
+        results = route.key.evaluate_many(batch) if route.key is not None and batch else [("e", None)] * len(batch)
+        out: list[bytes | None] = []
+        for record, (kind, result) in zip(batch, results, strict=True):
+            if kind == "v" and isinstance(result, bytes):
+                out.append(result)
+            elif kind == "v" and isinstance(result, str):
+                out.append(result.encode())
+            elif kind == "v" and isinstance(result, int) and not isinstance(result, bool):
+                out.append(str(result).encode())
+            else:
+                out.append(record.key if record.HasField("key") else None)
+        return out
 
     def _deliver(self, target: str, copies: list[Copy], remote: RemoteCluster | None) -> int:
         """Append ``copies`` in order; returns how many the target refused for good (skipped)."""

@@ -1,6 +1,9 @@
 """Topic schemas (SPEC §2.3) and dedup fields (SPEC §4), checked on the leader before replication.
 
 A schema is a JSON Schema; values of a topic with a schema must be JSON documents that validate.
+A schema is self-contained: ``$ref`` resolves only inside the schema itself (never a file, a URL or
+anything else outside it), and schemas and values are bounded in size and nesting depth
+(:class:`SchemaLimits`), so no input can make the leader read, fetch or recurse without bound.
 Dedup fields name top-level JSON fields (dotted paths reach into objects) whose values together
 form a permanent unique key of the topic; the leader extracts the key and the state machine
 enforces uniqueness (see ``BrokerStateMachine``).
@@ -11,50 +14,119 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import jsonschema_rs
 
-from broker.core.errors import InvalidArgument
+from broker.core.errors import InvalidArgument, shown
 
 _MISSING = object()
 
 
-def compile_schema(schema_json: str) -> jsonschema_rs.Validator:
-    """A validator for ``schema_json``; raises :class:`InvalidArgument` if it is not a valid schema."""
+@dataclass(frozen=True)
+class SchemaLimits:
+    """Bounds on schemas and JSON values; a schema or value beyond one is refused (INVALID_ARGUMENT).
+
+    ``schema_bytes_max`` also keeps ``DescribeTopic`` small; ``ListTopics`` never carries schemas.
+    The depth limits stay well below what the JSON parser and the validator can recurse into.
+    """
+
+    schema_bytes_max: int = 256 * 1024
+    schema_depth_max: int = 64
+    json_value_depth_max: int = 128
+
+    def __post_init__(self) -> None:
+        assert 0 < self.schema_bytes_max <= 4 << 20, self.schema_bytes_max
+        assert 0 < self.schema_depth_max <= 256, self.schema_depth_max
+        assert 0 < self.json_value_depth_max <= 256, self.json_value_depth_max
+
+
+LIMITS = SchemaLimits()
+
+
+def _refuse_external(uri: str) -> NoReturn:
+    """The ``$ref`` retriever: every reference outside the schema itself is refused, unread."""
+    raise ValueError(f"external reference refused: a schema may only refer to itself ({shown(uri)})")
+
+
+def json_depth(document: Any, stop_above: int) -> int:
+    """Nesting depth of a parsed JSON document (a scalar is 0, ``[]`` is 1), iteratively; stops
+    counting once it passes ``stop_above``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Iterable[Any] = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > stop_above:
+                return deepest
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def _parse_bounded(text: str | bytes, depth_max: int, what: str) -> Any:
+    """``json.loads`` that refuses documents nested deeper than ``depth_max`` (InvalidArgument)."""
+    deep = InvalidArgument(f"{what} is nested deeper than {depth_max} levels")
     try:
-        schema = json.loads(schema_json)
+        document = json.loads(text)
+    except RecursionError:
+        raise deep from None
+    # Counting brackets is cheap; only a document with many of them needs the walk.
+    raw = text.encode() if isinstance(text, str) else text
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets > depth_max and json_depth(document, depth_max) > depth_max:
+        raise deep
+    return document
+
+
+def compile_schema(schema_json: str, limits: SchemaLimits = LIMITS) -> jsonschema_rs.Validator:
+    """A validator for ``schema_json``; raises :class:`InvalidArgument` if it is not a valid,
+    self-contained schema within ``limits``. Error messages never quote the schema whole."""
+    size = len(schema_json.encode())
+    if size > limits.schema_bytes_max:
+        raise InvalidArgument(f"schema is {size} bytes, more than schema_bytes_max ({limits.schema_bytes_max})")
+    try:
+        schema = _parse_bounded(schema_json, limits.schema_depth_max, "schema")
     except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"schema is not valid JSON: {exc}") from None
+        raise InvalidArgument(f"schema is not valid JSON: {shown(str(exc), quote=False)}") from None
     if not isinstance(schema, dict | bool):
         raise InvalidArgument("schema must be a JSON object (a JSON Schema)")
     try:
-        return jsonschema_rs.validator_for(schema)
+        return jsonschema_rs.validator_for(schema, retriever=_refuse_external)
     except (jsonschema_rs.ValidationError, ValueError) as exc:
-        first = str(exc).splitlines()[0]
+        first = shown(str(exc).splitlines()[0], quote=False, chars_max=400)
         raise InvalidArgument(f"schema is not a valid JSON Schema: {first}") from None
 
 
 def validate_dedup_fields(fields: list[str]) -> None:
     for field in fields:
         if not field or any(not part for part in field.split(".")):
-            raise InvalidArgument(f"invalid dedup field {field!r}: use a field name or a dotted path")
+            raise InvalidArgument(f"invalid dedup field {shown(field)}: use a field name or a dotted path")
     if len(set(fields)) != len(fields):
         raise InvalidArgument("dedup fields must not repeat")
 
 
-def parse_json(index: int, value: bytes) -> Any:
+def parse_json(index: int, value: bytes, limits: SchemaLimits = LIMITS) -> Any:
+    """The JSON document in a record's value; InvalidArgument if it is not JSON or is too deep."""
     try:
-        return json.loads(value)
+        return _parse_bounded(value, limits.json_value_depth_max, f"record {index}: value")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"record {index}: value is not valid JSON ({exc})") from None
+        raise InvalidArgument(f"record {index}: value is not valid JSON ({shown(str(exc), quote=False)})") from None
 
 
 def check_value(validator: jsonschema_rs.Validator, index: int, document: Any) -> None:
     """Raise :class:`InvalidArgument` naming the record and the field that breaks the schema."""
     for error in validator.iter_errors(document):
         path = "/".join(str(p) for p in error.instance_path) or "(the document)"
-        raise InvalidArgument(f"record {index}: field {path}: {error.message}")
+        raise InvalidArgument(f"record {index}: field {shown(path, quote=False)}: {shown(error.message, quote=False)}")
 
 
 def unique_key(index: int, document: Any, fields: list[str]) -> str:
@@ -65,7 +137,7 @@ def unique_key(index: int, document: Any, fields: list[str]) -> str:
         for part in field.split("."):
             node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
             if node is _MISSING:
-                raise InvalidArgument(f"record {index}: dedup field {field!r} is missing")
+                raise InvalidArgument(f"record {index}: dedup field {shown(field)} is missing")
         values.append(node)
     return json.dumps(values, sort_keys=True, separators=(",", ":"))
 

@@ -81,7 +81,9 @@ class TopicLog:
         return self._info(self._meta(name))
 
     def list_topics(self) -> list[admin_pb2.TopicInfo]:
-        return [self._info(meta) for meta in self._state.topics()]
+        """Every topic, without its schema (``has_schema`` says whether there is one): schemas may be
+        up to ``schema_bytes_max`` each, and a listing must fit one gRPC message however many there are."""
+        return [self._info(meta, with_schema=False) for meta in self._state.topics()]
 
     def _meta(self, name: str) -> internal_pb2.TopicMeta:
         validate_name(name)
@@ -90,8 +92,11 @@ class TopicLog:
             raise TopicNotFound(name)
         return meta
 
-    def _info(self, meta: internal_pb2.TopicMeta) -> admin_pb2.TopicInfo:
-        info = admin_pb2.TopicInfo(config=meta.config, incarnation=meta.topic_id, created_ms=meta.created_ms)
+    def _info(self, meta: internal_pb2.TopicMeta, with_schema: bool = True) -> admin_pb2.TopicInfo:
+        info = admin_pb2.TopicInfo(config=meta.config, incarnation=meta.topic_id, created_ms=meta.created_ms,
+                                   has_schema=bool(meta.config.schema_json))
+        if not with_schema:
+            info.config.schema_json = ""
         ephemeral = meta.config.durability == common_pb2.DURABILITY_EPHEMERAL
         for p in range(meta.config.partitions):
             if ephemeral:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from broker.core.errors import InvalidArgument
+from broker.core.errors import InvalidArgument, shown
 from broker.v1 import admin_pb2, common_pb2
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,248}$")
@@ -16,7 +16,7 @@ def validate_name(name: str) -> None:
     """Topic names: 1-249 of ``[A-Za-z0-9._-]``, starting with a letter or digit."""
     if not NAME_RE.match(name):
         raise InvalidArgument(
-            f"invalid topic name {name!r}: use 1-249 characters of A-Z a-z 0-9 . _ - "
+            f"invalid topic name {shown(name)}: use 1-249 characters of A-Z a-z 0-9 . _ - "
             "starting with a letter or digit"
         )
 

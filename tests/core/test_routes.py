@@ -236,3 +236,25 @@ def test_advance_never_moves_a_cursor_back(env: Env) -> None:
         name="r", route_id=meta.route_id, source_topic_id=1, partitions=[0], next_offsets=[2]))
     env.submitter.submit(back)
     assert env.table.cursors("r") == {0: (1, 5)}
+
+
+def test_a_stored_route_with_a_refused_filter_is_paused_without_evaluating(env: Env) -> None:
+    """A route stored before the expression checks existed (written here straight into the replicated
+    state, as an old data dir holds it) must not freeze the new leader's router: paused, not run."""
+    create(env, "src")
+    create(env, "dst")
+    publish(env, "src", [{"n": 1}])
+    items = "[" + ",".join(str(i) for i in range(300)) + "]"
+    issue_filter = f"{items}.all(partition, {items}.all(timestamp_ms, {items}.all(op, true)))"
+    cmd = internal_pb2.Command(create_route=routes_internal_pb2.CreateRouteCommand(
+        config=route("old", "src", "dst", filter=issue_filter)))
+    assert isinstance(env.submitter.submit(cmd), routes_internal_pb2.RouteMeta)
+    assert env.runner.run_once() is False
+    stats = env.runner.stats["old"]
+    assert stats.paused and stats.last_error.startswith("paused:") and "literal" in stats.last_error
+    assert env.admin.list()[0].last_error == stats.last_error
+    assert env.runner.run_once() is False and read(env, "dst") == []  # still paused, nothing copied
+    env.admin.delete("old")  # a re-created route starts afresh
+    env.admin.create(route("new", "src", "dst", filter="value.n == 1"))
+    env.drain()
+    assert [json.loads(r.value) for r in read(env, "dst")] == [{"n": 1}]
