@@ -65,7 +65,10 @@ class Node:
         self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
         self.groups = NodeGroups(self.state, self.retention)  # consumer groups: likewise
         self.routes = NodeRoutes(self.state)  # likewise
-        options = RaftOptions(password=config.raft_password,
+        if config.raft_password and not config.raft_password_salt:
+            log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
+                        "set a random one (the same on every node)")
+        options = RaftOptions(password=config.raft_password, password_salt=config.raft_salt(),
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
                               compaction_min_time_s=config.raft_compaction_min_time_s)
