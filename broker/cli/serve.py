@@ -55,8 +55,14 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
+    from broker.storage import StoreCorruption
 
-    serve(cfg)
+    try:
+        serve(cfg)
+    except StoreCorruption as exc:  # a damaged store file at start: say which and what to do, no traceback
+        logging.getLogger("broker.node").critical("refusing to start: %s", exc)
+        typer.echo(f"error: refusing to start: {exc}", err=True)
+        raise typer.Exit(3) from None
 
 
 def dev_command(

@@ -229,6 +229,8 @@ class PysyncobjReplicator:
 
     def _halt(self, failure: BaseException) -> None:
         """Called on the tick thread when a snapshot cannot be restored: stop serving for good."""
+        logger.critical("raft halted on this node (it serves nothing until restarted with repaired data): %s: %s",
+                        type(failure).__name__, failure)
         self._failure = failure
         if self._node is not None:
             self._node.halt()
@@ -359,8 +361,10 @@ class PysyncobjReplicator:
         if node is None:
             return ReplicaStatus(self._self_address, Role.FOLLOWER, 0, 0, 0, None, False)
         if self._closed or node.halted:
+            failure = self._failure
+            reason = None if failure is None else f"{type(failure).__name__}: {failure}"
             return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
-                                 node.raftLastApplied, None, False)
+                                 node.raftLastApplied, None, False, reason)
         return ReplicaStatus(self._self_address, *node.status_fields(self._has_quorum))
 
     def pending_count(self) -> int:

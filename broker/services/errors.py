@@ -29,6 +29,7 @@ _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.NotLeader, grpc.StatusCode.UNAVAILABLE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.DataLoss, grpc.StatusCode.DATA_LOSS),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
 ]
