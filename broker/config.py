@@ -71,7 +71,8 @@ class NodeConfig(BaseModel):
     max_record_bytes: int = Field(default=1 << 20, gt=0, le=64 << 20)
     max_batch_bytes: int = Field(default=8 << 20, gt=0, le=64 << 20)
     commit_timeout_ms: int = Field(default=5000, gt=0)
-    raft_password: str | None = None
+    raft_password: str | None = None  # encrypts and authenticates the Raft transport (Fernet)
+    raft_password_salt: str | None = None  # random, per cluster, same on every node (default: from cluster_id)
     housekeeping_period_ms: int = Field(default=10_000, ge=50)  # retention by age, dedup-key expiry
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
@@ -94,8 +95,16 @@ class NodeConfig(BaseModel):
                 f"refusing to bind {', '.join(exposed)} beyond loopback without authentication; "
                 "TLS and tokens are not available in this version, so pass --insecure to accept that explicitly")
         if not is_loopback(self.raft_address) and not self.raft_password:
-            raise ValueError("a non-loopback Raft address needs raft_password (it encrypts the Raft transport)")
+            raise ValueError("a non-loopback Raft address needs raft_password (it encrypts and authenticates the "
+                             "Raft transport; set it in the config file or RAFTBROKER_RAFT_PASSWORD)")
+        if self.raft_password == "" or self.raft_password_salt == "":
+            raise ValueError("raft_password and raft_password_salt must not be empty when set")
         return self
+
+    def raft_salt(self) -> str:
+        """The salt of the Raft password's key derivation: ``raft_password_salt``, else one derived from
+        ``cluster_id`` (distinct per cluster id, but guessable: set a random salt in production)."""
+        return self.raft_password_salt or f"raftbroker-cluster:{self.cluster_id}"
 
 
 def _first_error(exc: ValidationError) -> str:

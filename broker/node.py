@@ -17,6 +17,7 @@ from types import FrameType
 from broker.clock import NodeClock
 from broker.config import NodeConfig
 from broker.core.ephemeral import EphemeralHub
+from broker.core.errors import Unavailable
 from broker.core.housekeeping import Housekeeper
 from broker.core.membership import MemberRegistry, MembershipChanges
 from broker.core.reading import Reader
@@ -65,7 +66,10 @@ class Node:
         self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
         self.groups = NodeGroups(self.state, self.retention)  # consumer groups: likewise
         self.routes = NodeRoutes(self.state)  # likewise
-        options = RaftOptions(password=config.raft_password,
+        if config.raft_password and not config.raft_password_salt:
+            log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
+                        "set a random one (the same on every node)")
+        options = RaftOptions(password=config.raft_password, password_salt=config.raft_salt(),
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
                               compaction_min_time_s=config.raft_compaction_min_time_s,
@@ -91,12 +95,19 @@ class Node:
         mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
                                   limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
                                   admin=self.admin, metrics=self.metrics, clock_ms=self.clock.now_ms)
-        reader = Reader(self.state, hub, submitter.ensure_leader)
+        reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving)
         broker = BrokerServicer(self.topic_log, reader, self.metrics)
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
                          clock_ms=self.clock.now_ms)
         self.server = GrpcServer(config.grpc_address, broker,
                                  self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES, extra=[mirror])
+
+    def require_serving(self) -> None:
+        """Raise :class:`Unavailable` when this node's Raft has halted: its state is stale for good."""
+        failure = self.replicator.failure
+        if failure is not None:
+            raise Unavailable(f"this node's Raft has halted ({type(failure).__name__}: {failure}); its data may "
+                              "be stale: read from another node, and repair or wipe this node's data directory")
 
     def start(self) -> None:
         self.replicator.start()

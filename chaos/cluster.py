@@ -2,8 +2,8 @@
 be paused; plus the status views the nemeses target nodes by.
 
 Node i binds ``<fabric host i>:<base+i>`` (gRPC), ``+100`` (Raft) and ``+200`` (metrics). Outside
-loopback a node needs ``--insecure`` and a Raft password (``RAFTBROKER_RAFT_PASSWORD``); the drill
-gives both, because its namespaces are reachable from this machine only.
+loopback a node needs ``--insecure`` and a Raft password (``RAFTBROKER_RAFT_PASSWORD``, with a
+random per-cluster ``RAFTBROKER_RAFT_PASSWORD_SALT``); the drill gives them, because its namespaces are reachable from this machine only.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class ChaosCluster(DevCluster):
         self.fabric = fabric
         self.node_env = dict(node_env or {})
         self.raft_password = secrets.token_hex(16)
+        self.raft_password_salt = secrets.token_hex(16)
         self.paused: set[int] = set()
         self._status_channels: dict[str, grpc.Channel] = {}
         fabric.prepare([self.raft_address(i) for i in range(nodes)])
@@ -80,6 +81,7 @@ class ChaosCluster(DevCluster):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **node_env, **self.fabric.env(i)}
         if not is_loopback(self.raft_address(i)):
             env["RAFTBROKER_RAFT_PASSWORD"] = self.raft_password
+            env["RAFTBROKER_RAFT_PASSWORD_SALT"] = self.raft_password_salt
         self.env = env
         self.paused.discard(i)
         super().spawn(i)

@@ -28,6 +28,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"max_record_bytes": -1}, "max_record_bytes"),
     ({"grpc_address": "0.0.0.0:7001"}, "--insecure"),
     ({"raft_address": "10.0.0.1:7101", "insecure": True}, "raft_password"),
+    ({"raft_password": "pw", "raft_password_salt": ""}, "raft_password_salt"),
     ({"peers": [{"id": "n1", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "unique"),
     ({"unknown_setting": 1}, "unknown_setting"),
 ])

@@ -27,7 +27,13 @@ def serve_command(
     cluster_id: Annotated[str | None, typer.Option(help="Cluster id (stamped into record origins)")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Where this node keeps its data")] = None,
     grpc: Annotated[str | None, typer.Option("--grpc", help="gRPC listen address host:port")] = None,
-    raft: Annotated[str | None, typer.Option("--raft", help="Raft listen address host:port")] = None,
+    raft: Annotated[str | None, typer.Option("--raft", help=(
+        "Raft listen address host:port, bound exactly (no other interface). Beyond loopback it needs "
+        "--insecure and raft_password (config file or RAFTBROKER_RAFT_PASSWORD, the same on every node): "
+        "the Raft transport is then encrypted and authenticated"))] = None,
+    raft_password_salt: Annotated[str | None, typer.Option(help=(
+        "Salt of the Raft password's key derivation: random, the same on every node of the cluster "
+        "(also raft_password_salt / RAFTBROKER_RAFT_PASSWORD_SALT; default derived from --cluster-id)"))] = None,
     metrics: Annotated[str | None, typer.Option("--metrics", help="Prometheus metrics address host:port")] = None,
     peer: Annotated[list[str] | None, typer.Option("--peer", help="Another node: ID=RAFT_HOST:PORT/GRPC_HOST:PORT",
                                                    show_default=False)] = None,
@@ -41,7 +47,7 @@ def serve_command(
         overrides = {
             "node_id": node_id, "cluster_id": cluster_id, "data_dir": data_dir, "grpc_address": grpc,
             "raft_address": raft, "metrics_address": metrics, "max_record_bytes": max_record_bytes,
-            "insecure": insecure or None,
+            "insecure": insecure or None, "raft_password_salt": raft_password_salt,
             "peers": [PeerConfig.parse(p).model_dump() for p in peer] if peer else None,
         }
         cfg = load_config(config, overrides)
@@ -49,8 +55,14 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
+    from broker.storage import StoreCorruption
 
-    serve(cfg)
+    try:
+        serve(cfg)
+    except StoreCorruption as exc:  # a damaged store file at start: say which and what to do, no traceback
+        logging.getLogger("broker.node").critical("refusing to start: %s", exc)
+        typer.echo(f"error: refusing to start: {exc}", err=True)
+        raise typer.Exit(3) from None
 
 
 def dev_command(

@@ -65,6 +65,10 @@ class Unavailable(BrokerError):
     """No quorum, no leader, or no outcome within the commit timeout."""
 
 
+class DataLoss(BrokerError):
+    """This node's store cannot read data it holds (a damaged file): another node may still serve it."""
+
+
 class ResourceExhausted(BrokerError):
     """Back-pressure or a full topic; the request may be retried later."""
 

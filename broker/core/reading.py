@@ -8,6 +8,7 @@ checksum yields ``BADMSG``, and a token from an older incarnation of the topic y
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -15,12 +16,14 @@ from google.protobuf.message import DecodeError
 
 from broker.core import records
 from broker.core.ephemeral import EphemeralHub
-from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.errors import DataLoss, InvalidArgument, TopicNotFound
 from broker.core.filters import RecordFilter
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
-from broker.storage import Column
+from broker.storage import Column, StoreCorruption
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
@@ -57,14 +60,19 @@ class Reader:
     """Serves stateless subscriptions from the local applied state."""
 
     def __init__(self, state: BrokerStateMachine, hub: EphemeralHub | None = None,
-                 require_leader: Callable[[], None] | None = None) -> None:
+                 require_leader: Callable[[], None] | None = None,
+                 require_serving: Callable[[], None] | None = None) -> None:
+        """``require_serving`` raises (e.g. Unavailable) when this node must not serve reads (its Raft
+        halted: its state is stale); it is checked at subscribe and at every wake of a stream."""
         self._state = state
         self._hub = hub if hub is not None else EphemeralHub(state.notify_change)
         self._require_leader = require_leader or (lambda: None)
+        self._require_serving = require_serving or (lambda: None)
 
     def subscribe(self, request: broker_pb2.SubscribeRequest,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
         """Validate ``request`` eagerly (raising before the first item), then stream."""
+        self._require_serving()
         validate_name(request.topic)
         meta = self._state.topic(request.topic)
         if meta is None:
@@ -153,6 +161,7 @@ class Reader:
         batch_size = request.max_batch or DEFAULT_BATCH
         name, tid = request.topic, meta.topic_id
         while is_active():
+            self._require_serving()
             seen = self._state.version
             current = self._state.topic(name)
             if current is None or current.topic_id != tid:
@@ -206,38 +215,55 @@ class Reader:
         end = st.end_offset if cursor.end is None else min(st.end_offset, cursor.end)
         if cursor.offset >= end:
             return
-        response = broker_pb2.SubscribeResponse()
-        batch = response.batch
         scan = self._state.records_store(tid).scan(Column.RECORDS, records.record_key(tid, p, cursor.offset),
                                       records.record_key(tid, p, end), limit)
-        for key, value in scan:
-            offset = records.RECORD_KEY.unpack(key)[2]
-            if offset != cursor.offset:  # pruned between our check and the scan
-                if batch.records:
-                    yield response
-                    response = broker_pb2.SubscribeResponse()
-                    batch = response.batch
-                yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, offset,
-                             "records before this position were pruned or expired")
-            rec = batch.records.add()
-            try:
-                stored = records.unframe(key, value)
-                rec.MergeFromString(stored.body)
-            except (records.CorruptRecord, DecodeError) as exc:
-                del batch.records[-1]
-                if batch.records:
-                    yield response
-                    response = broker_pb2.SubscribeResponse()
-                    batch = response.batch
-                yield _event(common_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
-                             f"record skipped: {exc}")
+        try:
+            yield from self._read_scan(name, tid, cursor, scan)
+        except StoreCorruption as exc:
+            log.error("topic %s partition %d: this node's store cannot read records from offset %d: %s",
+                      name, p, cursor.offset, exc)
+            raise DataLoss(f"topic {name} partition {p}: this node's store cannot read records from offset "
+                           f"{cursor.offset} (damaged file: {exc}); read from another node") from None
+
+    def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[tuple[bytes, bytes]]
+                   ) -> Iterator[broker_pb2.SubscribeResponse]:
+        """Records (and BADMSG / SKIP_FORWARD events) of one scan; advances ``cursor``."""
+        p = cursor.partition
+        response = broker_pb2.SubscribeResponse()
+        batch = response.batch
+        try:
+            for key, value in scan:
+                offset = records.RECORD_KEY.unpack(key)[2]
+                if offset != cursor.offset:  # pruned between our check and the scan
+                    if batch.records:
+                        yield response
+                        response = broker_pb2.SubscribeResponse()
+                        batch = response.batch
+                    yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, offset,
+                                 "records before this position were pruned or expired")
+                rec = batch.records.add()
+                try:
+                    stored = records.unframe(key, value)
+                    rec.MergeFromString(stored.body)
+                except (records.CorruptRecord, DecodeError) as exc:
+                    del batch.records[-1]
+                    if batch.records:
+                        yield response
+                        response = broker_pb2.SubscribeResponse()
+                        batch = response.batch
+                    yield _event(common_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
+                                 f"record skipped: {exc}")
+                    cursor.offset = offset + 1
+                    continue
+                rec.topic = name
+                rec.partition = p
+                rec.offset = offset
+                rec.timestamp_ms = stored.timestamp_ms
+                rec.position = records.PositionToken(tid, p, offset + 1).encode()
                 cursor.offset = offset + 1
-                continue
-            rec.topic = name
-            rec.partition = p
-            rec.offset = offset
-            rec.timestamp_ms = stored.timestamp_ms
-            rec.position = records.PositionToken(tid, p, offset + 1).encode()
-            cursor.offset = offset + 1
+        except StoreCorruption:  # what was read before the damaged block is delivered first
+            if batch.records:
+                yield response
+            raise
         if batch.records:
             yield response

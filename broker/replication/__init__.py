@@ -77,6 +77,7 @@ class ReplicaStatus:
     applied_index: int
     leader_address: str | None
     has_quorum: bool
+    halted_reason: str | None = None  # set when Raft stopped for good on this node (why); it serves nothing
 
 
 Callback = Callable[[object, ReplicationError | None], None]

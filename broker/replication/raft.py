@@ -27,6 +27,7 @@ from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
 from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
+from broker.replication.transport import salted_password
 
 __all__ = ["PysyncobjReplicator", "RaftOptions", "command_needs_sync", "map_fail_reason", "_APPLY_METHOD",
            "_SYNCED_APPLY_METHOD", "_RaftNode"]
@@ -84,6 +85,7 @@ class RaftOptions:
     compaction_max_log_bytes: int = 256 * 1024 * 1024  # ...or after this many command bytes applied
     snapshot_in_background: bool = True  # pack the snapshot file off the replication thread
     password: str | None = None  # set: encrypted, authenticated transport between nodes
+    password_salt: str = "raftbroker"  # per-cluster salt of the password's key derivation (transport.salted_password)
     max_command_bytes: int = 4 * 1024 * 1024  # larger commands fail with TOO_LARGE
     commands_queue_size: int = 10_000  # pysyncobj's submit queue (QUEUE_FULL beyond)
     max_pending_bytes: int = 256 * 1024 * 1024  # bytes submitted and not yet resolved (QUEUE_FULL)
@@ -109,6 +111,8 @@ class RaftOptions:
                 o.compaction_max_log_bytes, o.max_command_bytes, o.commands_queue_size) > 0),
             ("connection_retry_s >= 0", o.connection_retry_s >= 0),
             ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
+            ("password is None or non-empty, with a non-empty password_salt",
+             (o.password is None or len(o.password) > 0) and len(o.password_salt) > 0),
         ]
         failed = [rule for rule, ok in checks if not ok]
         if failed:
@@ -116,15 +120,18 @@ class RaftOptions:
 
     def to_conf(self, journal_file: Path, dump_file: Path, serializer: Callable[[str, object], None],
                 deserializer: Callable[[str], tuple[object, ...]],
-                serialize_checker: Callable[[], int] | None = None) -> SyncObjConf:
-        """The pysyncobj configuration for these options."""
+                serialize_checker: Callable[[], int] | None = None, *, bind_address: str | None = None) -> SyncObjConf:
+        """The pysyncobj configuration for these options. The Raft port binds exactly ``bind_address``
+        (``_RaftNode`` fills in its own address when None: pysyncobj alone would bind every interface)."""
+        password = None if self.password is None else salted_password(self.password, self.password_salt)
         return SyncObjConf(
+            bindAddress=bind_address,
             raftMinTimeout=self.raft_min_timeout_s, raftMaxTimeout=self.raft_max_timeout_s,
             appendEntriesPeriod=self.append_entries_period_s, autoTickPeriod=self.auto_tick_period_s,
             appendEntriesUseBatch=self.append_entries_use_batch,
             appendEntriesBatchSizeBytes=self.append_entries_batch_bytes,
             logCompactionMinEntries=self.compaction_min_entries, logCompactionMinTime=self.compaction_min_time_s,
-            password=self.password, commandsQueueSize=self.commands_queue_size, commandsWaitLeader=False,
+            password=password, commandsQueueSize=self.commands_queue_size, commandsWaitLeader=False,
             leaderFallbackTimeout=self.leader_fallback_timeout_s, connectionTimeout=self.connection_timeout_s,
             connectionRetryTime=self.connection_retry_s,
             journalFile=str(journal_file), fullDumpFile=str(dump_file), serializer=serializer,
@@ -206,7 +213,7 @@ class PysyncobjReplicator:
                               background=background, on_restore_failure=self._halt)
         checker = (lambda: _SERIALIZER_STATES[codec.poll()]) if background else None
         conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,
-                                     checker)
+                                     checker, bind_address=self._self_address)
         self._codec = codec
         options = self._options
         node = _RaftNode(self._self_address, self._peer_addresses, conf, self._state_machine,
@@ -222,6 +229,8 @@ class PysyncobjReplicator:
 
     def _halt(self, failure: BaseException) -> None:
         """Called on the tick thread when a snapshot cannot be restored: stop serving for good."""
+        logger.critical("raft halted on this node (it serves nothing until restarted with repaired data): %s: %s",
+                        type(failure).__name__, failure)
         self._failure = failure
         if self._node is not None:
             self._node.halt()
@@ -352,8 +361,10 @@ class PysyncobjReplicator:
         if node is None:
             return ReplicaStatus(self._self_address, Role.FOLLOWER, 0, 0, 0, None, False)
         if self._closed or node.halted:
+            failure = self._failure
+            reason = None if failure is None else f"{type(failure).__name__}: {failure}"
             return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
-                                 node.raftLastApplied, None, False)
+                                 node.raftLastApplied, None, False, reason)
         return ReplicaStatus(self._self_address, *node.status_fields(self._has_quorum))
 
     def pending_count(self) -> int:

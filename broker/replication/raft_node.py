@@ -21,6 +21,7 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from broker.replication import Role, StateMachine, _patches
 from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingTransport, fsync_path
 from broker.replication.prevote import PreVoteMixin
+from broker.replication.transport import GuardedTransport
 
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
 _LEADER_STATE = 2
@@ -84,6 +85,8 @@ class _RaftNode(PreVoteMixin, SyncObj):
             fsync_path(dump_file)
             fsync_path(dump_file.parent)
 
+        if conf.bindAddress is None:  # pysyncobj would bind 0.0.0.0 (every interface) with the port
+            conf.bindAddress = self_address
         journal_path = str(conf.journalFile)
         _patches.register_journal(journal_path, lambda: DurableJournal(
             Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
@@ -97,7 +100,7 @@ class _RaftNode(PreVoteMixin, SyncObj):
         conf.logCompactionMinEntries = self._compaction_min_entries
         conf.logCompactionMinTime = self._compaction_min_time_s
         try:
-            super().__init__(self_address, peer_addresses, conf, transportClass=SyncingTransport)
+            super().__init__(self_address, peer_addresses, conf, transportClass=GuardedTransport)
         finally:
             _patches.forget_journal(journal_path)
         assert self._methodToID[_SYNCED_APPLY_METHOD] == synced_id, "pysyncobj numbers methods differently"

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from broker.replication import StateMachine
+from broker.replication.transport import restricted_loads
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ class SnapshotCodec:
                 raise SnapshotError(f"{file_name}: first member must be {RAFT_DATA_NAME}")
             extracted = tar.extractfile(first)
             assert extracted is not None
-            raft_data = pickle.loads(extracted.read())
+            raft_data = restricted_loads(extracted.read())  # it may come from a peer: no globals but TCPNode
             index = snapshot_index(raft_data)
             applied = self._state_machine.applied_index()
             if applied >= index:

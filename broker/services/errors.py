@@ -10,6 +10,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from broker.core import errors
+from broker.storage import StoreCorruption
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.NotLeader, grpc.StatusCode.UNAVAILABLE),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.DataLoss, grpc.StatusCode.DATA_LOSS),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
 ]
@@ -47,6 +49,9 @@ def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
         if isinstance(exc, errors.NotLeader) and exc.leader_address:
             context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
         context.abort(status_code(exc), str(exc))
+    if isinstance(exc, StoreCorruption):  # a damaged store file met outside the paths that name the partition
+        log.error("store damaged: %s", exc)
+        context.abort(grpc.StatusCode.DATA_LOSS, f"this node's store is damaged: {exc}; read from another node")
     log.exception("internal error")
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
     raise AssertionError("unreachable: context.abort raises")

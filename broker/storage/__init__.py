@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
+class StoreCorruption(Exception):
+    """The store holds data it cannot read back (a damaged file); the message names the file and what
+    to do. Raised by reads that meet a damaged block and by opening a store whose files are damaged."""
+
+
 class Column(enum.StrEnum):
     """Column families. Keys inside each are big-endian so range scans are seeks."""
 

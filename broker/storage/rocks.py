@@ -26,9 +26,18 @@ from rocksdict import (
     WriteOptions,
 )
 
-from broker.storage import Batch, Column
+from broker.storage import Batch, Column, StoreCorruption
 
 _OLD_DB_GRACE_S = 5.0
+_RECOVERY_HINT = ("stop the node and move the store directory {root} away: the node rebuilds it from its Raft "
+                  "snapshot and journal (or from the leader) at the next start")
+
+
+def _is_damage(exc: Exception) -> bool:
+    """rocksdict raises plain ``Exception`` with RocksDB's status text (e.g. 'Corruption: block checksum
+    mismatch ... in <file> offset N size M')."""
+    text = str(exc)
+    return text.startswith(("Corruption:", "IO error:")) or "Corruption" in text.split(":", 1)[0]
 
 
 def _options(point_lookups: bool = False) -> Options:
@@ -76,7 +85,14 @@ class RocksStore:
         self._root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._generation = self._read_generation()
-        self._db, self._cfs, self._handles = self._open(self._db_path(self._generation))
+        db_path = self._db_path(self._generation)
+        try:
+            self._db, self._cfs, self._handles = self._open(db_path)
+        except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+            if not _is_damage(exc):
+                raise
+            raise StoreCorruption(f"the store {db_path} cannot be opened ({exc}); "
+                                  f"{_RECOVERY_HINT.format(root=self._root)}") from None
         self._sync_opts = WriteOptions()
         self._sync_opts.sync = True
 
@@ -86,7 +102,19 @@ class RocksStore:
 
     def _read_generation(self) -> int:
         current = self._root / "CURRENT"
-        return int(current.read_text().strip()) if current.exists() else 0
+        if not current.exists():
+            return 0
+        text = current.read_bytes()[:64]
+        try:
+            generation = int(text.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            generation = -1
+        present = sorted(p.name for p in self._root.glob("db-*"))
+        if generation < 0 or not self._db_path(generation).is_dir():
+            raise StoreCorruption(
+                f"{current} is damaged: it holds {text!r}, which does not name a database directory "
+                f"(present: {', '.join(present) or 'none'}); {_RECOVERY_HINT.format(root=self._root)}")
+        return generation
 
     def _write_generation(self, generation: int) -> None:
         tmp = self._root / "CURRENT.tmp"
@@ -130,14 +158,26 @@ class RocksStore:
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, column: Column, key: bytes) -> bytes | None:
-        value: bytes | None = self._cfs[column].get(key)
+        try:
+            value: bytes | None = self._cfs[column].get(key)
+        except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+            raise self._damage(column, exc) from None
         return value
+
+    def _damage(self, column: Column, exc: Exception) -> Exception:
+        """``exc`` as :class:`StoreCorruption` when it reports damage (else ``exc`` itself)."""
+        if not _is_damage(exc):
+            return exc
+        return StoreCorruption(f"column {column.value} of {self._db_path(self._generation)}: {exc}")
 
     def get_many(self, column: Column, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
         query: list[str | int | float | bytes | bool] = list(keys)
-        values = self._cfs[column].get(query)  # rocksdict: a list of keys is one multi-get
+        try:
+            values = self._cfs[column].get(query)  # rocksdict: a list of keys is one multi-get
+        except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+            raise self._damage(column, exc) from None
         assert isinstance(values, list) and len(values) == len(keys)
         return values
 
@@ -153,6 +193,11 @@ class RocksStore:
             yield it.key(), it.value()
             count += 1
             it.next()
+        if not it.valid():  # the end of the range, or a read error (RocksDB ends the iteration silently)
+            try:
+                it.status()
+            except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+                raise self._damage(column, exc) from None
 
     def size_bytes(self) -> int:
         total = 0

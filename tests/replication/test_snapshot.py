@@ -120,6 +120,8 @@ def test_node_that_cannot_restore_its_snapshot_halts(single_node: Callable[..., 
         wait_until(lambda: again.failure is not None, 5, "the restore to fail")
         assert isinstance(again.failure, SnapshotError)
         assert again.status().role is Role.FOLLOWER and fresh.applied_index() == 0
+        reason = again.status().halted_reason
+        assert reason is not None and reason.startswith("SnapshotError"), "the halt is visible in the status"
         late = Outcomes()
         again.submit(b"x", late.callback(0))
         error = late.results[0][1]

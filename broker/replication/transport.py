@@ -1,0 +1,266 @@
+"""The Raft port's defences: a restricted unpickler, a guarded transport, a per-cluster password salt.
+
+pysyncobj 0.3.17 unpickles every frame that reaches its port (``TcpConnection.__processParseMessage``)
+and every command it applies (``SyncObj`` calls ``pickle.loads``), answers utility commands
+(``status``, ``add``, ``remove``, ``transfer``, ``set_version``) to anyone, and binds ``0.0.0.0``
+unless told otherwise. This module, applied at import by ``raft.py``:
+
+- replaces the ``pickle`` module that ``pysyncobj.tcp_connection`` and ``pysyncobj.syncobj`` use
+  with :data:`RESTRICTED_PICKLE`, whose ``loads`` admits no global except :data:`ALLOWED_GLOBALS`
+  (the one class pysyncobj's messages and commands carry), so no pickle can run code, with or
+  without a password;
+- replaces the frame parser with :func:`_parse_message` (same wire format) that caps frame and
+  decompressed sizes and logs every rejected frame with the peer's address (rate-limited);
+- provides :class:`GuardedTransport`: utility commands off, and an incoming connection must name a
+  cluster member as its first message (no read-only or unknown peers), else it is logged and closed;
+- :func:`salted_password` turns the operator's password into pysyncobj's, salted per cluster
+  (pysyncobj's own key derivation uses one fixed salt for everybody).
+
+``raft.RaftOptions.to_conf`` sets ``bindAddress`` so that the port binds exactly the configured host.
+Every patched or relied-upon pysyncobj function is pinned by the sha256 of its source: a different
+pysyncobj fails at import (:class:`broker.replication._patches.PysyncobjPatchError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import io
+import logging
+import pickle
+import struct
+import threading
+import time
+import types
+import zlib
+from typing import Any
+
+import pysyncobj.pickle as pysyncobj_pickle
+import pysyncobj.syncobj as pysyncobj_syncobj
+import pysyncobj.tcp_connection as pysyncobj_tcp_connection
+import pysyncobj.transport as pysyncobj_transport
+
+from broker.replication._patches import PINNED_VERSION, PysyncobjPatchError
+from broker.replication.journal import SyncingTransport
+
+logger = logging.getLogger(__name__)
+
+# Globals a pickle from a peer may name: membership commands carry ['add'|'rem', id, TCPNode]; with
+# protocol 2 (the pickle5 patch off: stock pysyncobj) bytes are rebuilt by _codecs.encode(str, 'latin1')
+# and sets by builtins.set. None of them runs code of the sender's choosing.
+ALLOWED_GLOBALS = frozenset({
+    ("pysyncobj.node", "TCPNode"), ("_codecs", "encode"), ("__builtin__", "set"), ("builtins", "set"),
+    ("__builtin__", "frozenset"), ("builtins", "frozenset"),
+})
+FRAME_BYTES_MAX = 64 * 1024 * 1024  # one wire frame (pysyncobj chunks entries by appendEntriesBatchSizeBytes)
+MESSAGE_BYTES_MAX = 256 * 1024 * 1024  # one frame once decompressed
+REJECT_LOG_INTERVAL_S = 10.0  # at most one warning per peer host in this interval
+_PASSWORD_KDF_ITERATIONS = 200_000
+_ADDRESS_CHALLENGE_BYTES = 32  # pysyncobj's random key exchanged first on encrypted connections
+
+_PINNED_SHA256 = {
+    (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processParseMessage"): (
+        "4ecbfdad3baa2eacb0ad8d561281110fa5b06a3cd1f221614c31e4dc6e5a32ae"
+    ),
+    (pysyncobj_transport.TCPTransport, "_onIncomingMessageReceived"): (
+        "8b7217b0cc17c96de29c4b69b029cdb0b8d307f3eaf48fc8210060d47e48fcaf"
+    ),
+    (pysyncobj_transport.TCPTransport, "_createServer"): (
+        "df2c7dd8d54c60839cde7872e9afaf19b8239191958e0dfd60bbdf6dc032786e"
+    ),
+    (pysyncobj_transport.Transport, "setOnUtilityMessageCallback"): (
+        "9d429192a2b5a95fd2021b67af077724f4887ca4db27294f1154f29bf1164b29"
+    ),
+    (pysyncobj_transport.Transport, "_onMessageReceived"): (
+        "c3e908d4e1c7ee9b60f71f9d286eb840e03c284ec23420e3d7e04ec44624d8c1"
+    ),
+}
+
+
+class RaftPortViolation(Exception):
+    """A peer sent something the Raft port does not accept (the connection is closed)."""
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed on the Raft port")
+
+
+def restricted_loads(data: bytes) -> Any:
+    """Unpickle ``data`` admitting no global but :data:`ALLOWED_GLOBALS` (UnpicklingError otherwise)."""
+    return _RestrictedUnpickler(io.BytesIO(pysyncobj_pickle.to_bytes(data))).load()
+
+
+class _RestrictedPickleModule(types.ModuleType):
+    """Stands in for ``pysyncobj.pickle`` inside pysyncobj's transport and SyncObj: writes as before
+    (the protocol is read from ``pysyncobj.pickle`` at call time), reads through the restriction."""
+
+    def __init__(self) -> None:
+        super().__init__("raftbroker_restricted_pickle")
+        self.dumps = pysyncobj_pickle.dumps
+        self.dump = pysyncobj_pickle.dump
+        self.to_bytes = pysyncobj_pickle.to_bytes
+        self.loads = restricted_loads
+
+
+RESTRICTED_PICKLE = _RestrictedPickleModule()
+
+
+class _RejectLog:
+    """Rate-limited warnings about rejected peers: one line per host per interval, with a count."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}  # host -> (time of last line, suppressed since)
+        self.total = 0
+
+    def report(self, peer: str, reason: str) -> None:
+        host = peer.rpartition(":")[0] or peer
+        now = time.monotonic()
+        with self._lock:
+            self.total += 1
+            last, suppressed = self._last.get(host, (float("-inf"), 0))
+            if now - last < self._interval_s:
+                self._last[host] = (last, suppressed + 1)
+                return
+            self._last[host] = (now, 0)
+        more = f" ({suppressed} more from this host suppressed)" if suppressed else ""
+        logger.warning("raft port: rejected %s: %s; connection closed%s", peer, reason, more)
+
+
+REJECTIONS = _RejectLog(REJECT_LOG_INTERVAL_S)
+
+
+def _peer_of(conn: Any) -> str:
+    sock = getattr(conn, "_TcpConnection__socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", "?")
+    except OSError:
+        return "unknown peer"
+    return f"{host}:{port}"
+
+
+def _reject(conn: Any, reason: str) -> None:
+    REJECTIONS.report(_peer_of(conn), reason)
+    conn.disconnect()
+
+
+def _decompress(data: bytes) -> bytes:
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, MESSAGE_BYTES_MAX)
+    if inflater.unconsumed_tail:
+        raise RaftPortViolation(f"frame inflates beyond {MESSAGE_BYTES_MAX} bytes")
+    return out
+
+
+def _parse_message(self: Any) -> Any:
+    """Replaces ``TcpConnection.__processParseMessage``: the same frames (4-byte length, optional
+    Fernet, zlib, pickle, optional random-key pair), restricted, bounded, and every refusal logged."""
+    buffer: bytes = self._TcpConnection__readBuffer
+    if len(buffer) < 4:
+        return None
+    length = struct.unpack("i", buffer[:4])[0]
+    if not 0 <= length <= FRAME_BYTES_MAX:
+        _reject(self, f"frame length {length} outside 0..{FRAME_BYTES_MAX}")
+        return None
+    if len(buffer) - 4 < length:
+        return None
+    data = buffer[4:4 + length]
+    try:
+        if self.encryptor:
+            timestamp = self.encryptor.extract_timestamp(data)
+            if timestamp < self.recvLastTimestamp:
+                raise RaftPortViolation("replayed or reordered encrypted frame")
+            self.recvLastTimestamp = timestamp
+            data = self.encryptor.decrypt(data)
+        message = restricted_loads(_decompress(data))
+        if self.recvRandKey:
+            rand_key, message = message
+            if rand_key != self.recvRandKey:
+                raise RaftPortViolation("wrong session key")
+    except Exception as exc:  # noqa: BLE001 (anything a hostile frame provokes closes the connection)
+        reason = type(exc).__name__ if self.encryptor and not str(exc) else f"{type(exc).__name__}: {exc}"
+        _reject(self, f"undecodable frame ({reason[:200]})")
+        return None
+    self._TcpConnection__readBuffer = buffer[4 + length:]
+    return message
+
+
+class GuardedTransport(SyncingTransport):
+    """pysyncobj's TCP transport (with the journal's send gate) that answers only cluster members:
+    utility commands are never registered, and an incoming connection whose first message (after the
+    encrypted key exchange, when a password is set) is not a member's Raft address is closed and
+    logged. The server binds ``conf.bindAddress`` (set by ``RaftOptions.to_conf``), never 0.0.0.0."""
+
+    def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802 (pysyncobj's name)
+        """Utility commands (status, add, remove, transfer, set_version) are off on the Raft port."""
+
+    def _createServer(self) -> None:  # noqa: N802
+        if self._syncObj.conf.bindAddress is None:
+            raise RaftPortViolation("refusing to bind the Raft port without an explicit bindAddress")
+        super()._createServer()
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
+        if self._syncObj.encryptor and not conn.sendRandKey:
+            if not (isinstance(message, bytes) and len(message) == _ADDRESS_CHALLENGE_BYTES):
+                self._unknownConnections.discard(conn)
+                _reject(conn, "bad key exchange")
+                return
+        elif isinstance(message, list):
+            self._unknownConnections.discard(conn)
+            _reject(conn, f"utility command {str(message[:1])[:60]} (utility commands are off)")
+            return
+        elif not (isinstance(message, str) and message in self._nodeAddrToNode):
+            self._unknownConnections.discard(conn)
+            _reject(conn, f"first message {str(message)[:60]!r} is not a cluster member's address")
+            return
+        super()._onIncomingMessageReceived(conn, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        if not (isinstance(message, dict) and isinstance(message.get("type"), str)):
+            conn = self._connections.get(node)
+            REJECTIONS.report(_peer_of(conn) if conn is not None else str(node),
+                              f"message of type {type(message).__name__} from member {node}")
+            if conn is not None:
+                conn.disconnect()
+            return
+        super()._onMessageReceived(node, message)
+
+
+def salted_password(password: str, salt: str) -> str:
+    """The password handed to pysyncobj: PBKDF2-SHA256 of ``password`` with this cluster's ``salt``
+    (pysyncobj derives its Fernet key from what it gets with a salt fixed in its source)."""
+    assert password and salt, "password and salt must be non-empty"
+    key = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), _PASSWORD_KDF_ITERATIONS)
+    return key.hex()
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _install() -> None:
+    parser = pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage
+    if parser is _parse_message:  # already installed (a module reload)
+        return
+    for (owner, attr), expected in _PINNED_SHA256.items():
+        digest = _sha256(inspect.getsource(vars(owner)[attr]))
+        if digest != expected:
+            raise PysyncobjPatchError(
+                f"raftbroker's Raft port guards were written against pysyncobj {PINNED_VERSION}; "
+                f"{owner.__name__}.{attr} has sha256 {digest}. Re-review broker/replication/transport.py.")
+    for module in (pysyncobj_tcp_connection, pysyncobj_syncobj):
+        current = module.__dict__.get("pickle")
+        if current is not pysyncobj_pickle and current is not RESTRICTED_PICKLE:
+            raise PysyncobjPatchError(f"{module.__name__}.pickle is not pysyncobj.pickle; re-review transport.py")
+        module.__dict__["pickle"] = RESTRICTED_PICKLE
+    pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage = _parse_message
+
+
+_install()
+
+__all__ = ["ALLOWED_GLOBALS", "GuardedTransport", "RESTRICTED_PICKLE", "REJECTIONS", "RaftPortViolation",
+           "restricted_loads", "salted_password"]

@@ -1,0 +1,66 @@
+"""The Raft port's guards as units: the restricted unpickler, the pins, the salted password."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pysyncobj.syncobj as pysyncobj_syncobj
+import pysyncobj.tcp_connection as pysyncobj_tcp_connection
+import pytest
+from pysyncobj.node import TCPNode
+
+from broker.replication import raft, transport
+from broker.replication._patches import PysyncobjPatchError
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class _CreateFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_pysyncobj_messages_and_membership_commands_unpickle(protocol: int) -> None:
+    message = {"type": "append_entries", "term": 3, "entries": [(b"\x00\x80cmd", 7, 3)], "set": {1, 2}}
+    assert transport.restricted_loads(pickle.dumps(message, protocol)) == message
+    change = transport.restricted_loads(pickle.dumps(["add", "127.0.0.1:9", TCPNode("127.0.0.1:9")], protocol))
+    assert change[2] == TCPNode("127.0.0.1:9") and change[2].port == 9
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_pickle_naming_any_other_global_runs_nothing(tmp_path: Path, protocol: int) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(pickle.UnpicklingError, match="not allowed on the Raft port"):
+        transport.restricted_loads(pickle.dumps(_CreateFile(str(marker)), protocol))
+    assert not marker.exists()
+
+
+def test_pysyncobj_reads_through_the_restriction_everywhere() -> None:
+    assert pysyncobj_tcp_connection.pickle is transport.RESTRICTED_PICKLE
+    assert pysyncobj_syncobj.pickle is transport.RESTRICTED_PICKLE
+    parser = pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage  # type: ignore[attr-defined]
+    assert parser is transport._parse_message
+
+
+def test_a_changed_pysyncobj_source_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = next(iter(transport._PINNED_SHA256))
+    monkeypatch.setitem(transport._PINNED_SHA256, key, "0" * 64)
+    monkeypatch.setattr(pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processParseMessage",
+                        lambda self: None)
+    with pytest.raises(PysyncobjPatchError, match="written against pysyncobj 0.3.17"):
+        transport._install()
+
+
+def test_the_password_is_salted_per_cluster_and_the_bind_address_is_set(tmp_path: Path) -> None:
+    a = transport.salted_password("pw", "cluster-a")
+    assert a == transport.salted_password("pw", "cluster-a") != transport.salted_password("pw", "cluster-b")
+    conf = raft.RaftOptions(password="pw", password_salt="cluster-a").to_conf(
+        tmp_path / "j", tmp_path / "d", lambda f, d: None, lambda f: (), bind_address="127.0.0.1:7")
+    assert conf.password == a and conf.bindAddress == "127.0.0.1:7"
+    with pytest.raises(ValueError, match="password_salt"):
+        raft.RaftOptions(password="pw", password_salt="")
