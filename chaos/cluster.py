@@ -3,7 +3,8 @@ be paused; plus the status views the nemeses target nodes by.
 
 Node i binds ``<fabric host i>:<base+i>`` (gRPC), ``+100`` (Raft) and ``+200`` (metrics). Outside
 loopback a node needs ``--insecure`` and a Raft password (``RAFTBROKER_RAFT_PASSWORD``, with a
-random per-cluster ``RAFTBROKER_RAFT_PASSWORD_SALT``); the drill gives them, because its namespaces are reachable from this machine only.
+random per-cluster ``RAFTBROKER_RAFT_PASSWORD_SALT``); the drill gives them, because its namespaces
+are reachable from this machine only.
 """
 
 from __future__ import annotations
