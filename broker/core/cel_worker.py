@@ -6,8 +6,8 @@ a socket and kills this process when a batch overruns its budget. Requests are
 ``(expression, rows, record_budget_s)``; a row is ``(key, headers, op, partition, timestamp_ms,
 value)``. The answer is ``("ok", results)`` with one ``(kind, payload)`` per row: ``("v", value)``
 for a bool, number, string, bytes or null, ``("t", type name)`` for any other value, ``("e",
-message)`` for an evaluation error; or ``("slow", index, elapsed_s)`` as soon as one row took longer
-than ``record_budget_s`` (the rest are not evaluated). Keep this module's imports small: it is
+message)`` for an evaluation error; or ``("slow", index, elapsed_s)`` as soon as one row took more
+CPU time than ``record_budget_s`` (the rest are not evaluated). Keep this module's imports small: it is
 started on demand.
 """
 
@@ -63,9 +63,9 @@ def serve(conn: Connection) -> None:
         results: list[tuple[str, Any]] = []
         answer: tuple[Any, ...] = ("ok", results)
         for i, row in enumerate(rows):
-            started = time.perf_counter()
+            started = time.thread_time()  # CPU time: a busy machine that descheduled us is no breach
             results.append(_evaluate(compiled[0], compiled[1], row))
-            elapsed = time.perf_counter() - started
+            elapsed = time.thread_time() - started
             if elapsed > record_budget_s:
                 answer = ("slow", i, elapsed)
                 break
