@@ -306,6 +306,11 @@ def consume(
     --from); without --follow it stops once nothing more is available now; --json records also
     carry "delivery_attempt".
     """
+    if group is not None and filter_:
+        raise typer.BadParameter("a consumer group cannot filter its deliveries (the broker refuses it: skipped "
+                                 "records would have to be settled for the whole group); filter in a handler, "
+                                 "or route the matching records into their own topic and consume that",
+                                 param_hint="--filter/--group")
     if group is not None:
         from broker.cli.group import consume_group  # late: group imports this module
 

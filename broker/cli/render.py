@@ -2,10 +2,10 @@
 
 JSON shapes (stable, for scripts):
 - topic: ``{"name", "partition_count", "durability", "full_policy", "retention": {"max_age_ms",
-  "max_records", "max_bytes"}, "dedup_window_ms", "schema", "dedup_fields", "incarnation", "created_ms",
+  "max_records", "max_bytes"}, "dedup_window_ms", "schema_json", "dedup_fields", "incarnation", "created_ms",
   "records", "bytes", "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``;
-  ``dedup_window_ms`` is -1 when idempotency keys are kept forever; ``schema`` is the topic's JSON
-  Schema (an object) or ``null``.
+  ``dedup_window_ms`` is -1 when idempotency keys are kept forever; ``schema_json`` is the topic's JSON
+  Schema as text (as ``TopicInfo.schema_json`` in the SDK) or ``null``.
 - record: ``{"topic", "partition", "offset", "key", "value", "headers", "timestamp_ms",
   "position", "msg_id"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
   (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
@@ -19,7 +19,6 @@ JSON shapes (stable, for scripts):
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from rich.console import Console
@@ -40,7 +39,7 @@ def topic_json(info: TopicInfo) -> dict[str, Any]:
             "max_bytes": info.retention.max_bytes,
         },
         "dedup_window_ms": info.dedup_window_ms,
-        "schema": json.loads(info.schema_json) if info.schema_json else None,
+        "schema_json": info.schema_json or None,
         "dedup_fields": list(info.dedup_fields),
         "incarnation": info.incarnation,
         "created_ms": info.created_ms,

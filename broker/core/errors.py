@@ -52,6 +52,12 @@ class Unavailable(BrokerError):
     """No quorum, no leader, or no outcome within the commit timeout."""
 
 
+class NoQuorum(Unavailable):
+    """This node reaches less than a majority of the members, so it cannot commit and no leader
+    can be elected with it; nothing was written. Clients stop retrying when every node that
+    answers says so (the ``x-no-quorum`` trailer), instead of waiting for a failover."""
+
+
 class ResourceExhausted(BrokerError):
     """Back-pressure or a full topic; the request may be retried later."""
 

@@ -14,6 +14,7 @@ from broker.core import errors
 log = logging.getLogger(__name__)
 
 LEADER_METADATA_KEY = "x-leader"
+NO_QUORUM_METADATA_KEY = "x-no-quorum"  # "1" on an UNAVAILABLE from a node that reaches no majority
 
 _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -46,6 +47,8 @@ def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
     if isinstance(exc, errors.BrokerError):
         if isinstance(exc, errors.NotLeader) and exc.leader_address:
             context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
+        if isinstance(exc, errors.NoQuorum):
+            context.set_trailing_metadata(((NO_QUORUM_METADATA_KEY, "1"),))
         context.abort(status_code(exc), str(exc))
     log.exception("internal error")
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
