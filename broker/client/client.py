@@ -42,7 +42,11 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
 
     ``bootstrap``: one or more node addresses (a list, or one comma-separated string).
     ``timeout_s``: limit of one attempt of one call. ``retry_deadline_s``: how long a call keeps
-    trying other nodes while there is no reachable leader before raising ``Unavailable``.
+    trying other nodes while there is no reachable leader (a failover) before raising ``Unavailable``.
+    ``no_quorum_grace_s``: how long a call waits once every node it can reach says it has no
+    quorum and the others cannot be reached (a lost majority, not a failover) before raising
+    ``Unavailable`` "no quorum" (at most 60 s; a caller that must ride out a restart of a majority of
+    the nodes raises it, the retry deadline still bounds the call).
     """
 
     def __init__(
@@ -51,11 +55,13 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
         *,
         timeout_s: float = 10.0,
         retry_deadline_s: float = 30.0,
+        no_quorum_grace_s: float = 1.0,
     ) -> None:
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         if timeout_s <= 0 or retry_deadline_s < 0:
             raise ValueError("timeout_s must be positive and retry_deadline_s not negative")
-        self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s))
+        self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
+                                                     no_quorum_grace_s=no_quorum_grace_s))
 
     def __enter__(self) -> Client:
         return self

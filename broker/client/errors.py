@@ -119,7 +119,8 @@ def leader_hint(err: grpc.RpcError) -> str | None:
 
 
 def says_no_quorum(err: grpc.RpcError) -> bool:
-    """True when a node refused because it reaches no majority (the ``x-no-quorum`` trailer)."""
+    """True when a node refused because it reaches no majority (the ``x-no-quorum`` trailer; a
+    redirect may carry it too: the leader named by a node without a quorum may be gone)."""
     if not isinstance(err, grpc.Call) or rpc_code(err) is not grpc.StatusCode.UNAVAILABLE:
         return False
     return any(key == NO_QUORUM_METADATA_KEY for key, _ in err.trailing_metadata() or ())

@@ -107,10 +107,10 @@ def classify(err: grpc.RpcError) -> tuple[Outcome, str | None]:
     """The outcome of a failed attempt and the leader address it named, if any."""
     code = rpc_code(err)
     hint = leader_hint(err)
+    if code is grpc.StatusCode.UNAVAILABLE and says_no_quorum(err):
+        return Outcome.NO_QUORUM, hint  # a redirect from a node without a quorum: follow it, but note it
     if hint and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
         return Outcome.REDIRECTED, hint
-    if says_no_quorum(err):
-        return Outcome.NO_QUORUM, None
     if code is grpc.StatusCode.UNAVAILABLE:
         details = rpc_details(err).lower()
         if "failed to connect" in details or "connection refused" in details:

@@ -40,12 +40,16 @@ class FailedPrecondition(BrokerError):
 
 
 class NotLeader(BrokerError):
-    """This node is not the leader; ``leader_address`` is the leader's gRPC address if known."""
+    """This node is not the leader; ``leader_address`` is the leader's gRPC address if known.
+    ``no_quorum``: this node reaches less than a majority, so the leader it names may be gone."""
 
-    def __init__(self, leader_address: str | None) -> None:
+    def __init__(self, leader_address: str | None, *, no_quorum: bool = False) -> None:
         where = f"the leader is {leader_address}" if leader_address else "no leader is known"
+        if no_quorum:
+            where += " as far as this node knows, but it reaches less than a majority of the members (no quorum)"
         super().__init__(f"this node is not the leader; {where}")
         self.leader_address = leader_address
+        self.no_quorum = no_quorum
 
 
 class Unavailable(BrokerError):

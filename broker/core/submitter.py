@@ -94,8 +94,8 @@ class CommandSubmitter:
         status = self._replicator.status()
         if status.role != Role.LEADER:
             leader = self._peers.by_raft(status.leader_address)
-            if leader is not None:
-                raise NotLeader(leader.grpc_address)
+            if leader is not None:  # without a quorum here, a leader known from before may be gone
+                raise NotLeader(leader.grpc_address, no_quorum=not status.has_quorum)
             if not status.has_quorum:
                 raise NoQuorum(f"no quorum: this node reaches less than a majority of the {self._member_count()} "
                                "members, so no leader can be elected; nothing was written (start or reconnect "

@@ -45,10 +45,13 @@ def status_code(exc: errors.BrokerError) -> grpc.StatusCode:
 def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
     """End the call with the status for ``exc`` (INTERNAL, logged, for anything unexpected)."""
     if isinstance(exc, errors.BrokerError):
+        trailers: list[tuple[str, str]] = []
         if isinstance(exc, errors.NotLeader) and exc.leader_address:
-            context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
-        if isinstance(exc, errors.NoQuorum):
-            context.set_trailing_metadata(((NO_QUORUM_METADATA_KEY, "1"),))
+            trailers.append((LEADER_METADATA_KEY, exc.leader_address))
+        if isinstance(exc, errors.NoQuorum) or (isinstance(exc, errors.NotLeader) and exc.no_quorum):
+            trailers.append((NO_QUORUM_METADATA_KEY, "1"))
+        if trailers:
+            context.set_trailing_metadata(tuple(trailers))
         context.abort(status_code(exc), str(exc))
     log.exception("internal error")
     context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
