@@ -11,7 +11,8 @@ JSON shapes (stable, for scripts):
   (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
   ``position`` is the base64 resume token (``consume --from token:...``); ``msg_id`` is the
   producer-session message id as a decimal string, ``""`` when the record had none.
-- publish result: ``{"partition", "offset", "duplicate"}``.
+- publish result: ``{"partition", "offset", "duplicate"}``; ``partition`` and ``offset`` are ``null``
+  for a duplicate at or below its producer session's watermark (no original place is kept).
 - event: ``{"event", "topic", "partition", "offset_before", "offset_after", "position_before",
   "position_after", "detail"}``; the positions are base64 tokens (``consume --from token:...``).
 """
@@ -94,7 +95,16 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def publish_json(result: PublishResult) -> dict[str, Any]:
+    if not result.place_known:
+        return {"partition": None, "offset": None, "duplicate": True}
     return {"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate}
+
+
+def publish_line(result: PublishResult) -> str:
+    """``partition=P offset=O[ duplicate]``; a duplicate whose original place is not kept shows no place."""
+    if not result.place_known:
+        return "duplicate (at or below the producer session's watermark: nothing stored; no place is kept)"
+    return f"partition={result.partition} offset={result.offset}{' duplicate' if result.duplicate else ''}"
 
 
 def record_line(record: Record) -> str:
