@@ -300,7 +300,7 @@ def consume(
     ] = None,
     nack_delay_ms: Annotated[
         int | None,
-        typer.Option("--nack-delay-ms", min=0, help="With --exec: redeliver a nacked record after this many ms "
+        typer.Option("--nack-delay-ms", min=1, help="With --exec: redeliver a nacked record after this many ms "
                      "(default: the group's backoff).", show_default=False),
     ] = None,
     json_: JsonFlag = False,
