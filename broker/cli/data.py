@@ -143,7 +143,8 @@ def publish(
     Human output: 'partition=P offset=O' per record, with ' duplicate' appended when the broker
     had the record already (nothing new stored). --json prints one object per record and line:
     {"partition": P, "offset": O, "duplicate": B}. A duplicate by --idempotency-key shows the
-    first copy's place; one below the --dedup-id watermark has offset 0 (no place is kept).
+    first copy's place; one at or below the --dedup-id watermark shows no place (none is kept):
+    'duplicate (...)', and null partition and offset in --json.
     """
     headers = parse_headers(header)
     _check_ids(idempotency_key, dedup_id, msg_id)
@@ -226,8 +227,7 @@ def _print_result(result: PublishResult, json_output: bool) -> None:
     if json_output:
         emit_json(render.publish_json(result))
     else:
-        dup = " duplicate" if result.duplicate else ""
-        sys.stdout.write(f"partition={result.partition} offset={result.offset}{dup}\n")
+        sys.stdout.write(render.publish_line(result) + "\n")
 
 
 # -- consume ------------------------------------------------------------------------------------
@@ -294,6 +294,18 @@ def consume(
         typer.Option("--mode", help="With --group, when the group is created: queue (default) or stream.",
                      show_default=False),
     ] = None,
+    exec_: Annotated[
+        str | None,
+        typer.Option("--exec", help="With --group: run this shell command per record, value on its stdin and "
+                     "RAFTBROKER_TOPIC/GROUP/PARTITION/OFFSET/KEY/DELIVERY_ATTEMPT/POSITION in its environment; "
+                     "exit 0 acks the record, any other exit nacks it (retried, then dead-lettered).",
+                     show_default=False),
+    ] = None,
+    nack_delay_ms: Annotated[
+        int | None,
+        typer.Option("--nack-delay-ms", min=1, help="With --exec: redeliver a nacked record after this many ms "
+                     "(default: the group's backoff).", show_default=False),
+    ] = None,
     json_: JsonFlag = False,
     bootstrap_: BootstrapOption = None,
 ) -> None:
@@ -306,13 +318,24 @@ def consume(
     silent): {"event": "skip_forward"|"reset"|"badmsg"|"gap", "topic", "partition",
     "offset_before", "offset_after", "position_before", "position_after", "detail"}.
     With --group G: records come as leases of consumer group G (created on first use, starting at
-    --from); without --follow it stops once nothing more is available now; --json records also
-    carry "delivery_attempt".
+    --from), each acked once printed, or handed to --exec (see broker.cli.group_consume); without
+    --follow it stops once nothing more is available now; --json records also carry
+    "delivery_attempt". A paused group is reported (stderr; --json: {"event": "paused", ...}).
+    SIGTERM stops a group consumer at once and gives its unsettled records back (exit 143).
     """
+    if group is None and (exec_ is not None or nack_delay_ms is not None):
+        raise typer.BadParameter("--exec and --nack-delay-ms need --group (they settle leases)",
+                                 param_hint="--exec")
+    if group is not None and filter_:
+        raise typer.BadParameter("a consumer group cannot filter its deliveries (the broker refuses it: skipped "
+                                 "records would have to be settled for the whole group); filter in a handler, "
+                                 "or route the matching records into their own topic and consume that",
+                                 param_hint="--filter/--group")
     if group is not None:
-        from broker.cli.group import consume_group  # late: group imports this module
+        from broker.cli.group_consume import consume_group  # late: it imports this module
 
-        consume_group(ctx, topic, group, mode=mode, from_=from_, limit=limit, follow=follow, partition=partition)
+        consume_group(ctx, topic, group, mode=mode, from_=from_, limit=limit, follow=follow, partition=partition,
+                      exec_=exec_, nack_delay_ms=nack_delay_ms)
         return
     start, timestamp_ms = parse_from(from_)
     json_output = state(ctx).json

@@ -1,6 +1,7 @@
-"""``raftbroker group ...`` (SPEC §3.2, §6) and ``raftbroker consume --group``.
+"""``raftbroker group ...`` (SPEC §3.2, §6); ``raftbroker consume --group`` is in ``group_consume``.
 
-Commands: ``create``, ``list``, ``describe``, ``lag``, ``seek``, ``replay``, ``pause``, ``resume``,
+Commands (``consume --group`` is :mod:`broker.cli.group_consume`): ``create``,
+``list``, ``describe``, ``lag``, ``seek``, ``replay``, ``pause``, ``resume``,
 ``mark``, ``delete`` and ``dlq list|retry|retry-all|purge``. Human tables by default, ``--json`` for scripts:
 - lag: ``{"topic", "group", "paused", "lag", "lag_seconds", "partitions": [{"partition",
   "start_offset", "end_offset", "committed", "lag", "in_flight", "retrying", "dead", "lag_ms"}]}``;
@@ -13,7 +14,6 @@ Commands: ``create``, ``list``, ``describe``, ``lag``, ``seek``, ``replay``, ``p
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -23,7 +23,7 @@ from rich.table import Table
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 from broker.cli.data import FROM_HELP, parse_from
-from broker.client import Event, GroupLag, Message
+from broker.client import GroupLag
 
 app = typer.Typer(help="Consumer groups: lag, seek and replay, pause and resume, dead letters.",
                   no_args_is_help=True)
@@ -44,40 +44,6 @@ def _say(ctx: typer.Context, obj: Any, text: str) -> None:
         emit_json(obj)
     else:
         Console().print(text)
-
-
-# -- consume --group ------------------------------------------------------------------------------
-def consume_group(ctx: typer.Context, topic: str, group: str, *, mode: str | None, from_: str, limit: int | None,
-                  follow: bool, partition: int | None) -> None:
-    """Print records leased to this member of ``group`` and ack each one after printing it."""
-    if partition is not None:
-        raise typer.BadParameter("a group member reads the partitions its group gives it", param_hint="--partition")
-    if mode not in (None, "queue", "stream"):
-        raise typer.BadParameter(f"{mode!r} is not queue or stream", param_hint="--mode")
-    start, timestamp_ms = parse_from(from_)
-    json_output = state(ctx).json
-    delivered = 0
-    in_flight = min(limit, 100) if limit is not None else 100
-    with connect(ctx) as client, client.subscribe(topic, group=group, mode=mode, start=start,
-                                                  timestamp_ms=timestamp_ms, stop_at_end=not follow,
-                                                  max_in_flight=in_flight) as consumer:
-        for item in consumer:
-            if isinstance(item, Event):
-                if json_output:
-                    emit_json(render.event_json(item))
-                else:
-                    sys.stderr.write(f"raftbroker: {render.event_line(item)}\n")
-                continue
-            assert isinstance(item, Message)
-            if json_output:
-                emit_json({**render.record_json(item.record), "delivery_attempt": item.delivery_attempt})
-            else:
-                sys.stdout.write(render.record_line(item.record) + "\n")
-            sys.stdout.flush()
-            item.ack()  # only after it is printed
-            delivered += 1
-            if limit is not None and delivered >= limit:
-                break
 
 
 # -- groups ---------------------------------------------------------------------------------------

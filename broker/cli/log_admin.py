@@ -94,7 +94,9 @@ def prune(
                                                   help="Only this partition (default: every partition).")] = None,
     group: Annotated[str | None, typer.Option("--group", help="Prune up to what this consumer group (marked lead: "
                                               "'group mark TOPIC G --lead') has committed; with --before: no "
-                                              "further than OFFSET.", show_default=False)] = None,
+                                              "further than OFFSET. Refused whole (nothing deleted) if that "
+                                              "passes what a group marked protect has not committed.",
+                                              show_default=False)] = None,
     json_: JsonFlag = False,
     bootstrap_: BootstrapOption = None,
 ) -> None:

@@ -50,7 +50,8 @@ def main(
             "--retry-deadline",
             min=0.0,
             envvar="RAFTBROKER_RETRY_DEADLINE",
-            help="Seconds to keep retrying while no leader is reachable.",
+            help="Seconds to keep retrying while no leader is reachable (a failover). A cluster that lost "
+            "its majority fails sooner: once every reachable node says 'no quorum' for about a second.",
         ),
     ] = 10.0,
 ) -> None:

@@ -2,16 +2,17 @@
 
 JSON shapes (stable, for scripts):
 - topic: ``{"name", "partition_count", "durability", "full_policy", "retention": {"max_age_ms",
-  "max_records", "max_bytes"}, "dedup_window_ms", "schema", "dedup_fields", "incarnation", "created_ms",
+  "max_records", "max_bytes"}, "dedup_window_ms", "schema_json", "dedup_fields", "incarnation", "created_ms",
   "records", "bytes", "partitions": [{"partition", "start_offset", "end_offset", "records", "bytes"}]}``;
-  ``dedup_window_ms`` is -1 when idempotency keys are kept forever; ``schema`` is the topic's JSON
-  Schema (an object) or ``null``.
+  ``dedup_window_ms`` is -1 when idempotency keys are kept forever; ``schema_json`` is the topic's JSON
+  Schema as text (as ``TopicInfo.schema_json`` in the SDK) or ``null``.
 - record: ``{"topic", "partition", "offset", "key", "value", "headers", "timestamp_ms",
   "position", "msg_id"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
   (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
   ``position`` is the base64 resume token (``consume --from token:...``); ``msg_id`` is the
   producer-session message id as a decimal string, ``""`` when the record had none.
-- publish result: ``{"partition", "offset", "duplicate"}``.
+- publish result: ``{"partition", "offset", "duplicate"}``; ``partition`` and ``offset`` are ``null``
+  for a duplicate at or below its producer session's watermark (no original place is kept).
 - event: ``{"event", "topic", "partition", "offset_before", "offset_after", "position_before",
   "position_after", "detail"}``; the positions are base64 tokens (``consume --from token:...``).
 """
@@ -19,7 +20,6 @@ JSON shapes (stable, for scripts):
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from rich.console import Console
@@ -40,7 +40,7 @@ def topic_json(info: TopicInfo) -> dict[str, Any]:
             "max_bytes": info.retention.max_bytes,
         },
         "dedup_window_ms": info.dedup_window_ms,
-        "schema": json.loads(info.schema_json) if info.schema_json else None,
+        "schema_json": info.schema_json or None,
         "has_schema": info.has_schema,
         "dedup_fields": list(info.dedup_fields),
         "incarnation": info.incarnation,
@@ -96,7 +96,16 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def publish_json(result: PublishResult) -> dict[str, Any]:
+    if not result.place_known:
+        return {"partition": None, "offset": None, "duplicate": True}
     return {"partition": result.partition, "offset": result.offset, "duplicate": result.duplicate}
+
+
+def publish_line(result: PublishResult) -> str:
+    """``partition=P offset=O[ duplicate]``; a duplicate whose original place is not kept shows no place."""
+    if not result.place_known:
+        return "duplicate (at or below the producer session's watermark: nothing stored; no place is kept)"
+    return f"partition={result.partition} offset={result.offset}{' duplicate' if result.duplicate else ''}"
 
 
 def record_line(record: Record) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
 from broker.client import wire
-from broker.client.consumer import Consumer
+from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
 from broker.client.errors import BrokerError, DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
 from broker.client.log_admin import LogAdminMixin
@@ -42,7 +42,11 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
 
     ``bootstrap``: one or more node addresses (a list, or one comma-separated string).
     ``timeout_s``: limit of one attempt of one call. ``retry_deadline_s``: how long a call keeps
-    trying other nodes while there is no reachable leader before raising ``Unavailable``.
+    trying other nodes while there is no reachable leader (a failover) before raising ``Unavailable``.
+    ``no_quorum_grace_s``: how long a call waits once every node it can reach says it has no
+    quorum and the others cannot be reached (a lost majority, not a failover) before raising
+    ``Unavailable`` "no quorum" (at most 60 s; a caller that must ride out a restart of a majority of
+    the nodes raises it, the retry deadline still bounds the call).
     """
 
     def __init__(
@@ -51,11 +55,13 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
         *,
         timeout_s: float = 10.0,
         retry_deadline_s: float = 30.0,
+        no_quorum_grace_s: float = 1.0,
     ) -> None:
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         if timeout_s <= 0 or retry_deadline_s < 0:
             raise ValueError("timeout_s must be positive and retry_deadline_s not negative")
-        self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s))
+        self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
+                                                     no_quorum_grace_s=no_quorum_grace_s))
 
     def __enter__(self) -> Client:
         return self
@@ -90,8 +96,14 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
         dedup_window_ms: int | None = None,
         schema: Mapping[str, Any] | str | None = None,
         dedup_fields: Sequence[str] | None = None,
+        exist_ok: bool = False,
     ) -> TopicInfo:
         """Create a topic; raises ``TopicExists`` if it exists, ``InvalidArgument`` for a bad config.
+
+        ``exist_ok=True``: a topic of that name that already exists with the same partition count
+        (and the same durability, full policy, dedup window, schema and dedup fields where they are
+        given here) is described and returned, so setup code can run again; one that differs still
+        raises ``TopicExists``, naming the differences. Retention is not compared (it can be altered).
 
         ``dedup_window_ms``: how long an idempotency key is remembered (``None``: the server
         default, 120000; ``-1``: forever).
@@ -119,7 +131,14 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
         except TopicExists as err:
             if err.after_unknown_outcome:
                 return self.describe_topic(name)
-            raise
+            if not exist_ok:
+                raise
+            existing = self.describe_topic(name)
+            differences = wire.config_differences(request.config, existing)
+            if differences:
+                raise TopicExists(err.code, f"{err.message}, with a different config: {'; '.join(differences)}"
+                                  ) from None
+            return existing
         return wire.topic_info(info)
 
     def describe_topic(self, name: str) -> TopicInfo:
@@ -302,11 +321,14 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
         ``filter``: a CEL expression evaluated by the server on each record (variables ``key``,
         ``headers``, ``op``, ``partition``, ``timestamp_ms`` and ``value``, the JSON document when
         the value is JSON); only matching records are delivered. An invalid expression raises
-        :class:`InvalidArgument` on the first ``next()``.
+        :class:`InvalidArgument` on the first ``next()``. A filter with ``group`` raises
+        :class:`InvalidArgument` at once (the broker refuses filtered group subscriptions).
         """
         if group is not None:
             if partition is not None:
                 raise invalid_argument("a group member reads the partitions the group gives it: drop partition")
+            if filter:
+                raise invalid_argument(GROUP_FILTER_REFUSED)
             return self._subscribe_group(topic, group, start=start, timestamp_ms=timestamp_ms,
                                          stop_at_end=stop_at_end, max_batch=max_batch, **group_options)
         if group_options:

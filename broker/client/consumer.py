@@ -38,6 +38,10 @@ from broker.v1 import broker_pb2, common_pb2
 
 DEFAULT_IN_FLIGHT = 100
 _DONE = object()
+GROUP_FILTER_REFUSED = (
+    "a group subscription cannot take a filter (the broker refuses it: records it skipped would have to be "
+    "settled for the whole group, which it does not do yet); filter in the consumer and ack what it skips, "
+    "or copy the matching records into their own topic with a filtered route and consume that")
 
 
 class Message:
@@ -102,7 +106,10 @@ class Consumer:
     def __init__(self, router: Router, topic: str, group: str, *, mode: str | None = None,
                  start: str | int | bytes = "earliest", timestamp_ms: int | None = None, stop_at_end: bool = False,
                  max_in_flight: int = DEFAULT_IN_FLIGHT, max_batch: int = 0, member_id: str | None = None,
-                 on_event: Callable[[Event], None] | None = None, **config: Any) -> None:
+                 on_event: Callable[[Event], None] | None = None, filter: str | None = None,
+                 **config: Any) -> None:
+        if filter:
+            raise invalid_argument(GROUP_FILTER_REFUSED)
         if max_in_flight <= 0:
             raise invalid_argument(f"max_in_flight must be positive, got {max_in_flight}")
         self._router = router

@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 
 LEADER_METADATA_KEY = "x-leader"
+NO_QUORUM_METADATA_KEY = "x-no-quorum"
 
 
 class BrokerError(Exception):
@@ -115,6 +116,14 @@ def leader_hint(err: grpc.RpcError) -> str | None:
         if key == LEADER_METADATA_KEY and value:
             return value if isinstance(value, str) else value.decode()
     return None
+
+
+def says_no_quorum(err: grpc.RpcError) -> bool:
+    """True when a node refused because it reaches no majority (the ``x-no-quorum`` trailer; a
+    redirect may carry it too: the leader named by a node without a quorum may be gone)."""
+    if not isinstance(err, grpc.Call) or rpc_code(err) is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    return any(key == NO_QUORUM_METADATA_KEY for key, _ in err.trailing_metadata() or ())
 
 
 def error_from_rpc(err: grpc.RpcError, *, after_unknown_outcome: bool = False) -> BrokerError:

@@ -90,7 +90,8 @@ class PublishResult:
     idempotency key, ``partition``/``offset``/``timestamp_ms`` are the first copy's (which may
     have been stored by an earlier attempt of the same call whose answer was lost). For a
     ``msg_id`` at or below its producer session's watermark, no original place is kept:
-    ``partition`` is where it would have gone and ``offset`` and ``timestamp_ms`` are 0.
+    ``partition`` is where it would have gone and ``offset`` and ``timestamp_ms`` are 0
+    (:attr:`place_known` is False: do not read ``offset`` as a place, 0 is another record's).
     ``idempotency_key`` is the key the record was sent with (the caller's or the generated one).
     """
 
@@ -99,6 +100,12 @@ class PublishResult:
     duplicate: bool
     timestamp_ms: int
     idempotency_key: str = ""
+
+    @property
+    def place_known(self) -> bool:
+        """False only for a duplicate whose original place is not kept (a session ``msg_id`` at or
+        below the watermark; the broker marks it with ``timestamp_ms`` 0, which no stored record has)."""
+        return not (self.duplicate and self.timestamp_ms == 0)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,13 @@
 Contract of :meth:`Router.call`:
 - a refusal naming the leader (``x-leader`` trailing metadata) is followed at once: the request
   was provably not applied;
-- a refusal without a leader (election, no quorum), a connection that fails or drops, and a
-  deadline are retried on the next known node after a short capped backoff, until
-  ``retry_deadline_s`` has passed; then :class:`~broker.client.errors.Unavailable` is raised;
+- a refusal without a leader (election), a connection that fails or drops, and a deadline are
+  retried on the next known node after a short capped backoff, until ``retry_deadline_s`` has
+  passed; then :class:`~broker.client.errors.Unavailable` is raised;
+- a cluster that lost its majority is not waited for: once every known node either refused with
+  "no quorum" (the ``x-no-quorum`` trailer) or could not be reached, for ``no_quorum_grace_s``
+  (so a node still connecting after a restart is not taken for a lost majority), the call raises
+  :class:`~broker.client.errors.Unavailable` saying so; the retry deadline is for failovers;
 - any other status is final and raised as its SDK error at once.
 After its first answered call a router learns every node's address (ClusterStatus, in the
 background), so "the other known nodes" include nodes missing from the bootstrap list.
@@ -34,6 +38,7 @@ from broker.client.errors import (
     leader_hint,
     rpc_code,
     rpc_details,
+    says_no_quorum,
 )
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
@@ -62,6 +67,12 @@ class RetryPolicy:
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 0.5
     redirects_max: int = 3  # consecutive redirects followed without pausing
+    no_quorum_grace_s: float = 1.0  # how long "no quorum" from every reachable node must last
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.retry_deadline_s < 0 or not 0 <= self.no_quorum_grace_s <= 60:
+            raise ValueError("timeout_s must be positive, retry_deadline_s not negative and "
+                             "no_quorum_grace_s within [0, 60]")
 
 
 class Backoff:
@@ -88,6 +99,7 @@ class Outcome(enum.Enum):
     REDIRECTED = "redirected"  # a follower named the leader: not applied
     NOT_SENT = "not_sent"  # the connection could not be made: not applied
     UNKNOWN = "unknown"  # no leader / dropped / deadline: maybe applied, retry
+    NO_QUORUM = "no_quorum"  # the node reaches no majority: not applied
     FINAL = "final"  # an answer to report to the caller
 
 
@@ -95,6 +107,8 @@ def classify(err: grpc.RpcError) -> tuple[Outcome, str | None]:
     """The outcome of a failed attempt and the leader address it named, if any."""
     code = rpc_code(err)
     hint = leader_hint(err)
+    if code is grpc.StatusCode.UNAVAILABLE and says_no_quorum(err):
+        return Outcome.NO_QUORUM, hint  # a redirect from a node without a quorum: follow it, but note it
     if hint and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
         return Outcome.REDIRECTED, hint
     if code is grpc.StatusCode.UNAVAILABLE:
@@ -270,6 +284,7 @@ class Router:
         backoff = Backoff(self.policy.backoff_initial_s, self.policy.backoff_max_s)
         address = (self._leader or self.next_address(None)) if write else self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
+        quorum = _QuorumWatch(self.policy.no_quorum_grace_s)
         while True:
             tried.append(address)
             try:
@@ -279,6 +294,8 @@ class Router:
                 if outcome is Outcome.FINAL:
                     raise error_from_rpc(err, after_unknown_outcome=unknown_outcome) from None
                 unknown_outcome = unknown_outcome or (write and outcome is Outcome.UNKNOWN)
+                if quorum.note(address, outcome, err) and quorum.covers(self.known_addresses):
+                    raise quorum.lost(what, unknown_outcome) from None
                 pause = True
                 if hint is not None:
                     redirects += 1
@@ -290,7 +307,7 @@ class Router:
                     address = self.next_address(address)
                 delay = backoff.next_delay_s() if pause else 0.0
                 if time.monotonic() + delay >= deadline:
-                    raise self._gave_up(what, err, tried, unknown_outcome) from None
+                    raise self._gave_up(what, quorum.last_answer or err, tried, unknown_outcome) from None
                 time.sleep(delay)
                 continue
             if write:
@@ -304,5 +321,54 @@ class Router:
             "UNAVAILABLE",
             f"{what}: no leader answered within {self.policy.retry_deadline_s:g}s (tried {nodes}); "
             f"last error: {rpc_code(err).name}: {rpc_details(err)}",
+            after_unknown_outcome=unknown,
+        )
+
+
+class _QuorumWatch:
+    """Within one call: which nodes said "no quorum" and which could not be reached, since when.
+
+    Any other answer (an election in progress, a redirect, a dropped call) means a majority may
+    still be there, and starts the watch over."""
+
+    def __init__(self, grace_s: float) -> None:
+        self._grace_s = grace_s
+        self._no_quorum: dict[str, str] = {}  # address -> its answer
+        self._unreachable: set[str] = set()
+        self._since: float | None = None
+        self.last_answer: grpc.RpcError | None = None  # the last error a node answered (not a refused connection)
+
+    def note(self, address: str, outcome: Outcome, err: grpc.RpcError) -> bool:
+        """Record one failed attempt; True while every failure since the watch began fits a lost majority."""
+        if outcome is not Outcome.NOT_SENT:
+            self.last_answer = err
+        if outcome is Outcome.NOT_SENT:
+            self._unreachable.add(address)
+            self._no_quorum.pop(address, None)
+        elif outcome is Outcome.NO_QUORUM:
+            self._no_quorum[address] = rpc_details(err)
+            self._unreachable.discard(address)
+            if self._since is None:
+                self._since = time.monotonic()
+        else:
+            self._no_quorum.clear()
+            self._unreachable.clear()
+            self._since = None
+        return self._since is not None
+
+    def covers(self, known: list[str]) -> bool:
+        """Every known node has said "no quorum" or been unreachable, for at least the grace time."""
+        assert self._since is not None
+        heard = self._unreachable | set(self._no_quorum)
+        return all(a in heard for a in known) and time.monotonic() - self._since >= self._grace_s
+
+    def lost(self, what: str, unknown: bool) -> Unavailable:
+        answered = ", ".join(sorted(self._no_quorum))
+        unreachable = ", ".join(sorted(self._unreachable)) or "none"
+        answer = next(iter(self._no_quorum.values()))
+        return Unavailable(
+            "UNAVAILABLE",
+            f"{what}: the cluster has no quorum: {answer} (said by {answered}; unreachable: {unreachable}); "
+            "a majority of the nodes must be running and connected to each other",
             after_unknown_outcome=unknown,
         )

@@ -6,6 +6,7 @@ start position) raise :class:`~broker.client.errors.InvalidArgument` here, befor
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -199,6 +200,26 @@ def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0
             raise invalid_argument("headers must map str to str")
         msg.headers[name] = text
     return msg
+
+
+def config_differences(wanted: admin_pb2.TopicConfig, existing: TopicInfo) -> list[str]:
+    """How ``existing`` differs from the create request ``wanted`` (fields left unset in ``wanted``,
+    and retention, are not compared); empty when it is the topic the request would have made."""
+    found = topic_info(admin_pb2.TopicInfo(config=wanted))
+    pairs: list[tuple[str, object, object, object]] = [
+        ("partitions", True, found.partition_count, existing.partition_count)]
+    if wanted.durability:
+        pairs.append(("durability", True, found.durability, existing.durability))
+    if wanted.full_policy:
+        pairs.append(("full_policy", True, found.full_policy, existing.full_policy))
+    if wanted.dedup_window_ms:
+        pairs.append(("dedup_window_ms", True, found.dedup_window_ms, existing.dedup_window_ms))
+    if wanted.schema_json:
+        pairs.append(("schema", True, json.loads(wanted.schema_json),
+                      json.loads(existing.schema_json) if existing.schema_json else None))
+    if wanted.dedup_fields:
+        pairs.append(("dedup_fields", True, found.dedup_fields, existing.dedup_fields))
+    return [f"{name} is {have!r}, not {want!r}" for name, given, want, have in pairs if given and want != have]
 
 
 def publish_result(msg: broker_pb2.PublishResult, idempotency_key: str = "") -> PublishResult:

@@ -53,12 +53,16 @@ class FailedPrecondition(BrokerError):
 
 
 class NotLeader(BrokerError):
-    """This node is not the leader; ``leader_address`` is the leader's gRPC address if known."""
+    """This node is not the leader; ``leader_address`` is the leader's gRPC address if known.
+    ``no_quorum``: this node reaches less than a majority, so the leader it names may be gone."""
 
-    def __init__(self, leader_address: str | None) -> None:
+    def __init__(self, leader_address: str | None, *, no_quorum: bool = False) -> None:
         where = f"the leader is {leader_address}" if leader_address else "no leader is known"
+        if no_quorum:
+            where += " as far as this node knows, but it reaches less than a majority of the members (no quorum)"
         super().__init__(f"this node is not the leader; {where}")
         self.leader_address = leader_address
+        self.no_quorum = no_quorum
 
 
 class Unavailable(BrokerError):
@@ -67,6 +71,12 @@ class Unavailable(BrokerError):
 
 class DataLoss(BrokerError):
     """This node's store cannot read data it holds (a damaged file): another node may still serve it."""
+
+
+class NoQuorum(Unavailable):
+    """This node reaches less than a majority of the members, so it cannot commit and no leader
+    can be elected with it; nothing was written. Clients stop retrying when every node that
+    answers says so (the ``x-no-quorum`` trailer), instead of waiting for a failover."""
 
 
 class ResourceExhausted(BrokerError):

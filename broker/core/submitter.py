@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.core.errors import InvalidArgument, NotLeader, ResourceExhausted, Unavailable
+from broker.core.errors import InvalidArgument, NoQuorum, NotLeader, ResourceExhausted, Unavailable
 from broker.replication import FailReason, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2
 
@@ -93,15 +93,26 @@ class CommandSubmitter:
         return peer.grpc_address if peer else None
 
     def ensure_leader(self) -> None:
-        """Raise :class:`NotLeader` or :class:`Unavailable` unless this node can commit now."""
+        """Raise :class:`NotLeader`, :class:`NoQuorum` or :class:`Unavailable` unless this node can
+        commit now. ``has_quorum`` is this node's view of its Raft connections (any role): without
+        it, no leader can be elected with this node, which says so (:class:`NoQuorum`) rather than
+        asking the caller to wait for an election."""
         status = self._replicator.status()
         if status.role != Role.LEADER:
             leader = self._peers.by_raft(status.leader_address)
-            if leader is None:
-                raise Unavailable("no leader is elected (election in progress or no quorum); retry later")
-            raise NotLeader(leader.grpc_address)
+            if leader is not None:  # without a quorum here, a leader known from before may be gone
+                raise NotLeader(leader.grpc_address, no_quorum=not status.has_quorum)
+            if not status.has_quorum:
+                raise NoQuorum(f"no quorum: this node reaches less than a majority of the {self._member_count()} "
+                               "members, so no leader can be elected; nothing was written (start or reconnect "
+                               "the missing nodes)")
+            raise Unavailable("no leader is elected yet (election in progress); retry later")
         if not status.has_quorum:
-            raise Unavailable("the leader cannot reach a majority of the cluster (no quorum); nothing was written")
+            raise NoQuorum(f"no quorum: the leader reaches less than a majority of the {self._member_count()} "
+                           "members; nothing was written (start or reconnect the missing nodes)")
+
+    def _member_count(self) -> int:
+        return len(self._peers.all())
 
     def leader_term(self) -> int:
         """The current term, checking that this node leads it."""

@@ -15,6 +15,7 @@ from broker.storage import StoreCorruption
 log = logging.getLogger(__name__)
 
 LEADER_METADATA_KEY = "x-leader"
+NO_QUORUM_METADATA_KEY = "x-no-quorum"  # "1" on an UNAVAILABLE from a node that reaches no majority
 
 _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -46,8 +47,13 @@ def status_code(exc: errors.BrokerError) -> grpc.StatusCode:
 def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
     """End the call with the status for ``exc`` (INTERNAL, logged, for anything unexpected)."""
     if isinstance(exc, errors.BrokerError):
+        trailers: list[tuple[str, str]] = []
         if isinstance(exc, errors.NotLeader) and exc.leader_address:
-            context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
+            trailers.append((LEADER_METADATA_KEY, exc.leader_address))
+        if isinstance(exc, errors.NoQuorum) or (isinstance(exc, errors.NotLeader) and exc.no_quorum):
+            trailers.append((NO_QUORUM_METADATA_KEY, "1"))
+        if trailers:
+            context.set_trailing_metadata(tuple(trailers))
         context.abort(status_code(exc), str(exc))
     if isinstance(exc, StoreCorruption):  # a damaged store file met outside the paths that name the partition
         log.error("store damaged: %s", exc)

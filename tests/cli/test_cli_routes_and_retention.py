@@ -22,7 +22,7 @@ def test_create_with_schema_and_dedup_fields(bootstrap: str, tmp_path: Path) -> 
     schema.write_text(json.dumps({"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}))
     created = json.loads(cli(bootstrap, "topic", "create", "cli-pages", "--schema", str(schema), "--dedup-fields",
                              "url", "--max-records", "50", "--full-policy", "reject", "--json").stdout)
-    assert created["schema"]["required"] == ["url"] and created["dedup_fields"] == ["url"]
+    assert json.loads(created["schema_json"])["required"] == ["url"] and created["dedup_fields"] == ["url"]
     assert created["retention"]["max_records"] == 50 and created["full_policy"] == "reject"
     assert "dedup fields: url" in cli(bootstrap, "topic", "describe", "cli-pages").stdout
     cli(bootstrap, "publish", "cli-pages", '{"url": "a"}', '{"url": "b"}')

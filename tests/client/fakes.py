@@ -26,6 +26,7 @@ class Script:
 
     redirect_to: str | None = None  # refuse writes with UNAVAILABLE + x-leader
     refuse_without_leader: int = 0  # refuse this many next calls with UNAVAILABLE, no x-leader
+    refuse_no_quorum: int = 0  # refuse this many next calls with UNAVAILABLE + x-no-quorum
     role: str = "leader"
     leader_id: str = ""
     topics: dict[str, int] = field(default_factory=dict)  # name -> partitions
@@ -48,7 +49,7 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self.script = Script()
         self.requests: list[tuple[str, object]] = []
         self.publishes_applied = 0
-        self.keys: dict[tuple[str, str], tuple[int, int]] = {}  # (topic, idempotency key) -> place
+        self.keys: dict[tuple[str, str], tuple[int, int, int]] = {}  # (topic, key) -> partition, offset, ts
         self._lock = threading.Lock()
         self._server = grpc.server(ThreadPoolExecutor(max_workers=8))
         broker_pb2_grpc.add_BrokerServicer_to_server(self, self._server)
@@ -70,6 +71,12 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
             refuse = self.script.refuse_without_leader > 0
             if refuse:
                 self.script.refuse_without_leader -= 1
+            no_quorum = self.script.refuse_no_quorum > 0
+            if no_quorum:
+                self.script.refuse_no_quorum -= 1
+        if no_quorum:
+            context.set_trailing_metadata((("x-no-quorum", "1"),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no quorum: (scripted)")
         if refuse:
             context.abort(grpc.StatusCode.UNAVAILABLE, "no leader (scripted)")
         if write and self.script.redirect_to:
@@ -132,14 +139,17 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
             for rec in request.records:
                 known = self.keys.get((request.topic, rec.idempotency_key)) if rec.idempotency_key else None
                 if known is not None:
-                    results.append(broker_pb2.PublishResult(partition=known[0], offset=known[1], duplicate=True))
+                    results.append(broker_pb2.PublishResult(partition=known[0], offset=known[1], duplicate=True,
+                                                            timestamp_ms=known[2]))
                     continue
                 partition = rec.partition if rec.HasField("partition") else 0
                 log = self.script.logs.setdefault((request.topic, partition), [])
                 log.append(rec.value)
+                now_ms = int(time.time() * 1000)  # as the broker: every stored record has the leader's time
                 if rec.idempotency_key:
-                    self.keys[(request.topic, rec.idempotency_key)] = (partition, len(log) - 1)
-                results.append(broker_pb2.PublishResult(partition=partition, offset=len(log) - 1))
+                    self.keys[(request.topic, rec.idempotency_key)] = (partition, len(log) - 1, now_ms)
+                results.append(broker_pb2.PublishResult(partition=partition, offset=len(log) - 1,
+                                                        timestamp_ms=now_ms))
             self.publishes_applied += 1
             drop = self.script.publish_then_drop_connection > 0
             if drop:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -150,3 +151,36 @@ def test_nodes_redirecting_to_each_other_end_in_unavailable() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_no_quorum_from_every_node_fails_after_the_grace_not_the_retry_deadline(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, follower = nodes
+    follower.script.redirect_to = None
+    for node in nodes:
+        node.script.refuse_no_quorum = 10**6
+    started = time.monotonic()
+    with Client([leader.address, follower.address], retry_deadline_s=30, no_quorum_grace_s=0.3) as client, \
+            pytest.raises(Unavailable) as info:
+        client.publish("t", "v")
+    assert time.monotonic() - started < 10, "well before the 30 s retry deadline"
+    assert "the cluster has no quorum: no quorum: (scripted)" in info.value.message
+
+
+def test_no_quorum_shorter_than_the_grace_is_retried(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    leader.script.refuse_no_quorum = 2  # a node still connecting to its peers after a restart
+    with Client([leader.address], retry_deadline_s=30, no_quorum_grace_s=30) as client:
+        assert client.publish("t", "v").offset == 0
+    assert len(leader.calls("Publish")) == 3
+
+
+def test_an_election_in_progress_restarts_the_no_quorum_watch(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, follower = nodes
+    follower.script.redirect_to = None
+    leader.script.refuse_no_quorum = 10**6
+    follower.script.refuse_without_leader = 10**6  # this one still has a majority: an election may end
+    with Client([leader.address, follower.address], retry_deadline_s=1.5, no_quorum_grace_s=0.1) as client, \
+            pytest.raises(Unavailable) as info:
+        client.publish("t", "v")
+    assert "no leader answered within 1.5s" in info.value.message

@@ -125,7 +125,7 @@ def drill(tmp_path: Path, durability: str, rounds: int, env: dict[str, str]) -> 
     outcome = Outcome()
     try:
         c.wait_ready(60)
-        with Client(c.addresses, retry_deadline_s=120) as client:
+        with Client(c.addresses, retry_deadline_s=120, no_quorum_grace_s=60) as client:  # rides out restarts
             client.create_topic(TOPIC, partitions=PARTITIONS, durability=durability)
             publisher = Publisher(client, outcome, durability)
             publisher.start()
