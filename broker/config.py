@@ -75,6 +75,7 @@ class NodeConfig(BaseModel):
     housekeeping_period_ms: int = Field(default=10_000, ge=50)  # retention by age, dedup-key expiry
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
+    max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams
     insecure: bool = False
 
     _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)

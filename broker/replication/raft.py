@@ -231,6 +231,15 @@ class PysyncobjReplicator:
         """Why this node halted (a snapshot it could not restore), or None while healthy."""
         return self._failure
 
+    def leader_commit_index(self) -> int | None:
+        """The commit index the leader last announced to this node (its own on the leader), or
+        None when none was heard yet; read from any thread (one attribute read)."""
+        node = self._node
+        if node is None:
+            return None
+        value = getattr(node, "_SyncObj__leaderCommitIndex", None)
+        return value if isinstance(value, int) else None
+
     def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
         """Append ``command`` if this node leads; see the class docstring for where callbacks run.
 

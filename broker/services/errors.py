@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -77,5 +77,31 @@ def streaming(method: F) -> F:
             yield from method(self, request, context)
         except Exception as exc:  # noqa: BLE001 - mapped to a status in abort()
             abort(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+async def abort_async(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
+    """:func:`abort` for handlers on the asyncio server."""
+    if isinstance(exc, errors.BrokerError):
+        if isinstance(exc, errors.NotLeader) and exc.leader_address:
+            context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
+        await context.abort(status_code(exc), str(exc))
+    log.exception("internal error")
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable: context.abort raises")
+
+
+def streaming_async(method: F) -> F:
+    """Wrap an async response-streaming servicer method so core errors become statuses."""
+
+    @functools.wraps(method)
+    async def wrapper(self: object, request: object, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[object]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in abort_async()
+            await abort_async(context, exc)
 
     return wrapper  # type: ignore[return-value]
