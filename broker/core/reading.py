@@ -34,9 +34,10 @@ from broker.v1 import broker_pb2, common_pb2, internal_pb2
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
 WAKE_S = 0.5  # how often an idle stream re-checks that its caller is still there
-# Byte bound of one response's records (a lone record may exceed it: it is sent alone). Well under
-# the smallest gRPC message limit a node runs with (max_batch_bytes + 1 MiB, max_batch_bytes >= 1 B).
-RESPONSE_BYTES_MAX = 4 << 20
+# Byte bound of one response's records (a lone record may exceed it: it is sent alone). Under the
+# smallest gRPC message limit a node runs with (max_batch_bytes + 1 MiB), and under the 4 MiB
+# receive limit of a default gRPC client as long as records are under ~3 MiB.
+RESPONSE_BYTES_MAX = 1 << 20
 # what protobuf adds around each record in a RecordBatch (field tag + length varint, generous)
 RECORD_FRAMING_BYTES = 16
 
