@@ -55,9 +55,10 @@ def read_all(client: Client, topic: str, **options: object) -> list[bytes]:
 
 
 def drain_group(client: Client, topic: str, group: str, mode: str, expected: int) -> list[bytes]:
-    """Every record of ``topic`` through a fresh group member, acked one by one, in offset order."""
+    """Every record of ``topic`` through a fresh group member, acked one by one, in offset order
+    (with room for the whole backlog in flight, so one round leases all of it)."""
     got: dict[int, bytes] = {}
-    with client.subscribe(topic, group=group, mode=mode, stop_at_end=True) as consumer:
+    with client.subscribe(topic, group=group, mode=mode, stop_at_end=True, max_in_flight=1000) as consumer:
         for item in consumer:
             if isinstance(item, Message):
                 got[item.offset] = item.value
