@@ -10,7 +10,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -18,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2
-from tests.conftest import wait_until
 from tests.cluster.stubs import stubs
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -128,7 +127,8 @@ def test_a_thousand_idle_subscribers_do_not_starve_unary_calls_or_health(capped:
         assert set(subs.first.values()) <= {b"m%d" % i for i in range(20)}
         assert not subs.errors, subs.errors[:5]
         # the cap: ten more streams fit, the next one is refused with a clear status
-        extra = [s.broker.Subscribe(broker_pb2.SubscribeRequest(topic="idle")) for _ in range(STREAMS_MAX - SUBSCRIBERS)]
+        extra = [s.broker.Subscribe(broker_pb2.SubscribeRequest(topic="idle"))
+                 for _ in range(STREAMS_MAX - SUBSCRIBERS)]
         wait_until(lambda: open_subscribers(capped, node) == STREAMS_MAX, 60, "the extra streams to open")
         with pytest.raises(grpc.RpcError) as info:
             next(iter(s.broker.Subscribe(broker_pb2.SubscribeRequest(topic="idle"), timeout=UNARY_TIMEOUT_S)))
