@@ -114,3 +114,28 @@ def test_an_ephemeral_reader_gets_a_mixed_size_backlog(mixed: tuple[Client, list
     client.create_topic("mixed-live", durability="ephemeral")
     publish_all(client, "mixed-live", values)
     assert read_all(client, "mixed-live") == values
+
+
+def test_dead_letters_of_large_records_list_under_the_message_limit(mixed: tuple[Client, list[bytes]]) -> None:
+    """Twelve dead letters of ~1 MiB: one listing (it would be ~12 MiB with every copy) answers, the
+    first ones carry their record, every one points at its copy in the DLQ topic."""
+    client, _ = mixed
+    big = [b"%d:" % i + b"d" * (NEAR_LIMIT_BYTES - 8) for i in range(12)]
+    client.create_topic("bigdead")
+    publish_all(client, "bigdead", big)
+    discarded = 0
+    with client.subscribe("bigdead", group="dlq", mode="queue", stop_at_end=True, max_in_flight=20) as consumer:
+        for item in consumer:
+            if isinstance(item, Message):
+                item.discard("too big to handle")
+                discarded += 1
+            if discarded == len(big):
+                break
+    dead = wait_until(lambda: (d := client.groups.dead_letters("bigdead", "dlq", limit=100)) and len(d) == len(big)
+                      and d, 60, "every discarded record to be a dead letter")
+    assert isinstance(dead, list)
+    with_record = [d for d in dead if d.record is not None]
+    assert 1 <= len(with_record) < len(big)
+    assert [d.record.value for d in with_record] == big[:len(with_record)]  # type: ignore[union-attr]
+    copies = read_all(client, "bigdead.dlq.dlq")
+    assert [copies[d.dlq_offset] for d in dead] == big
