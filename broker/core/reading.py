@@ -33,7 +33,10 @@ from broker.v1 import broker_pb2, common_pb2, internal_pb2
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
-WAKE_S = 0.5  # how often an idle stream re-checks that its caller is still there
+# How often an idle stream re-reads without a change signal (every change that matters to it, new
+# records, a prune, a drop, an ephemeral publish, bumps the state's version and wakes it at once):
+# a safety net only, and the cost of idle streams (1,000 streams at 0.5 s kept a node ~35% busy).
+WAKE_S = 5.0
 # Byte bound of one response's records (a lone record may exceed it: it is sent alone). Under the
 # smallest gRPC message limit a node runs with (max_batch_bytes + 1 MiB), and under the 4 MiB
 # receive limit of a default gRPC client as long as records are under ~3 MiB.
