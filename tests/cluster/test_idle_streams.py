@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 import urllib.request
@@ -78,6 +79,17 @@ class IdleSubscribers:
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(60)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+def follower_knows(address: str, topic: str) -> bool:
+    s = stubs(address)
+    try:
+        list(s.broker.Subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True), timeout=5))
+        return True
+    except grpc.RpcError:
+        return False
+    finally:
+        s.close()
 
 
 def cpu_s(pid: int) -> float:
@@ -164,3 +176,31 @@ def test_a_thousand_idle_subscribers_do_not_starve_unary_calls_or_health(capped:
         subs.close()
         client.close()
         s.close()
+
+
+def test_a_node_stopping_gracefully_ends_its_open_streams_and_exits(capped: DevCluster) -> None:
+    """SIGTERM with 200 idle streams open: every stream ends with a status (none hangs) and the
+    node exits cleanly within its grace period plus a margin."""
+    leader = capped.addresses.index(capped.wait_ready(60))
+    node = (leader + 1) % capped.nodes  # a follower: no leadership hand-over in the way
+    subs = IdleSubscribers(capped.grpc_address(node), "idle-stop", 200)
+    try:
+        with Client(capped.addresses, retry_deadline_s=60) as client:
+            client.create_topic("idle-stop")
+        wait_until(lambda: follower_knows(capped.grpc_address(node), "idle-stop"), 30, "the follower to have the topic")
+        subs.start()
+        wait_until(lambda: open_subscribers(capped, node) == 200 or subs.errors, 120, "200 open streams")
+        assert not subs.errors, subs.errors[:5]
+        proc = capped.procs[node]
+        assert proc is not None
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        print(f"node stopped with 200 open streams in {time.monotonic() - started:.2f} s")
+        wait_until(lambda: len(subs.errors) == 200, 30, "every stream to end with a status")
+        assert set(subs.errors) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}, set(subs.errors)
+    finally:
+        subs.close()
+        if not capped.alive(node):
+            capped.spawn(node)
+        capped.wait_ready(60)
