@@ -5,14 +5,18 @@ response of up to 500 records and failed with RESOURCE_EXHAUSTED past the 9 MiB 
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from broker.client import Client, Message, Record
 from broker.devcluster import DevCluster
+from broker.v1 import admin_pb2
 from tests.cli.helpers import cli, json_lines
+from tests.cluster.stubs import stubs
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -139,3 +143,26 @@ def test_dead_letters_of_large_records_list_under_the_message_limit(mixed: tuple
     assert [d.record.value for d in with_record] == big[:len(with_record)]  # type: ignore[union-attr]
     copies = read_all(client, "bigdead.dlq.dlq")
     assert [copies[d.dlq_offset] for d in dead] == big
+
+
+def test_listing_topics_past_the_byte_bound_fails_clearly(mixed: tuple[Client, list[bytes]],
+                                                          cluster: DevCluster) -> None:
+    """Two topics with ~3 MiB schemas: ListTopics answers RESOURCE_EXHAUSTED saying what to do (not a
+    transport error), DescribeTopic still answers; dropping one makes the list fit again."""
+    client, _ = mixed
+    schema = json.dumps({"type": "object", "description": "d" * (3 << 20)})
+    s = stubs(cluster.wait_ready())
+    try:
+        for name in ("wide-a", "wide-b"):
+            s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+                name=name, schema_json=schema)), timeout=30)
+        with pytest.raises(grpc.RpcError) as info:
+            s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+        assert "describe topics one by one" in info.value.details()  # type: ignore[attr-defined]
+        assert s.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="wide-a"), timeout=30).config.schema_json
+        s.admin.DropTopic(admin_pb2.DropTopicRequest(name="wide-b"), timeout=30)
+        names = {t.config.name for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30).topics}
+        assert "wide-a" in names
+    finally:
+        s.close()
