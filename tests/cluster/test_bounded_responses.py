@@ -147,13 +147,14 @@ def test_dead_letters_of_large_records_list_under_the_message_limit(mixed: tuple
 
 def test_listing_topics_past_the_byte_bound_fails_clearly(mixed: tuple[Client, list[bytes]],
                                                           cluster: DevCluster) -> None:
-    """Two topics with ~3 MiB schemas: ListTopics answers RESOURCE_EXHAUSTED saying what to do (not a
-    transport error), DescribeTopic still answers; dropping one makes the list fit again."""
+    """Three topics with ~3.5 MiB schemas (together past the 9 MiB message limit): ListTopics answers
+    RESOURCE_EXHAUSTED saying what to do (not the transport's "message larger than max"),
+    DescribeTopic still answers; dropping two makes the list fit again."""
     client, _ = mixed
-    schema = json.dumps({"type": "object", "description": "d" * (3 << 20)})
+    schema = json.dumps({"type": "object", "description": "d" * (7 << 19)})
     s = stubs(cluster.wait_ready())
     try:
-        for name in ("wide-a", "wide-b"):
+        for name in ("wide-a", "wide-b", "wide-c"):
             s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
                 name=name, schema_json=schema)), timeout=30)
         with pytest.raises(grpc.RpcError) as info:
@@ -161,7 +162,8 @@ def test_listing_topics_past_the_byte_bound_fails_clearly(mixed: tuple[Client, l
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
         assert "describe topics one by one" in info.value.details()  # type: ignore[attr-defined]
         assert s.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="wide-a"), timeout=30).config.schema_json
-        s.admin.DropTopic(admin_pb2.DropTopicRequest(name="wide-b"), timeout=30)
+        for name in ("wide-b", "wide-c"):
+            s.admin.DropTopic(admin_pb2.DropTopicRequest(name=name), timeout=30)
         names = {t.config.name for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30).topics}
         assert "wide-a" in names
     finally:
