@@ -78,6 +78,7 @@ class NodeConfig(BaseModel):
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down
     raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a silent Raft peer counts as disconnected
+    max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams
     insecure: bool = False
 
     _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)

@@ -20,7 +20,7 @@ from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import Unavailable
 from broker.core.housekeeping import Housekeeper
 from broker.core.membership import MemberRegistry, MembershipChanges
-from broker.core.reading import Reader
+from broker.core.reading import RESPONSE_BYTES_MAX, Reader
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
@@ -31,9 +31,11 @@ from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
+from broker.services.health import replica_health
 from broker.services.log_metrics import DeletionCollector
 from broker.services.metrics import NodeMetrics
 from broker.services.server import GrpcServer
+from broker.services.streams import StreamRuntime
 from broker.storage.rocks import RocksStore
 
 log = logging.getLogger(__name__)
@@ -95,12 +97,26 @@ class Node:
         mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
                                   limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
                                   admin=self.admin, metrics=self.metrics, clock_ms=self.clock.now_ms)
-        reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving)
-        broker = BrokerServicer(self.topic_log, reader, self.metrics)
+        reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
+                        response_bytes_max=self.response_bytes_max)
+        self.streams = StreamRuntime(self.state, streams_max=config.max_streams)
+        broker = BrokerServicer(self.topic_log, reader, self.metrics, self.streams)
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
-                         clock_ms=self.clock.now_ms)
-        self.server = GrpcServer(config.grpc_address, broker,
-                                 self.admin, config.max_batch_bytes + _MESSAGE_SLACK_BYTES, extra=[mirror])
+                         clock_ms=self.clock.now_ms, response_bytes_max=self.response_bytes_max)
+        self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
+                                 health_check=lambda: replica_health(self.replicator), extra=[mirror])
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The gRPC message limit, both ways: a full publish batch plus framing."""
+        return self.config.max_batch_bytes + _MESSAGE_SLACK_BYTES
+
+    @property
+    def response_bytes_max(self) -> int:
+        """Byte bound of the records in one stream response: :data:`RESPONSE_BYTES_MAX`, lower when
+        the message limit is small (a lone record of up to ``max_record_bytes`` is always sent; the
+        slack of 1 MiB covers its metadata)."""
+        return min(RESPONSE_BYTES_MAX, self.config.max_batch_bytes)
 
     def require_serving(self) -> None:
         """Raise :class:`Unavailable` when this node's Raft has halted: its state is stale for good."""

@@ -14,6 +14,7 @@ from broker.core.groups.apply import GroupApplier
 from broker.core.groups.delivery import GroupDelivery
 from broker.core.groups.operations import GroupOperations
 from broker.core.groups.service import GroupService
+from broker.core.reading import RESPONSE_BYTES_MAX
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter
@@ -31,12 +32,13 @@ class NodeGroups:
         self.service: GroupService | None = None
 
     def wire(self, *, submitter: CommandSubmitter, broker: GroupBrokerMethods, admin: GroupAdminMethods,
-             metrics: NodeMetrics, clock_ms: Callable[[], int]) -> None:
+             metrics: NodeMetrics, clock_ms: Callable[[], int], response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
         """Create the leader-side service and attach it to the servicers and the metrics; ``clock_ms``
-        (the node clock, wall ms) stamps group commands and times leases and member sessions."""
+        (the node clock, wall ms) stamps group commands and times leases and member sessions;
+        ``response_bytes_max`` bounds the records of one group stream response."""
         self.service = GroupService(self._state, self.applier, submitter, clock_ms=clock_ms)
         broker.groups = self.service
-        broker.group_delivery = GroupDelivery(self.service)
+        broker.group_delivery = GroupDelivery(self.service, response_bytes_max)
         admin.group_ops = GroupOperations(self.service)
         applier = self.applier
         metrics.registry.register(GroupCollector(admin.group_ops, lambda: {

@@ -4,6 +4,15 @@ A subscription reads the local node's applied log. It never sleeps on a timer to
 it waits on the state machine's change signal, which fires after every applied batch. Loss is
 never silent: a position that was pruned yields ``SKIP_FORWARD``, a record that fails its
 checksum yields ``BADMSG``, and a token from an older incarnation of the topic yields ``RESET``.
+
+Every response is bounded by count (``max_batch``) and by bytes (``response_bytes_max``): a batch
+ends before the record that would take it past the byte bound, except that a batch always holds at
+least one record, so a single record up to the record limit is always delivered.
+
+Streams are step generators (:meth:`Reader.subscribe_steps`): each step does one bounded read and
+yields responses, and when there is nothing to send it yields an :class:`Idle` instead of blocking,
+so the gRPC layer can wait for the change signal without holding a thread. :meth:`Reader.subscribe`
+is the same stream with the waits done in place (blocking), for callers that own a thread.
 """
 
 from __future__ import annotations
@@ -27,7 +36,43 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
-WAKE_S = 0.5  # how often an idle stream re-checks that its caller is still there
+# How often an idle stream re-reads without a change signal (every change that matters to it, new
+# records, a prune, a drop, an ephemeral publish, bumps the state's version and wakes it at once):
+# a safety net only, and the cost of idle streams (1,000 streams at 0.5 s kept a node ~35% busy).
+WAKE_S = 5.0
+# Byte bound of one response's records (a lone record may exceed it: it is sent alone). Under the
+# smallest gRPC message limit a node runs with (max_batch_bytes + 1 MiB), and under the 4 MiB
+# receive limit of a default gRPC client as long as records are under ~3 MiB.
+RESPONSE_BYTES_MAX = 1 << 20
+# what protobuf adds around each record in a RecordBatch (field tag + length varint, generous)
+RECORD_FRAMING_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Idle:
+    """A step of a stream with nothing to send: wait until the state machine's version differs
+    from ``seen_version`` or ``timeout_s`` passes, then resume the generator."""
+
+    seen_version: int
+    timeout_s: float
+
+
+Step = broker_pb2.SubscribeResponse | Idle
+
+
+def blocking(steps: Iterator[Step], state: BrokerStateMachine) -> Iterator[broker_pb2.SubscribeResponse]:
+    """The responses of a step generator, doing each :class:`Idle` wait in place (blocks the thread)."""
+    for step in steps:
+        if isinstance(step, Idle):
+            state.wait_for_change(step.seen_version, step.timeout_s)
+        else:
+            yield step
+
+
+def fits(batch_bytes: int, record_bytes: int, records: int, bytes_max: int) -> bool:
+    """Whether a record of ``record_bytes`` may join a batch of ``records`` records that already
+    holds ``batch_bytes``: always for the first record, else only within ``bytes_max``."""
+    return records == 0 or batch_bytes + record_bytes + RECORD_FRAMING_BYTES <= bytes_max
 
 
 def _drop_unmatched(batch: broker_pb2.RecordBatch, record_filter: RecordFilter) -> None:
@@ -61,17 +106,26 @@ class Reader:
 
     def __init__(self, state: BrokerStateMachine, hub: EphemeralHub | None = None,
                  require_leader: Callable[[], None] | None = None,
-                 require_serving: Callable[[], None] | None = None) -> None:
+                 require_serving: Callable[[], None] | None = None,
+                 response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
         """``require_serving`` raises (e.g. Unavailable) when this node must not serve reads (its Raft
         halted: its state is stale); it is checked at subscribe and at every wake of a stream."""
+        assert response_bytes_max > 0
         self._state = state
+        self._response_bytes_max = response_bytes_max
         self._hub = hub if hub is not None else EphemeralHub(state.notify_change)
         self._require_leader = require_leader or (lambda: None)
         self._require_serving = require_serving or (lambda: None)
 
     def subscribe(self, request: broker_pb2.SubscribeRequest,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
-        """Validate ``request`` eagerly (raising before the first item), then stream."""
+        """Validate ``request`` eagerly (raising before the first item), then stream (blocking waits)."""
+        return blocking(self.subscribe_steps(request, is_active), self._state)
+
+    def subscribe_steps(self, request: broker_pb2.SubscribeRequest,
+                        is_active: Callable[[], bool]) -> Iterator[Step]:
+        """Validate ``request`` eagerly (raising before the first item), then stream; yields
+        :class:`Idle` where the stream would wait."""
         self._require_serving()
         validate_name(request.topic)
         meta = self._state.topic(request.topic)
@@ -156,7 +210,7 @@ class Reader:
     def _stream(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta,
                 cursors: list[_Cursor], first: list[broker_pb2.SubscribeResponse],
                 is_active: Callable[[], bool], record_filter: RecordFilter | None
-                ) -> Iterator[broker_pb2.SubscribeResponse]:
+                ) -> Iterator[Step]:
         yield from first
         batch_size = request.max_batch or DEFAULT_BATCH
         name, tid = request.topic, meta.topic_id
@@ -181,7 +235,7 @@ class Reader:
                 continue
             if all(c.end is not None and c.offset >= c.end for c in cursors):
                 return
-            self._state.wait_for_change(seen, WAKE_S)
+            yield Idle(seen, WAKE_S)
 
     def _read_ephemeral(self, name: str, tid: int, cursor: _Cursor,
                         limit: int) -> Iterator[broker_pb2.SubscribeResponse]:
@@ -195,12 +249,18 @@ class Reader:
         if cursor.offset >= end:
             return
         response = broker_pb2.SubscribeResponse()
+        size = 0
         for item in self._hub.read(tid, cursor.partition, cursor.offset, min(limit, end - cursor.offset)):
             rec = response.batch.records.add()
             rec.MergeFromString(item.body)
             rec.topic, rec.partition = name, cursor.partition
             rec.offset, rec.timestamp_ms = item.offset, item.timestamp_ms
             rec.position = records.PositionToken(tid, cursor.partition, item.offset + 1).encode()
+            rec_bytes = rec.ByteSize()
+            if not fits(size, rec_bytes, len(response.batch.records) - 1, self._response_bytes_max):
+                del response.batch.records[-1]  # the next read starts with it
+                break
+            size += rec_bytes + RECORD_FRAMING_BYTES
             cursor.offset = item.offset + 1
         if response.batch.records:
             yield response
@@ -227,10 +287,12 @@ class Reader:
 
     def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[tuple[bytes, bytes]]
                    ) -> Iterator[broker_pb2.SubscribeResponse]:
-        """Records (and BADMSG / SKIP_FORWARD events) of one scan; advances ``cursor``."""
+        """Records (and BADMSG / SKIP_FORWARD events) of one scan, at most ``response_bytes_max``
+        bytes of records per response (a lone record always goes); advances ``cursor``."""
         p = cursor.partition
         response = broker_pb2.SubscribeResponse()
         batch = response.batch
+        size = 0
         try:
             for key, value in scan:
                 offset = records.RECORD_KEY.unpack(key)[2]
@@ -238,9 +300,10 @@ class Reader:
                     if batch.records:
                         yield response
                         response = broker_pb2.SubscribeResponse()
-                        batch = response.batch
+                        batch, size = response.batch, 0
                     yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, offset,
                                  "records before this position were pruned or expired")
+                    cursor.offset = offset
                 rec = batch.records.add()
                 try:
                     stored = records.unframe(key, value)
@@ -250,7 +313,7 @@ class Reader:
                     if batch.records:
                         yield response
                         response = broker_pb2.SubscribeResponse()
-                        batch = response.batch
+                        batch, size = response.batch, 0
                     yield _event(common_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
                                  f"record skipped: {exc}")
                     cursor.offset = offset + 1
@@ -260,6 +323,11 @@ class Reader:
                 rec.offset = offset
                 rec.timestamp_ms = stored.timestamp_ms
                 rec.position = records.PositionToken(tid, p, offset + 1).encode()
+                rec_bytes = rec.ByteSize()
+                if not fits(size, rec_bytes, len(batch.records) - 1, self._response_bytes_max):
+                    del batch.records[-1]  # over the byte bound: the next read starts with it
+                    break
+                size += rec_bytes + RECORD_FRAMING_BYTES
                 cursor.offset = offset + 1
         except StoreCorruption:  # what was read before the damaged block is delivered first
             if batch.records:

@@ -16,6 +16,7 @@ import collections
 import functools
 import itertools
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
+from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
 from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
@@ -239,6 +241,16 @@ class PysyncobjReplicator:
     def failure(self) -> BaseException | None:
         """Why this node halted (a snapshot it could not restore), or None while healthy."""
         return self._failure
+
+    def leader_contact(self) -> tuple[int | None, float]:
+        """Follower side, from any thread: (the commit index the leader last announced to this node,
+        None if none yet; seconds since a current leader's message last reached it, inf if never)."""
+        node = self._node
+        if node is None:
+            return None, math.inf
+        commit = getattr(node, "_SyncObj__leaderCommitIndex", None)
+        last = getattr(node, "_last_leader_contact", -math.inf)
+        return (commit if isinstance(commit, int) else None), max(0.0, pysyncobj_monotonic() - last)
 
     def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
         """Append ``command`` if this node leads; see the class docstring for where callbacks run.

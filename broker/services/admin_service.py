@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from broker.core.errors import ResourceExhausted
 from broker.core.submitter import Peer, PeerDirectory
 from broker.core.topic_log import TopicLog
 from broker.replication import Replicator
@@ -17,6 +18,9 @@ from broker.services.route_service import RouteAdminMethods
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
+# One topic listing at most (topic schemas are unbounded but for the message limit): past it
+# ListTopics fails with RESOURCE_EXHAUSTED and says what to do, rather than with a transport error.
+LIST_TOPICS_BYTES_MAX = 4 << 20
 
 
 class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods, admin_pb2_grpc.AdminServicer):
@@ -42,7 +46,13 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     @errors.unary
     def ListTopics(self, request: admin_pb2.ListTopicsRequest,
                    context: grpc.ServicerContext) -> admin_pb2.ListTopicsResponse:
-        return admin_pb2.ListTopicsResponse(topics=self._log.list_topics())
+        response = admin_pb2.ListTopicsResponse(topics=self._log.list_topics())
+        size = response.ByteSize()
+        if size > LIST_TOPICS_BYTES_MAX:
+            raise ResourceExhausted(
+                f"the list of {len(response.topics)} topics is {size} bytes with their schemas, over the "
+                f"{LIST_TOPICS_BYTES_MAX} bytes one answer may carry; describe topics one by one instead")
+        return response
 
     @errors.unary
     def DropTopic(self, request: admin_pb2.DropTopicRequest,

@@ -1,28 +1,35 @@
-"""``broker.v1.Broker``: publish and subscribe, delegated to ``broker.core``."""
+"""``broker.v1.Broker``: publish and subscribe, delegated to ``broker.core``.
+
+Unary methods are sync (they run on the server's call pool); the streaming methods are coroutines
+on the asyncio server that hold no thread while they wait (``broker.services.streams``).
+"""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 
 from broker.core.errors import BrokerError
-from broker.core.reading import Reader
+from broker.core.reading import Reader, Step
 from broker.core.topic_log import TopicLog
 from broker.services import errors
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
+from broker.services.streams import StreamRuntime
 from broker.v1 import broker_pb2, broker_pb2_grpc
 
 
 class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     """Data plane (consumer-group RPCs: :class:`GroupBrokerMethods`)."""
 
-    def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics) -> None:
+    def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics, streams: StreamRuntime) -> None:
         self._log = log
         self._reader = reader
         self._metrics = metrics
+        self._streams = streams
 
     def _publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
         started = time.perf_counter()
@@ -40,23 +47,31 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     def Publish(self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:
         return self._publish(request)
 
-    @errors.streaming
-    def PublishStream(self, request_iterator: Iterator[broker_pb2.PublishRequest],
-                      context: grpc.ServicerContext) -> Iterator[broker_pb2.PublishResponse]:
-        for request in request_iterator:
-            yield self._publish(request)
+    @errors.streaming_async
+    async def PublishStream(self, request_iterator: AsyncIterator[broker_pb2.PublishRequest],
+                            context: grpc.aio.ServicerContext
+                            ) -> AsyncIterator[broker_pb2.PublishResponse]:
+        self._streams.admit()
+        try:
+            async for request in request_iterator:
+                yield await self._streams.call(functools.partial(self._publish, request))
+        finally:
+            self._streams.release()
 
-    @errors.streaming
-    def Subscribe(self, request: broker_pb2.SubscribeRequest,
-                  context: grpc.ServicerContext) -> Iterator[broker_pb2.SubscribeResponse]:
-        if request.group:
-            stream = self.group_subscribe(request, context.is_active)
-        else:
-            stream = self._reader.subscribe(request, context.is_active)
+    @errors.streaming_async
+    async def Subscribe(self, request: broker_pb2.SubscribeRequest,
+                        context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[broker_pb2.SubscribeResponse]:
+        def open_steps(is_active: Callable[[], bool]) -> Iterator[Step]:
+            if request.group:
+                return self.group_subscribe(request, is_active)
+            return self._reader.subscribe_steps(request, is_active)
+
         delivered = self._metrics.deliver_records.labels(request.topic)
         self._metrics.subscribers.inc()
         try:
-            for item in stream:
+            async for item in self._streams.serve(open_steps):
+                assert isinstance(item, broker_pb2.SubscribeResponse)
                 if item.HasField("batch"):
                     delivered.inc(len(item.batch.records))
                 yield item

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -44,22 +44,29 @@ def status_code(exc: errors.BrokerError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
-    """End the call with the status for ``exc`` (INTERNAL, logged, for anything unexpected)."""
+def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The status code, message and trailing metadata that end a call failing with ``exc``
+    (INTERNAL, logged, for anything unexpected): the one mapping of both servers' handlers."""
     if isinstance(exc, errors.BrokerError):
         trailers: list[tuple[str, str]] = []
         if isinstance(exc, errors.NotLeader) and exc.leader_address:
             trailers.append((LEADER_METADATA_KEY, exc.leader_address))
         if isinstance(exc, errors.NoQuorum) or (isinstance(exc, errors.NotLeader) and exc.no_quorum):
             trailers.append((NO_QUORUM_METADATA_KEY, "1"))
-        if trailers:
-            context.set_trailing_metadata(tuple(trailers))
-        context.abort(status_code(exc), str(exc))
+        return status_code(exc), str(exc), tuple(trailers)
     if isinstance(exc, StoreCorruption):  # a damaged store file met outside the paths that name the partition
         log.error("store damaged: %s", exc)
-        context.abort(grpc.StatusCode.DATA_LOSS, f"this node's store is damaged: {exc}; read from another node")
-    log.exception("internal error")
-    context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        return grpc.StatusCode.DATA_LOSS, f"this node's store is damaged: {exc}; read from another node", ()
+    log.exception("internal error", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}", ()
+
+
+def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
+    """End the call with the status for ``exc`` (:func:`status_for`)."""
+    code, message, trailers = status_for(exc)
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    context.abort(code, message)
     raise AssertionError("unreachable: context.abort raises")
 
 
@@ -88,5 +95,29 @@ def streaming(method: F) -> F:
             yield from method(self, request, context)
         except Exception as exc:  # noqa: BLE001 - mapped to a status in abort()
             abort(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+async def abort_async(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
+    """:func:`abort` for handlers on the asyncio server."""
+    code, message, trailers = status_for(exc)
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    await context.abort(code, message)
+    raise AssertionError("unreachable: context.abort raises")
+
+
+def streaming_async(method: F) -> F:
+    """Wrap an async response-streaming servicer method so core errors become statuses."""
+
+    @functools.wraps(method)
+    async def wrapper(self: object, request: object, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[object]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in abort_async()
+            await abort_async(context, exc)
 
     return wrapper  # type: ignore[return-value]

@@ -14,6 +14,7 @@ from broker.core.errors import Unimplemented
 from broker.core.groups.delivery import GroupDelivery
 from broker.core.groups.operations import GroupOperations
 from broker.core.groups.service import GroupService
+from broker.core.reading import Step
 from broker.services import errors
 from broker.v1 import admin_pb2, broker_pb2
 
@@ -36,11 +37,11 @@ class GroupBrokerMethods:
         return self.groups
 
     def group_subscribe(self, request: broker_pb2.SubscribeRequest,
-                        is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
-        """The stream of a ``Subscribe`` that names a group (validated before it starts)."""
+                        is_active: Callable[[], bool]) -> Iterator[Step]:
+        """The step stream of a ``Subscribe`` that names a group (validated before it starts)."""
         if self.group_delivery is None:
             raise Unimplemented("consumer groups are not enabled on this node")
-        return self.group_delivery.subscribe(request, is_active)
+        return self.group_delivery.subscribe_steps(request, is_active)
 
     @errors.unary
     def Ack(self, request: broker_pb2.AckRequest, context: grpc.ServicerContext) -> broker_pb2.AckResponse:

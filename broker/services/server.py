@@ -1,57 +1,141 @@
-"""The gRPC server of one node: Broker, Admin, health checking and reflection."""
+"""The gRPC server of one node: Broker, Admin, health checking and reflection.
+
+A ``grpc.aio`` server on an event loop of its own thread. Unary handlers are sync and run on the
+call pool (``migration_thread_pool``, :attr:`StreamRuntime.call_pool`); streaming handlers are
+coroutines that hold no thread while idle (``broker.services.streams``), so streams cannot starve
+unary calls or health checks.
+
+Health (SPEC §5): every registered service name is SERVING or NOT_SERVING together, as
+``health_check()`` says; a watcher asks it every :data:`HEALTH_PERIOD_S` and updates the status
+when it changes (logging why).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
+from broker.services.streams import StreamRuntime
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc
 
-MAX_WORKERS = 64
+log = logging.getLogger(__name__)
+
+HEALTH_PERIOD_S = 0.5
+HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
+
+T = TypeVar("T")
+# (serving, why not): what the health watcher asks the node
+HealthCheck = Callable[[], tuple[bool, str]]
 
 
 class GrpcServer:
-    """Owns the grpc.Server and its health status."""
+    """Owns the asyncio gRPC server, its event-loop thread and its health status."""
 
     def __init__(self, address: str, broker: BrokerServicer, admin: AdminServicer, max_message_bytes: int,
-                 extra: Sequence[tuple[str, Callable[[grpc.Server], None]]] = ()) -> None:
-        """``extra``: more services as (full service name, registrar), e.g. the Mirror service."""
+                 streams: StreamRuntime, health_check: HealthCheck | None = None,
+                 extra: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = ()) -> None:
+        """``extra``: more services as (full service name, registrar), e.g. the Mirror service.
+        ``health_check``: None means always SERVING while running."""
+        self._streams = streams
+        self._health_check = health_check or (lambda: (True, ""))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
+        self._thread.start()
+        self._watcher: asyncio.Task[None] | None = None
+        self._serving: bool | None = None
+        self._names: list[str] = []
+        try:
+            self._server, self._health = self._run(self._build(address, broker, admin, max_message_bytes, extra))
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _build(self, address: str, broker: BrokerServicer, admin: AdminServicer, max_message_bytes: int,
+                     extra: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]]
+                     ) -> tuple[grpc.aio.Server, health_async.HealthServicer]:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
-                                   options=options, maximum_concurrent_rpcs=MAX_WORKERS * 4)
-        broker_pb2_grpc.add_BrokerServicer_to_server(broker, self._server)
-        admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
+        server = grpc.aio.server(migration_thread_pool=self._streams.call_pool, options=options)
+        broker_pb2_grpc.add_BrokerServicer_to_server(broker, server)
+        admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         for _, register in extra:
-            register(self._server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+            register(server)
+        health = health_async.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
         names = [
             broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
             *(name for name, _ in extra),
-            health.SERVICE_NAME,
+            HEALTH_SERVICE_NAME,
             reflection.SERVICE_NAME,
         ]
-        reflection.enable_server_reflection(names, self._server)
+        reflection.enable_server_reflection(names, server)
         self._names = names[:2]
-        if self._server.add_insecure_port(address) == 0:
+        if server.add_insecure_port(address) == 0:
             raise OSError(f"cannot bind gRPC address {address}")
+        return server, health
 
     def start(self) -> None:
-        self._server.start()
+        self._run(self._start())
+
+    async def _start(self) -> None:
+        self._streams.start(asyncio.get_running_loop())
+        await self._server.start()
+        await self._update_health()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_health())
+
+    async def _update_health(self) -> None:
+        serving, why = await asyncio.wrap_future(self._streams.call_pool.submit(self._health_check))
+        if serving == self._serving:
+            return
+        if serving:
+            log.info("health: SERVING")
+        else:
+            log.warning("health: NOT_SERVING (%s)", why)
+        self._serving = serving
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self._names]:
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self._health.set(name, status)
+
+    async def _watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_PERIOD_S)
+            try:
+                await self._update_health()
+            except Exception:  # noqa: BLE001 - a failing check must not end the watcher
+                log.exception("health check failed")
 
     def stop(self, grace_s: float) -> None:
-        self._health.enter_graceful_shutdown()
-        self._server.stop(grace_s).wait()
+        """Say NOT_SERVING, give open calls and streams ``grace_s`` to finish, then stop."""
+        try:
+            self._run(self._stop(grace_s))
+        finally:
+            self._streams.stop()
+            self._close_loop()
+
+    async def _stop(self, grace_s: float) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace_s)
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

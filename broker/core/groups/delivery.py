@@ -8,7 +8,9 @@ records, settlements, expired leases) or until the next retry falls due. It neve
 on a timer. Leaving leadership ends the stream with ``NotLeader`` (the client re-subscribes on the
 new leader, which re-delivers whatever was in flight). With ``stop_at_end`` the stream ends once
 nothing is deliverable to it right now although it has room (records it holds stay leased; retries
-not due yet and paused groups count as nothing).
+not due yet and paused groups count as nothing). Responses are bounded by count (``max_batch``) and
+by bytes (``response_bytes_max``, a lone record always fits) like stateless reads; where the
+stream would wait it yields an :class:`~broker.core.reading.Idle` (see ``reading``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,35 @@ from broker.core.errors import InvalidArgument
 from broker.core.groups.config import validate_group_name
 from broker.core.groups.runtime import GroupRuntime
 from broker.core.groups.service import GroupService
-from broker.core.reading import DEFAULT_BATCH, MAX_BATCH
+from broker.core.reading import (
+    DEFAULT_BATCH,
+    MAX_BATCH,
+    RECORD_FRAMING_BYTES,
+    RESPONSE_BYTES_MAX,
+    Idle,
+    Step,
+    blocking,
+    fits,
+)
 from broker.core.topics import validate_name
 from broker.v1 import broker_pb2, common_pb2
+
+
+def chunks(rows: list[common_pb2.Record], count_max: int, bytes_max: int) -> Iterator[list[common_pb2.Record]]:
+    """``rows`` in order, cut into lists of at most ``count_max`` records and ``bytes_max`` bytes
+    (a record larger than ``bytes_max`` goes alone)."""
+    assert count_max > 0 and bytes_max > 0
+    chunk: list[common_pb2.Record] = []
+    size = 0
+    for row in rows:
+        row_bytes = row.ByteSize()
+        if len(chunk) >= count_max or not fits(size, row_bytes, len(chunk), bytes_max):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(row)
+        size += row_bytes + RECORD_FRAMING_BYTES
+    if chunk:
+        yield chunk
 
 DEFAULT_IN_FLIGHT = 100
 MAX_IN_FLIGHT = 10_000
@@ -37,13 +65,21 @@ GROUP_FILTER_REFUSED = (
 class GroupDelivery:
     """Serves ``Subscribe`` requests that name a group."""
 
-    def __init__(self, service: GroupService) -> None:
+    def __init__(self, service: GroupService, response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
+        assert response_bytes_max > 0
         self._service = service
+        self._response_bytes_max = response_bytes_max
 
     def subscribe(self, request: broker_pb2.SubscribeRequest,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
         """Validate ``request`` and create the group if needed (raising before the first item),
-        then stream."""
+        then stream (waiting in place: blocks the thread)."""
+        return blocking(self.subscribe_steps(request, is_active), self._service.state)
+
+    def subscribe_steps(self, request: broker_pb2.SubscribeRequest,
+                        is_active: Callable[[], bool]) -> Iterator[Step]:
+        """Validate ``request`` and create the group if needed (raising before the first item),
+        then stream, yielding :class:`Idle` where it would wait."""
         validate_name(request.topic)
         validate_group_name(request.group)
         if request.HasField("partition"):
@@ -71,7 +107,7 @@ class GroupDelivery:
         return self._stream(request, rt, member or f"q-{uuid.uuid4().hex[:12]}", is_active)
 
     def _stream(self, request: broker_pb2.SubscribeRequest, rt: GroupRuntime, member: str,
-                is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+                is_active: Callable[[], bool]) -> Iterator[Step]:
         service, state = self._service, self._service.state
         limit = request.max_in_flight or DEFAULT_IN_FLIGHT
         batch_size = request.max_batch or DEFAULT_BATCH
@@ -91,15 +127,14 @@ class GroupDelivery:
                     service.settle(rt, delivery.bad)
                 for event in delivery.events:
                     yield broker_pb2.SubscribeResponse(event=event)
-                for i in range(0, len(delivery.records), batch_size):
-                    batch = broker_pb2.RecordBatch(records=delivery.records[i:i + batch_size])
-                    yield broker_pb2.SubscribeResponse(batch=batch)
+                for chunk in chunks(list(delivery.records), batch_size, self._response_bytes_max):
+                    yield broker_pb2.SubscribeResponse(batch=broker_pb2.RecordBatch(records=chunk))
                 if delivery:
                     continue
                 if request.stop_at_end and room > 0:  # caught up: nothing deliverable now
                     return
                 due = rt.next_due_ms(member)
                 timeout_s = WAKE_S if due is None else min(WAKE_S, max(due - now, 1) / 1000)
-                state.wait_for_change(seen, timeout_s)
+                yield Idle(seen, timeout_s)
         finally:
             rt.close_stream(stream_id)

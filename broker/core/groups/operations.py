@@ -26,6 +26,9 @@ from broker.v1 import admin_pb2, common_pb2, internal_pb2
 K = internal_pb2
 DEFAULT_DEAD_LIMIT = 100
 MAX_DEAD_LIMIT = 10_000
+# record copies carried by one dead-letter listing; entries past it come without their record (read it
+# from the DLQ topic at dlq_partition/dlq_offset), so a listing stays far below the message limit
+DEAD_RECORDS_BYTES_MAX = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -164,19 +167,27 @@ class GroupOperations:
     # -- dead letters --------------------------------------------------------------------------
     def dead_letters(self, topic: str, group: str, limit: int, partition: int | None,
                      after_offset: int | None) -> list[admin_pb2.DeadLetter]:
+        """Up to ``limit`` dead letters in (partition, offset) order, each with a copy of its record
+        while the copies total at most :data:`DEAD_RECORDS_BYTES_MAX` bytes (the rest without)."""
         self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         if limit > MAX_DEAD_LIMIT:
             raise InvalidArgument(f"limit must be at most {MAX_DEAD_LIMIT}, got {limit}")
         out = []
         dlq = self._state.topic(rt.meta.dlq_topic)
+        copied_bytes = 0
         for p, o, dead in layout.dead_letters(self._state.store, rt.gid, partition, after_offset,
                                               limit or DEFAULT_DEAD_LIMIT):
             item = admin_pb2.DeadLetter(partition=p, offset=o, attempts=dead.attempts, reason=dead.reason,
                                         dead_ms=dead.dead_ms, dlq_partition=dead.dlq_partition,
                                         dlq_offset=dead.dlq_offset)
-            if dlq is not None:
+            if dlq is not None and copied_bytes < DEAD_RECORDS_BYTES_MAX:
                 self._copy(dlq, dead, item)
+                if copied_bytes + item.record.ByteSize() > DEAD_RECORDS_BYTES_MAX:
+                    item.ClearField("record")  # over the byte bound: listed without its record
+                    copied_bytes = DEAD_RECORDS_BYTES_MAX
+                else:
+                    copied_bytes += item.record.ByteSize()
             out.append(item)
         return out
 

@@ -1,0 +1,171 @@
+"""Server streams that hold no thread while idle (issue 11 item 5).
+
+The gRPC server is a ``grpc.aio`` server. Unary handlers keep their sync code and run on the
+server's call pool (``migration_thread_pool``). A streaming handler is a coroutine that drives a
+core *step generator* (``broker.core.reading``): each step (one bounded read) runs on the small
+read pool; when the generator yields :class:`~broker.core.reading.Idle`, the coroutine awaits
+:class:`ChangeFeed` (the state machine's change signal carried into the event loop) without any
+thread. So 1,000 idle subscribers cost 1,000 coroutines, not 1,000 threads, and unary calls and
+health checks keep their own pool.
+
+Limits: at most ``streams_max`` streams (``Subscribe`` and ``PublishStream``) are open on a node at
+once; one more is refused with RESOURCE_EXHAUSTED before it does anything. Stream reads share
+``read_threads`` threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+from broker.core.errors import ResourceExhausted
+from broker.core.reading import Idle, Step
+from broker.core.state_machine import BrokerStateMachine
+
+log = logging.getLogger(__name__)
+
+STREAMS_MAX = 4096  # open server streams per node; one more gets RESOURCE_EXHAUSTED
+READ_THREADS = 8  # threads that run stream steps (reads), shared by every stream of a node
+PUMP_WAKE_S = 0.5  # how often the change pump checks that it should still run
+
+T = TypeVar("T")
+_END = object()
+
+
+class ChangeFeed:
+    """The state machine's version, observable from the event loop: one thread waits on the
+    state's condition and wakes the loop with ``call_soon_threadsafe`` after every change."""
+
+    def __init__(self, state: BrokerStateMachine) -> None:
+        self._state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Future[None] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="change-feed", daemon=True)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _pump(self) -> None:
+        assert self._loop is not None
+        seen = self._state.version
+        while not self._stop.is_set():
+            now = self._state.wait_for_change(seen, PUMP_WAKE_S)
+            if now != seen:
+                seen = now
+                try:
+                    self._loop.call_soon_threadsafe(self._wake)
+                except RuntimeError:  # the loop closed under us: the server is gone
+                    return
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
+
+    async def wait(self, seen_version: int, timeout_s: float) -> None:
+        """Return once the state's version differs from ``seen_version`` or after ``timeout_s``."""
+        if self._state.version != seen_version:
+            return
+        if self._changed is None:
+            self._changed = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._changed), timeout_s)
+
+
+class StreamRuntime:
+    """What streaming handlers share on one node: the change feed, the read pool, the call pool
+    (also the server's pool for unary handlers) and the cap on open streams."""
+
+    def __init__(self, state: BrokerStateMachine, *, streams_max: int = STREAMS_MAX,
+                 read_threads: int = READ_THREADS, call_threads: int = 64) -> None:
+        if streams_max < 1 or read_threads < 1 or call_threads < 1:
+            raise ValueError(f"streams_max ({streams_max}), read_threads ({read_threads}) and "
+                             f"call_threads ({call_threads}) must be at least 1")
+        self.streams_max = streams_max
+        self.feed = ChangeFeed(state)
+        self.read_pool = ThreadPoolExecutor(read_threads, thread_name_prefix="stream-read")
+        self.call_pool = ThreadPoolExecutor(call_threads, thread_name_prefix="grpc")
+        self._open = 0
+
+    @property
+    def open_streams(self) -> int:
+        return self._open
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.feed.start(loop)
+
+    def stop(self) -> None:
+        """After the server stopped: end the pump, let running steps finish, free the pools."""
+        self.feed.stop()
+        self.read_pool.shutdown(wait=True)
+        self.call_pool.shutdown(wait=True)
+
+    def admit(self) -> None:
+        """Count one more open stream (event-loop thread only); RESOURCE_EXHAUSTED past the cap."""
+        if self._open >= self.streams_max:
+            raise ResourceExhausted(f"this node serves at most {self.streams_max} streams at once; "
+                                    "retry later or on another node")
+        self._open += 1
+
+    def release(self) -> None:
+        assert self._open > 0
+        self._open -= 1
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run blocking ``fn`` (a publish, say) on the call pool."""
+        return await asyncio.wrap_future(self.call_pool.submit(fn))
+
+    async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[Step]]) -> AsyncIterator[object]:
+        """Drive the step generator ``open_steps(is_active)`` (opened on the read pool, so its
+        validation errors raise here before anything is sent): yield its responses, await its
+        idles. The stream counts against :attr:`streams_max` while it is open."""
+        self.admit()
+        active = True
+        running: Future[object] | None = None
+        steps: Iterator[Step] | None = None
+        try:
+            opened: Future[Iterator[Step]] = self.read_pool.submit(open_steps, lambda: active)
+            steps = await asyncio.wrap_future(opened)
+            while True:
+                running = self.read_pool.submit(next, steps, _END)
+                step = await asyncio.wrap_future(running)
+                if step is _END:
+                    return
+                if isinstance(step, Idle):
+                    await self.feed.wait(step.seen_version, step.timeout_s)
+                else:
+                    yield step
+        finally:
+            active = False
+            self.release()
+            if steps is not None:
+                self._close_later(steps, running)
+
+    def _close_later(self, steps: Iterator[Step], running: Future[object] | None) -> None:
+        """Close ``steps`` (runs its ``finally`` blocks) once no step of it is running."""
+        close = getattr(steps, "close", None)
+        if close is None:
+            return
+
+        def submit_close(_: object = None) -> None:
+            try:
+                self.read_pool.submit(close)
+            except RuntimeError:  # the pool is shut down: close in this thread
+                close()
+
+        if running is None or running.done():
+            submit_close()
+        else:
+            running.add_done_callback(submit_close)
