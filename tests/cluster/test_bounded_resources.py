@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from broker.devcluster import DevCluster
@@ -33,26 +35,44 @@ def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def publish(c: DevCluster, request: broker_pb2.PublishRequest, deadline_s: float = 120.0) -> None:
+    """Publish through whoever leads, resending while the cluster elects (bounded)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        s = stubs(c.wait_ready(max(1.0, deadline - time.monotonic())))
+        try:
+            s.broker.Publish(request, timeout=60)
+            return
+        except grpc.RpcError as err:
+            if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+                    or time.monotonic() > deadline:
+                raise
+        finally:
+            s.close()
+
+
 def test_two_million_records_keep_rss_and_journal_bounded(tmp_path: Path) -> None:
     env = dict(os.environ, RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES="200")
     c = DevCluster(3, tmp_path, env=env).start()
     try:
-        leader = c.wait_ready(60)
-        s = stubs(leader)
+        s = stubs(c.wait_ready(60))
         s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="bulk", partitions=4)))
-        record = broker_pb2.PublishRecord(value=b"v" * 100)
-        request = broker_pb2.PublishRequest(topic="bulk", records=[record] * BATCH)
         peak = {i: 0 for i in range(c.nodes)}
         errors: list[BaseException] = []
 
-        def publisher(batches: int) -> None:
+        def publisher(k: int, batches: int) -> None:
+            # a producer session per thread (dedup_id + msg ids, one watermark per batch): a batch
+            # resent after a leader change (a busy machine has elections) is stored once, so the
+            # count below stays exact
             try:
-                for _ in range(batches):
-                    s.broker.Publish(request, timeout=60)
+                for b in range(batches):
+                    request = broker_pb2.PublishRequest(topic="bulk", dedup_id=f"bulk-{k}", records=[
+                        broker_pb2.PublishRecord(value=b"v" * 100, msg_id=1 + b * BATCH + j) for j in range(BATCH)])
+                    publish(c, request)
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=publisher, args=(TOTAL // BATCH // THREADS,)) for _ in range(THREADS)]
+        threads = [threading.Thread(target=publisher, args=(k, TOTAL // BATCH // THREADS)) for k in range(THREADS)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
