@@ -19,7 +19,8 @@ from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
 # One topic listing at most (topic schemas are unbounded but for the message limit): past it
-# ListTopics fails with RESOURCE_EXHAUSTED and says what to do, rather than with a transport error.
+# ListTopics (schemas left out: has_schema) past this fails with RESOURCE_EXHAUSTED and says what to do,
+# rather than with a transport error.
 LIST_TOPICS_BYTES_MAX = 4 << 20
 
 
@@ -50,8 +51,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         size = response.ByteSize()
         if size > LIST_TOPICS_BYTES_MAX:
             raise ResourceExhausted(
-                f"the list of {len(response.topics)} topics is {size} bytes with their schemas, over the "
-                f"{LIST_TOPICS_BYTES_MAX} bytes one answer may carry; describe topics one by one instead")
+                f"the list of {len(response.topics)} topics is {size} bytes, over the {LIST_TOPICS_BYTES_MAX} "
+                "bytes one answer may carry; describe topics one by one instead")
         return response
 
     @errors.unary

@@ -143,28 +143,3 @@ def test_dead_letters_of_large_records_list_under_the_message_limit(mixed: tuple
     assert [d.record.value for d in with_record] == big[:len(with_record)]  # type: ignore[union-attr]
     copies = read_all(client, "bigdead.dlq.dlq")
     assert [copies[d.dlq_offset] for d in dead] == big
-
-
-def test_listing_topics_past_the_byte_bound_fails_clearly(mixed: tuple[Client, list[bytes]],
-                                                          cluster: DevCluster) -> None:
-    """Three topics with ~3.5 MiB schemas (together past the 9 MiB message limit): ListTopics answers
-    RESOURCE_EXHAUSTED saying what to do (not the transport's "message larger than max"),
-    DescribeTopic still answers; dropping two makes the list fit again."""
-    client, _ = mixed
-    schema = json.dumps({"type": "object", "description": "d" * (7 << 19)})
-    s = stubs(cluster.wait_ready())
-    try:
-        for name in ("wide-a", "wide-b", "wide-c"):
-            s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
-                name=name, schema_json=schema)), timeout=30)
-        with pytest.raises(grpc.RpcError) as info:
-            s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30)
-        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-        assert "describe topics one by one" in info.value.details()  # type: ignore[attr-defined]
-        assert s.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="wide-a"), timeout=30).config.schema_json
-        for name in ("wide-b", "wide-c"):
-            s.admin.DropTopic(admin_pb2.DropTopicRequest(name=name), timeout=30)
-        names = {t.config.name for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30).topics}
-        assert "wide-a" in names
-    finally:
-        s.close()
