@@ -5,18 +5,14 @@ response of up to 500 records and failed with RESOURCE_EXHAUSTED past the 9 MiB 
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 
-import grpc
 import pytest
 
 from broker.client import Client, Message, Record
 from broker.devcluster import DevCluster
-from broker.v1 import admin_pb2
 from tests.cli.helpers import cli, json_lines
-from tests.cluster.stubs import stubs
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
