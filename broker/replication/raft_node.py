@@ -21,6 +21,8 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from broker.replication import Role, StateMachine, _patches
 from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingTransport, fsync_path
 from broker.replication.prevote import PreVoteMixin
+from broker.replication.snapshot import read_raft_data
+from broker.replication.snapshot_guard import GuardedTransport, SnapshotGuardMixin
 
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
 _LEADER_STATE = 2
@@ -59,15 +61,16 @@ def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
     return command[pos + 1] == synced_method_id
 
 
-class _RaftNode(PreVoteMixin, SyncObj):
+class _RaftNode(PreVoteMixin, SnapshotGuardMixin, SyncObj):
     """The SyncObj: two replicated methods (plain and synced), no forwarding to the leader, PreVote,
-    our journal with its send gate, halts on a failed restore."""
+    our journal with its send gate, refuses stale snapshots, halts on a failed restore."""
 
     _METHOD_IDS = {}  # type: dict[str, int]  # filled below the class
 
     def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
                  state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
-                 pre_vote: bool | None = None, simulate_power_loss: bool = False) -> None:
+                 pre_vote: bool | None = None, simulate_power_loss: bool = False,
+                 stale_snapshot_guard: bool | None = None) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once.
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
@@ -79,6 +82,8 @@ class _RaftNode(PreVoteMixin, SyncObj):
                            conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
         synced_id = self._METHOD_IDS[_SYNCED_APPLY_METHOD]
         dump_file = Path(conf.fullDumpFile)
+        self._init_snapshot_guard("stale_snapshot" in active if stale_snapshot_guard is None else stale_snapshot_guard,
+                                  dump_file, read_raft_data)
 
         def snapshot_barrier() -> None:  # the snapshot replacing a dropped prefix is durable first
             fsync_path(dump_file)
@@ -97,7 +102,7 @@ class _RaftNode(PreVoteMixin, SyncObj):
         conf.logCompactionMinEntries = self._compaction_min_entries
         conf.logCompactionMinTime = self._compaction_min_time_s
         try:
-            super().__init__(self_address, peer_addresses, conf, transportClass=SyncingTransport)
+            super().__init__(self_address, peer_addresses, conf, transportClass=GuardedTransport)
         finally:
             _patches.forget_journal(journal_path)
         assert self._methodToID[_SYNCED_APPLY_METHOD] == synced_id, "pysyncobj numbers methods differently"
