@@ -23,6 +23,7 @@ from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingT
 from broker.replication.prevote import PreVoteMixin
 from broker.replication.snapshot import read_raft_data
 from broker.replication.snapshot_guard import GuardedTransport, SnapshotGuardMixin
+from broker.replication.transfer import LeadershipTransferMixin
 
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
 _LEADER_STATE = 2
@@ -61,7 +62,7 @@ def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
     return command[pos + 1] == synced_method_id
 
 
-class _RaftNode(PreVoteMixin, SnapshotGuardMixin, SyncObj):
+class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncObj):
     """The SyncObj: two replicated methods (plain and synced), no forwarding to the leader, PreVote,
     our journal with its send gate, refuses stale snapshots, halts on a failed restore."""
 
@@ -77,6 +78,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, SyncObj):
         self._applied_bytes_since_compaction = 0
         self.halted = False
         self._configuration_replayed = False
+        self._init_transfer()
         active = _patches.active_patches()
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
                            conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
@@ -151,6 +153,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, SyncObj):
         # stalled (long apply or snapshot) would depose a live leader whose heartbeats are waiting.
         if self._SyncObj__raftState != _LEADER_STATE and self._SyncObj__raftElectionDeadline < pysyncobj_monotonic():
             self._poller.poll(0)
+        self._advance_transfer()
         super()._onTick(timeToWait)
 
     def _replay_log_configuration(self) -> None:
@@ -205,11 +208,13 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, SyncObj):
         return result
 
     def _checkCommandsToApply(self) -> None:
-        """Append queued commands when leader; otherwise fail them (stock pysyncobj forwards them)."""
-        if self._isLeader():
+        """Append queued commands when leader; otherwise, or while a leadership transfer holds writes,
+        fail them (stock pysyncobj forwards them)."""
+        if self._isLeader() and not self.transferring:
             super()._checkCommandsToApply()
             return
-        reason = FAIL_REASON.NOT_LEADER if self._getLeader() is not None else FAIL_REASON.MISSING_LEADER
+        known = self._getLeader() is not None or self.transferring
+        reason = FAIL_REASON.NOT_LEADER if known else FAIL_REASON.MISSING_LEADER
         commands = self._SyncObj__commandsQueue
         for _ in range(self.conf.commandsQueueSize):
             try:
