@@ -12,7 +12,7 @@ from chaos.checkers.recovery import Recovery
 CHECKS = ("lost-write", "duplicate", "inconsistent-offset", "reorder", "non-contiguous", "phantom-write",
           "silent-skip", "replica-divergence", "final-read-failed", "timestamp-regression", "multiple-leaders",
           "group-regress",
-          "undelivered", "no-recovery", "fault-not-healed")
+          "undelivered", "redelivery-late", "no-recovery", "fault-not-healed")
 
 
 @dataclass
