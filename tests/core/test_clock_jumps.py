@@ -8,7 +8,7 @@ import pytest
 
 from broker.core.groups import layout
 from broker.core.groups.cursor import retry_due_ms
-from broker.v1 import admin_pb2, broker_pb2, internal_pb2
+from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Clock, Env, make_env, positions, values
 
 pytestmark = pytest.mark.unit
@@ -119,3 +119,20 @@ def test_keys_still_expire_once_their_window_has_passed() -> None:
     env.clock.advance(JUMP_MS + 60_001)
     env.log.expire_dedup()
     assert not publish_keyed(env, "k1").duplicate
+
+
+def test_a_silent_member_session_expires_on_the_lease_clock_when_the_wall_clock_goes_back() -> None:
+    env = make_env()
+    env.service.lease_clock_ms = lease_clock = Clock(5_000)
+    env.topic("t", 2)
+    rt = env.group("t", "g", mode=common_pb2.DELIVERY_MODE_STREAM, session_timeout_ms=1000)
+    env.service.join("t", "g", "a", common_pb2.GroupConfig())
+    env.service.join("t", "g", "b", common_pb2.GroupConfig())
+    env.clock.advance(-JUMP_MS)
+    lease_clock.advance(1001)
+    env.service.heartbeat("t", "g", "b")  # b stays; a is silent past its session
+    env.service.tick()
+    with rt.lock:
+        assert rt.members is not None
+        assert rt.members.members() == ["b"], "a silent member outlived its session"
+        assert rt.members.assigned("b") == [0, 1]
