@@ -1,11 +1,15 @@
 """The node clock: the wall clock every leader-side timestamp and broker-owned timeout reads.
 
 One :class:`NodeClock` per node is handed (as its bound ``now_ms``) to every component that stamps
-a command's ``now_ms`` or measures a lease, session or window against wall time: ``TopicLog``,
-the group service, the routes. In production its offset is 0 and ``now_ms`` is ``time.time()`` in
-milliseconds. Tests and drills may shift it: with ``RAFTBROKER_CLOCK_FILE`` naming a file, a
-daemon thread re-reads that file every ``POLL_S`` and takes its content (an integer, in ms) as the
-offset; a missing or empty file means 0; a bad value is logged and ignored (the offset stays).
+a command's ``now_ms``: ``TopicLog``, the group service, the routes. What must not wait for the size
+of a jump does not read it raw: group leases, member sessions and revocations are leader-local and
+run on a monotonic clock (``broker.core.groups.leases.monotonic_ms``); a retry is also due when its
+``due_ms`` is further away than its delay; dedup windows run at ``max(now_ms, the latest time a key
+was remembered)`` (``broker.core.dedup.window_now_ms``). In production its offset is 0 and
+``now_ms`` is ``time.time()`` in milliseconds. Tests and drills may shift it: with
+``RAFTBROKER_CLOCK_FILE`` naming a file, a daemon thread re-reads that file every ``POLL_S`` and
+takes its content (an integer, in ms) as the offset; a missing or empty file means 0; a bad value
+is logged and ignored (the offset stays).
 
 Only wall-time readings move. Elapsed-time waits (commit timeout, housekeeping period, leadership
 hand-over, router backoff) use ``time.monotonic()`` or ``Event.wait`` and Raft's election timers

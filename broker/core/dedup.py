@@ -5,7 +5,13 @@ Layout in ``Column.DEDUP`` (topic id first, so dropping a topic range-deletes al
 where ``bucket = now_ms // window_ms`` when the key was stored (0 for ``forever``): a lookup reads
 the current and the previous bucket (one multi-get), and expiry is one range delete of older
 buckets, so a keyed record costs one write and expiry costs no scan;
-``>I tid + b"w" + dedup_id`` -> ``>q`` high watermark of ``|msg_id|``.
+``>I tid + b"w" + dedup_id`` -> ``>q`` high watermark of ``|msg_id|``;
+``>I tid + b"c"`` -> ``>q`` the window clock: the highest ``now_ms`` keys were remembered at.
+The window clock makes windows robust to a leader clock that goes back (or a forward jump that is
+healed): every lookup, remember and expiry runs at :func:`window_now_ms`, ``max(now_ms, window
+clock)``, so a key is always looked for in the bucket it was stored in or the next one, until its
+window has passed on the window clock. (The price: after a healed forward jump, keys stay live for
+the size of the jump longer: duplicates are refused longer, never accepted early.)
 Everything here runs inside ``apply`` and depends only on the command and the store.
 """
 
@@ -35,6 +41,17 @@ def _prefix(tid: int, bucket: int) -> bytes:
 
 def _key(tid: int, bucket: int, key: str) -> bytes:
     return _prefix(tid, bucket) + key.encode()
+
+
+def _window_clock_key(tid: int) -> bytes:
+    return _TID.pack(tid) + b"c"
+
+
+def window_now_ms(store: Store, tid: int, now_ms: int) -> int:
+    """The time a lookup, remember or expiry of topic ``tid`` runs at: ``now_ms`` (the command's
+    leader time), but never before the latest time keys were remembered at."""
+    raw = store.get(Column.DEDUP, _window_clock_key(tid))
+    return max(now_ms, _TS.unpack(raw)[0]) if raw else now_ms
 
 
 def _watermark_key(tid: int, dedup_id: str) -> bytes:
@@ -72,8 +89,10 @@ def live_place(raw: bytes | None, now_ms: int, window_ms: int) -> tuple[int, int
 
 def remember_keys(batch: Batch, tid: int, now_ms: int, window_ms: int,
                   places: list[tuple[str, int, int, int]]) -> None:
-    """Record each (key, partition, offset, timestamp) in the bucket of ``now_ms``."""
+    """Record each (key, partition, offset, timestamp) in the bucket of ``now_ms`` (a
+    :func:`window_now_ms`), which becomes the window clock."""
     prefix = _prefix(tid, _bucket(now_ms, window_ms))
+    batch.put(Column.DEDUP, _window_clock_key(tid), _TS.pack(now_ms))
     pack = _PLACE.pack
     for key, partition, offset, ts in places:
         batch.put(Column.DEDUP, prefix + key.encode(), pack(partition, offset, ts))

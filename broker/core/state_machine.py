@@ -302,7 +302,8 @@ class BrokerStateMachine:
         # phase 1: decide duplicates and places without writing anything
         keys = cmd.idempotency_keys
         window = meta.config.dedup_window_ms
-        known = dedup.lookup_keys(self._store, tid, list(keys), cmd.now_ms, window) if keys else {}
+        window_now = dedup.window_now_ms(self._store, tid, cmd.now_ms) if keys else cmd.now_ms
+        known = dedup.lookup_keys(self._store, tid, list(keys), window_now, window) if keys else {}
         seen: dict[str, tuple[int, int, int]] = {}
         growth: dict[int, list[int]] = {}  # partition -> [next offset, records added, bytes added, last ts]
         placements: list[tuple[int, int, int, bool]] = []
@@ -313,7 +314,7 @@ class BrokerStateMachine:
                 continue
             key = keys[i] if keys else ""
             if key:
-                hit = seen.get(key) or dedup.live_place(known.get(key), cmd.now_ms, window)
+                hit = seen.get(key) or dedup.live_place(known.get(key), window_now, window)
                 if hit is not None:
                     placements.append((*hit, True))
                     continue
@@ -353,7 +354,7 @@ class BrokerStateMachine:
             put(Column.RECORDS, rkey, frame(rkey, ts, body))
             pending[partition][offset] = len(body)
         if keys:
-            dedup.remember_keys(batch, tid, cmd.now_ms, window,
+            dedup.remember_keys(batch, tid, window_now, window,
                                 [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
         for partition, state in touched.items():
             self.put_partition(tid, partition, state, batch, commit)
@@ -401,7 +402,8 @@ class BrokerStateMachine:
 
     def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> None:
         for meta in self._topics.values():
-            dedup.expire_keys(batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
+            now_ms = dedup.window_now_ms(self._store, meta.topic_id, cmd.now_ms)
+            dedup.expire_keys(batch, meta.topic_id, now_ms, meta.config.dedup_window_ms)
 
     def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
         meta = self._topics.get(cmd.topic)

@@ -138,7 +138,8 @@ class CommandSubmitter:
     def _map(self, error: ReplicationError) -> Exception:
         reason = error.reason
         if reason == FailReason.NOT_LEADER:
-            return NotLeader(self.leader_grpc_address())
+            hinted = self._peers.by_raft(str(error))  # the leader, or the target of a hand-over
+            return NotLeader(hinted.grpc_address if hinted else self.leader_grpc_address())
         if reason == FailReason.QUEUE_FULL:
             return ResourceExhausted("the replication queue is full; retry with back-off")
         if reason == FailReason.TOO_LARGE:

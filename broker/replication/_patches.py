@@ -30,11 +30,12 @@ import pysyncobj.transport as pysyncobj_transport
 import pysyncobj.version as pysyncobj_version
 
 PINNED_VERSION = "0.3.17"
-PATCH_NAMES = ("pickle5", "large_command", "append_entries", "prevote", "journal_sync")
+PATCH_NAMES = ("pickle5", "large_command", "append_entries", "prevote", "journal_sync", "stale_snapshot")
 # Behaviours of our own (not source patches) that tests switch off the same way, to prove they matter:
 # prevote (raft._RaftNode asks before it campaigns) and journal_sync (journal.DurableJournal fsyncs
-# entries before they are acknowledged; off, only term/vote records are synced).
-BEHAVIOUR_NAMES = ("prevote", "journal_sync")
+# entries before they are acknowledged; off, only term/vote records are synced) and stale_snapshot
+# (snapshot_guard.SnapshotGuardMixin: refuse snapshots the log already covers, drop stale replies).
+BEHAVIOUR_NAMES = ("prevote", "journal_sync", "stale_snapshot")
 ENV_PATCHES_OFF = "RAFTBROKER_PYSYNCOBJ_PATCHES_OFF"
 
 _STOCK_PICKLE_PROTOCOL = 2
@@ -355,14 +356,14 @@ _active: set[str] = set()
 
 
 def apply_patches(*, pickle5: bool = True, large_command: bool = True, append_entries: bool = True,
-                  prevote: bool = True, journal_sync: bool = True) -> None:
+                  prevote: bool = True, journal_sync: bool = True, stale_snapshot: bool = True) -> None:
     """Switch each patch on (True) or back to stock pysyncobj (False); idempotent, process-wide.
 
     Affects ``SyncObj`` instances created afterwards. Every node of a cluster should run the same set.
-    ``prevote`` and ``journal_sync`` are read by ``raft._RaftNode`` when it is built.
+    ``prevote``, ``journal_sync`` and ``stale_snapshot`` are read by ``raft._RaftNode`` when it is built.
     """
     wanted = {"pickle5": pickle5, "large_command": large_command, "append_entries": append_entries,
-              "prevote": prevote, "journal_sync": journal_sync}
+              "prevote": prevote, "journal_sync": journal_sync, "stale_snapshot": stale_snapshot}
     protocol = PATCHED_PICKLE_PROTOCOL if pickle5 else _STOCK_PICKLE_PROTOCOL
     pysyncobj_pickle.__dict__["__protocol"] = protocol  # the module global is literally "__protocol"
     for patch in _METHOD_PATCHES:

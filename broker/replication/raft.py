@@ -295,6 +295,9 @@ class PysyncobjReplicator:
             _call(entry[0], result, None)
         else:
             message = denied if code == FAIL_REASON.REQUEST_DENIED else ""
+            node = self._node
+            if code == FAIL_REASON.NOT_LEADER and node is not None and node.transfer_target_address:
+                message = node.transfer_target_address  # refused while handing over: redirect there
             _call(entry[0], None, ReplicationError(map_fail_reason(code), message))
 
     # -- membership (broker.replication.Membership) ---------------------------------------------
@@ -347,6 +350,9 @@ class PysyncobjReplicator:
             if leader is None:
                 return ReplicationError(FailReason.NO_LEADER)
             return ReplicationError(FailReason.NOT_LEADER, str(leader.id))
+        target = node.transfer_target_address
+        if target is not None:  # handing leadership over: writes go to the target
+            return ReplicationError(FailReason.NOT_LEADER, target)
         return None
 
     def _on_tick(self, node: _RaftNode) -> None:
@@ -389,22 +395,26 @@ class PysyncobjReplicator:
         return None if node is None else node.log_entry_size_bytes(index)
 
     def transfer_leadership(self, target_address: str | None = None) -> bool:
-        """Ask the tick thread to send TimeoutNow to ``target_address`` (or the most caught-up peer).
+        """Hand leadership to ``target_address`` (or the most caught-up connected peer).
 
-        True when the request was sent (the target was caught up); poll :meth:`status` to see the
-        new leader. Waits at most about a second; must not be called from a callback.
+        The leader stops accepting commands at once (they fail with NOT_LEADER naming the target),
+        sends TimeoutNow when the target holds its whole log, and accepts commands again if the
+        target has not taken over within one election timeout (``raft_max_timeout_s``). True when
+        the transfer started; poll :meth:`status` to see the new leader. Waits at most about a
+        second for the tick thread; must not be called from a callback.
         """
+        timeout_s = self._options.raft_max_timeout_s
         node = self._node
         if node is None or self._closed or threading.current_thread() is node._SyncObj__thread:
             return False
         sent = threading.Event()
         outcome: list[bool] = []
 
-        def on_result(_result: object, code: int) -> None:
-            outcome.append(code == FAIL_REASON.SUCCESS)
+        def begin() -> None:
+            outcome.append(node.begin_transfer(target_address, timeout_s))
             sent.set()
 
-        self._tick_calls.append(lambda: node.transferLeadership(target_address, on_result))
+        self._tick_calls.append(begin)
         return sent.wait(_TRANSFER_WAIT_S) and outcome[0]
 
     def force_compaction(self) -> None:

@@ -21,6 +21,9 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from broker.replication import Role, StateMachine, _patches
 from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingTransport, fsync_path
 from broker.replication.prevote import PreVoteMixin
+from broker.replication.snapshot import read_raft_data
+from broker.replication.snapshot_guard import SnapshotGuardMixin
+from broker.replication.transfer import LeadershipTransferMixin
 from broker.replication.transport import GuardedTransport
 
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
@@ -60,26 +63,30 @@ def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
     return command[pos + 1] == synced_method_id
 
 
-class _RaftNode(PreVoteMixin, SyncObj):
+class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncObj):
     """The SyncObj: two replicated methods (plain and synced), no forwarding to the leader, PreVote,
-    our journal with its send gate, halts on a failed restore."""
+    our journal with its send gate, refuses stale snapshots, halts on a failed restore."""
 
     _METHOD_IDS = {}  # type: dict[str, int]  # filled below the class
 
     def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
                  state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
-                 pre_vote: bool | None = None, simulate_power_loss: bool = False) -> None:
+                 pre_vote: bool | None = None, simulate_power_loss: bool = False,
+                 stale_snapshot_guard: bool | None = None) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once.
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
         self._configuration_replayed = False
+        self._init_transfer()
         active = _patches.active_patches()
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
                            conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
         synced_id = self._METHOD_IDS[_SYNCED_APPLY_METHOD]
         dump_file = Path(conf.fullDumpFile)
+        self._init_snapshot_guard("stale_snapshot" in active if stale_snapshot_guard is None else stale_snapshot_guard,
+                                  dump_file, read_raft_data)
 
         def snapshot_barrier() -> None:  # the snapshot replacing a dropped prefix is durable first
             fsync_path(dump_file)
@@ -149,6 +156,7 @@ class _RaftNode(PreVoteMixin, SyncObj):
         # stalled (long apply or snapshot) would depose a live leader whose heartbeats are waiting.
         if self._SyncObj__raftState != _LEADER_STATE and self._SyncObj__raftElectionDeadline < pysyncobj_monotonic():
             self._poller.poll(0)
+        self._advance_transfer()
         super()._onTick(timeToWait)
 
     def _replay_log_configuration(self) -> None:
@@ -203,11 +211,13 @@ class _RaftNode(PreVoteMixin, SyncObj):
         return result
 
     def _checkCommandsToApply(self) -> None:
-        """Append queued commands when leader; otherwise fail them (stock pysyncobj forwards them)."""
-        if self._isLeader():
+        """Append queued commands when leader; otherwise, or while a leadership transfer holds writes,
+        fail them (stock pysyncobj forwards them)."""
+        if self._isLeader() and not self.transferring:
             super()._checkCommandsToApply()
             return
-        reason = FAIL_REASON.NOT_LEADER if self._getLeader() is not None else FAIL_REASON.MISSING_LEADER
+        known = self._getLeader() is not None or self.transferring
+        reason = FAIL_REASON.NOT_LEADER if known else FAIL_REASON.MISSING_LEADER
         commands = self._SyncObj__commandsQueue
         for _ in range(self.conf.commandsQueueSize):
             try:

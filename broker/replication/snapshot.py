@@ -54,6 +54,21 @@ def snapshot_index(raft_data: object) -> int:
     return index
 
 
+def read_raft_data(file_name: str) -> tuple[object, ...]:
+    """The ``raftData`` tuple of the snapshot file ``file_name`` (its first tar member), read without
+    restoring anything: lets a follower compare a received snapshot with its own log first."""
+    with tarfile.open(file_name, mode="r:") as tar:
+        first = tar.next()
+        if first is None or first.name != RAFT_DATA_NAME:
+            raise SnapshotError(f"{file_name}: first member must be {RAFT_DATA_NAME}")
+        extracted = tar.extractfile(first)
+        assert extracted is not None
+        raft_data = pickle.loads(extracted.read())
+    snapshot_index(raft_data)  # validates the shape
+    assert isinstance(raft_data, tuple)
+    return raft_data
+
+
 class _Crc32Reader:
     """A read-only file wrapper that computes the CRC-32 of what passes through it."""
 

@@ -41,7 +41,7 @@ import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pysyncobj.transport as pysyncobj_transport
 
 from broker.replication._patches import PINNED_VERSION, PysyncobjPatchError
-from broker.replication.journal import SyncingTransport
+from broker.replication.snapshot_guard import StampingTransport
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +189,12 @@ def _parse_message(self: Any) -> Any:
     return message
 
 
-class GuardedTransport(SyncingTransport):
-    """pysyncobj's TCP transport (with the journal's send gate) that answers only cluster members:
-    utility commands are never registered, and an incoming connection whose first message (after the
-    encrypted key exchange, when a password is set) is not a member's Raft address is closed and
-    logged. The server binds ``conf.bindAddress`` (set by ``RaftOptions.to_conf``), never 0.0.0.0."""
+class GuardedTransport(StampingTransport):
+    """pysyncobj's TCP transport (with the journal's send gate and the snapshot guard's stamps) that
+    answers only cluster members: utility commands are never registered, and an incoming connection
+    whose first message (after the encrypted key exchange, when a password is set) is not a member's
+    Raft address is closed and logged. The server binds ``conf.bindAddress`` (set by
+    ``RaftOptions.to_conf``), never 0.0.0.0."""
 
     def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802 (pysyncobj's name)
         """Utility commands (status, add, remove, transfer, set_version) are off on the Raft port."""

@@ -1,9 +1,15 @@
 """Consumer-group checks (SPEC §3.2, §9): a group's committed position per partition never goes
-back, and, once a group's workload drained a topic, every record of the log was delivered to the
-group at least once.
+back, once a group's workload drained a topic, every record of the log was delivered to the
+group at least once, and a record delivered again is delivered again in time.
 
 Committed positions come from ``commit`` acknowledgements and ``committed`` polls: any
 observation made after an earlier one completed must not be lower (per topic, group, partition).
+
+``redelivery-late``: two consecutive deliveries of one record to one group more than
+:data:`REDELIVERY_GAP_MAX_S` apart. A record is delivered again after its lease ran out (the
+group's visibility timeout, seconds), after a nack's delay (under a second in the workload) or at
+once after a failover; leases and retry delays must not grow by the size of a clock jump (a leader
+clock that went back, or a forward jump that was healed: up to ten minutes in the clock drill).
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from chaos.checkers.log import reference_reads
 from chaos.checkers.model import Model, Violation, violation
 from chaos.history import pairs
 
+REDELIVERY_GAP_MAX_S = 60.0  # far above lease + failover recovery, far below the largest clock jump
+
 
 def check_groups(model: Model) -> list[Violation]:
-    return _regressions(model) + _undelivered(model)
+    return _regressions(model) + _undelivered(model) + _late_redeliveries(model)
 
 
 def _observations(model: Model) -> list[tuple[float, float, tuple[str, str, int], int, int]]:
@@ -80,3 +88,20 @@ def _undelivered(model: Model) -> list[Violation]:
             out.append(violation("undelivered", f"{len(missing)} record(s) of {topic} never delivered to group "
                                  f"{group}", missing))
     return out
+
+
+def _late_redeliveries(model: Model) -> list[Violation]:
+    last: dict[tuple[str, str, int, int], tuple[float, int]] = {}
+    late: list[str] = []
+    entries: list[int] = []
+    for e in model.entries:
+        if e.type != "info" or e.f != "deliver":
+            continue
+        key = (str(e.value["topic"]), str(e.value["group"]), int(e.value["partition"]), int(e.value["offset"]))
+        before = last.get(key)
+        if before is not None and e.time - before[0] > REDELIVERY_GAP_MAX_S:
+            late.append(f"{key[0]}/{key[1]}/{key[2]}:{key[3]} delivered again after {e.time - before[0]:.1f} s")
+            entries += [before[1], e.index]
+        last[key] = (e.time, e.index)
+    return [violation("redelivery-late", f"{len(late)} record(s) delivered again more than "
+                      f"{REDELIVERY_GAP_MAX_S:g} s after their previous delivery", late, entries)] if late else []

@@ -12,8 +12,8 @@ from chaos.checkers.recovery import Recovery
 CHECKS = ("lost-write", "duplicate", "inconsistent-offset", "reorder", "non-contiguous", "phantom-write",
           "silent-skip", "replica-divergence", "final-read-failed", "timestamp-regression", "multiple-leaders",
           "group-regress",
-          "undelivered", "no-recovery", "fault-not-healed", "slow-recovery", "no-leader", "lease-not-redelivered",
-          "group-stalled")
+          "undelivered", "redelivery-late", "no-recovery", "fault-not-healed", "slow-recovery", "no-leader",
+          "lease-not-redelivered", "group-stalled")
 
 
 @dataclass

@@ -254,3 +254,15 @@ def test_a_history_round_trips_through_jsonl(tmp_path: Path) -> None:
     assert [e.type for e in entries] == ["invoke", "ok"]
     dump(entries, tmp_path / "copy.jsonl")
     assert [json.loads(line)["f"] for line in (tmp_path / "copy.jsonl").read_text().splitlines()] == ["publish"] * 2
+
+
+def test_a_record_delivered_again_long_after_its_previous_delivery_is_late() -> None:
+    h = clean()
+    deliver = {"topic": TOPIC, "group": "g", "member": "c0", "partition": 0, "offset": 0, "id": "a0"}
+    h.add("info", "c0", "deliver", deliver)
+    h.add("info", "c0", "deliver", deliver, dt=5.0)  # lease ran out: in time
+    assert kinds(h) == []
+    h.add("info", "c1", "deliver", {**deliver, "member": "c1"}, dt=600.0)  # waited for a clock jump
+    report = check(h.entries)
+    assert [v.kind for v in report.violations] == ["redelivery-late"]
+    assert "delivered again after 600.0 s" in report.violations[0].records[0]

@@ -61,7 +61,7 @@ class Env:
         return self.service.ensure(topic, group, common_pb2.GroupConfig(**config))  # type: ignore[arg-type]
 
     def pick(self, rt: GroupRuntime, stream_id: int, limit: int = 100, member: str = "m") -> Delivery:
-        delivery = rt.pick(stream_id, member, limit, self.clock())
+        delivery = rt.pick(stream_id, member, limit, self.clock(), self.service.lease_clock_ms())
         if delivery.bad:
             self.service.settle(rt, delivery.bad)
         return delivery
@@ -69,7 +69,8 @@ class Env:
     def restart_leadership(self) -> GroupService:
         """A new leader term: a fresh service, as after a failover to a node with the same state."""
         self.replicator.become_leader()
-        self.service = GroupService(self.state, self.applier, self.service.submitter, self.clock)
+        self.service = GroupService(self.state, self.applier, self.service.submitter, self.clock,
+                                    lease_clock_ms=self.clock)
         self.ops = GroupOperations(self.service)
         self.delivery = GroupDelivery(self.service)
         return self.service
@@ -85,7 +86,7 @@ def make_env(state: BrokerStateMachine | None = None) -> Env:
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
     clock = Clock()
     log = TopicLog(state, submitter, Limits(), "c/n1", clock)
-    service = GroupService(state, applier, submitter, clock)
+    service = GroupService(state, applier, submitter, clock, lease_clock_ms=clock)
     return Env(state, replicator, clock, log, applier, service, GroupOperations(service), GroupDelivery(service))
 
 

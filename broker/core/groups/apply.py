@@ -334,7 +334,7 @@ class GroupApplier:
         delay = entry.delay_ms if entry.HasField("delay_ms") and entry.delay_ms >= 0 else retry_delay_ms(
             config, attempts)
         body = K.RecordBody.FromString(entry.body) if entry.body else K.RecordBody()
-        state = K.RetryState(attempts=attempts, due_ms=now_ms + delay, reason=entry.reason,
+        state = K.RetryState(attempts=attempts, due_ms=now_ms + delay, delay_ms=delay, reason=entry.reason,
                              has_key=body.HasField("key"), key=body.key)
         run.set_retry(p, offset, state)
         self.retries_scheduled += 1
@@ -359,8 +359,9 @@ class GroupApplier:
         for p, offset, dead in dict(((p, o), (p, o, d)) for p, o, d in found).values():
             batch.delete(Column.GROUPS, layout.dead_key(gid, p, offset))
             run.cursor(p).dead -= 1
-            run.set_retry(p, offset, K.RetryState(attempts=0, due_ms=cmd.now_ms, reason="retried from dead letters",
-                                                  has_key=dead.has_key, key=dead.key))
+            run.set_retry(p, offset, K.RetryState(attempts=0, due_ms=cmd.now_ms, delay_ms=0,
+                                                  reason="retried from dead letters", has_key=dead.has_key,
+                                                  key=dead.key))
         run.write_cursors()
         self._touched(gid, changes)
         return len({(p, o) for p, o, _ in found})

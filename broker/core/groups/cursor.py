@@ -113,3 +113,13 @@ class GroupCursor:
         """Fold ranges that reach the watermark into it."""
         while self.ranges and self.ranges[0][0] <= self.committed:
             self.committed = max(self.committed, self.ranges.pop(0)[1])
+
+
+def retry_due_ms(retry: internal_pb2.RetryState, now_ms: int) -> int:
+    """When ``retry`` is due, seen from the leader clock reading ``now_ms``: its ``due_ms``, or
+    ``now_ms`` when ``due_ms - now_ms`` exceeds the delay it was scheduled with (the clock went back
+    since, or the forward jump it was stamped under was healed: waiting for ``due_ms`` would add the
+    size of the jump). States stored without ``delay_ms`` are due at ``due_ms`` only."""
+    if retry.HasField("delay_ms") and retry.due_ms - now_ms > max(retry.delay_ms, 0):
+        return now_ms
+    return retry.due_ms

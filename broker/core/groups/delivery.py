@@ -122,7 +122,7 @@ class GroupDelivery:
                 now = service.clock_ms()
                 with rt.lock:
                     room = limit - rt.leases.held_by(stream_id)
-                delivery = rt.pick(stream_id, member, room, now)
+                delivery = rt.pick(stream_id, member, room, now, service.lease_clock_ms())
                 if delivery.bad:
                     service.settle(rt, delivery.bad)
                 for event in delivery.events:
@@ -133,7 +133,7 @@ class GroupDelivery:
                     continue
                 if request.stop_at_end and room > 0:  # caught up: nothing deliverable now
                     return
-                due = rt.next_due_ms(member)
+                due = rt.next_due_ms(member, now)
                 timeout_s = WAKE_S if due is None else min(WAKE_S, max(due - now, 1) / 1000)
                 yield Idle(seen, timeout_s)
         finally:

@@ -1,16 +1,24 @@
 """The lease table of one group: which records are in flight, to which stream, until when.
 
 Leases live only in the leader's memory (SPEC §3.2): a failover forgets them, and the new leader
-delivers every unsettled record again (at-least-once). Not thread-safe: the owning
-:class:`~broker.core.groups.runtime.GroupRuntime` serializes access under its lock.
+delivers every unsettled record again (at-least-once). Being leader-local, lease deadlines (and
+member sessions) are measured on a monotonic clock (:func:`monotonic_ms`), never on the wall clock:
+a leader clock that jumps must not make a lease wait for the size of the jump. Not thread-safe: the
+owning :class:`~broker.core.groups.runtime.GroupRuntime` serializes access under its lock.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass
 
 Position = tuple[int, int]  # (partition, offset)
+
+
+def monotonic_ms() -> int:
+    """Milliseconds on this process's monotonic clock: what lease deadlines and sessions use."""
+    return int(time.monotonic() * 1000)
 
 
 @dataclass
@@ -21,7 +29,7 @@ class Lease:
     offset: int
     stream_id: int
     member_id: str
-    deadline_ms: int
+    deadline_ms: int  # on the lease clock (monotonic in production), not the wall clock
     attempt: int  # 1 for the first delivery
     key: bytes | None  # the record key (ordered groups block it while leased)
     expiring: bool = False  # an EXPIRE for it is being replicated

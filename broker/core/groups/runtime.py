@@ -25,7 +25,7 @@ from broker.core.errors import GroupNotFound
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier
 from broker.core.groups.config import is_stream
-from broker.core.groups.cursor import GroupCursor
+from broker.core.groups.cursor import GroupCursor, retry_due_ms
 from broker.core.groups.leases import Lease, LeaseTable, Position
 from broker.core.groups.membership import Membership
 from broker.core.state_machine import BrokerStateMachine
@@ -121,8 +121,12 @@ class GroupRuntime:
         return self.members.assigned(member_id)
 
     # -- picking ---------------------------------------------------------------------------------
-    def pick(self, stream_id: int, member_id: str, limit: int, now_ms: int) -> Delivery:
-        """Lease up to ``limit`` records to ``stream_id`` and report new events for it."""
+    def pick(self, stream_id: int, member_id: str, limit: int, now_ms: int,
+             lease_now_ms: int | None = None) -> Delivery:
+        """Lease up to ``limit`` records to ``stream_id`` and report new events for it. ``now_ms`` is the
+        leader's wall clock (retries are due by it, see :func:`retry_due_ms`); ``lease_now_ms`` the
+        leader-local monotonic clock the lease deadlines are measured on (default: ``now_ms``)."""
+        lease_now = now_ms if lease_now_ms is None else lease_now_ms
         with self.lock:
             self.refresh()
             if self.gone:
@@ -137,12 +141,12 @@ class GroupRuntime:
             self._rotation = (self._rotation + 1) % len(eligible)
             order = eligible[self._rotation:] + eligible[:self._rotation]
             budget = [limit]
-            self._pick_retries(set(eligible), stream_id, member_id, now_ms, out, budget)
+            self._pick_retries(set(eligible), stream_id, member_id, now_ms, lease_now, out, budget)
             for p in order:
-                self._pick_ready(p, stream_id, member_id, now_ms, out, budget)
-            self._pick_waiting(set(eligible), stream_id, member_id, now_ms, out, budget)
+                self._pick_ready(p, stream_id, member_id, lease_now, out, budget)
+            self._pick_waiting(set(eligible), stream_id, member_id, lease_now, out, budget)
             for p in order:
-                self._pick_fresh(p, stream_id, member_id, now_ms, out, budget)
+                self._pick_fresh(p, stream_id, member_id, lease_now, out, budget)
             return out
 
     def _pending(self, position: Position) -> bool:
@@ -156,16 +160,16 @@ class GroupRuntime:
             return False
         return self.leases.key_leased(key) or self._retry_keys.get(key, 0) > (1 if own_retry else 0)
 
-    def _pick_retries(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, out: Delivery,
-                      budget: list[int]) -> None:
+    def _pick_retries(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, lease_now_ms: int,
+                      out: Delivery, budget: list[int]) -> None:
         for (p, o), retry in sorted(self._retries.items()):
             if budget[0] <= 0:
                 return
-            if p not in eligible or retry.due_ms > now_ms or self.leases.get((p, o)) is not None:
+            if p not in eligible or retry_due_ms(retry, now_ms) > now_ms or self.leases.get((p, o)) is not None:
                 continue
             if self._key_busy(retry.key if retry.has_key else None, own_retry=True):
                 continue
-            self._deliver(p, o, retry.attempts + 1, stream_id, member_id, now_ms, out, budget)
+            self._deliver(p, o, retry.attempts + 1, stream_id, member_id, lease_now_ms, out, budget)
 
     def _pick_ready(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                     budget: list[int]) -> None:
@@ -366,9 +370,9 @@ class GroupRuntime:
                 heapq.heapify(self._waiting[key])
             self._version = -1
 
-    def next_due_ms(self, member_id: str) -> int | None:
-        """When the earliest retry this member could receive falls due (None: none waits)."""
+    def next_due_ms(self, member_id: str, now_ms: int) -> int | None:
+        """When (leader wall clock) the earliest retry this member could receive falls due (None: none waits)."""
         with self.lock:
             eligible = set(self.eligible(member_id))
-            dues = [r.due_ms for (p, _), r in self._retries.items() if p in eligible]
+            dues = [retry_due_ms(r, now_ms) for (p, _), r in self._retries.items() if p in eligible]
             return min(dues) if dues else None

@@ -29,7 +29,7 @@ from broker.core.errors import (
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, SettleResult
 from broker.core.groups.config import normalized_group_config, validate_group_name
-from broker.core.groups.leases import Lease, Position
+from broker.core.groups.leases import Lease, Position, monotonic_ms
 from broker.core.groups.runtime import GroupRuntime
 from broker.core.state_machine import BrokerStateMachine, Rejected
 from broker.core.submitter import CommandSubmitter
@@ -55,11 +55,15 @@ class GroupService:
     """Consumer groups on top of the replicated state machine (leader side)."""
 
     def __init__(self, state: BrokerStateMachine, applier: GroupApplier, submitter: CommandSubmitter,
-                 clock_ms: Callable[[], int] | None = None, tick_s: float = TICK_S) -> None:
+                 clock_ms: Callable[[], int] | None = None, tick_s: float = TICK_S,
+                 lease_clock_ms: Callable[[], int] = monotonic_ms) -> None:
+        """``clock_ms``: the leader's wall clock (stamped into commands); ``lease_clock_ms``: the
+        leader-local clock of lease deadlines, member sessions and revocations (monotonic)."""
         self.state = state
         self.applier = applier
         self.submitter = submitter
         self.clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+        self.lease_clock_ms = lease_clock_ms
         self._tick_s = tick_s
         self._runtimes: dict[tuple[str, str], GroupRuntime] = {}
         self._term: int | None = None
@@ -309,8 +313,8 @@ class GroupService:
                 if lease is None or lease.expiring:
                     deadlines.append(0)
                     continue
-                lease.deadline_ms = self.clock_ms() + length
-                deadlines.append(lease.deadline_ms)
+                lease.deadline_ms = self.lease_clock_ms() + length
+                deadlines.append(self.clock_ms() + length)  # the client sees wall time
         return deadlines
 
     def commit(self, topic: str, group: str, partition: int, offset: int) -> None:
@@ -329,7 +333,7 @@ class GroupService:
         member_id = member_id or f"m-{uuid.uuid4().hex[:12]}"
         with rt.lock:
             rt.rejoin(member_id)
-            if rt.members.heartbeat(member_id, self.clock_ms()):
+            if rt.members.heartbeat(member_id, self.lease_clock_ms()):
                 self.state.notify_change()
             return member_id, rt.members.assigned(member_id), rt.members.session_timeout_ms
 
@@ -342,7 +346,7 @@ class GroupService:
             return []
         with rt.lock:
             rt.rejoin(member_id)
-            if rt.members.heartbeat(member_id, self.clock_ms()):
+            if rt.members.heartbeat(member_id, self.lease_clock_ms()):
                 self.state.notify_change()
             return rt.members.assigned(member_id)
 
@@ -354,7 +358,7 @@ class GroupService:
         rt = self.runtime(topic, group)
         with rt.lock:
             if rt.members is not None:
-                rt.members.leave(member_id, self.clock_ms())
+                rt.members.leave(member_id, self.lease_clock_ms())
             rt.leave(member_id)
         self.state.notify_change()
 
@@ -388,7 +392,7 @@ class GroupService:
                 self._term = None
             return
         for rt in self.runtimes():
-            now = self.clock_ms()
+            now = self.lease_clock_ms()
             if rt.members is not None:
                 self._tick_members(rt, now)
             expired = rt.take_expired(now)
