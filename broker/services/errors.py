@@ -31,6 +31,7 @@ _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
+    (errors.ApplyFailed, grpc.StatusCode.INTERNAL),
 ]
 
 

@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
+class StorageFailure(Exception):
+    """The store could not read or write (I/O error, closed database). The caller cannot know what
+    was written, so the state machine stops on it instead of carrying on (it would diverge)."""
+
+
 class Column(enum.StrEnum):
     """Column families. Keys inside each are big-endian so range scans are seeks."""
 

@@ -26,7 +26,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from broker.storage import Batch, Column
+from broker.storage import Batch, Column, StorageFailure
 
 _OLD_DB_GRACE_S = 5.0
 
@@ -123,21 +123,30 @@ class RocksStore:
 
     def write(self, batch: Batch, *, sync: bool = False) -> None:
         assert isinstance(batch, RocksBatch), "a batch from another store"
-        if sync:
-            self._db.write(batch.write_batch, self._sync_opts)
-        else:
-            self._db.write(batch.write_batch)
+        try:
+            if sync:
+                self._db.write(batch.write_batch, self._sync_opts)
+            else:
+                self._db.write(batch.write_batch)
+        except Exception as exc:
+            raise StorageFailure(f"write failed: {exc}") from exc
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, column: Column, key: bytes) -> bytes | None:
-        value: bytes | None = self._cfs[column].get(key)
+        try:
+            value: bytes | None = self._cfs[column].get(key)
+        except Exception as exc:
+            raise StorageFailure(f"read failed: {exc}") from exc
         return value
 
     def get_many(self, column: Column, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
         query: list[str | int | float | bytes | bool] = list(keys)
-        values = self._cfs[column].get(query)  # rocksdict: a list of keys is one multi-get
+        try:
+            values = self._cfs[column].get(query)  # rocksdict: a list of keys is one multi-get
+        except Exception as exc:
+            raise StorageFailure(f"read failed: {exc}") from exc
         assert isinstance(values, list) and len(values) == len(keys)
         return values
 
@@ -146,13 +155,21 @@ class RocksStore:
     ]:
         read_opts = ReadOptions()
         read_opts.set_iterate_upper_bound(end)
-        it = self._cfs[column].iter(read_opts)
-        it.seek(begin)
+        try:
+            it = self._cfs[column].iter(read_opts)
+            it.seek(begin)
+            valid = it.valid()
+        except Exception as exc:
+            raise StorageFailure(f"scan failed: {exc}") from exc
         count = 0
-        while it.valid() and (limit is None or count < limit):
+        while valid and (limit is None or count < limit):
             yield it.key(), it.value()
             count += 1
-            it.next()
+            try:
+                it.next()
+                valid = it.valid()
+            except Exception as exc:
+                raise StorageFailure(f"scan failed: {exc}") from exc
 
     def size_bytes(self) -> int:
         total = 0
