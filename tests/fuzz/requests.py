@@ -41,18 +41,21 @@ class RequestStrategies:
     ``incarnations`` are the known topics' ids (forged tokens use them to pass the first checks)."""
 
     def __init__(self, topics: list[str], groups: list[str], incarnations: list[int]) -> None:
-        almost = ["", " ", "a b", "-x", ".x", "x" * 249, "x" * 250, "y" * 245, "ü", "\x00", "a\x7f",
-                  "a/b", "a\tb", "..", "dlq.dlq"]
-        self.names = st.one_of(
-            st.sampled_from(topics + groups),
-            st.sampled_from([f"{n}\n" for n in topics + groups] + [f"{n}\r\n" for n in groups] + almost),
-            st.text(max_size=12),
-        )
+        almost = ["", " ", "a b", "-x", ".x", "x" * 249, "x" * 250, "ü", "\x00", "a\x7f", "a/b", "a\tb", "..",
+                  "dlq.dlq"]
+        near = [f"{n}\n" for n in topics + groups] + [f"{n}\r\n" for n in groups] + almost
+        self.topic_names = _weighted((7, st.sampled_from(topics)), (2, st.sampled_from(near)),
+                                     (1, st.text(max_size=12)))
+        self.group_names = _weighted((7, st.sampled_from(groups)), (2, st.sampled_from(near)),
+                                     (1, st.text(max_size=12)))
+        self.names = _weighted((4, st.sampled_from(topics + groups)), (3, st.sampled_from(near)),
+                               (3, st.text(max_size=12)))
         tokens = st.builds(lambda i, p, o: records.PositionToken(i, p, o).encode(),
-                           st.sampled_from([*incarnations, 0, 2**64 - 1]),
-                           st.sampled_from([0, 1, 2, 7, 2**32 - 1]),
-                           st.sampled_from([0, 1, 2, 5, 2**63, 2**64 - 1]))
-        self.bytes = st.one_of(tokens, st.binary(max_size=40), st.just(b""))
+                           _weighted((3, st.sampled_from(incarnations)), (2, st.integers(1, 64)),
+                                     (1, st.sampled_from([0, 2**32 - 1]))),
+                           st.sampled_from([0, 0, 1, 7, 2**32 - 1]),
+                           st.sampled_from([0, 1, 1, 2, 5, 2**63, 2**64 - 1]))
+        self.bytes = _weighted((6, tokens), (3, st.binary(max_size=40)), (1, st.just(b"")))
         self._cache: dict[str, st.SearchStrategy[Message]] = {}
 
     def request(self, method: MethodDescriptor) -> st.SearchStrategy[Message]:
@@ -76,7 +79,7 @@ class RequestStrategies:
                 oneof = field.containing_oneof
                 if oneof is not None and not _synthetic(oneof) and oneof.name in chosen_oneofs:
                     continue
-                if not draw(st.booleans()):
+                if draw(st.integers(0, 3)) == 0:  # most fields set: requests get past the first checks
                     continue
                 if oneof is not None and not _synthetic(oneof):
                     chosen_oneofs.add(oneof.name)
@@ -112,6 +115,10 @@ class RequestStrategies:
     def scalar(self, field: FieldDescriptor) -> st.SearchStrategy[Any]:
         t = field.type
         if t == F.TYPE_STRING:
+            if "group" in field.name:
+                return self.group_names
+            if field.name in ("topic", "name", "source", "target", "source_topic", "target_topic"):
+                return self.topic_names
             return self.names
         if t == F.TYPE_BYTES:
             return self.bytes
@@ -123,7 +130,13 @@ class RequestStrategies:
             known = [v.number for v in field.enum_type.values]
             return st.one_of(st.sampled_from(known), st.integers(-3, max(known) + 3), st.just(2**31 - 1))
         low, high = _RANGES[t]
-        return st.one_of(st.sampled_from([v for v in _EDGES if low <= v <= high]), st.integers(low, high))
+        return _weighted((3, st.sampled_from([v for v in _EDGES if low <= v <= high])), (1, st.integers(low, high)))
+
+
+def _weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    """``choices`` drawn with the given integer weights."""
+    slots = [i for i, (weight, _) in enumerate(choices) for _ in range(weight)]
+    return st.sampled_from(slots).flatmap(lambda i: choices[i][1])
 
 
 def _synthetic(oneof: Any) -> bool:

@@ -11,6 +11,7 @@ cluster under test (their validation has its own tests in tests/cluster/test_mem
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 
 import grpc
@@ -33,32 +34,42 @@ SEED = int(os.environ.get("RAFTBROKER_FUZZ_SEED", "20261124"))
 CALL_TIMEOUT_S = 10.0
 STREAM_READS_MAX = 3
 SKIPPED = {"AddNode", "RemoveNode"}
-TOPICS = ["fz", "fz2"]
+TOPICS = ["fz", "fz2", "y" * 245]  # the last: valid, but its dead-letter names would be too long
 GROUPS = ["fg", "fs"]
 CANARY = "fuzz-canary"
 # our own deadline on a bounded stream read, or a commit that may or may not have happened
 _NOT_A_REFUSAL = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 
+one_outcomes: Counter[str] = Counter()
 METHODS: dict[str, MethodDescriptor] = {
     f"{service.name}.{m.name}": m for module in (broker_pb2, admin_pb2, routes_pb2)
     for service in module.DESCRIPTOR.services_by_name.values() for m in service.methods if m.name not in SKIPPED
 }
 
 
+def restore(s: Stubs) -> list[int]:
+    """Re-create whatever of the known topics and groups an earlier request dropped (so requests
+    keep reaching deep code); returns the topics' incarnations."""
+    have = {t.config.name: t.incarnation for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30).topics}
+    for name in [*TOPICS, CANARY]:
+        if name not in have:
+            config = admin_pb2.TopicConfig(name=name, partitions=2)
+            have[name] = s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=config), timeout=30).incarnation
+            records = [broker_pb2.PublishRecord(value=b"r%d" % i, key=b"k%d" % (i % 3)) for i in range(10)]
+            s.broker.Publish(broker_pb2.PublishRequest(topic=name, records=records), timeout=30)
+    groups = {g.group for g in s.admin.ListGroups(admin_pb2.ListGroupsRequest(topic="fz"), timeout=30).groups}
+    stream = common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM)
+    for group, config in (("fg", common_pb2.GroupConfig()), ("fs", stream)):
+        if group not in groups:
+            s.admin.CreateGroup(admin_pb2.CreateGroupRequest(topic="fz", group=group, config=config), timeout=30)
+    return [have[t] for t in TOPICS]
+
+
 @pytest.fixture(scope="module")
 def setup(cluster: DevCluster) -> Iterator[tuple[DevCluster, RequestStrategies]]:
     s = stubs(cluster.wait_ready())
     try:
-        for name in [*TOPICS, CANARY]:
-            s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name=name, partitions=2)),
-                                timeout=30)
-        records = [broker_pb2.PublishRecord(value=b"r%d" % i, key=b"k%d" % (i % 3)) for i in range(10)]
-        s.broker.Publish(broker_pb2.PublishRequest(topic="fz", records=records), timeout=30)
-        s.admin.CreateGroup(admin_pb2.CreateGroupRequest(topic="fz", group="fg"), timeout=30)
-        stream = common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM)
-        s.admin.CreateGroup(admin_pb2.CreateGroupRequest(topic="fz", group="fs", config=stream), timeout=30)
-        incarnations = [s.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name=t), timeout=30).incarnation
-                        for t in TOPICS]
+        incarnations = restore(s)
     finally:
         s.close()
     yield cluster, RequestStrategies(TOPICS, GROUPS, incarnations)
@@ -135,11 +146,17 @@ def test_no_request_gets_internal_changes_anything_when_refused_or_stops_the_log
         try:
             before = state_digest(s)
             code = call(s.channel, method, request)
+            one_outcomes[f"{name} {code.name}"] += 1
             assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), f"{method.name}: {code}"
             if code != grpc.StatusCode.OK and code not in _NOT_A_REFUSAL:
                 assert state_digest(s) == before, f"refused {method.name} ({code.name}) changed the state"
+            canary(cluster)
+            restore(s)
         finally:
             s.close()
-        canary(cluster)
 
+    outcomes: Counter[str] = Counter()
+    one_outcomes.clear()
     one()
+    outcomes.update(one_outcomes)
+    print("fuzz outcomes (method status: count):", dict(sorted(outcomes.items())))
