@@ -127,6 +127,7 @@ class BrokerStateMachine:
         self._volatile_batch: Batch | None = None
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
+        self._drop_listeners: list[Callable[[str], None]] = []
         self._changed = threading.Condition()
         self._version = 0
         self._load_caches()
@@ -181,6 +182,11 @@ class BrokerStateMachine:
         must be deterministic and may only read the store and this state machine."""
         assert kind not in self._handlers, f"a handler for {kind!r} exists"
         self._handlers[kind] = handler
+
+    def add_drop_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic name)`` after each applied drop of a topic (on the apply thread:
+        it must be quick and must not raise), e.g. to forget the topic's metric series."""
+        self._drop_listeners.append(listener)
 
     def set_append_policy(self, policy: AppendPolicy) -> None:
         """Retention caps checked before, and enforced after, every append."""
@@ -324,6 +330,12 @@ class BrokerStateMachine:
         self._topics, self._partitions = topics, partitions
         for callback in changes.after_write:
             callback()
+        for meta in changes.dropped:
+            for listener in self._drop_listeners:
+                try:
+                    listener(meta.config.name)
+                except Exception:  # noqa: BLE001 - bookkeeping outside the replicated state
+                    log.exception("drop listener failed for topic %s", meta.config.name)
 
     def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch, commit: CacheChanges) -> object:
         """Store a batch. Log-append time: a record's timestamp is ``max(cmd.now_ms, the partition's
