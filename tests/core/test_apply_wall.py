@@ -198,3 +198,15 @@ def test_extend_checks_everything_before_changing_a_lease() -> None:
     assert rt.leases.get((0, 0)).deadline_ms == deadline  # type: ignore[union-attr]
     env.clock.advance(10)
     assert env.service.extend("t", "g", tokens, EXTEND_MAX_MS) == [env.clock() + EXTEND_MAX_MS]
+
+
+def test_a_refused_join_creates_no_group() -> None:
+    env = make_env()
+    env.topic("t")
+    applied = env.state.applied_index()
+    with pytest.raises(InvalidArgument, match="queue mode"):
+        env.service.join("t", "q", "m1", common_pb2.GroupConfig())
+    assert layout.get_meta(env.state.store, "t", "q") is None and env.state.applied_index() == applied
+    stream = common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM)
+    member, partitions, _ = env.service.join("t", "s", "m1", stream)
+    assert member == "m1" and partitions == [0]

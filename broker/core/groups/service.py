@@ -32,6 +32,7 @@ from broker.core.groups.config import (
     EXTEND_MAX_MS,
     NACK_DELAY_MAX_MS,
     dlq_topic_name,
+    is_stream,
     normalized_group_config,
     validate_delay_ms,
     validate_group_name,
@@ -322,7 +323,14 @@ class GroupService:
 
     def join(self, topic: str, group: str, member_id: str,
              config: common_pb2.GroupConfig) -> tuple[str, list[int], int]:
-        """Register a stream-mode member; returns its id, its partitions now and the session timeout."""
+        """Register a stream-mode member; returns its id, its partitions now and the session timeout.
+        A group that does not exist is created only when ``config`` makes it a stream-mode group (a
+        refused join creates nothing)."""
+        validate_name(topic)
+        validate_group_name(group)
+        if layout.get_meta(self.state.store, topic, group) is None and not is_stream(normalized_group_config(config)):
+            raise InvalidArgument(f"group {group!r} does not exist and the join's config is queue mode: "
+                                  "members of queue-mode groups need not join")
         rt = self.ensure(topic, group, config)
         if rt.members is None:
             raise InvalidArgument(f"group {group!r} is a queue-mode group: members need not join")
