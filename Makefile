@@ -45,7 +45,7 @@ cluster: $(STAMP)
 # The fuzz tier for longer (tests/fuzz: generated requests for every gRPC method against a real
 # cluster); RAFTBROKER_FUZZ_EXAMPLES and RAFTBROKER_FUZZ_SEED override the budget and the seed.
 fuzz: $(STAMP)
-	RAFTBROKER_FUZZ_EXAMPLES=$${RAFTBROKER_FUZZ_EXAMPLES:-1500} $(BIN)/pytest -m fuzz -p no:cacheprovider
+	RAFTBROKER_FUZZ_EXAMPLES=$${RAFTBROKER_FUZZ_EXAMPLES:-5000} $(BIN)/pytest -m fuzz -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker tests

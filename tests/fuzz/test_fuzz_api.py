@@ -3,7 +3,7 @@
 After every request: no INTERNAL (or UNKNOWN) status; a request that was refused changed nothing
 (topics with their configs and end offsets, groups with their configs, routes); and a canary
 publish commits and every node applies past it (no request stops the log). Seeded and bounded:
-``RAFTBROKER_FUZZ_EXAMPLES`` (default 150, about a minute on a quiet machine) and ``RAFTBROKER_FUZZ_SEED``.
+``RAFTBROKER_FUZZ_EXAMPLES`` (default 400, about a minute on a quiet machine) and ``RAFTBROKER_FUZZ_SEED``.
 ``AddNode`` / ``RemoveNode`` are left out: a valid one really changes the membership of the
 cluster under test (their validation has its own tests in tests/cluster/test_membership.py).
 """
@@ -29,7 +29,7 @@ from tests.fuzz.requests import RequestStrategies, message_class
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(3600)]
 
-EXAMPLES = int(os.environ.get("RAFTBROKER_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("RAFTBROKER_FUZZ_EXAMPLES", "400"))
 SEED = int(os.environ.get("RAFTBROKER_FUZZ_SEED", "20261124"))
 CALL_TIMEOUT_S = 10.0
 STREAM_READS_MAX = 3
