@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto lint typecheck unit cluster bench bench-deps clean
+.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,11 +28,12 @@ run: $(STAMP)
 	$(BIN)/raftbroker dev --nodes 3 --data-dir ./.raftbroker --base-port 7001
 
 # Every tier: lint and types, unit and cluster tests (incl. the benchmark harness smoke, which
-# needs the bench extra and redis-server: bench-deps), then the seeded chaos drills.
+# needs the bench extra and redis-server: bench-deps), a short fuzz run, then the seeded chaos drills.
 test: $(STAMP) bench-deps
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker chaos bench
 	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
+	$(BIN)/pytest -m fuzz -p no:cacheprovider
 	$(MAKE) chaos
 
 unit: $(STAMP)
@@ -40,6 +41,11 @@ unit: $(STAMP)
 
 cluster: $(STAMP)
 	$(BIN)/pytest -m cluster
+
+# The fuzz tier for longer (tests/fuzz: generated requests for every gRPC method against a real
+# cluster); RAFTBROKER_FUZZ_EXAMPLES and RAFTBROKER_FUZZ_SEED override the budget and the seed.
+fuzz: $(STAMP)
+	RAFTBROKER_FUZZ_EXAMPLES=$${RAFTBROKER_FUZZ_EXAMPLES:-5000} $(BIN)/pytest -m fuzz -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker tests

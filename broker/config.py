@@ -90,7 +90,8 @@ class NodeConfig(BaseModel):
             raise ValueError(f"node ids must be unique, got {ids}")
         if self.max_record_bytes > self.max_batch_bytes:
             raise ValueError("max_record_bytes must not exceed max_batch_bytes")
-        exposed = [a for a in (self.grpc_address, self.raft_address) if not is_loopback(a)]
+        # the metrics endpoint is unauthenticated too: it needs the same explicit opt-in as gRPC
+        exposed = [a for a in (self.grpc_address, self.raft_address, self.metrics_address) if not is_loopback(a)]
         if exposed and not self.insecure:
             raise ValueError(
                 f"refusing to bind {', '.join(exposed)} beyond loopback without authentication; "

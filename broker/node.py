@@ -88,6 +88,7 @@ class Node:
                                        lambda: self.replicator.status().role == Role.LEADER,
                                        config.housekeeping_period_ms / 1000)
         self.metrics = NodeMetrics()
+        self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
         peers.attach(self.member_registry, self.replicator.members)

@@ -27,6 +27,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"grpc_address": "127.0.0.1:99999"}, "grpc_address"),
     ({"max_record_bytes": -1}, "max_record_bytes"),
     ({"grpc_address": "0.0.0.0:7001"}, "--insecure"),
+    ({"metrics_address": "0.0.0.0:7201"}, "--insecure"),
+    ({"metrics_address": "10.1.2.3:7201"}, "10.1.2.3:7201"),
     ({"raft_address": "10.0.0.1:7101", "insecure": True}, "raft_password"),
     ({"raft_password": "pw", "raft_password_salt": ""}, "raft_password_salt"),
     ({"peers": [{"id": "n1", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "unique"),
@@ -36,6 +38,11 @@ def test_invalid_settings_are_named(overrides: dict[str, object], fragment: str)
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides, environ={})
     assert fragment in str(info.value)
+
+
+def test_a_non_loopback_metrics_address_is_accepted_with_insecure() -> None:
+    cfg = load_config(None, {"metrics_address": "0.0.0.0:7201", "insecure": True}, environ={})
+    assert cfg.metrics_address == "0.0.0.0:7201"
 
 
 def test_peer_flag_syntax() -> None:

@@ -20,6 +20,11 @@ class BrokerError(Exception):
     """Base of every error the core reports to a caller."""
 
 
+class ApplyFailed(BrokerError):
+    """A committed command could not be applied; every node recorded the same failure and moved on
+    (INTERNAL: the leader should have refused it before submitting)."""
+
+
 class InvalidArgument(BrokerError):
     """The request is malformed or breaks a limit; nothing was changed."""
 

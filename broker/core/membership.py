@@ -30,7 +30,7 @@ from broker.v1 import internal_pb2
 
 KEY_PREFIX = b"member/"
 _KEY_END = b"member0"  # b"/" + 1
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NODE_ID = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _TRANSFER_WAIT_S = 2.0
 
 
@@ -101,7 +101,7 @@ class MembershipChanges:
 
     def add(self, node_id: str, raft_address: str, grpc_address: str) -> None:
         """Make the running node ``node_id`` a member; idempotent for the same addresses."""
-        if not _NODE_ID.match(node_id):
+        if not _NODE_ID.fullmatch(node_id):
             raise InvalidArgument("node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), "
                                   f"got {shown(node_id)}")
         check_address("raft_address", raft_address)

@@ -54,7 +54,7 @@ class RouteAdmin:
 
     def normalized(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteConfig:
         """A validated copy of ``config``; raises the error a caller should see."""
-        if not NAME_RE.match(config.name):
+        if not NAME_RE.fullmatch(config.name):
             raise InvalidArgument(f"invalid route name {shown(config.name)}: use 1-249 characters of "
                                   "A-Z a-z 0-9 . _ - starting with a letter or digit")
         out = routes_pb2.RouteConfig()

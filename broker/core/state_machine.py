@@ -22,8 +22,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from broker.core import dedup, records
-from broker.core.errors import BrokerError, DuplicateMessage, InvalidArgument, TopicExists, TopicNotFound
-from broker.storage import Batch, Column, Store
+from broker.core.errors import (
+    ApplyFailed,
+    BrokerError,
+    DuplicateMessage,
+    InvalidArgument,
+    TopicExists,
+    TopicNotFound,
+)
+from broker.storage import Batch, Column, StorageFailure, Store
 from broker.storage.memory import MemoryStore
 from broker.v1 import common_pb2, internal_pb2
 
@@ -120,6 +127,7 @@ class BrokerStateMachine:
         self._volatile_batch: Batch | None = None
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
+        self._drop_listeners: list[Callable[[str], None]] = []
         self._changed = threading.Condition()
         self._version = 0
         self._load_caches()
@@ -175,6 +183,11 @@ class BrokerStateMachine:
         assert kind not in self._handlers, f"a handler for {kind!r} exists"
         self._handlers[kind] = handler
 
+    def add_drop_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic name)`` after each applied drop of a topic (on the apply thread:
+        it must be quick and must not raise), e.g. to forget the topic's metric series."""
+        self._drop_listeners.append(listener)
+
     def set_append_policy(self, policy: AppendPolicy) -> None:
         """Retention caps checked before, and enforced after, every append."""
         self._policy = policy
@@ -228,38 +241,70 @@ class BrokerStateMachine:
         return self._applied
 
     def apply(self, index: int, command: bytes) -> object:
+        """Apply the command at Raft ``index``; never raises for a command it cannot carry out.
+
+        A handler that raises (a bug, or a command no leader should have submitted) leaves nothing
+        of its work behind: its batch and cache changes are dropped, only the applied index is
+        written, and the result is a :class:`Rejected` with an :class:`ApplyFailed` naming the
+        command kind. That outcome depends only on the command and the replicated state, so every
+        node records the same failure and the log moves on. A storage failure is different: the
+        node cannot know what it wrote, so it is re-raised (logged CRITICAL) rather than skipped.
+        """
         if index <= self._applied:
             return None
-        cmd = internal_pb2.Command.FromString(command)
-        batch = self._store.batch()
         self._volatile_batch = None
-        kind = cmd.WhichOneof("body")
-        result: object
         commit = CacheChanges()
-        if kind == "append":
-            result = self._append(cmd.append, batch, commit)
-        elif kind == "create_topic":
-            result = self._create_topic(cmd.create_topic, batch, commit)
-        elif kind == "drop_topic":
-            result = self._drop_topic(cmd.drop_topic, batch, commit)
-        elif kind == "expire_dedup":
-            self._expire_dedup(cmd.expire_dedup, batch)
-            result = None
-        elif kind == "reset_watermark":
-            result = self._reset_watermark(cmd.reset_watermark, batch)
-        elif kind in self._handlers:
-            result = self._handlers[kind](getattr(cmd, kind), batch, commit)
-        else:
-            result = Rejected(BrokerError(f"unknown command {kind!r}"))
+        batch = self._store.batch()
+        try:
+            result = self._dispatch(command, batch, commit)
+        except StorageFailure:
+            log.critical("storage failure while applying index %d: stopping rather than diverging", index)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the wall: one command must never stop the log
+            result = self._failed(index, command, exc)
+            batch, commit, self._volatile_batch = self._store.batch(), CacheChanges(), None
         batch.put(Column.META, _APPLIED, _U64.pack(index))
-        if self._volatile_batch is not None:
-            self._volatile.write(self._volatile_batch)
-        self._store.write(batch)
+        try:
+            if self._volatile_batch is not None:
+                self._volatile.write(self._volatile_batch)
+            self._store.write(batch)
+        except Exception:
+            log.critical("storage failure while writing index %d: stopping rather than diverging", index)
+            raise
         self._applied = index
         self._commit_caches(commit)
         if commit:
             self._notify()
         return result
+
+    def _dispatch(self, command: bytes, batch: Batch, commit: CacheChanges) -> object:
+        cmd = internal_pb2.Command.FromString(command)
+        kind = cmd.WhichOneof("body")
+        if kind == "append":
+            return self._append(cmd.append, batch, commit)
+        if kind == "create_topic":
+            return self._create_topic(cmd.create_topic, batch, commit)
+        if kind == "drop_topic":
+            return self._drop_topic(cmd.drop_topic, batch, commit)
+        if kind == "expire_dedup":
+            self._expire_dedup(cmd.expire_dedup, batch)
+            return None
+        if kind == "reset_watermark":
+            return self._reset_watermark(cmd.reset_watermark, batch)
+        if kind is not None and kind in self._handlers:
+            return self._handlers[kind](getattr(cmd, kind), batch, commit)
+        return Rejected(ApplyFailed(f"unknown command {kind!r}"))
+
+    @staticmethod
+    def _failed(index: int, command: bytes, exc: Exception) -> Rejected:
+        """The deterministic result of a command whose apply raised (see :meth:`apply`)."""
+        try:
+            kind = internal_pb2.Command.FromString(command).WhichOneof("body") or "empty"
+        except Exception:  # noqa: BLE001 - an undecodable command is reported as such
+            kind = "undecodable"
+        log.error("command %s at index %d could not be applied (recorded as failed on every node)",
+                  kind, index, exc_info=exc)
+        return Rejected(ApplyFailed(f"the {kind} command could not be applied: {type(exc).__name__}: {exc}"))
 
     def _commit_caches(self, changes: CacheChanges) -> None:
         """Publish cache changes only after the batch is in the store.
@@ -285,6 +330,12 @@ class BrokerStateMachine:
         self._topics, self._partitions = topics, partitions
         for callback in changes.after_write:
             callback()
+        for meta in changes.dropped:
+            for listener in self._drop_listeners:
+                try:
+                    listener(meta.config.name)
+                except Exception:  # noqa: BLE001 - bookkeeping outside the replicated state
+                    log.exception("drop listener failed for topic %s", meta.config.name)
 
     def _append(self, cmd: internal_pb2.AppendCommand, batch: Batch, commit: CacheChanges) -> object:
         """Store a batch. Log-append time: a record's timestamp is ``max(cmd.now_ms, the partition's

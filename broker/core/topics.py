@@ -7,14 +7,14 @@ import re
 from broker.core.errors import InvalidArgument, shown
 from broker.v1 import admin_pb2, common_pb2
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,248}$")
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,248}\Z")
 PARTITIONS_MAX = 1024
 DEFAULT_DEDUP_WINDOW_MS = 120_000
 
 
 def validate_name(name: str) -> None:
     """Topic names: 1-249 of ``[A-Za-z0-9._-]``, starting with a letter or digit."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"invalid topic name {shown(name)}: use 1-249 characters of A-Z a-z 0-9 . _ - "
             "starting with a letter or digit"

@@ -10,6 +10,7 @@ membership changes after a restart, and halts after a failed snapshot restore.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import zlib
@@ -25,6 +26,9 @@ from broker.replication.snapshot import read_raft_data
 from broker.replication.snapshot_guard import SnapshotGuardMixin
 from broker.replication.transfer import LeadershipTransferMixin
 from broker.replication.transport import GuardedTransport
+from broker.storage import StorageFailure
+
+logger = logging.getLogger(__name__)
 
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
 _LEADER_STATE = 2
@@ -203,7 +207,14 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def _apply(self, command: bytes) -> object:
         # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception
         # here makes the next tick retry the same index (the state machine skips what it has).
-        result = self._state_machine.apply(self.raftLastApplied + 1, command)
+        # The state machine raises only on a storage failure (it records any other failure as a
+        # result): the node cannot know what it wrote, so it halts for good instead of diverging.
+        try:
+            result = self._state_machine.apply(self.raftLastApplied + 1, command)
+        except StorageFailure:
+            logger.critical("storage failure applying index %d: halting this node", self.raftLastApplied + 1)
+            self.halt()
+            raise
         self._applied_bytes_since_compaction += len(command)
         if self._applied_bytes_since_compaction >= self._compaction_max_log_bytes:
             self._applied_bytes_since_compaction = 0

@@ -34,6 +34,7 @@ _CODES: list[tuple[type[errors.BrokerError], grpc.StatusCode]] = [
     (errors.DataLoss, grpc.StatusCode.DATA_LOSS),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
+    (errors.ApplyFailed, grpc.StatusCode.INTERNAL),
 ]
 
 

@@ -54,6 +54,12 @@ class NodeMetrics:
                                        ["topic"], registry=self.registry)
         self.subscribers = Gauge("raftbroker_subscribers", "Open subscription streams", registry=self.registry)
 
+    def forget_topic(self, topic: str) -> None:
+        """Remove the series labelled with ``topic`` (after it was dropped), so a churn of topics
+        does not grow the exposition without bound; a re-created topic starts from zero."""
+        for metric in (self.publish_records, self.publish_bytes, self.deliver_records):
+            metric.remove(topic)
+
     def watch_replica(self, status: Callable[[], ReplicaStatus], store_size: Callable[[], int]) -> None:
         self.registry.register(_RaftCollector(status, store_size))
 

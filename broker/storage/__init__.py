@@ -11,9 +11,16 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
-class StoreCorruption(Exception):
+class StorageFailure(Exception):
+    """The store could not read or write (I/O error, closed database). The caller cannot know what
+    was written, so the state machine stops on it instead of carrying on (it would diverge)."""
+
+
+class StoreCorruption(StorageFailure):
     """The store holds data it cannot read back (a damaged file); the message names the file and what
-    to do. Raised by reads that meet a damaged block and by opening a store whose files are damaged."""
+    to do. Raised by reads that meet a damaged block and by opening a store whose files are damaged.
+    A reader turns it into DATA_LOSS (another node may serve the data); the state machine stops on it
+    like on any storage failure."""
 
 
 class Column(enum.StrEnum):

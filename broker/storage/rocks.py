@@ -26,7 +26,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from broker.storage import Batch, Column, StoreCorruption
+from broker.storage import Batch, Column, StorageFailure, StoreCorruption
 
 _OLD_DB_GRACE_S = 5.0
 _RECOVERY_HINT = ("stop the node and move the store directory {root} away: the node rebuilds it from its Raft "
@@ -151,23 +151,26 @@ class RocksStore:
 
     def write(self, batch: Batch, *, sync: bool = False) -> None:
         assert isinstance(batch, RocksBatch), "a batch from another store"
-        if sync:
-            self._db.write(batch.write_batch, self._sync_opts)
-        else:
-            self._db.write(batch.write_batch)
+        try:
+            if sync:
+                self._db.write(batch.write_batch, self._sync_opts)
+            else:
+                self._db.write(batch.write_batch)
+        except Exception as exc:
+            raise StorageFailure(f"write failed: {exc}") from exc
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, column: Column, key: bytes) -> bytes | None:
         try:
             value: bytes | None = self._cfs[column].get(key)
         except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
-            raise self._damage(column, exc) from None
+            raise self._damage(column, exc) from exc
         return value
 
-    def _damage(self, column: Column, exc: Exception) -> Exception:
-        """``exc`` as :class:`StoreCorruption` when it reports damage (else ``exc`` itself)."""
+    def _damage(self, column: Column, exc: Exception) -> StorageFailure:
+        """``exc`` as :class:`StoreCorruption` when it reports damage, else as :class:`StorageFailure`."""
         if not _is_damage(exc):
-            return exc
+            return StorageFailure(f"column {column.value}: read failed: {exc}")
         return StoreCorruption(f"column {column.value} of {self._db_path(self._generation)}: {exc}")
 
     def get_many(self, column: Column, keys: list[bytes]) -> list[bytes | None]:
@@ -177,7 +180,7 @@ class RocksStore:
         try:
             values = self._cfs[column].get(query)  # rocksdict: a list of keys is one multi-get
         except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
-            raise self._damage(column, exc) from None
+            raise self._damage(column, exc) from exc
         assert isinstance(values, list) and len(values) == len(keys)
         return values
 
@@ -186,18 +189,26 @@ class RocksStore:
     ]:
         read_opts = ReadOptions()
         read_opts.set_iterate_upper_bound(end)
-        it = self._cfs[column].iter(read_opts)
-        it.seek(begin)
+        try:
+            it = self._cfs[column].iter(read_opts)
+            it.seek(begin)
+            valid = it.valid()
+        except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+            raise self._damage(column, exc) from exc
         count = 0
-        while it.valid() and (limit is None or count < limit):
+        while valid and (limit is None or count < limit):
             yield it.key(), it.value()
             count += 1
-            it.next()
-        if not it.valid():  # the end of the range, or a read error (RocksDB ends the iteration silently)
+            try:
+                it.next()
+                valid = it.valid()
+            except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+                raise self._damage(column, exc) from exc
+        if not valid:  # the end of the range, or a read error (RocksDB ends the iteration silently)
             try:
                 it.status()
             except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
-                raise self._damage(column, exc) from None
+                raise self._damage(column, exc) from exc
 
     def size_bytes(self) -> int:
         total = 0

@@ -106,3 +106,23 @@ def test_metrics_report_raft_state_and_publishes(cluster: DevCluster) -> None:
     assert "raftbroker_subscribers" in m and "raftbroker_store_size_bytes" in m
     follower = scrape(cluster.metrics_address((index + 1) % cluster.nodes))
     assert follower["raftbroker_raft_role{role=follower}"] == 1
+
+
+def test_the_series_of_a_dropped_topic_are_removed(cluster: DevCluster) -> None:
+    leader = cluster.wait_ready()
+    index = cluster.addresses.index(leader)
+    s = stubs(leader)
+    try:
+        for round_ in range(3):
+            s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="churn")))
+            s.broker.Publish(broker_pb2.PublishRequest(topic="churn", records=[broker_pb2.PublishRecord(value=b"xy")]))
+            req = broker_pb2.SubscribeRequest(topic="churn", stop_at_end=True)
+            assert sum(len(i.batch.records) for i in s.broker.Subscribe(req, timeout=30)) == 1
+            m = scrape(cluster.metrics_address(index))
+            assert m["raftbroker_publish_records_total{topic=churn}"] == 1, round_  # counted from zero again
+            assert m["raftbroker_deliver_records_total{topic=churn}"] == 1
+            s.admin.DropTopic(admin_pb2.DropTopicRequest(name="churn"))
+            m = scrape(cluster.metrics_address(index))
+            assert not [k for k in m if "topic=churn" in k], [k for k in m if "topic=churn" in k]
+    finally:
+        s.close()

@@ -30,6 +30,7 @@ from broker.storage import Batch, Column
 from broker.v1 import admin_pb2, common_pb2, internal_pb2
 
 K = internal_pb2
+_INT64_MAX = 2**63 - 1
 
 
 class Outcome(enum.StrEnum):
@@ -187,7 +188,10 @@ class GroupApplier:
         if len(cmd.start_offsets) != topic.config.partitions:
             return Rejected(InvalidArgument(f"{len(cmd.start_offsets)} start offsets for "
                                             f"{topic.config.partitions} partitions"))
-        dlq = dlq_topic_name(cmd.topic, cmd.group)
+        try:
+            dlq = dlq_topic_name(cmd.topic, cmd.group)
+        except InvalidArgument as exc:  # the leader checks it; an old or forged command is refused here
+            return Rejected(exc)
         existing = self._sm.topic(dlq)
         if existing is not None and existing.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             return Rejected(InvalidArgument(f"the dead-letter topic {dlq!r} exists and is ephemeral"))
@@ -334,7 +338,8 @@ class GroupApplier:
         delay = entry.delay_ms if entry.HasField("delay_ms") and entry.delay_ms >= 0 else retry_delay_ms(
             config, attempts)
         body = K.RecordBody.FromString(entry.body) if entry.body else K.RecordBody()
-        state = K.RetryState(attempts=attempts, due_ms=now_ms + delay, delay_ms=delay, reason=entry.reason,
+        due_ms = min(now_ms + delay, _INT64_MAX)  # the leader bounds delays; a forged one must still fit
+        state = K.RetryState(attempts=attempts, due_ms=due_ms, delay_ms=delay, reason=entry.reason,
                              has_key=body.HasField("key"), key=body.key)
         run.set_retry(p, offset, state)
         self.retries_scheduled += 1

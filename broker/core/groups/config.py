@@ -12,7 +12,7 @@ from broker.core.errors import InvalidArgument
 from broker.core.topics import NAME_RE
 from broker.v1 import common_pb2
 
-GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+GROUP_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")
 DLQ_SUFFIX = ".dlq"
 
 DEFAULT_VISIBILITY_TIMEOUT_MS = 30_000
@@ -26,23 +26,35 @@ MAX_TIMEOUT_MS = 12 * 3600 * 1000
 MAX_ATTEMPTS_MAX = 1000
 MAX_PENDING_MAX = 100_000
 MIN_TIMEOUT_MS = 10
+# the longest a Nack may delay a retry and the longest lease an Extend may ask for (both bounded
+# so that `now + delay` always fits the int64 fields it is stored in, with room to spare)
+NACK_DELAY_MAX_MS = MAX_TIMEOUT_MS
+EXTEND_MAX_MS = MAX_TIMEOUT_MS
+assert 0 < MIN_TIMEOUT_MS < MAX_TIMEOUT_MS < 2**40
 
 
 def validate_group_name(group: str) -> None:
     """Group names: 1-100 of ``[A-Za-z0-9_-]`` starting with a letter or digit (no dot, so the
     dead-letter topic name ``<topic>.<group>.dlq`` always reads back unambiguously)."""
-    if not GROUP_NAME_RE.match(group):
+    if not GROUP_NAME_RE.fullmatch(group):
         raise InvalidArgument(f"invalid group name {group!r}: use 1-100 characters of A-Z a-z 0-9 _ - "
                               "starting with a letter or digit")
 
 
 def dlq_topic_name(topic: str, group: str) -> str:
-    """The dead-letter topic of ``group`` on ``topic``; raises when it would not be a valid name."""
+    """The dead-letter topic of ``group`` on ``topic``; raises :class:`InvalidArgument` when it would
+    not be a valid topic name (too long). The leader checks it before submitting a new group."""
     name = f"{topic}.{group}{DLQ_SUFFIX}"
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise InvalidArgument(f"the dead-letter topic name {name!r} would be too long: shorten the topic "
                               "or group name")
     return name
+
+
+def validate_delay_ms(name: str, value: int, high: int) -> None:
+    """``value`` must be in ``[0, high]`` (0 meaning the group's default)."""
+    if not 0 <= value <= high:
+        raise InvalidArgument(f"{name} must be between 0 and {high} ms, got {value}")
 
 
 def _positive_or_default(config: common_pb2.GroupConfig, name: str, default: int, low: int, high: int) -> None:

@@ -28,7 +28,15 @@ from broker.core.errors import (
 )
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, SettleResult
-from broker.core.groups.config import normalized_group_config, validate_group_name
+from broker.core.groups.config import (
+    EXTEND_MAX_MS,
+    NACK_DELAY_MAX_MS,
+    dlq_topic_name,
+    is_stream,
+    normalized_group_config,
+    validate_delay_ms,
+    validate_group_name,
+)
 from broker.core.groups.leases import Lease, Position, monotonic_ms
 from broker.core.groups.runtime import GroupRuntime
 from broker.core.state_machine import BrokerStateMachine, Rejected
@@ -165,8 +173,9 @@ class GroupService:
         """Create a group; its partitions start where ``config.start_from`` resolves now."""
         validate_name(topic)
         validate_group_name(group)
-        self._check_term()
+        dlq_topic_name(topic, group)  # a derived name that would be invalid fails here, not at apply
         normalized = normalized_group_config(config)
+        self._check_term()
         meta = self.state.topic(topic)
         if meta is None:
             raise TopicNotFound(topic)
@@ -284,14 +293,15 @@ class GroupService:
         return sum(1 for o in self.settle(rt, entries) if o == "settled")
 
     def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
+        """Fail delivered records: a retry after ``delay_ms`` (0: the backoff; at most
+        ``NACK_DELAY_MAX_MS``), or with ``release`` an immediate redelivery that counts no attempt."""
+        validate_delay_ms("delay_ms", delay_ms, NACK_DELAY_MAX_MS)
         rt = self.runtime(topic, group)
         positions = self.positions(rt, tokens)
         if release:
             if rt.release(positions):
                 self.state.notify_change()
             return
-        if delay_ms < 0:
-            raise InvalidArgument(f"delay_ms must not be negative, got {delay_ms}")
         delay = delay_ms if delay_ms > 0 else None
         self.settle(rt, [self.entry(rt, K.SETTLE_NACK, pos, "nacked", delay) for pos in positions])
 
@@ -301,14 +311,16 @@ class GroupService:
         self.settle(rt, [self.entry(rt, K.SETTLE_DISCARD, pos, why) for pos in self.positions(rt, tokens)])
 
     def extend(self, topic: str, group: str, tokens: list[bytes], extend_ms: int) -> list[int]:
-        """New deadlines of the leases still held (0 for a position without a lease)."""
+        """New deadlines of the leases still held (0 for a position without a lease). ``extend_ms``
+        is the new lease length from now (0: the group's visibility timeout), at most
+        ``EXTEND_MAX_MS``; every position is checked before any lease changes."""
+        validate_delay_ms("extend_ms", extend_ms, EXTEND_MAX_MS)
         rt = self.runtime(topic, group)
-        if extend_ms < 0:
-            raise InvalidArgument(f"extend_ms must not be negative, got {extend_ms}")
         length = extend_ms or rt.meta.config.visibility_timeout_ms
+        positions = self.positions(rt, tokens)
         deadlines = []
         with rt.lock:
-            for pos in self.positions(rt, tokens):
+            for pos in positions:
                 lease = rt.leases.get(pos)
                 if lease is None or lease.expiring:
                     deadlines.append(0)
@@ -326,7 +338,14 @@ class GroupService:
 
     def join(self, topic: str, group: str, member_id: str,
              config: common_pb2.GroupConfig) -> tuple[str, list[int], int]:
-        """Register a stream-mode member; returns its id, its partitions now and the session timeout."""
+        """Register a stream-mode member; returns its id, its partitions now and the session timeout.
+        A group that does not exist is created only when ``config`` makes it a stream-mode group (a
+        refused join creates nothing)."""
+        validate_name(topic)
+        validate_group_name(group)
+        if layout.get_meta(self.state.store, topic, group) is None and not is_stream(normalized_group_config(config)):
+            raise InvalidArgument(f"group {group!r} does not exist and the join's config is queue mode: "
+                                  "members of queue-mode groups need not join")
         rt = self.ensure(topic, group, config)
         if rt.members is None:
             raise InvalidArgument(f"group {group!r} is a queue-mode group: members need not join")
