@@ -8,6 +8,7 @@ or one object per line for streams: ``publish`` results and ``consume`` records/
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Annotated
 
 import typer
@@ -26,6 +27,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    """``--version``: print ``raftbroker <version>`` (the installed distribution's) and exit 0."""
+    if value:
+        typer.echo(f"raftbroker {version('raftbroker')}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -54,6 +62,10 @@ def main(
             "its majority fails sooner: once every reachable node says 'no quorum' for about a second.",
         ),
     ] = 10.0,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
 ) -> None:
     """Global options shared by every client command."""
     ctx.obj = CliState(

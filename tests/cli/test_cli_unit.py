@@ -170,3 +170,11 @@ def test_every_documented_command_is_wired_into_the_cli() -> None:
                     ["dedup", "watermarks"], ["cluster", "add-node"], ["bench", "failover"]):
         result = CliRunner().invoke(real_app, [*command, "--help"])
         assert result.exit_code == 0, f"raftbroker {' '.join(command)}: {result.output}"
+
+
+def test_version_prints_the_installed_distribution_version() -> None:
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"raftbroker {version('raftbroker')}\n"

@@ -1,0 +1,1 @@
+"""Tests of the built and installed distribution (wheel, sdist)."""
