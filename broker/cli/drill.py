@@ -10,6 +10,7 @@ the drill itself could not run.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,10 +24,17 @@ EXIT_DRILL_FAILED = 3
 
 
 def _import_chaos() -> None:
-    """The drills live in the repository's ``chaos`` package, beside ``broker`` (not installed)."""
+    """The drills live in the repository's ``chaos`` package, beside ``broker`` (not in the wheel).
+
+    Without it (an installed wheel), says so and exits 2 instead of a traceback.
+    """
     root = Path(__file__).resolve().parents[2]
     if (root / "chaos" / "__init__.py").exists() and str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    if importlib.util.find_spec("chaos") is None:
+        typer.echo("error: `raftbroker drill` runs from a checkout of the repository (its `chaos` package "
+                   "is not part of the installed wheel)", err=True)
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

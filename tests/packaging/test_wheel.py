@@ -127,6 +127,11 @@ def test_installed_wheel_imports_and_reports_its_version(venv: Path, outside: Pa
     assert Path(out.strip()).is_relative_to(venv), f"imported from {out.strip()}, not from the venv"
     version = _run([str(venv / "bin" / "raftbroker"), "--version"], outside, STEP_TIMEOUT_S, _clean_env())
     assert version == f"raftbroker {_project_version()}\n"
+    # The drills need the repository's chaos package, which the wheel leaves out: a clear refusal, no traceback.
+    drill = subprocess.run([str(venv / "bin" / "raftbroker"), "drill", "kill-leader"], cwd=outside, env=_clean_env(),
+                           capture_output=True, text=True, timeout=STEP_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert drill.returncode == 2, drill.stdout + drill.stderr
+    assert "runs from a checkout of the repository" in drill.stderr and "Traceback" not in drill.stderr
 
 
 SDK_ROUND_TRIP = """
