@@ -233,6 +233,15 @@ def _print_result(result: PublishResult, json_output: bool) -> None:
 # -- consume ------------------------------------------------------------------------------------
 
 
+def emit_event(event: Event, json_output: bool) -> None:
+    """A stream event (skip-forward, reset, badmsg, gap, ...): a JSON line on stdout with ``--json``,
+    else a line on stderr (stdout keeps only records)."""
+    if json_output:
+        emit_json(render.event_json(event))
+    else:
+        sys.stderr.write(f"raftbroker: {render.event_line(event)}\n")
+
+
 def parse_from(text: str) -> tuple[str | int | bytes, int | None]:
     """``--from`` as ``(start, timestamp_ms)`` for ``Client.subscribe`` (see ``FROM_HELP``)."""
     value = text.strip()
@@ -345,10 +354,7 @@ def consume(
     ) as subscription:
         for item in subscription:
             if isinstance(item, Event):
-                if json_output:
-                    emit_json(render.event_json(item))
-                else:
-                    sys.stderr.write(f"raftbroker: {render.event_line(item)}\n")
+                emit_event(item, json_output)
                 continue
             if json_output:
                 emit_json(render.record_json(item))

@@ -32,7 +32,7 @@ import typer
 
 from broker.cli import render
 from broker.cli.context import connect, emit_json, state
-from broker.cli.data import parse_from
+from broker.cli.data import emit_event, parse_from
 from broker.client import Client, Consumer, Event, Message, TopicNotFound
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -112,10 +112,7 @@ def _deliver(consumer: Consumer, limit: int | None, json_output: bool, exec_: st
     delivered = 0
     for item in consumer:
         if isinstance(item, Event):
-            if json_output:
-                emit_json(render.event_json(item))
-            else:
-                sys.stderr.write(f"raftbroker: {render.event_line(item)}\n")
+            emit_event(item, json_output)
             continue
         assert isinstance(item, Message)
         if exec_ is not None:

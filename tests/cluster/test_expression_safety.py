@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2, routes_pb2
-from tests.cluster.stubs import Stubs, stubs
+from tests.cluster.stubs import Stubs, refused, stubs
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -35,13 +35,6 @@ def leader(cluster: DevCluster) -> Iterator[Stubs]:
     s = stubs(cluster.wait_ready())
     yield s
     s.close()
-
-
-def refused(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    err = info.value
-    return err.code(), err.details()  # type: ignore[attr-defined]
 
 
 def topic(s: Stubs, name: str, partitions: int = 1) -> None:

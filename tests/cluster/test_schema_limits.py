@@ -20,7 +20,7 @@ import pytest
 from broker.core.schemas import LIMITS
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2, routes_pb2
-from tests.cluster.stubs import Stubs, stubs
+from tests.cluster.stubs import Stubs, refused, stubs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -30,13 +30,6 @@ def leader(cluster: DevCluster) -> Iterator[Stubs]:
     s = stubs(cluster.wait_ready())
     yield s
     s.close()
-
-
-def refused(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    err = info.value
-    return err.code(), err.details()  # type: ignore[attr-defined]
 
 
 def create(s: Stubs, name: str, schema: str) -> Callable[[], object]:
