@@ -3,7 +3,7 @@
 One :class:`NodeClock` per node is handed (as its bound ``now_ms``) to every component that stamps
 a command's ``now_ms``: ``TopicLog``, the group service, the routes. What must not wait for the size
 of a jump does not read it raw: group leases, member sessions and revocations are leader-local and
-run on a monotonic clock (``broker.core.groups.leases.monotonic_ms``); a retry is also due when its
+run on a monotonic clock (``broker.leader.groups.leases.monotonic_ms``); a retry is also due when its
 ``due_ms`` is further away than its delay; dedup windows run at ``max(now_ms, the latest time a key
 was remembered)`` (``broker.core.dedup.window_now_ms``). In production its offset is 0 and
 ``now_ms`` is ``time.time()`` in milliseconds. Tests and drills may shift it: with

@@ -16,15 +16,16 @@ from types import FrameType
 
 from broker.clock import NodeClock
 from broker.config import NodeConfig
-from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import Unavailable
-from broker.core.housekeeping import Housekeeper
-from broker.core.membership import MemberRegistry, MembershipChanges
-from broker.core.reading import RESPONSE_BYTES_MAX, Reader
+from broker.core.membership import MemberRegistry, Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
-from broker.core.topic_log import Limits, TopicLog
+from broker.leader.ephemeral import EphemeralHub
+from broker.leader.housekeeping import Housekeeper
+from broker.leader.membership import MembershipChanges
+from broker.leader.reading import RESPONSE_BYTES_MAX, Reader
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
+from broker.leader.topic_log import Limits, TopicLog
 from broker.node_groups import NodeGroups
 from broker.node_routes import NodeRoutes
 from broker.replication import Role

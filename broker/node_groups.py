@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker.core.groups.apply import GroupApplier
-from broker.core.groups.delivery import GroupDelivery
-from broker.core.groups.operations import GroupOperations
-from broker.core.groups.service import GroupService
-from broker.core.reading import RESPONSE_BYTES_MAX
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter
+from broker.leader.groups.delivery import GroupDelivery
+from broker.leader.groups.operations import GroupOperations
+from broker.leader.groups.service import GroupService
+from broker.leader.reading import RESPONSE_BYTES_MAX
+from broker.leader.submitter import CommandSubmitter
 from broker.services.group_service import GroupAdminMethods, GroupBrokerMethods, GroupCollector
 from broker.services.metrics import NodeMetrics
 

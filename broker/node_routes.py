@@ -13,13 +13,13 @@ from collections.abc import Callable
 import grpc
 
 from broker.client.mirror import MirrorClient
-from broker.core.route_admin import RouteAdmin
-from broker.core.routed_append import TrustedAppender
-from broker.core.router import RouteRunner
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter
-from broker.core.topic_log import Limits
+from broker.leader.route_admin import RouteAdmin
+from broker.leader.routed_append import TrustedAppender
+from broker.leader.router import RouteRunner
+from broker.leader.submitter import CommandSubmitter
+from broker.leader.topic_log import Limits
 from broker.services.log_metrics import RouteCollector
 from broker.services.metrics import NodeMetrics
 from broker.services.route_service import MIRROR_SERVICE, MirrorServicer, RouteAdminMethods, add_mirror

@@ -1,6 +1,6 @@
 """The SDK side of mirroring (SPEC §3.4): how a router appends its copies to another cluster.
 
-A router (``broker.core.router``) holds one :class:`MirrorClient` per remote cluster. Calls go
+A router (``broker.leader.router``) holds one :class:`MirrorClient` per remote cluster. Calls go
 through the same leader discovery and retry loop as every SDK call; they use the ``Mirror``
 service, which accepts stored record bodies with their origin kept (the public ``Publish`` never
 lets a caller choose an origin). Every copy carries an idempotency key, so a retried append is
@@ -19,7 +19,7 @@ from broker.v1 import routes_pb2, routes_pb2_grpc
 
 
 class MirrorCopy(Protocol):
-    """One copy as a router hands it over (``broker.core.routes.Copy``)."""
+    """One copy as a router hands it over (``broker.leader.route_copies.Copy``)."""
 
     @property
     def body(self) -> bytes: ...

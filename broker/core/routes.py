@@ -4,7 +4,7 @@ A route copies the matching records of a source topic into a target topic of thi
 a remote one. Its definition and its cursors are replicated state, applied here: the cursor of a
 source partition is the offset below which every record was copied (or filtered out), so a new
 leader's router resumes from it. Cursors only move forward, and only after the copies below them
-are committed (``broker.core.router``).
+are committed (``broker.leader.router``).
 
 Layout in ``Column.META`` (beside the topic keys of the state machine):
 ``route/<name>`` -> ``RouteMeta``; ``rcur/<name>\\x00`` + ``>I`` partition -> ``>IQ`` (source topic
@@ -14,12 +14,9 @@ topic's current one counts as "from the start" (the topic was dropped and re-cre
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-from broker.core import partitioning
 from broker.core.errors import AlreadyExists, FailedPrecondition, NotFound
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
 from broker.storage import Batch, Column
@@ -31,41 +28,6 @@ _NEXT_ROUTE_ID = b"next_route_id"
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _CURSOR_VALUE = struct.Struct(">IQ")
-MAX_KEY_CHARS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Copy:
-    """One record to copy: its stored body (origin kept), what places it, and its idempotency key."""
-
-    body: bytes
-    partition_key: bytes | None
-    source_partition: int
-    idempotency_key: str
-
-
-def place(partition_key: bytes | None, source_partition: int, partitions: int) -> int:
-    """The target partition of a copy: the partition key hashed like a record key
-    (``partition_for_key``), else the source partition modulo the target's partitions, so a
-    source partition's records stay together and in order."""
-    if partition_key is not None:
-        return partitioning.partition_for_key(partition_key, partitions)
-    return source_partition % partitions
-
-
-def idempotency_key(cluster_id: str, route_id: int, source_topic_id: int, partition: int, offset: int) -> str:
-    """The key a route's copy of one source record carries: the same on every retry and every
-    leader, distinct across clusters, routes, source incarnations and records."""
-    tail = f":{route_id}:{source_topic_id}:{partition}:{offset}"
-    key = f"route:{cluster_id}{tail}"
-    if len(key) > MAX_KEY_CHARS:
-        key = f"route:{hashlib.sha256(cluster_id.encode()).hexdigest()[:32]}{tail}"
-    return key
-
-
-def origin_cluster(origin: str) -> str:
-    """The cluster part of a record's origin ``"<cluster_id>/<node_id>"``."""
-    return origin.partition("/")[0]
 
 
 def find_cycle(routes: Iterable[routes_pb2.RouteConfig], new: routes_pb2.RouteConfig) -> list[str] | None:

@@ -13,7 +13,7 @@ more than a bounded amount per record, or when it can never match:
   ``value.amt`` alone is refused rather than silently matching nothing;
 - ``key`` is bytes: comparing it with a string literal or calling a string function on it is
   refused with the fix (``key == b"kk"`` or ``string(key) == "kk"``).
-Evaluation is still bounded at run time (``broker.core.cel_sandbox``): these checks refuse the
+Evaluation is still bounded at run time (``broker.leader.cel_sandbox``): these checks refuse the
 obvious cases early with a clear message, the sandbox catches the rest.
 """
 

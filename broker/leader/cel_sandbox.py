@@ -2,7 +2,7 @@
 
 CEL evaluation holds the GIL, so one costly expression evaluated in the broker process stops Raft
 and the gRPC server with it. Here every evaluation runs in a small pool of evaluator processes
-(:mod:`broker.core.cel_worker`); the broker only waits on a socket (without the GIL). A call that
+(:mod:`broker.leader.cel_worker`); the broker only waits on a socket (without the GIL). A call that
 takes longer than its budget kills its process (a new one is started on demand) and raises
 :class:`ExpressionBudgetExceeded`; so does one record that takes longer than
 ``record_budget_ms``, or an evaluator that dies (e.g. at its memory limit). Callers decide what a
@@ -67,7 +67,7 @@ class _Worker:
         parent, child = Pipe(duplex=True)
         self.conn: Connection = parent
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "broker.core.cel_worker", str(child.fileno()), str(memory_bytes)],
+            [sys.executable, "-m", "broker.leader.cel_worker", str(child.fileno()), str(memory_bytes)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
         child.close()
         if not self.conn.poll(start_timeout_s):
@@ -93,7 +93,7 @@ class CelSandbox:
         self.budget_breaches = 0  # how many calls were stopped for their budget (a gauge for operators)
 
     def evaluate(self, expression: str, rows: Sequence[Row]) -> list[Result]:
-        """One ``(kind, payload)`` per row (see :mod:`broker.core.cel_worker`), in order."""
+        """One ``(kind, payload)`` per row (see :mod:`broker.leader.cel_worker`), in order."""
         out: list[Result] = []
         step = self.limits.rows_per_call_max
         for start in range(0, len(rows), step):

@@ -1,7 +1,7 @@
-"""The CEL evaluator process (``python -m broker.core.cel_worker FD MEMORY_BYTES``).
+"""The CEL evaluator process (``python -m broker.leader.cel_worker FD MEMORY_BYTES``).
 
 CEL evaluation holds the GIL for as long as it runs, so the broker never evaluates a user's
-expression in its own process: :mod:`broker.core.cel_sandbox` sends batches of records here over
+expression in its own process: :mod:`broker.leader.cel_sandbox` sends batches of records here over
 a socket and kills this process when a batch overruns its budget. Requests are
 ``(expression, rows, record_budget_s)``; a row is ``(key, headers, op, partition, timestamp_ms,
 value)``. The answer is ``("ok", results)`` with one ``(kind, payload)`` per row: ``("v", value)``

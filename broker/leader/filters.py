@@ -6,10 +6,10 @@ Variables and their types: ``key`` (bytes, or null: compare with ``b"..."`` or `
 JSON, else its raw bytes. A record matches when the filter evaluates to ``true``; an evaluation
 error (for example a missing field: use ``has(value.field)``) means no match.
 
-An expression is accepted only after the static checks of :mod:`broker.core.cel_check` (length,
+An expression is accepted only after the static checks of :mod:`broker.leader.cel_check` (length,
 no nested comprehensions, bounded literals; a filter must be boolean; no string comparison of
 ``key``) and a trial evaluation on a synthetic record within the budget. Every evaluation runs in
-:mod:`broker.core.cel_sandbox` evaluator processes, never in the broker's own (CEL holds the GIL),
+:mod:`broker.leader.cel_sandbox` evaluator processes, never in the broker's own (CEL holds the GIL),
 with a budget per record and per call: a breach raises ``ExpressionBudgetExceeded``.
 CEL library: ``common-expression-language`` (Rust core), ~9 us per evaluation.
 """
@@ -21,8 +21,8 @@ from typing import Any
 
 import cel
 
-from broker.core import cel_check, cel_sandbox
 from broker.core.errors import InvalidArgument, shown
+from broker.leader import cel_check, cel_sandbox
 from broker.v1 import common_pb2
 
 _OPS = {v: k.removeprefix("OP_").lower() for k, v in common_pb2.Op.items()}
@@ -71,7 +71,7 @@ class RecordExpression:
                                   f"yields {type(payload).__name__ if kind == 'v' else payload}")
 
     def evaluate_many(self, records: Sequence[common_pb2.Record]) -> list[tuple[str, Any]]:
-        """``(kind, payload)`` per record (see :mod:`broker.core.cel_worker`); raises
+        """``(kind, payload)`` per record (see :mod:`broker.leader.cel_worker`); raises
         ``ExpressionBudgetExceeded`` when the budget is broken."""
         return self._sandbox.evaluate(self.expression, [_row(r, self._needs_value) for r in records])
 

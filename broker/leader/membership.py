@@ -1,10 +1,11 @@
-"""The cluster's members: a replicated registry of their addresses, and adding or removing one.
+"""Adding or removing a cluster member (leader only); the registry of their addresses is
+:mod:`broker.core.membership`.
 
 Raft knows members by their Raft address; clients need gRPC addresses (followers answer writes
 with the leader's in ``x-leader``). A node knows the members it was started with (``--peer``);
 members added later are in this registry, which every node holds: ``member_change`` commands
 (Command field 39) stored in ``Column.META`` under ``member/<node id>``. ``PeerDirectory`` consults
-it (see ``broker.core.submitter``).
+it (see ``broker.leader.submitter``).
 
 ``Membership.add`` (leader only) records the new member's addresses first, so that every node can
 name it before it can lead, then asks the replicator to add its Raft address; ``remove`` asks the
@@ -22,52 +23,14 @@ import time
 from typing import Any, NoReturn
 
 from broker.core.errors import InvalidArgument, MemberExists, MemberNotFound, NotLeader, Unavailable, shown
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.core.membership import MemberRegistry
+from broker.core.state_machine import Rejected
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication import FailReason, Membership, ReplicationError, Replicator, Role
-from broker.storage import Batch, Column
 from broker.v1 import internal_pb2
 
-KEY_PREFIX = b"member/"
-_KEY_END = b"member0"  # b"/" + 1
 _NODE_ID = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _TRANSFER_WAIT_S = 2.0
-
-
-class MemberRegistry:
-    """The replicated ``node id -> (Raft, gRPC address)`` registry; reads are from the local store."""
-
-    def __init__(self, state: BrokerStateMachine) -> None:
-        self._state = state
-        self._cache: tuple[int, dict[str, Peer]] | None = None
-        state.register("member_change", self._apply)  # before anything is applied
-
-    def _apply(self, cmd: internal_pb2.MemberChangeCommand, batch: Batch, changes: CacheChanges) -> object:
-        member = cmd.member
-        if not member.node_id:
-            return Rejected(InvalidArgument("a member needs a node id"))
-        key = KEY_PREFIX + member.node_id.encode()
-        if cmd.remove:
-            batch.delete(Column.META, key)
-        else:
-            batch.put(Column.META, key, member.SerializeToString())
-        return None
-
-    def members(self) -> dict[str, Peer]:
-        """Registered members by node id (cached until the next apply or restore)."""
-        applied = self._state.applied_index()
-        cached = self._cache
-        if cached is not None and cached[0] == applied:
-            return cached[1]
-        found: dict[str, Peer] = {}
-        for _key, value in self._state.store.scan(Column.META, KEY_PREFIX, _KEY_END):
-            m = internal_pb2.Member.FromString(value)
-            found[m.node_id] = Peer(m.node_id, m.raft_address, m.grpc_address)
-        self._cache = (applied, found)
-        return found
-
-    def by_raft(self, raft_address: str) -> Peer | None:
-        return next((p for p in self.members().values() if p.raft_address == raft_address), None)
 
 
 def check_address(what: str, address: str) -> None:

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker.core import records
-from broker.core.ephemeral import EphemeralHub
 from broker.core.errors import DataLoss, InvalidArgument, TopicNotFound
-from broker.core.filters import RecordFilter
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
+from broker.leader.ephemeral import EphemeralHub
+from broker.leader.filters import RecordFilter
 from broker.storage import Column, StoreCorruption
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound, shown
-from broker.core.filters import RecordExpression, RecordFilter
-from broker.core.router import RouteRunner
 from broker.core.routes import RouteTable, cycle_error, find_cycle
 from broker.core.state_machine import BrokerStateMachine, Rejected
-from broker.core.submitter import CommandSubmitter
 from broker.core.topics import NAME_RE, validate_name
+from broker.leader.filters import RecordExpression, RecordFilter
+from broker.leader.router import RouteRunner
+from broker.leader.submitter import CommandSubmitter
 from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
 
 MAX_ROUTES = 1000

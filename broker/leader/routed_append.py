@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 
 from google.protobuf.message import DecodeError
 
-from broker.core import schemas
 from broker.core.errors import InvalidArgument, TopicNotFound
-from broker.core.routes import MAX_KEY_CHARS, Copy, origin_cluster, place
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
-from broker.core.submitter import CommandSubmitter
-from broker.core.topic_log import Limits
 from broker.core.topics import validate_name
+from broker.leader import schemas
+from broker.leader.route_copies import MAX_KEY_CHARS, Copy, origin_cluster, place
+from broker.leader.submitter import CommandSubmitter
+from broker.leader.topic_log import Limits
 from broker.v1 import common_pb2, internal_pb2
 
 

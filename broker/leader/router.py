@@ -31,13 +31,14 @@ from typing import Protocol
 from google.protobuf.message import DecodeError
 
 from broker.core import records
-from broker.core.cel_sandbox import ExpressionBudgetExceeded
 from broker.core.errors import DuplicateMessage, InvalidArgument, ResourceExhausted
-from broker.core.filters import RecordExpression, RecordFilter
-from broker.core.routed_append import TrustedAppender
-from broker.core.routes import Copy, RouteTable, idempotency_key, origin_cluster
+from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine, Rejected
-from broker.core.submitter import CommandSubmitter
+from broker.leader.cel_sandbox import ExpressionBudgetExceeded
+from broker.leader.filters import RecordExpression, RecordFilter
+from broker.leader.route_copies import Copy, idempotency_key, origin_cluster
+from broker.leader.routed_append import TrustedAppender
+from broker.leader.submitter import CommandSubmitter
 from broker.storage import Column
 from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2
 

@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from broker.core.errors import InvalidArgument, NoQuorum, NotLeader, ResourceExhausted, Unavailable
+from broker.core.membership import Peer
 from broker.replication import FailReason, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2
 
 
-@dataclass(frozen=True)
-class Peer:
-    """A cluster member as configured: Raft and gRPC addresses."""
-
-    node_id: str
-    raft_address: str
-    grpc_address: str
-    metrics_address: str = ""
-
-
 class MemberSource(Protocol):
-    """Members added at run time (``broker.core.membership.MemberRegistry``), by node id."""
+    """Members added at run time (``broker.leader.membership.MemberRegistry``), by node id."""
 
     def members(self) -> dict[str, Peer]: ...
 

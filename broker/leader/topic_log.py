@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.core import dedup, partitioning, records, schemas
-from broker.core.ephemeral import EphemeralHub
+from broker.core import dedup, records
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
-from broker.core.submitter import CommandSubmitter
 from broker.core.topics import normalized_config, validate_name
+from broker.leader import partitioning, schemas
+from broker.leader.ephemeral import EphemeralHub
+from broker.leader.submitter import CommandSubmitter
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
 
 MAX_ID_CHARS = 256

@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from broker.core.errors import ResourceExhausted
-from broker.core.submitter import Peer, PeerDirectory
-from broker.core.topic_log import TopicLog
+from broker.core.membership import Peer
+from broker.leader.submitter import PeerDirectory
+from broker.leader.topic_log import TopicLog
 from broker.replication import Replicator
 from broker.services import errors
 from broker.services.group_service import GroupAdminMethods

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import grpc
 
 from broker.core.errors import BrokerError
-from broker.core.reading import Reader, Step
-from broker.core.topic_log import TopicLog
+from broker.leader.reading import Reader, Step
+from broker.leader.topic_log import TopicLog
 from broker.services import errors
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics

@@ -1,5 +1,5 @@
 """Consumer groups over gRPC: the group RPCs of ``Broker`` and ``Admin``, mixed into their servicers.
-Translation only; the logic is in ``broker.core.groups``. Until :attr:`groups` / :attr:`group_ops`
+Translation only; the logic is in ``broker.leader.groups``. Until :attr:`groups` / :attr:`group_ops`
 are set (``broker.node_groups``), the RPCs answer UNIMPLEMENTED."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.core.errors import Unimplemented
-from broker.core.groups.delivery import GroupDelivery
-from broker.core.groups.operations import GroupOperations
-from broker.core.groups.service import GroupService
-from broker.core.reading import Step
+from broker.leader.groups.delivery import GroupDelivery
+from broker.leader.groups.operations import GroupOperations
+from broker.leader.groups.service import GroupService
+from broker.leader.reading import Step
 from broker.services import errors
 from broker.v1 import admin_pb2, broker_pb2
 

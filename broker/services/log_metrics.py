@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from broker.core.route_admin import RouteAdmin
+from broker.leader.route_admin import RouteAdmin
 
 
 class DeletionCollector(Collector):

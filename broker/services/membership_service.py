@@ -1,12 +1,12 @@
 """``Admin.AddNode`` / ``Admin.RemoveNode``: a mixin of ``AdminServicer`` delegating to
-``broker.core.membership.MembershipChanges`` (the node sets :attr:`membership`)."""
+``broker.leader.membership.MembershipChanges`` (the node sets :attr:`membership`)."""
 
 from __future__ import annotations
 
 import grpc
 
 from broker.core.errors import Unimplemented
-from broker.core.membership import MembershipChanges
+from broker.leader.membership import MembershipChanges
 from broker.services import errors
 from broker.v1 import admin_pb2
 

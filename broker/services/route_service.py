@@ -1,15 +1,15 @@
 """Routes over gRPC: the ``Admin`` route RPCs (mixed into ``AdminServicer``) and the ``Mirror``
 service a remote cluster's router appends through. Translation only; the logic is in
-``broker.core.route_admin`` and ``broker.core.routed_append``."""
+``broker.leader.route_admin`` and ``broker.leader.routed_append``."""
 
 from __future__ import annotations
 
 import grpc
 
 from broker.core.errors import Unimplemented
-from broker.core.route_admin import RouteAdmin
-from broker.core.routed_append import TrustedAppender
-from broker.core.routes import Copy
+from broker.leader.route_admin import RouteAdmin
+from broker.leader.route_copies import Copy
+from broker.leader.routed_append import TrustedAppender
 from broker.services import errors
 from broker.v1 import routes_pb2, routes_pb2_grpc
 

@@ -2,8 +2,8 @@
 
 The gRPC server is a ``grpc.aio`` server. Unary handlers keep their sync code and run on the
 server's call pool (``migration_thread_pool``). A streaming handler is a coroutine that drives a
-core *step generator* (``broker.core.reading``): each step (one bounded read) runs on the small
-read pool; when the generator yields :class:`~broker.core.reading.Idle`, the coroutine awaits
+core *step generator* (``broker.leader.reading``): each step (one bounded read) runs on the small
+read pool; when the generator yields :class:`~broker.leader.reading.Idle`, the coroutine awaits
 :class:`ChangeFeed` (the state machine's change signal carried into the event loop) without any
 thread. So 1,000 idle subscribers cost 1,000 coroutines, not 1,000 threads, and unary calls and
 health checks keep their own pool.
@@ -24,8 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from broker.core.errors import ResourceExhausted
-from broker.core.reading import Idle, Step
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.reading import Idle, Step
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker.client import Client
-from broker.core.partitioning import partition_for_key
+from broker.leader.partitioning import partition_for_key
 from tests.cli.helpers import cli, json_lines
 from tests.conftest import wait_until
 

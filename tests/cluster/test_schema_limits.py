@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.core.schemas import LIMITS
 from broker.devcluster import DevCluster
+from broker.leader.schemas import LIMITS
 from broker.v1 import admin_pb2, broker_pb2, routes_pb2
 from tests.cluster.stubs import Stubs, refused, stubs
 

@@ -132,7 +132,7 @@ def test_all_partitions_in_order_per_partition(leader: Stubs) -> None:
 
 
 def test_keyed_records_land_on_the_documented_partition(leader: Stubs) -> None:
-    from broker.core.partitioning import partition_for_key
+    from broker.leader.partitioning import partition_for_key
 
     create(leader, "keyed", partitions=4)
     keys = [b"user-%d" % i for i in range(20)]

@@ -6,14 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.core.groups.apply import GroupApplier
-from broker.core.groups.delivery import GroupDelivery
-from broker.core.groups.operations import GroupOperations
-from broker.core.groups.runtime import Delivery, GroupRuntime
-from broker.core.groups.service import GroupService
+from broker.core.membership import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
-from broker.core.topic_log import Limits, TopicLog
+from broker.leader.groups.delivery import GroupDelivery
+from broker.leader.groups.operations import GroupOperations
+from broker.leader.groups.runtime import Delivery, GroupRuntime
+from broker.leader.groups.service import GroupService
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
+from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.storage.memory import MemoryStore
 from broker.v1 import admin_pb2, broker_pb2, common_pb2

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.core import cel_check
-from broker.core.cel_sandbox import CelSandbox, ExpressionBudgetExceeded, SandboxLimits
 from broker.core.errors import InvalidArgument, shown
+from broker.leader import cel_check
+from broker.leader.cel_sandbox import CelSandbox, ExpressionBudgetExceeded, SandboxLimits
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
-from broker.core.topic_log import Limits, TopicLog
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
+from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.storage.memory import MemoryStore
 from broker.v1 import admin_pb2, broker_pb2, common_pb2

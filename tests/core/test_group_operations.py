@@ -7,7 +7,7 @@ import pytest
 
 from broker.core import records
 from broker.core.errors import GroupNotFound
-from broker.core.reading import Reader
+from broker.leader.reading import Reader
 from broker.storage import Column
 from broker.v1 import broker_pb2, common_pb2
 from tests.core.groups_env import Env, make_env, positions, values

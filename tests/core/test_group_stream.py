@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core.groups.membership import Membership
+from broker.leader.groups.membership import Membership
 from broker.v1 import common_pb2
 from tests.core.groups_env import make_env
 

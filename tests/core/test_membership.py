@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from broker.core.errors import InvalidArgument, MemberNotFound, Unavailable
-from broker.core.membership import MemberRegistry, MembershipChanges
+from broker.core.membership import MemberRegistry, Peer
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
+from broker.leader.membership import MembershipChanges
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication.memory import InMemoryReplicator
 from broker.storage.memory import MemoryStore
 from broker.v1 import internal_pb2

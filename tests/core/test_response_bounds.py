@@ -1,11 +1,11 @@
-"""Byte bounds of stream responses (``broker.core.reading.fits``, ``broker.core.groups.delivery.chunks``)."""
+"""Byte bounds of stream responses (``broker.leader.reading.fits``, ``broker.leader.groups.delivery.chunks``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.core.groups.delivery import chunks
-from broker.core.reading import RECORD_FRAMING_BYTES, fits
+from broker.leader.groups.delivery import chunks
+from broker.leader.reading import RECORD_FRAMING_BYTES, fits
 from broker.v1 import common_pb2
 
 pytestmark = pytest.mark.unit

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import pytest
 
 from broker.core import errors
-from broker.core.reading import Reader
+from broker.core.membership import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
-from broker.core.topic_log import Limits, TopicLog
+from broker.leader.reading import Reader
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
+from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.storage import Column
 from broker.storage.memory import MemoryStore

@@ -11,16 +11,18 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.core import errors
-from broker.core.partitioning import partition_for_key
-from broker.core.reading import Reader
+from broker.core.membership import Peer
 from broker.core.retention import Retention
-from broker.core.route_admin import RouteAdmin
-from broker.core.routed_append import TrustedAppender
-from broker.core.router import RouteRunner
-from broker.core.routes import Copy, RouteTable, find_cycle, idempotency_key
+from broker.core.routes import RouteTable, find_cycle
 from broker.core.state_machine import BrokerStateMachine, Rejected
-from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
-from broker.core.topic_log import Limits, TopicLog
+from broker.leader.partitioning import partition_for_key
+from broker.leader.reading import Reader
+from broker.leader.route_admin import RouteAdmin
+from broker.leader.route_copies import Copy, idempotency_key
+from broker.leader.routed_append import TrustedAppender
+from broker.leader.router import RouteRunner
+from broker.leader.submitter import CommandSubmitter, PeerDirectory
+from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.storage import Column
 from broker.storage.memory import MemoryStore

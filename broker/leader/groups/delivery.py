@@ -10,7 +10,7 @@ new leader, which re-delivers whatever was in flight). With ``stop_at_end`` the 
 nothing is deliverable to it right now although it has room (records it holds stay leased; retries
 not due yet and paused groups count as nothing). Responses are bounded by count (``max_batch``) and
 by bytes (``response_bytes_max``, a lone record always fits) like stateless reads; where the
-stream would wait it yields an :class:`~broker.core.reading.Idle` (see ``reading``).
+stream would wait it yields an :class:`~broker.leader.reading.Idle` (see ``reading``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 
 from broker.core.errors import InvalidArgument
 from broker.core.groups.config import validate_group_name
-from broker.core.groups.runtime import GroupRuntime
-from broker.core.groups.service import GroupService
-from broker.core.reading import (
+from broker.core.topics import validate_name
+from broker.leader.groups.runtime import GroupRuntime
+from broker.leader.groups.service import GroupService
+from broker.leader.reading import (
     DEFAULT_BATCH,
     MAX_BATCH,
     RECORD_FRAMING_BYTES,
@@ -32,7 +33,6 @@ from broker.core.reading import (
     blocking,
     fits,
 )
-from broker.core.topics import validate_name
 from broker.v1 import broker_pb2, common_pb2
 
 

@@ -4,7 +4,7 @@ Leases live only in the leader's memory (SPEC §3.2): a failover forgets them, a
 delivers every unsettled record again (at-least-once). Being leader-local, lease deadlines (and
 member sessions) are measured on a monotonic clock (:func:`monotonic_ms`), never on the wall clock:
 a leader clock that jumps must not make a lease wait for the size of the jump. Not thread-safe: the
-owning :class:`~broker.core.groups.runtime.GroupRuntime` serializes access under its lock.
+owning :class:`~broker.leader.groups.runtime.GroupRuntime` serializes access under its lock.
 """
 
 from __future__ import annotations

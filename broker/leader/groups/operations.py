@@ -17,9 +17,9 @@ from google.protobuf.message import DecodeError
 from broker.core import records
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.groups import layout
-from broker.core.groups.runtime import GroupRuntime
-from broker.core.groups.service import GroupService, raise_rejected
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.groups.runtime import GroupRuntime
+from broker.leader.groups.service import GroupService, raise_rejected
 from broker.storage import Column
 from broker.v1 import admin_pb2, common_pb2, internal_pb2
 

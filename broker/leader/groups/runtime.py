@@ -26,9 +26,9 @@ from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier
 from broker.core.groups.config import is_stream
 from broker.core.groups.cursor import GroupCursor, retry_due_ms
-from broker.core.groups.leases import Lease, LeaseTable, Position
-from broker.core.groups.membership import Membership
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.groups.leases import Lease, LeaseTable, Position
+from broker.leader.groups.membership import Membership
 from broker.storage import Column
 from broker.v1 import common_pb2, internal_pb2
 

@@ -37,11 +37,11 @@ from broker.core.groups.config import (
     validate_delay_ms,
     validate_group_name,
 )
-from broker.core.groups.leases import Lease, Position, monotonic_ms
-from broker.core.groups.runtime import GroupRuntime
 from broker.core.state_machine import BrokerStateMachine, Rejected
-from broker.core.submitter import CommandSubmitter
 from broker.core.topics import validate_name
+from broker.leader.groups.leases import Lease, Position, monotonic_ms
+from broker.leader.groups.runtime import GroupRuntime
+from broker.leader.submitter import CommandSubmitter
 from broker.storage import Column
 from broker.v1 import common_pb2, internal_pb2
 

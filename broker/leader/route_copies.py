@@ -1,0 +1,48 @@
+"""What a route's copies are (SPEC §3.4), as the leader's router builds them: the record, where
+it lands in the target topic and the idempotency key that makes a retried copy a duplicate.
+
+The route definitions and cursors these copies advance are applied by :mod:`broker.core.routes`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from broker.leader import partitioning
+
+MAX_KEY_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """One record to copy: its stored body (origin kept), what places it, and its idempotency key."""
+
+    body: bytes
+    partition_key: bytes | None
+    source_partition: int
+    idempotency_key: str
+
+
+def place(partition_key: bytes | None, source_partition: int, partitions: int) -> int:
+    """The target partition of a copy: the partition key hashed like a record key
+    (``partition_for_key``), else the source partition modulo the target's partitions, so a
+    source partition's records stay together and in order."""
+    if partition_key is not None:
+        return partitioning.partition_for_key(partition_key, partitions)
+    return source_partition % partitions
+
+
+def idempotency_key(cluster_id: str, route_id: int, source_topic_id: int, partition: int, offset: int) -> str:
+    """The key a route's copy of one source record carries: the same on every retry and every
+    leader, distinct across clusters, routes, source incarnations and records."""
+    tail = f":{route_id}:{source_topic_id}:{partition}:{offset}"
+    key = f"route:{cluster_id}{tail}"
+    if len(key) > MAX_KEY_CHARS:
+        key = f"route:{hashlib.sha256(cluster_id.encode()).hexdigest()[:32]}{tail}"
+    return key
+
+
+def origin_cluster(origin: str) -> str:
+    """The cluster part of a record's origin ``"<cluster_id>/<node_id>"``."""
+    return origin.partition("/")[0]
