@@ -20,6 +20,7 @@ from broker.core.errors import Unavailable
 from broker.core.membership import MemberRegistry, Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.housekeeping import Housekeeper
 from broker.leader.membership import MembershipChanges
@@ -64,7 +65,7 @@ class Node:
         self.clock = NodeClock.from_env()
         self.clock.start()  # a test hook's file is followed from here on (no-op in production)
         self.store = RocksStore(config.data_dir / "store")
-        self.state = BrokerStateMachine(self.store)
+        self.state = BrokerStateMachine(self.store, Changes())
         self.retention = Retention(self.state)  # registers its commands before anything is applied
         self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
         self.groups = NodeGroups(self.state, self.retention)  # consumer groups: likewise

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import shutil
 import struct
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -83,6 +82,26 @@ class CacheChanges:
 Handler = Callable[[Any, Batch, CacheChanges], object]
 
 
+class ChangeSignal(Protocol):
+    """Wakes readers after an apply that changed topics or records (``broker.leader.changes.Changes``).
+
+    The apply side only calls :meth:`notify`; waiting is the business of whoever reads. It is
+    injected so that this module stays free of threads and clocks."""
+
+    @property
+    def version(self) -> int:
+        """Increases with every :meth:`notify`."""
+        ...
+
+    def notify(self) -> None:
+        """Increase :attr:`version` and wake every waiter."""
+        ...
+
+    def wait(self, seen_version: int, timeout_s: float) -> int:
+        """Block until :attr:`version` differs from ``seen_version`` or ``timeout_s`` passes; the version."""
+        ...
+
+
 class AppendPolicy(Protocol):
     """What the retention module decides around each append (see ``broker.core.retention``)."""
 
@@ -120,7 +139,9 @@ def _partition_key(topic_id: int, partition: int) -> bytes:
 class BrokerStateMachine:
     """Applies :class:`internal_pb2.Command` bytes to a :class:`Store` and keeps read caches."""
 
-    def __init__(self, store: Store, volatile: Store | None = None) -> None:
+    def __init__(self, store: Store, changes: ChangeSignal, volatile: Store | None = None) -> None:
+        """``changes`` is told after every apply that changed topics or records (and after a
+        restore); readers wait on it through :meth:`wait_for_change`."""
         self._store = store
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
         self._volatile = volatile if volatile is not None else MemoryStore()
@@ -128,8 +149,7 @@ class BrokerStateMachine:
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
         self._drop_listeners: list[Callable[[str], None]] = []
-        self._changed = threading.Condition()
-        self._version = 0
+        self._changes = changes
         self._load_caches()
 
     # -- caches ------------------------------------------------------------------------------
@@ -218,23 +238,17 @@ class BrokerStateMachine:
     # -- change notification -----------------------------------------------------------------
     @property
     def version(self) -> int:
-        """Increases after every apply that changed topics or records."""
-        return self._version
+        """Increases after every apply that changed topics or records (the signal's version)."""
+        return self._changes.version
 
     def wait_for_change(self, seen_version: int, timeout_s: float) -> int:
-        """Block until :attr:`version` differs from ``seen_version`` or the timeout passes."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._version != seen_version, timeout_s)
-            return self._version
+        """Block until :attr:`version` differs from ``seen_version`` or the timeout passes
+        (delegated to the injected :class:`ChangeSignal`; never called from apply)."""
+        return self._changes.wait(seen_version, timeout_s)
 
     def notify_change(self) -> None:
         """Wake every reader waiting in :meth:`wait_for_change`."""
-        self._notify()
-
-    def _notify(self) -> None:
-        with self._changed:
-            self._version += 1
-            self._changed.notify_all()
+        self._changes.notify()
 
     # -- StateMachine protocol ---------------------------------------------------------------
     def applied_index(self) -> int:
@@ -274,7 +288,7 @@ class BrokerStateMachine:
         self._applied = index
         self._commit_caches(commit)
         if commit:
-            self._notify()
+            self._changes.notify()
         return result
 
     def _dispatch(self, command: bytes, batch: Batch, commit: CacheChanges) -> object:
@@ -511,4 +525,4 @@ class BrokerStateMachine:
         self._store.replace_with(directory)
         self._load_caches()
         log.info("restored snapshot at index %d (applied index now %d)", index, self._applied)
-        self._notify()
+        self._changes.notify()

@@ -9,6 +9,7 @@ from broker.core.groups.apply import GroupApplier
 from broker.core.membership import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.operations import GroupOperations
 from broker.leader.groups.runtime import Delivery, GroupRuntime
@@ -78,7 +79,7 @@ class Env:
 
 
 def make_env(state: BrokerStateMachine | None = None) -> Env:
-    state = state or BrokerStateMachine(MemoryStore())
+    state = state or BrokerStateMachine(MemoryStore(), Changes())
     retention = Retention(state)
     applier = GroupApplier(state)
     retention.set_prune_guard(applier.prune_roles)

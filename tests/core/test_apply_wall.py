@@ -14,6 +14,7 @@ from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, SettleResult
 from broker.core.groups.config import EXTEND_MAX_MS, NACK_DELAY_MAX_MS
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
+from broker.leader.changes import Changes
 from broker.storage import Batch, Column, StorageFailure
 from broker.storage.memory import MemoryStore
 from broker.v1 import admin_pb2, common_pb2, internal_pb2
@@ -43,7 +44,7 @@ def barrier(term: int) -> bytes:
 
 def exploding_machine() -> BrokerStateMachine:
     """A state machine whose ``group_barrier`` handler writes, then raises (a bug in a handler)."""
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
 
     def handler(cmd: K.GroupBarrierCommand, batch: Batch, changes: CacheChanges) -> object:
         batch.put(Column.META, b"partial", b"written before the failure")
@@ -83,7 +84,7 @@ def test_every_node_records_the_same_failure() -> None:
 
 
 def test_undecodable_and_unknown_commands_are_rejected_not_raised() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     result = sm.apply(1, b"\xff\xff\xff")
     assert isinstance(result, Rejected) and isinstance(result.error, ApplyFailed)
     assert "undecodable" in str(result.error)
@@ -111,7 +112,7 @@ class FailingStore(MemoryStore):
 
 def test_a_storage_failure_stops_the_apply_instead_of_skipping_the_command() -> None:
     store = FailingStore()
-    sm = BrokerStateMachine(store)
+    sm = BrokerStateMachine(store, Changes())
     GroupApplier(sm)
     sm.apply(1, topic_cmd("t"))
     store.fail = True
@@ -125,7 +126,7 @@ def test_a_storage_failure_stops_the_apply_instead_of_skipping_the_command() -> 
 # -- the three triggers, applied as committed commands (as if a leader had submitted them) -----------
 
 def group_machine(topic: str = "t") -> BrokerStateMachine:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     GroupApplier(sm)
     sm.apply(1, topic_cmd(topic))
     body = K.RecordBody(value=b"v").SerializeToString()

@@ -8,6 +8,7 @@ import pytest
 
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 
 def make(store: MemoryStore, ring: int = 10_000) -> tuple[TopicLog, Reader, InMemoryReplicator]:
-    state = BrokerStateMachine(store)
+    state = BrokerStateMachine(store, Changes())
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)

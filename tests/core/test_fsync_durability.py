@@ -6,6 +6,7 @@ import pytest
 
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_fsync_topics_submit_synced_and_disk_topics_do_not() -> None:
-    state = BrokerStateMachine(MemoryStore())
+    state = BrokerStateMachine(MemoryStore(), Changes())
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)

@@ -9,6 +9,7 @@ from broker.core.errors import GroupExists, GroupNotFound
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, Outcome, SettleResult
 from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.v1 import admin_pb2, common_pb2, internal_pb2
@@ -20,7 +21,7 @@ K = internal_pb2
 
 def machine() -> tuple[BrokerStateMachine, list[bytes]]:
     """A state machine with topic ``t`` (2 partitions, 4 records each) and the commands so far."""
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     GroupApplier(sm)
     cmds = [K.Command(create_topic=K.CreateTopicCommand(config=admin_pb2.TopicConfig(name="t", partitions=2),
                                                         now_ms=1000)).SerializeToString()]

@@ -8,6 +8,7 @@ import pytest
 from broker.core.errors import InvalidArgument, MemberNotFound, Unavailable
 from broker.core.membership import MemberRegistry, Peer
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.membership import MembershipChanges
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication.memory import InMemoryReplicator
@@ -20,7 +21,7 @@ ME = Peer("n1", "memory:0", "127.0.0.1:7001")
 
 
 def node(store: MemoryStore) -> tuple[MemberRegistry, PeerDirectory, MembershipChanges, CommandSubmitter]:
-    state = BrokerStateMachine(store)
+    state = BrokerStateMachine(store, Changes())
     registry = MemberRegistry(state)
     replicator = InMemoryReplicator(state)
     replicator.start()

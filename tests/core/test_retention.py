@@ -10,6 +10,7 @@ from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
@@ -30,7 +31,7 @@ class Clock:
 
 @pytest.fixture
 def env() -> Iterator[tuple[TopicLog, Reader, BrokerStateMachine, Clock]]:
-    state = BrokerStateMachine(MemoryStore())
+    state = BrokerStateMachine(MemoryStore(), Changes())
     Retention(state)
     replicator = InMemoryReplicator(state)
     replicator.start()

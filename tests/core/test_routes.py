@@ -15,6 +15,7 @@ from broker.core.membership import Peer
 from broker.core.retention import Retention
 from broker.core.routes import RouteTable, find_cycle
 from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.leader.changes import Changes
 from broker.leader.partitioning import partition_for_key
 from broker.leader.reading import Reader
 from broker.leader.route_admin import RouteAdmin
@@ -69,7 +70,7 @@ class Env:
 
 @pytest.fixture
 def env() -> Iterator[Env]:
-    state = BrokerStateMachine(MemoryStore())
+    state = BrokerStateMachine(MemoryStore(), Changes())
     Retention(state)
     table = RouteTable(state)
     replicator = InMemoryReplicator(state)

@@ -10,6 +10,7 @@ import pytest
 from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
@@ -25,7 +26,7 @@ VIDEO = json.dumps({"type": "object", "required": ["url"],
 
 @pytest.fixture
 def env() -> Iterator[tuple[TopicLog, Reader]]:
-    state = BrokerStateMachine(MemoryStore())
+    state = BrokerStateMachine(MemoryStore(), Changes())
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)

@@ -9,6 +9,7 @@ import pytest
 from broker.core import records
 from broker.core.errors import TopicExists, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.storage.rocks import RocksStore
@@ -38,7 +39,7 @@ def digest(sm: BrokerStateMachine) -> list[tuple[bytes, bytes]]:
 
 
 def test_append_assigns_contiguous_offsets_per_partition() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     meta = sm.apply(1, create("t"))
     assert isinstance(meta, internal_pb2.TopicMeta)
     result = sm.apply(2, append("t", meta.topic_id, [0, 1, 0, 0]))
@@ -49,7 +50,7 @@ def test_append_assigns_contiguous_offsets_per_partition() -> None:
 
 
 def test_reapplying_an_index_changes_nothing() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t"))
     sm.apply(2, append("t", 1, [0]))
     before = digest(sm)
@@ -62,7 +63,7 @@ def test_same_commands_give_identical_stores() -> None:
     cmds = [create("a"), append("a", 1, [0, 1, 1]), create("b", 1), append("b", 2, [0]), drop("a", 1)]
     stores = []
     for _ in range(2):
-        sm = BrokerStateMachine(MemoryStore())
+        sm = BrokerStateMachine(MemoryStore(), Changes())
         for i, c in enumerate(cmds, start=1):
             sm.apply(i, c)
         stores.append(digest(sm))
@@ -70,7 +71,7 @@ def test_same_commands_give_identical_stores() -> None:
 
 
 def test_rejections_are_deterministic_and_write_only_the_index() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t"))
     res = sm.apply(2, create("t"))
     assert isinstance(res, Rejected) and isinstance(res.error, TopicExists)
@@ -81,7 +82,7 @@ def test_rejections_are_deterministic_and_write_only_the_index() -> None:
 
 
 def test_timestamps_never_decrease_within_a_partition() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 1))
     sm.apply(2, append("t", 1, [0], now_ms=5000))
     res = sm.apply(3, append("t", 1, [0], now_ms=4000))  # a new leader with a slower clock
@@ -94,7 +95,7 @@ def stored_timestamps(sm: BrokerStateMachine, topic_id: int, partition: int) -> 
 
 
 def test_a_command_with_an_older_now_ms_gets_the_previous_timestamp() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 2))
     sm.apply(2, append("t", 1, [0, 1], now_ms=5000))
     res = sm.apply(3, append("t", 1, [0, 0, 1], now_ms=3000))  # the leader's clock jumped back
@@ -107,7 +108,7 @@ def test_a_command_with_an_older_now_ms_gets_the_previous_timestamp() -> None:
 
 
 def test_the_timestamp_floor_is_per_partition() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 2))
     sm.apply(2, append("t", 1, [0], now_ms=9000))
     res = sm.apply(3, append("t", 1, [1, 0], now_ms=2000))
@@ -116,11 +117,11 @@ def test_the_timestamp_floor_is_per_partition() -> None:
 
 def test_the_timestamp_floor_survives_a_restart_over_the_same_store(tmp_path: Path) -> None:
     store = RocksStore(tmp_path / "db")
-    sm = BrokerStateMachine(store)
+    sm = BrokerStateMachine(store, Changes())
     sm.apply(1, create("t", 1))
     sm.apply(2, append("t", 1, [0], now_ms=5000))
     store.close()
-    reopened = BrokerStateMachine(RocksStore(tmp_path / "db"))
+    reopened = BrokerStateMachine(RocksStore(tmp_path / "db"), Changes())
     assert reopened.partition(1, 0).last_timestamp_ms == 5000
     res = reopened.apply(3, append("t", 1, [0], now_ms=4000))
     assert isinstance(res, Appended) and res.placements[0][2] == 5000
@@ -129,18 +130,18 @@ def test_the_timestamp_floor_survives_a_restart_over_the_same_store(tmp_path: Pa
 
 
 def test_the_timestamp_floor_travels_in_a_snapshot(tmp_path: Path) -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 1))
     sm.apply(2, append("t", 1, [0], now_ms=7000))
     sm.write_snapshot(str(tmp_path / "snap"))
-    other = BrokerStateMachine(MemoryStore())
+    other = BrokerStateMachine(MemoryStore(), Changes())
     other.restore_snapshot(str(tmp_path / "snap"), 2)
     res = other.apply(3, append("t", 1, [0], now_ms=1000))
     assert isinstance(res, Appended) and res.placements[0][2] == 7000
 
 
 def test_drop_removes_every_key_of_the_topic() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t"))
     sm.apply(2, append("t", 1, [0, 1]))
     sm.apply(3, drop("t", 1))
@@ -153,13 +154,13 @@ def test_drop_removes_every_key_of_the_topic() -> None:
 
 def test_state_survives_reopen_and_snapshot_restore(tmp_path: Path) -> None:
     store = RocksStore(tmp_path / "db")
-    sm = BrokerStateMachine(store)
+    sm = BrokerStateMachine(store, Changes())
     sm.apply(1, create("t"))
     sm.apply(2, append("t", 1, [0, 0]))
     sm.write_snapshot(str(tmp_path / "snap"))
     sm.apply(3, append("t", 1, [0]))
     store.close()
-    reopened = BrokerStateMachine(RocksStore(tmp_path / "db2"))
+    reopened = BrokerStateMachine(RocksStore(tmp_path / "db2"), Changes())
     reopened.restore_snapshot(str(tmp_path / "snap"), 2)
     assert reopened.applied_index() == 2
     assert reopened.partition(1, 0).end_offset == 2
@@ -172,7 +173,7 @@ def test_state_survives_reopen_and_snapshot_restore(tmp_path: Path) -> None:
 
 
 def test_stored_records_carry_a_checked_crc() -> None:
-    sm = BrokerStateMachine(MemoryStore())
+    sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 1))
     sm.apply(2, append("t", 1, [0]))
     key, value = next(iter(sm.store.scan(Column.RECORDS, b"", b"\xff" * 16)))

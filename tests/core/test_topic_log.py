@@ -9,6 +9,7 @@ import pytest
 from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
 from broker.leader.partitioning import partition_for_key
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
@@ -34,7 +35,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def log(clock: Clock) -> Iterator[TopicLog]:
-    state = BrokerStateMachine(MemoryStore())
+    state = BrokerStateMachine(MemoryStore(), Changes())
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
