@@ -1,9 +1,10 @@
 """The node clock: the wall clock every leader-side timestamp and broker-owned timeout reads.
 
-One :class:`NodeClock` per node is handed (as its bound ``now_ms``) to every component that stamps
-a command's ``now_ms``: ``TopicLog``, the group service, the routes. What must not wait for the size
-of a jump does not read it raw: group leases, member sessions and revocations are leader-local and
-run on a monotonic clock (``broker.leader.groups.leases.monotonic_ms``); a retry is also due when its
+One :class:`NodeClock` per node, built by the node, is handed (as a :class:`Clock`) to every
+leader-side component that reads time: ``TopicLog``, ``TrustedAppender``, ``RouteAdmin`` and the
+group service; none of them reads ``time`` itself. What must not wait for the size of a jump does
+not read the wall clock: group leases, member sessions and revocations are leader-local and run on
+the clock's monotonic reading (:meth:`Clock.monotonic_ms`); a retry is also due when its
 ``due_ms`` is further away than its delay; dedup windows run at ``max(now_ms, the latest time a key
 was remembered)`` (``broker.core.dedup.window_now_ms``). In production its offset is 0 and
 ``now_ms`` is ``time.time()`` in milliseconds. Tests and drills may shift it: with
@@ -23,12 +24,27 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 ENV_CLOCK_FILE = "RAFTBROKER_CLOCK_FILE"
 POLL_S = 0.05
 OFFSET_MS_MAX = 10 * 365 * 24 * 3600 * 1000  # a sanity bound: ten years either way
+
+
+class Clock(Protocol):
+    """What the leader side reads time through (one per node; tests pass a :class:`ManualClock`)."""
+
+    def now_ms(self) -> int:
+        """Wall milliseconds since the epoch, as this node believes them: stamped into commands
+        (record timestamps, retry due times, dedup windows) and shown to clients."""
+        ...
+
+    def monotonic_ms(self) -> int:
+        """Milliseconds on a clock that never jumps (its origin means nothing): lease deadlines,
+        member sessions and revocations, which live only in this leader's memory."""
+        ...
 
 
 class NodeClock:
@@ -57,6 +73,10 @@ class NodeClock:
     def now_ms(self) -> int:
         """Milliseconds since the epoch as this node believes them (wall clock + offset)."""
         return int(time.time() * 1000) + self._offset_ms
+
+    def monotonic_ms(self) -> int:
+        """This process's monotonic clock in ms; the offset does not move it."""
+        return int(time.monotonic() * 1000)
 
     def set_offset_ms(self, offset_ms: int) -> None:
         """Shift this clock (tests); logs one line when the offset changes."""
@@ -107,3 +127,30 @@ class NodeClock:
                 self.poll()
             except Exception:  # noqa: BLE001 - a test hook must never take the node down; it is logged
                 log.exception("clock file poll failed")
+
+
+class ManualClock:
+    """A :class:`Clock` that moves only when told (unit tests and simulations). ``wall_ms`` and
+    ``mono_ms`` are its two readings; :meth:`advance` lets time pass (both move), :meth:`step_wall`
+    sets the wall clock (only it moves, either way: a jump)."""
+
+    def __init__(self, wall_ms: int = 1_000_000, mono_ms: int = 1_000_000) -> None:
+        self.wall_ms = wall_ms
+        self.mono_ms = mono_ms
+
+    def now_ms(self) -> int:
+        return self.wall_ms
+
+    def monotonic_ms(self) -> int:
+        return self.mono_ms
+
+    def advance(self, ms: int) -> None:
+        """Let ``ms`` (>= 0) pass on both readings."""
+        if ms < 0:
+            raise ValueError(f"time does not pass backwards ({ms} ms); use step_wall for a jump")
+        self.wall_ms += ms
+        self.mono_ms += ms
+
+    def step_wall(self, ms: int) -> None:
+        """Jump the wall reading by ``ms`` (negative: back); the monotonic reading stays."""
+        self.wall_ms += ms

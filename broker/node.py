@@ -85,7 +85,7 @@ class Node:
         limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
-                                  clock_ms=self.clock.now_ms, hub=hub)
+                                  clock=self.clock, hub=hub)
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention],
                                        lambda: self.replicator.status().role == Role.LEADER,
                                        config.housekeeping_period_ms / 1000)
@@ -99,13 +99,13 @@ class Node:
         self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
         mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
                                   limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
-                                  admin=self.admin, metrics=self.metrics, clock_ms=self.clock.now_ms)
+                                  admin=self.admin, metrics=self.metrics, clock=self.clock)
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
                         response_bytes_max=self.response_bytes_max)
         self.streams = StreamRuntime(self.state, streams_max=config.max_streams)
         broker = BrokerServicer(self.topic_log, reader, self.metrics, self.streams)
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
-                         clock_ms=self.clock.now_ms, response_bytes_max=self.response_bytes_max)
+                         clock=self.clock, response_bytes_max=self.response_bytes_max)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
                                  health_check=lambda: replica_health(self.replicator), extra=[mirror])
 

@@ -8,8 +8,7 @@ then :meth:`start` and :meth:`stop` it with the node.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from broker.clock import Clock
 from broker.core.groups.apply import GroupApplier
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
@@ -32,11 +31,11 @@ class NodeGroups:
         self.service: GroupService | None = None
 
     def wire(self, *, submitter: CommandSubmitter, broker: GroupBrokerMethods, admin: GroupAdminMethods,
-             metrics: NodeMetrics, clock_ms: Callable[[], int], response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
-        """Create the leader-side service and attach it to the servicers and the metrics; ``clock_ms``
-        (the node clock, wall ms) stamps group commands and times leases and member sessions;
+             metrics: NodeMetrics, clock: Clock, response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
+        """Create the leader-side service and attach it to the servicers and the metrics; ``clock``
+        (the node clock) stamps group commands (wall) and times leases and member sessions (monotonic);
         ``response_bytes_max`` bounds the records of one group stream response."""
-        self.service = GroupService(self._state, self.applier, submitter, clock_ms=clock_ms)
+        self.service = GroupService(self._state, self.applier, submitter, clock)
         broker.groups = self.service
         broker.group_delivery = GroupDelivery(self.service, response_bytes_max)
         admin.group_ops = GroupOperations(self.service)

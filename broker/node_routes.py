@@ -13,6 +13,7 @@ from collections.abc import Callable
 import grpc
 
 from broker.client.mirror import MirrorClient
+from broker.clock import Clock
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.route_admin import RouteAdmin
@@ -35,13 +36,13 @@ class NodeRoutes:
 
     def wire(self, *, cluster_id: str, node_id: str, submitter: CommandSubmitter, limits: Limits,
              is_leader: Callable[[], bool], admin: RouteAdminMethods, metrics: NodeMetrics,
-             clock_ms: Callable[[], int]) -> tuple[str, Callable[[grpc.Server], None]]:
+             clock: Clock) -> tuple[str, Callable[[grpc.Server], None]]:
         """Create the router and attach the admin methods and metrics; returns the Mirror service
-        (name, registrar) for the gRPC server. ``clock_ms`` is the node clock (wall ms) that stamps
+        (name, registrar) for the gRPC server. ``clock`` is the node clock whose wall reading stamps
         routed appends and route creations."""
-        appender = TrustedAppender(self._state, submitter, limits, cluster_id, clock_ms=clock_ms)
+        appender = TrustedAppender(self._state, submitter, limits, cluster_id, clock)
         self.runner = RouteRunner(self._state, self.table, appender, submitter, is_leader, MirrorClient)
-        admin.route_admin = RouteAdmin(self._state, self.table, submitter, self.runner, clock_ms=clock_ms)
+        admin.route_admin = RouteAdmin(self._state, self.table, submitter, clock, self.runner)
         metrics.registry.register(RouteCollector(admin.route_admin))
         mirror = MirrorServicer(appender, node_id)
         return MIRROR_SERVICE, lambda server: add_mirror(server, mirror)

@@ -8,9 +8,7 @@ command is applied, so two concurrent creates cannot close one either).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
+from broker.clock import Clock
 from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound, shown
 from broker.core.routes import RouteTable, cycle_error, find_cycle
 from broker.core.state_machine import BrokerStateMachine, Rejected
@@ -45,12 +43,12 @@ class RouteAdmin:
     """Create, list and delete routes; ``runner`` (this node's router) adds its live statistics."""
 
     def __init__(self, state: BrokerStateMachine, table: RouteTable, submitter: CommandSubmitter,
-                 runner: RouteRunner | None = None, clock_ms: Callable[[], int] | None = None) -> None:
+                 clock: Clock, runner: RouteRunner | None = None) -> None:
         self._state = state
         self._table = table
         self._submitter = submitter
         self._runner = runner
-        self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+        self._clock = clock
 
     def normalized(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteConfig:
         """A validated copy of ``config``; raises the error a caller should see."""
@@ -92,7 +90,7 @@ class RouteAdmin:
         if cycle is not None:
             raise cycle_error(config.name, cycle)
         result = self._submitter.submit(internal_pb2.Command(create_route=routes_internal_pb2.CreateRouteCommand(
-            config=config, now_ms=self._clock_ms())))
+            config=config, now_ms=self._clock.now_ms())))
         if isinstance(result, Rejected):
             raise result.error
         assert isinstance(result, routes_internal_pb2.RouteMeta)

@@ -9,11 +9,11 @@ its idempotency key, so a copy retried after a failover is stored once.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
+from broker.clock import Clock
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.topics import validate_name
@@ -28,13 +28,13 @@ class TrustedAppender:
     """Appends :class:`Copy` batches all-or-nothing on the leader; see the module docstring."""
 
     def __init__(self, state: BrokerStateMachine, submitter: CommandSubmitter, limits: Limits, cluster_id: str,
-                 clock_ms: Callable[[], int] | None = None) -> None:
+                 clock: Clock) -> None:
         self._state = state
         self._submitter = submitter
         self._limits = limits
         self._cluster_id = cluster_id
         self._schemas = schemas.SchemaCache()
-        self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+        self._clock = clock
 
     @property
     def cluster_id(self) -> str:
@@ -68,7 +68,7 @@ class TrustedAppender:
         config = meta.config
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (b.value for b in bodies)))
-        append.now_ms = self._clock_ms()
+        append.now_ms = self._clock.now_ms()
         result = self._submitter.submit(cmd, sync=meta.config.durability == common_pb2.DURABILITY_FSYNC)
         if isinstance(result, Rejected):
             raise result.error

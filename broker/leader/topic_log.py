@@ -9,10 +9,9 @@ protobuf messages; gRPC specifics (status codes, metadata, streams) stay in ``br
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.clock import Clock
 from broker.core import dedup, records
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
@@ -44,7 +43,8 @@ class TopicLog:
     """Topic administration and publishing on top of the replicated state machine."""
 
     def __init__(self, state: BrokerStateMachine, submitter: CommandSubmitter, limits: Limits,
-                 origin: str, clock_ms: Callable[[], int] | None = None, hub: EphemeralHub | None = None) -> None:
+                 origin: str, clock: Clock, hub: EphemeralHub | None = None) -> None:
+        """``clock``: the node clock; its wall reading stamps every command's ``now_ms``."""
         self._state = state
         self._hub = hub if hub is not None else EphemeralHub(state.notify_change)
         self._submitter = submitter
@@ -52,7 +52,7 @@ class TopicLog:
         self._origin_bytes = _origin_suffix(origin)
         self._round_robin = partitioning.RoundRobin()
         self._schemas = schemas.SchemaCache()
-        self._clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
+        self._clock = clock
 
     @property
     def limits(self) -> Limits:
@@ -67,7 +67,7 @@ class TopicLog:
         if (config.schema_json or config.dedup_fields) and config.durability == common_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
-            config=config, now_ms=self._clock_ms()))
+            config=config, now_ms=self._clock.now_ms()))
         result = self._submitter.submit(cmd, sync=config.durability == common_pb2.DURABILITY_FSYNC)
         self._raise_rejected(result)
         return self.describe_topic(config.name)
@@ -133,7 +133,7 @@ class TopicLog:
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (r.value for r in request.records)))
         append.bodies.extend(self._bodies(request))
-        append.now_ms = self._clock_ms()
+        append.now_ms = self._clock.now_ms()
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             result: object = self._publish_ephemeral(meta, append)
         else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
@@ -228,7 +228,7 @@ class TopicLog:
     def enforce_retention(self) -> None:
         """Apply every topic's age (and count/bytes) caps now (leader housekeeping)."""
         self._submitter.submit(internal_pb2.Command(enforce_retention=internal_pb2.EnforceRetentionCommand(
-            now_ms=self._clock_ms())))
+            now_ms=self._clock.now_ms())))
 
     # -- dedup watermarks ----------------------------------------------------------------------
     def watermarks(self, topic: str) -> list[tuple[str, int]]:
@@ -247,7 +247,7 @@ class TopicLog:
     def expire_dedup(self) -> None:
         """Forget idempotency keys older than their topic's window (leader housekeeping)."""
         self._submitter.submit(internal_pb2.Command(expire_dedup=internal_pb2.ExpireDedupCommand(
-            now_ms=self._clock_ms())))
+            now_ms=self._clock.now_ms())))
 
     def _place(self, request: broker_pb2.PublishRequest, partitions: int) -> list[int]:
         records = request.records

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.clock import ManualClock
 from broker.core.groups.apply import GroupApplier
 from broker.core.membership import Peer
 from broker.core.retention import Retention
@@ -21,22 +22,11 @@ from broker.storage.memory import MemoryStore
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 
-class Clock:
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
-
-
 @dataclass
 class Env:
     state: BrokerStateMachine
     replicator: InMemoryReplicator
-    clock: Clock
+    clock: ManualClock
     log: TopicLog
     applier: GroupApplier
     service: GroupService
@@ -63,7 +53,7 @@ class Env:
         return self.service.ensure(topic, group, common_pb2.GroupConfig(**config))  # type: ignore[arg-type]
 
     def pick(self, rt: GroupRuntime, stream_id: int, limit: int = 100, member: str = "m") -> Delivery:
-        delivery = rt.pick(stream_id, member, limit, self.clock(), self.service.lease_clock_ms())
+        delivery = rt.pick(stream_id, member, limit, self.clock.now_ms(), self.clock.monotonic_ms())
         if delivery.bad:
             self.service.settle(rt, delivery.bad)
         return delivery
@@ -71,8 +61,7 @@ class Env:
     def restart_leadership(self) -> GroupService:
         """A new leader term: a fresh service, as after a failover to a node with the same state."""
         self.replicator.become_leader()
-        self.service = GroupService(self.state, self.applier, self.service.submitter, self.clock,
-                                    lease_clock_ms=self.clock)
+        self.service = GroupService(self.state, self.applier, self.service.submitter, self.clock)
         self.ops = GroupOperations(self.service)
         self.delivery = GroupDelivery(self.service)
         return self.service
@@ -86,9 +75,9 @@ def make_env(state: BrokerStateMachine | None = None) -> Env:
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
-    clock = Clock()
+    clock = ManualClock()
     log = TopicLog(state, submitter, Limits(), "c/n1", clock)
-    service = GroupService(state, applier, submitter, clock, lease_clock_ms=clock)
+    service = GroupService(state, applier, submitter, clock)
     return Env(state, replicator, clock, log, applier, service, GroupOperations(service), GroupDelivery(service))
 
 

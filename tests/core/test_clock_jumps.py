@@ -9,7 +9,7 @@ import pytest
 from broker.core.groups import layout
 from broker.core.groups.cursor import retry_due_ms
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
-from tests.core.groups_env import Clock, Env, make_env, positions, values
+from tests.core.groups_env import Env, make_env, positions, values
 
 pytestmark = pytest.mark.unit
 JUMP_MS = 10 * 60 * 1000  # ten minutes
@@ -17,14 +17,14 @@ JUMP_MS = 10 * 60 * 1000  # ten minutes
 
 def test_a_lease_expires_on_the_lease_clock_when_the_wall_clock_goes_back() -> None:
     env = make_env()
-    env.service.lease_clock_ms = lease_clock = Clock(5_000)
+    env.clock.mono_ms = 5_000  # the lease clock reads apart from the wall clock
     env.topic("t")
     env.publish("t", [b"x"])
     rt = env.group("t", "g", visibility_timeout_ms=1000, base_delay_ms=100)
     first = env.pick(rt, rt.open_stream())
     assert values(first) == [b"x"]
-    env.clock.advance(-JUMP_MS)
-    lease_clock.advance(1000)
+    env.clock.step_wall(-JUMP_MS)
+    env.clock.mono_ms += 1000
     env.service.tick()
     rt.refresh()
     assert [(p, o) for p, o, _ in layout.retries(env.state.store, rt.gid)] == [(0, 0)], "the lease did not expire"
@@ -32,14 +32,14 @@ def test_a_lease_expires_on_the_lease_clock_when_the_wall_clock_goes_back() -> N
 
 def test_extend_reports_a_wall_deadline_and_measures_the_lease_on_the_lease_clock() -> None:
     env = make_env()
-    env.service.lease_clock_ms = lease_clock = Clock(5_000)
+    env.clock.mono_ms = 5_000  # the lease clock reads apart from the wall clock
     env.topic("t")
     env.publish("t", [b"x"])
     rt = env.group("t", "g", visibility_timeout_ms=1000)
     d = env.pick(rt, rt.open_stream())
-    assert env.service.extend("t", "g", positions(d), 3000) == [env.clock() + 3000]
+    assert env.service.extend("t", "g", positions(d), 3000) == [env.clock.now_ms() + 3000]
     lease = rt.leases.get((0, 0))
-    assert lease is not None and lease.deadline_ms == lease_clock() + 3000
+    assert lease is not None and lease.deadline_ms == env.clock.monotonic_ms() + 3000
 
 
 def test_a_nacked_retry_is_redelivered_on_time_when_the_wall_clock_goes_back() -> None:
@@ -51,7 +51,7 @@ def test_a_nacked_retry_is_redelivered_on_time_when_the_wall_clock_goes_back() -
     env.service.nack("t", "g", positions(env.pick(rt, s)), 0, release=False)
     rt.refresh()
     assert not env.pick(rt, s).records, "not due before its delay"
-    env.clock.advance(-JUMP_MS)  # the leader's clock goes back: due_ms - now > delay
+    env.clock.step_wall(-JUMP_MS)  # the leader's clock goes back: due_ms - now > delay
     again = env.pick(rt, s)
     assert values(again) == [b"x"] and again.records[0].delivery_attempt == 2, "the retry waits for the jump"
 
@@ -73,8 +73,8 @@ def test_the_next_due_time_follows_the_rule() -> None:
     rt = env.group("t", "g", base_delay_ms=1000, max_delay_ms=1000)
     env.service.nack("t", "g", positions(env.pick(rt, rt.open_stream())), 0, release=False)
     rt.refresh()
-    assert rt.next_due_ms("m", env.clock()) == env.clock() + 1000
-    assert rt.next_due_ms("m", env.clock() - JUMP_MS) == env.clock() - JUMP_MS
+    assert rt.next_due_ms("m", env.clock.now_ms()) == env.clock.now_ms() + 1000
+    assert rt.next_due_ms("m", env.clock.now_ms() - JUMP_MS) == env.clock.now_ms() - JUMP_MS
 
 
 def publish_keyed(env: Env, key: str) -> broker_pb2.PublishResult:
@@ -93,7 +93,7 @@ def test_a_dedup_key_inside_its_window_is_refused_after_the_clock_goes_back() ->
     """The lookup would read buckets older than the one the key is in."""
     env = keyed_topic()
     first = publish_keyed(env, "k1")
-    env.clock.advance(-JUMP_MS)
+    env.clock.step_wall(-JUMP_MS)
     again = publish_keyed(env, "k1")
     assert again.duplicate, "a key inside its window was accepted again"
     assert again.offset == first.offset
@@ -102,10 +102,10 @@ def test_a_dedup_key_inside_its_window_is_refused_after_the_clock_goes_back() ->
 def test_a_dedup_key_inside_its_window_is_refused_after_a_forward_jump_is_healed() -> None:
     """The key went into the jumped bucket; the healed lookup would read the old ones."""
     env = keyed_topic()
-    env.clock.advance(JUMP_MS)
+    env.clock.step_wall(JUMP_MS)
     first = publish_keyed(env, "k1")
     env.log.expire_dedup()
-    env.clock.advance(-JUMP_MS)
+    env.clock.step_wall(-JUMP_MS)
     env.log.expire_dedup()
     again = publish_keyed(env, "k1")
     assert again.duplicate, "a key inside its window was accepted again"
@@ -115,21 +115,21 @@ def test_a_dedup_key_inside_its_window_is_refused_after_a_forward_jump_is_healed
 def test_keys_still_expire_once_their_window_has_passed() -> None:
     env = keyed_topic()
     publish_keyed(env, "k1")
-    env.clock.advance(-JUMP_MS)
-    env.clock.advance(JUMP_MS + 60_001)
+    env.clock.step_wall(-JUMP_MS)
+    env.clock.step_wall(JUMP_MS + 60_001)
     env.log.expire_dedup()
     assert not publish_keyed(env, "k1").duplicate
 
 
 def test_a_silent_member_session_expires_on_the_lease_clock_when_the_wall_clock_goes_back() -> None:
     env = make_env()
-    env.service.lease_clock_ms = lease_clock = Clock(5_000)
+    env.clock.mono_ms = 5_000  # the lease clock reads apart from the wall clock
     env.topic("t", 2)
     rt = env.group("t", "g", mode=common_pb2.DELIVERY_MODE_STREAM, session_timeout_ms=1000)
     env.service.join("t", "g", "a", common_pb2.GroupConfig())
     env.service.join("t", "g", "b", common_pb2.GroupConfig())
-    env.clock.advance(-JUMP_MS)
-    lease_clock.advance(1001)
+    env.clock.step_wall(-JUMP_MS)
+    env.clock.mono_ms += 1001
     env.service.heartbeat("t", "g", "b")  # b stays; a is silent past its session
     env.service.tick()
     with rt.lock:

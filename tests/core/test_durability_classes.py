@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.clock import NodeClock
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
@@ -27,7 +28,7 @@ def make(store: MemoryStore, ring: int = 10_000) -> tuple[TopicLog, Reader, InMe
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
     hub = EphemeralHub(state.notify_change, capacity=ring)
-    log = TopicLog(state, submitter, Limits(), "c/n1", hub=hub)
+    log = TopicLog(state, submitter, Limits(), "c/n1", NodeClock(), hub=hub)
     return log, Reader(state, hub, submitter.ensure_leader), replicator
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker.clock import NodeClock
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
@@ -22,7 +23,7 @@ def test_fsync_topics_submit_synced_and_disk_topics_do_not() -> None:
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
-    log = TopicLog(state, submitter, Limits(), "c/n1")
+    log = TopicLog(state, submitter, Limits(), "c/n1", NodeClock())
     info = log.create_topic(admin_pb2.TopicConfig(name="f", durability=common_pb2.DURABILITY_FSYNC))
     assert info.config.durability == common_pb2.DURABILITY_FSYNC and replicator.synced_submits == 1
     log.create_topic(admin_pb2.TopicConfig(name="d", durability=common_pb2.DURABILITY_DISK))

@@ -37,7 +37,7 @@ def test_seek_to_a_timestamp_replays_and_lag_matches_a_hand_count() -> None:
     env.topic("t", 2)
     env.publish("t", [b"old%d" % i for i in range(4)])
     env.clock.advance(10_000)
-    cut = env.clock()
+    cut = env.clock.now_ms()
     env.publish("t", [b"new%d" % i for i in range(6)])
     assert len(drain(env, "t", "g")) == 10
     lag = env.ops.lag("t", "g")

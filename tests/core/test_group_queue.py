@@ -59,7 +59,7 @@ def test_expired_lease_is_redelivered_and_extend_keeps_it() -> None:
     s = rt.open_stream()
     d = env.pick(rt, s)
     env.clock.advance(800)
-    assert env.service.extend("t", "g", [d.records[0].position], 0) == [env.clock() + 1000]
+    assert env.service.extend("t", "g", [d.records[0].position], 0) == [env.clock.now_ms() + 1000]
     env.clock.advance(300)
     env.service.tick()  # y expired (deadline 1000), x was extended to 1800
     rt.refresh()
@@ -85,7 +85,7 @@ def test_always_failing_record_goes_to_dead_letters_then_retry_brings_it_back() 
         while not d.records:
             env.clock.advance(10)
             d = env.pick(rt, s)
-        delivered_at.append(env.clock())
+        delivered_at.append(env.clock.now_ms())
         env.service.nack("t", "g", positions(d), 0, release=False)
     assert [b - a for a, b in zip(delivered_at, delivered_at[1:], strict=False)] == [100, 200]
     lag = env.ops.lag("t", "g").partitions[0]

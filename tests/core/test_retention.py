@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.clock import ManualClock
 from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.retention import Retention
@@ -20,23 +21,17 @@ from broker.storage.memory import MemoryStore
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    now_ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now_ms
+Env = tuple[TopicLog, Reader, BrokerStateMachine, ManualClock]
 
 
 @pytest.fixture
-def env() -> Iterator[tuple[TopicLog, Reader, BrokerStateMachine, Clock]]:
+def env() -> Iterator[Env]:
     state = BrokerStateMachine(MemoryStore(), Changes())
     Retention(state)
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
-    clock = Clock()
+    clock = ManualClock()
     yield TopicLog(state, submitter, Limits(), "c/n1", clock), Reader(state), state, clock
     replicator.close()
 
@@ -67,7 +62,7 @@ def stored(state: BrokerStateMachine) -> int:
     return len(list(state.store.scan(Column.RECORDS, b"", b"\xff" * 16)))
 
 
-def test_max_records_discard_old_keeps_the_newest(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+def test_max_records_discard_old_keeps_the_newest(env: Env) -> None:
     log, reader, state, _ = env
     create(log, "t", max_records=5)
     pub(log, "t", 3)
@@ -78,7 +73,7 @@ def test_max_records_discard_old_keeps_the_newest(env: tuple[TopicLog, Reader, B
     assert stored(state) == 5
 
 
-def test_max_bytes_discard_old(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+def test_max_bytes_discard_old(env: Env) -> None:
     log, _, _, _ = env
     create(log, "b", max_bytes=100)
     pub(log, "b", 30)
@@ -86,7 +81,7 @@ def test_max_bytes_discard_old(env: tuple[TopicLog, Reader, BrokerStateMachine, 
     assert p.bytes <= 100 and p.records == p.end_offset - p.start_offset and p.records >= 1
 
 
-def test_reject_policy_refuses_the_whole_batch(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+def test_reject_policy_refuses_the_whole_batch(env: Env) -> None:
     log, _, state, _ = env
     create(log, "r", policy=common_pb2.FULL_POLICY_REJECT, max_records=5)
     pub(log, "r", 4)
@@ -98,7 +93,7 @@ def test_reject_policy_refuses_the_whole_batch(env: tuple[TopicLog, Reader, Brok
 
 
 def test_reject_policy_by_bytes_refuses_the_batch_that_would_pass_max_bytes(
-        env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+        env: Env) -> None:
     log, _, state, _ = env
     create(log, "rb", policy=common_pb2.FULL_POLICY_REJECT, max_bytes=60)
     pub(log, "rb", 1)
@@ -109,13 +104,13 @@ def test_reject_policy_by_bytes_refuses_the_batch_that_would_pass_max_bytes(
     assert part(log, "rb").bytes == used and stored(state) == 1, "nothing of the refused batch"
 
 
-def test_max_age_expires_old_records(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+def test_max_age_expires_old_records(env: Env) -> None:
     log, reader, _, clock = env
     create(log, "a", max_age_ms=60_000)
     pub(log, "a", 3)
-    clock.now_ms += 30_000
+    clock.advance(30_000)
     pub(log, "a", 2, start=3)
-    clock.now_ms += 40_000  # the first three are now 70 s old, the others 40 s
+    clock.advance(40_000)  # the first three are now 70 s old, the others 40 s
     log.enforce_retention()
     assert part(log, "a").start_offset == 3
     events = read(reader, "a", partition=0, **{"from": common_pb2.Position(offset=0)})
@@ -123,7 +118,7 @@ def test_max_age_expires_old_records(env: tuple[TopicLog, Reader, BrokerStateMac
     assert [r.offset for r in events[1:]] == [3, 4]  # type: ignore[union-attr]
 
 
-def test_alter_lowers_a_cap_and_enforcement_applies_it(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+def test_alter_lowers_a_cap_and_enforcement_applies_it(env: Env) -> None:
     log, _, _, _ = env
     create(log, "x")
     pub(log, "x", 10)
@@ -135,7 +130,7 @@ def test_alter_lowers_a_cap_and_enforcement_applies_it(env: tuple[TopicLog, Read
         log.alter_topic("x", common_pb2.Retention(max_records=-1), common_pb2.FULL_POLICY_UNSPECIFIED)
 
 
-def test_prune_and_clear(env: tuple[TopicLog, Reader, BrokerStateMachine, Clock]) -> None:
+def test_prune_and_clear(env: Env) -> None:
     log, reader, state, _ = env
     create(log, "p")
     pub(log, "p", 10)

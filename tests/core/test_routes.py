@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from broker.clock import NodeClock
 from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.retention import Retention
@@ -76,12 +77,13 @@ def env() -> Iterator[Env]:
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
-    log = TopicLog(state, submitter, Limits(), "east/n1")
-    appender = TrustedAppender(state, submitter, Limits(), "east")
+    clock = NodeClock()  # the real wall clock, as a node has
+    log = TopicLog(state, submitter, Limits(), "east/n1", clock)
+    appender = TrustedAppender(state, submitter, Limits(), "east", clock)
     remote = FakeRemote("west")
     runner = RouteRunner(state, table, appender, submitter, lambda: True, lambda addresses: remote,
                          batch_records=7)
-    yield Env(state, log, Reader(state), table, RouteAdmin(state, table, submitter, runner), runner, appender,
+    yield Env(state, log, Reader(state), table, RouteAdmin(state, table, submitter, clock, runner), runner, appender,
               remote, submitter)
     replicator.close()
 

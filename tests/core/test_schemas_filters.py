@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.clock import NodeClock
 from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
@@ -30,7 +31,7 @@ def env() -> Iterator[tuple[TopicLog, Reader]]:
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
-    yield TopicLog(state, submitter, Limits(), "c/n1"), Reader(state)
+    yield TopicLog(state, submitter, Limits(), "c/n1", NodeClock()), Reader(state)
     replicator.close()
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.clock import ManualClock
 from broker.core import errors
 from broker.core.membership import Peer
 from broker.core.state_machine import BrokerStateMachine
@@ -20,21 +21,13 @@ from broker.v1 import admin_pb2, broker_pb2
 pytestmark = pytest.mark.unit
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now_ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now_ms
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def log(clock: Clock) -> Iterator[TopicLog]:
+def log(clock: ManualClock) -> Iterator[TopicLog]:
     state = BrokerStateMachine(MemoryStore(), Changes())
     replicator = InMemoryReplicator(state)
     replicator.start()
@@ -79,12 +72,12 @@ def test_idempotency_key_repeat_returns_the_original_place(log: TopicLog) -> Non
     assert sum(ends(log)) == 2
 
 
-def test_idempotency_window_expires(log: TopicLog, clock: Clock) -> None:
+def test_idempotency_window_expires(log: TopicLog, clock: ManualClock) -> None:
     pub(log, broker_pb2.PublishRecord(value=b"a", idempotency_key="k"))
-    clock.now_ms += 120_001  # past the default 2-minute window
+    clock.advance(120_001)  # past the default 2-minute window
     assert not pub(log, broker_pb2.PublishRecord(value=b"a", idempotency_key="k"))[0].duplicate
     log.expire_dedup()
-    clock.now_ms += 1
+    clock.advance(1)
     assert pub(log, broker_pb2.PublishRecord(value=b"a", idempotency_key="k"))[0].duplicate  # the new copy's key
 
 

@@ -119,10 +119,10 @@ class GroupDelivery:
                 if current is not rt:
                     rt.close_stream(stream_id)
                     rt, stream_id = current, current.open_stream()
-                now = service.clock_ms()
+                now = service.clock.now_ms()
                 with rt.lock:
                     room = limit - rt.leases.held_by(stream_id)
-                delivery = rt.pick(stream_id, member, room, now, service.lease_clock_ms())
+                delivery = rt.pick(stream_id, member, room, now, service.clock.monotonic_ms())
                 if delivery.bad:
                     service.settle(rt, delivery.bad)
                 for event in delivery.events:

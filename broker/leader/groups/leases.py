@@ -2,23 +2,18 @@
 
 Leases live only in the leader's memory (SPEC §3.2): a failover forgets them, and the new leader
 delivers every unsettled record again (at-least-once). Being leader-local, lease deadlines (and
-member sessions) are measured on a monotonic clock (:func:`monotonic_ms`), never on the wall clock:
-a leader clock that jumps must not make a lease wait for the size of the jump. Not thread-safe: the
+member sessions) are measured on the node clock's monotonic reading (``Clock.monotonic_ms``,
+:mod:`broker.clock`), never on the wall clock: a leader clock that jumps must not make a lease wait
+for the size of the jump. Not thread-safe: the
 owning :class:`~broker.leader.groups.runtime.GroupRuntime` serializes access under its lock.
 """
 
 from __future__ import annotations
 
 import collections
-import time
 from dataclasses import dataclass
 
 Position = tuple[int, int]  # (partition, offset)
-
-
-def monotonic_ms() -> int:
-    """Milliseconds on this process's monotonic clock: what lease deadlines and sessions use."""
-    return int(time.monotonic() * 1000)
 
 
 @dataclass

@@ -136,7 +136,7 @@ class GroupOperations:
     def lag(self, topic: str, group: str) -> admin_pb2.GroupLagResponse:
         applied = self._service.read_barrier()
         rt = self._service.runtime(topic, group)
-        rows = lag_rows(self._state, rt.meta, self._service.clock_ms(), rt)
+        rows = lag_rows(self._state, rt.meta, self._service.clock.now_ms(), rt)
         partitions = [admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset,
                                              end_offset=r.end_offset, committed=r.committed, lag=r.lag,
                                              in_flight=r.in_flight, retrying=r.retrying, dead=r.dead, lag_ms=r.lag_ms)
@@ -211,7 +211,7 @@ class GroupOperations:
         if not everything and not positions:
             raise InvalidArgument("name the dead letters to retry (partition, offset) or ask for all")
         cmd = K.Command(retry_dead_letters=K.RetryDeadLettersCommand(
-            topic=topic, group=group, group_id=rt.gid, now_ms=self._service.clock_ms(), all=everything,
+            topic=topic, group=group, group_id=rt.gid, now_ms=self._service.clock.now_ms(), all=everything,
             partitions=[p for p, _ in positions], offsets=[o for _, o in positions]))
         count = raise_rejected(self._service.submit(cmd, topic))
         assert isinstance(count, int)
@@ -228,7 +228,7 @@ class GroupOperations:
     def figures(self) -> list[tuple[str, str, LagRow]]:
         """(topic, group, row) of every partition of every group, as this node knows them."""
         runtimes = {(rt.meta.topic, rt.meta.group): rt for rt in self._service.runtimes()}
-        now = self._service.clock_ms()
+        now = self._service.clock.now_ms()
         out = []
         for meta in layout.all_metas(self._state.store):
             rt = runtimes.get((meta.topic, meta.group))

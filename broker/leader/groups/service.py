@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 import uuid
-from collections.abc import Callable
 
+from broker.clock import Clock
 from broker.core import records
 from broker.core.errors import (
     BrokerError,
@@ -39,7 +38,7 @@ from broker.core.groups.config import (
 )
 from broker.core.state_machine import BrokerStateMachine, Rejected
 from broker.core.topics import validate_name
-from broker.leader.groups.leases import Lease, Position, monotonic_ms
+from broker.leader.groups.leases import Lease, Position
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.submitter import CommandSubmitter
 from broker.storage import Column
@@ -63,15 +62,14 @@ class GroupService:
     """Consumer groups on top of the replicated state machine (leader side)."""
 
     def __init__(self, state: BrokerStateMachine, applier: GroupApplier, submitter: CommandSubmitter,
-                 clock_ms: Callable[[], int] | None = None, tick_s: float = TICK_S,
-                 lease_clock_ms: Callable[[], int] = monotonic_ms) -> None:
-        """``clock_ms``: the leader's wall clock (stamped into commands); ``lease_clock_ms``: the
-        leader-local clock of lease deadlines, member sessions and revocations (monotonic)."""
+                 clock: Clock, tick_s: float = TICK_S) -> None:
+        """``clock``: the node clock. Its wall reading (``now_ms``) is stamped into commands and
+        shown to clients; its monotonic reading times lease deadlines, member sessions and
+        revocations, which live only in this leader's memory."""
         self.state = state
         self.applier = applier
         self.submitter = submitter
-        self.clock_ms: Callable[[], int] = clock_ms or (lambda: int(time.time() * 1000))
-        self.lease_clock_ms = lease_clock_ms
+        self.clock = clock
         self._tick_s = tick_s
         self._runtimes: dict[tuple[str, str], GroupRuntime] = {}
         self._term: int | None = None
@@ -183,7 +181,7 @@ class GroupService:
             raise InvalidArgument("ephemeral topics cannot have consumer groups (nothing is stored to settle)")
         starts = [self.resolve(meta, p, normalized.start_from) for p in range(meta.config.partitions)]
         cmd = K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=meta.topic_id, group=group,
-                                                          config=normalized, now_ms=self.clock_ms(),
+                                                          config=normalized, now_ms=self.clock.now_ms(),
                                                           start_offsets=starts))
         created = raise_rejected(self.submit(cmd, topic))
         assert isinstance(created, K.GroupMeta)
@@ -279,7 +277,7 @@ class GroupService:
         if not entries and not commits:
             return []
         cmd = K.Command(group_settle=K.GroupSettleCommand(
-            topic=rt.meta.topic, group=rt.meta.group, group_id=rt.gid, now_ms=self.clock_ms(), entries=entries,
+            topic=rt.meta.topic, group=rt.meta.group, group_id=rt.gid, now_ms=self.clock.now_ms(), entries=entries,
             commit_partitions=[p for p, _ in commits], commit_offsets=[o for _, o in commits]))
         result = raise_rejected(self.submit(cmd, rt.meta.topic))
         assert isinstance(result, SettleResult) and len(result.outcomes) == len(entries)
@@ -325,8 +323,8 @@ class GroupService:
                 if lease is None or lease.expiring:
                     deadlines.append(0)
                     continue
-                lease.deadline_ms = self.lease_clock_ms() + length
-                deadlines.append(self.clock_ms() + length)  # the client sees wall time
+                lease.deadline_ms = self.clock.monotonic_ms() + length
+                deadlines.append(self.clock.now_ms() + length)  # the client sees wall time
         return deadlines
 
     def commit(self, topic: str, group: str, partition: int, offset: int) -> None:
@@ -352,7 +350,7 @@ class GroupService:
         member_id = member_id or f"m-{uuid.uuid4().hex[:12]}"
         with rt.lock:
             rt.rejoin(member_id)
-            if rt.members.heartbeat(member_id, self.lease_clock_ms()):
+            if rt.members.heartbeat(member_id, self.clock.monotonic_ms()):
                 self.state.notify_change()
             return member_id, rt.members.assigned(member_id), rt.members.session_timeout_ms
 
@@ -365,7 +363,7 @@ class GroupService:
             return []
         with rt.lock:
             rt.rejoin(member_id)
-            if rt.members.heartbeat(member_id, self.lease_clock_ms()):
+            if rt.members.heartbeat(member_id, self.clock.monotonic_ms()):
                 self.state.notify_change()
             return rt.members.assigned(member_id)
 
@@ -377,7 +375,7 @@ class GroupService:
         rt = self.runtime(topic, group)
         with rt.lock:
             if rt.members is not None:
-                rt.members.leave(member_id, self.lease_clock_ms())
+                rt.members.leave(member_id, self.clock.monotonic_ms())
             rt.leave(member_id)
         self.state.notify_change()
 
@@ -411,7 +409,7 @@ class GroupService:
                 self._term = None
             return
         for rt in self.runtimes():
-            now = self.lease_clock_ms()
+            now = self.clock.monotonic_ms()
             if rt.members is not None:
                 self._tick_members(rt, now)
             expired = rt.take_expired(now)
