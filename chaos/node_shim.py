@@ -10,27 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
-
-
-def install_dial_map(dial: dict[str, str]) -> None:
-    """Redirect pysyncobj's outgoing connects per ``dial``."""
-    from pysyncobj import tcp_connection
-
-    original = tcp_connection.TcpConnection.connect
-
-    def connect(self: Any, host: str, port: int) -> bool:
-        target = dial.get(f"{host}:{port}")
-        if target is not None:
-            proxy_host, _, proxy_port = target.rpartition(":")
-            host, port = proxy_host, int(proxy_port)
-        return bool(original(self, host, port))
-
-    tcp_connection.TcpConnection.connect = connect
 
 
 def main() -> None:
-    install_dial_map(json.loads(os.environ.get("RAFTBROKER_CHAOS_DIAL", "{}")))
+    from broker.replication.dial import redirect_dials  # before the node imports pysyncobj's users
+
+    redirect_dials(json.loads(os.environ.get("RAFTBROKER_CHAOS_DIAL", "{}")))
     from broker.cli.main import app
 
     app(prog_name="raftbroker")

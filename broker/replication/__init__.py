@@ -1,8 +1,13 @@
 """Replication seam: what the core needs from a consensus log, and what it gives back.
 
 The core hands opaque ``bytes`` commands to a :class:`Replicator`; once a majority has committed
-one, every node calls :meth:`StateMachine.apply` with it, in log order. Only
-``broker.replication.raft`` imports pysyncobj.
+one, every node calls :meth:`StateMachine.apply` with it, in log order.
+
+Only modules of this package import pysyncobj (tests/unit/test_import_rules.py checks it): the
+Raft node and its options (``raft``, ``raft_node``), the patches and pins of its internals
+(``_patches``, ``transport``, ``journal``), pre-vote and leadership transfer (``prevote``,
+``transfer``) and the chaos drills' dial redirection (``dial``). This module itself does not: the
+rest of the broker sees only these protocols.
 """
 
 from __future__ import annotations
