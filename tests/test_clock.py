@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.clock import ENV_CLOCK_FILE, NodeClock
+from broker.clock import ENV_CLOCK_FILE, Clock, ManualClock, NodeClock
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +69,21 @@ def test_the_watcher_follows_the_file_and_logs_each_change(tmp_path: Path, monke
             clock.stop()
     assert "clock offset now +300000 ms" in [r.getMessage() for r in caplog.records]
 
+
+
+def test_an_offset_moves_the_wall_reading_and_not_the_monotonic_one() -> None:
+    clock: Clock = NodeClock(offset_ms=-600_000)
+    before = int(time.monotonic() * 1000)
+    assert clock.now_ms() <= int(time.time() * 1000) - 600_000
+    assert before <= clock.monotonic_ms() <= int(time.monotonic() * 1000)
+
+
+def test_a_manual_clock_moves_only_when_told() -> None:
+    clock = ManualClock(wall_ms=10_000, mono_ms=5)
+    assert (clock.now_ms(), clock.monotonic_ms()) == (10_000, 5)
+    clock.advance(100)
+    assert (clock.now_ms(), clock.monotonic_ms()) == (10_100, 105)
+    clock.step_wall(-10_000)  # a jump back: the monotonic reading stays
+    assert (clock.now_ms(), clock.monotonic_ms()) == (100, 105)
+    with pytest.raises(ValueError, match="does not pass backwards"):
+        clock.advance(-1)
