@@ -17,7 +17,7 @@ from types import FrameType
 from broker.clock import NodeClock
 from broker.config import NodeConfig
 from broker.core.errors import Unavailable
-from broker.core.membership import MemberRegistry, Peer
+from broker.core.members import MemberRegistry, Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes

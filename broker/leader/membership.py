@@ -1,5 +1,5 @@
 """Adding or removing a cluster member (leader only); the registry of their addresses is
-:mod:`broker.core.membership`.
+:mod:`broker.core.members`.
 
 Raft knows members by their Raft address; clients need gRPC addresses (followers answer writes
 with the leader's in ``x-leader``). A node knows the members it was started with (``--peer``);
@@ -23,7 +23,7 @@ import time
 from typing import Any, NoReturn
 
 from broker.core.errors import InvalidArgument, MemberExists, MemberNotFound, NotLeader, Unavailable, shown
-from broker.core.membership import MemberRegistry
+from broker.core.members import MemberRegistry
 from broker.core.state_machine import Rejected
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication import FailReason, Membership, ReplicationError, Replicator, Role

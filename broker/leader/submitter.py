@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from broker.core.errors import InvalidArgument, NoQuorum, NotLeader, ResourceExhausted, Unavailable
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.replication import FailReason, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2
 

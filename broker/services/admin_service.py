@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from broker.core.errors import ResourceExhausted
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.leader.submitter import PeerDirectory
 from broker.leader.topic_log import TopicLog
 from broker.replication import Replicator

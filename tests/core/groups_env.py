@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from broker.clock import ManualClock
 from broker.core.groups.apply import GroupApplier
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes

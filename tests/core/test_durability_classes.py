@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker.clock import NodeClock
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.clock import NodeClock
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.submitter import CommandSubmitter, PeerDirectory

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.core.errors import InvalidArgument, MemberNotFound, Unavailable
-from broker.core.membership import MemberRegistry, Peer
+from broker.core.members import MemberRegistry, Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.membership import MembershipChanges

@@ -8,7 +8,7 @@ import pytest
 
 from broker.clock import ManualClock
 from broker.core import errors
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes

@@ -12,7 +12,7 @@ import pytest
 
 from broker.clock import NodeClock
 from broker.core import errors
-from broker.core.membership import Peer
+from broker.core.members import Peer
 from broker.core.retention import Retention
 from broker.core.routes import RouteTable, find_cycle
 from broker.core.state_machine import BrokerStateMachine, Rejected
