@@ -15,7 +15,7 @@ import grpc
 from broker.core.errors import BrokerError
 from broker.core.reading import Reader, Step
 from broker.core.topic_log import TopicLog
-from broker.services import errors
+from broker.services import errors, wire
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
 from broker.services.streams import StreamRuntime
@@ -34,7 +34,7 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     def _publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
         started = time.perf_counter()
         try:
-            response = self._log.publish(request)
+            response = wire.publish_response(self._log.publish(wire.publish_batch(request)))
         except BrokerError as exc:
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise

@@ -15,7 +15,7 @@ from broker.core.groups.delivery import GroupDelivery
 from broker.core.groups.operations import GroupOperations
 from broker.core.groups.service import GroupService
 from broker.core.reading import Step
-from broker.services import errors
+from broker.services import errors, wire
 from broker.v1 import admin_pb2, broker_pb2
 
 _GAUGES = (("lag", "raftbroker_group_lag_records", "Retained records the group has not settled"),
@@ -41,7 +41,7 @@ class GroupBrokerMethods:
         """The step stream of a ``Subscribe`` that names a group (validated before it starts)."""
         if self.group_delivery is None:
             raise Unimplemented("consumer groups are not enabled on this node")
-        return self.group_delivery.subscribe_steps(request, is_active)
+        return self.group_delivery.subscribe_steps(request, wire.subscription_group_config(request), is_active)
 
     @errors.unary
     def Ack(self, request: broker_pb2.AckRequest, context: grpc.ServicerContext) -> broker_pb2.AckResponse:
@@ -71,7 +71,7 @@ class GroupBrokerMethods:
     def JoinGroup(self, request: broker_pb2.JoinGroupRequest,
                   context: grpc.ServicerContext) -> broker_pb2.JoinGroupResponse:
         member, partitions, session_ms = self._groups().join(request.topic, request.group, request.member_id,
-                                                             request.group_config)
+                                                             wire.group_config(request.group_config))
         return broker_pb2.JoinGroupResponse(member_id=member, partitions=partitions, session_timeout_ms=session_ms)
 
     @errors.unary
@@ -100,17 +100,17 @@ class GroupAdminMethods:
     @errors.unary
     def CreateGroup(self, request: admin_pb2.CreateGroupRequest,
                     context: grpc.ServicerContext) -> admin_pb2.GroupInfo:
-        return self._ops().create(request.topic, request.group, request.config)
+        return wire.group_info(self._ops().create(request.topic, request.group, wire.group_config(request.config)))
 
     @errors.unary
     def DescribeGroup(self, request: admin_pb2.DescribeGroupRequest,
                       context: grpc.ServicerContext) -> admin_pb2.GroupInfo:
-        return self._ops().describe(request.topic, request.group)
+        return wire.group_info(self._ops().describe(request.topic, request.group))
 
     @errors.unary
     def ListGroups(self, request: admin_pb2.ListGroupsRequest,
                    context: grpc.ServicerContext) -> admin_pb2.ListGroupsResponse:
-        return admin_pb2.ListGroupsResponse(groups=self._ops().list_groups(request.topic))
+        return admin_pb2.ListGroupsResponse(groups=[wire.group_info(v) for v in self._ops().list_groups(request.topic)])
 
     @errors.unary
     def DeleteGroup(self, request: admin_pb2.DeleteGroupRequest,
@@ -122,7 +122,7 @@ class GroupAdminMethods:
     def SeekGroup(self, request: admin_pb2.SeekGroupRequest,
                   context: grpc.ServicerContext) -> admin_pb2.SeekGroupResponse:
         partition = request.partition if request.HasField("partition") else None
-        moved = self._ops().seek(request.topic, request.group, request.to, partition)
+        moved = self._ops().seek(request.topic, request.group, wire.position(request.to), partition)
         return admin_pb2.SeekGroupResponse(positions=[admin_pb2.PartitionOffset(partition=p, offset=o)
                                                       for p, o in moved])
 
@@ -158,7 +158,7 @@ class GroupAdminMethods:
 
     @errors.unary
     def MarkGroup(self, request: admin_pb2.MarkGroupRequest, context: grpc.ServicerContext) -> admin_pb2.GroupInfo:
-        return self._ops().mark(request.topic, request.group, request.role)
+        return wire.group_info(self._ops().mark(request.topic, request.group, request.role))
 
     @errors.unary
     def PurgeDeadLetters(self, request: admin_pb2.PurgeDeadLettersRequest,

@@ -10,7 +10,7 @@ from broker.core.errors import Unimplemented
 from broker.core.route_admin import RouteAdmin
 from broker.core.routed_append import TrustedAppender
 from broker.core.routes import Copy
-from broker.services import errors
+from broker.services import errors, wire
 from broker.v1 import routes_pb2, routes_pb2_grpc
 
 
@@ -27,12 +27,12 @@ class RouteAdminMethods:
     @errors.unary
     def CreateRoute(self, request: routes_pb2.CreateRouteRequest, context: grpc.ServicerContext
                     ) -> routes_pb2.RouteInfo:
-        return self._routes().create(request.config)
+        return wire.route_info(self._routes().create(wire.route_config(request.config)))
 
     @errors.unary
     def ListRoutes(self, request: routes_pb2.ListRoutesRequest, context: grpc.ServicerContext
                    ) -> routes_pb2.ListRoutesResponse:
-        return routes_pb2.ListRoutesResponse(routes=self._routes().list())
+        return routes_pb2.ListRoutesResponse(routes=[wire.route_info(v) for v in self._routes().list()])
 
     @errors.unary
     def DeleteRoute(self, request: routes_pb2.DeleteRouteRequest, context: grpc.ServicerContext

@@ -33,7 +33,7 @@ from broker.core.reading import (
     fits,
 )
 from broker.core.topics import validate_name
-from broker.v1 import broker_pb2, common_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
 
 
 def chunks(rows: list[common_pb2.Record], count_max: int, bytes_max: int) -> Iterator[list[common_pb2.Record]]:
@@ -70,16 +70,17 @@ class GroupDelivery:
         self._service = service
         self._response_bytes_max = response_bytes_max
 
-    def subscribe(self, request: broker_pb2.SubscribeRequest,
+    def subscribe(self, request: broker_pb2.SubscribeRequest, config: internal_pb2.GroupConfig,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
         """Validate ``request`` and create the group if needed (raising before the first item),
         then stream (waiting in place: blocks the thread)."""
-        return blocking(self.subscribe_steps(request, is_active), self._service.state)
+        return blocking(self.subscribe_steps(request, config, is_active), self._service.state)
 
-    def subscribe_steps(self, request: broker_pb2.SubscribeRequest,
+    def subscribe_steps(self, request: broker_pb2.SubscribeRequest, config: internal_pb2.GroupConfig,
                         is_active: Callable[[], bool]) -> Iterator[Step]:
-        """Validate ``request`` and create the group if needed (raising before the first item),
-        then stream, yielding :class:`Idle` where it would wait."""
+        """Validate ``request`` and create the group if needed with ``config`` (the request's group
+        config, starting from its ``from`` unless it says where: ``broker.services.wire``), raising
+        before the first item; then stream, yielding :class:`Idle` where it would wait."""
         validate_name(request.topic)
         validate_group_name(request.group)
         if request.HasField("partition"):
@@ -91,10 +92,6 @@ class GroupDelivery:
             raise InvalidArgument(f"max_in_flight must be at most {MAX_IN_FLIGHT} and max_batch at most {MAX_BATCH}")
         if len(request.member_id) > MAX_MEMBER_ID_CHARS:
             raise InvalidArgument(f"member_id is longer than {MAX_MEMBER_ID_CHARS} characters")
-        config = common_pb2.GroupConfig()
-        config.CopyFrom(request.group_config)
-        if not config.HasField("start_from") and request.HasField("from"):
-            config.start_from.CopyFrom(getattr(request, "from"))
         rt = self._service.ensure(request.topic, request.group, config)
         member = request.member_id
         if rt.members is not None:
