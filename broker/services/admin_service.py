@@ -8,6 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from broker.core.errors import ResourceExhausted
+from broker.core.groups.operations import GroupOperations
+from broker.core.membership import MembershipChanges
+from broker.core.route_admin import RouteAdmin
 from broker.core.submitter import Peer, PeerDirectory
 from broker.core.topic_log import TopicLog
 from broker.replication import Replicator
@@ -25,10 +28,14 @@ LIST_TOPICS_BYTES_MAX = 4 << 20
 
 
 class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods, admin_pb2_grpc.AdminServicer):
-    """Control plane (route RPCs: :class:`RouteAdminMethods`)."""
+    """Control plane (group, membership and route RPCs: the mixins, whose services are given here)."""
 
-    def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory) -> None:
+    def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory, *,
+                 membership: MembershipChanges, group_ops: GroupOperations, route_admin: RouteAdmin) -> None:
         self._log = log
+        self._membership = membership
+        self._group_ops = group_ops
+        self._route_admin = route_admin
         self._replicator = replicator
         self._me = me
         self._peers = peers

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import grpc
 
 from broker.core.errors import BrokerError
+from broker.core.groups.delivery import GroupDelivery
+from broker.core.groups.service import GroupService
 from broker.core.reading import Reader, Step
 from broker.core.topic_log import TopicLog
 from broker.services import errors, wire
@@ -25,8 +27,11 @@ from broker.v1 import broker_pb2, broker_pb2_grpc
 class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     """Data plane (consumer-group RPCs: :class:`GroupBrokerMethods`)."""
 
-    def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics, streams: StreamRuntime) -> None:
+    def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics, streams: StreamRuntime, *,
+                 groups: GroupService, group_delivery: GroupDelivery) -> None:
         self._log = log
+        self._groups = groups
+        self._group_delivery = group_delivery
         self._reader = reader
         self._metrics = metrics
         self._streams = streams
