@@ -67,10 +67,12 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     async def Subscribe(self, request: broker_pb2.SubscribeRequest,
                         context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[broker_pb2.SubscribeResponse]:
+        subscription = wire.subscription(request)
+
         def open_steps(is_active: Callable[[], bool]) -> Iterator[Step]:
-            if request.group:
-                return self.group_subscribe(request, is_active)
-            return self._reader.subscribe_steps(request, is_active)
+            if subscription.group:
+                return self.group_subscribe(subscription, is_active)
+            return self._reader.subscribe_steps(subscription, is_active)
 
         delivered = self._metrics.deliver_records.labels(request.topic)
         self._metrics.subscribers.inc()

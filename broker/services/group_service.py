@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from broker.core.groups.delivery import GroupDelivery
 from broker.core.groups.operations import GroupOperations
 from broker.core.groups.service import GroupService
-from broker.core.reading import Step
+from broker.core.reading import Step, Subscription
 from broker.services import errors, wire
 from broker.v1 import admin_pb2, broker_pb2
 
@@ -31,10 +31,9 @@ class GroupBrokerMethods:
     _groups: GroupService
     _group_delivery: GroupDelivery
 
-    def group_subscribe(self, request: broker_pb2.SubscribeRequest,
-                        is_active: Callable[[], bool]) -> Iterator[Step]:
+    def group_subscribe(self, request: Subscription, is_active: Callable[[], bool]) -> Iterator[Step]:
         """The step stream of a ``Subscribe`` that names a group (validated before it starts)."""
-        return self._group_delivery.subscribe_steps(request, wire.subscription_group_config(request), is_active)
+        return self._group_delivery.subscribe_steps(request, is_active)
 
     @errors.unary
     def Ack(self, request: broker_pb2.AckRequest, context: grpc.ServicerContext) -> broker_pb2.AckResponse:

@@ -16,6 +16,7 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from broker.core.groups.operations import GroupView
+from broker.core.reading import Subscription
 from broker.core.route_admin import RouteView
 from broker.core.topic_log import Placement, PublishBatch, PublishItem, TopicView
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_pb2
@@ -61,13 +62,19 @@ def route_config(config: routes_pb2.RouteConfig) -> internal_pb2.RouteConfig:
     return _convert(config, internal_pb2.RouteConfig)
 
 
-def subscription_group_config(request: broker_pb2.SubscribeRequest) -> internal_pb2.GroupConfig:
-    """The config a group ``Subscribe`` creates its group with (if it does not exist yet): the
-    request's ``group_config``, starting from the request's ``from`` unless it says where."""
+def subscription(request: broker_pb2.SubscribeRequest) -> Subscription:
+    """A ``Subscribe`` as a :class:`Subscription`. With a group, its ``group_config`` is the config
+    the group is created with if it does not exist yet: the request's, starting from the request's
+    ``from`` unless it says where."""
+    start = position(getattr(request, "from"))
     config = group_config(request.group_config)
     if not config.HasField("start_from") and request.HasField("from"):
-        config.start_from.CopyFrom(position(getattr(request, "from")))
-    return config
+        config.start_from.CopyFrom(start)
+    return Subscription(topic=request.topic, start=start,
+                        partition=request.partition if request.HasField("partition") else None,
+                        filter=request.filter, max_batch=request.max_batch, stop_at_end=request.stop_at_end,
+                        group=request.group, member_id=request.member_id, max_in_flight=request.max_in_flight,
+                        group_config=config)
 
 
 def group_info(view: GroupView) -> admin_pb2.GroupInfo:

@@ -12,6 +12,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, Placement, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
@@ -33,7 +34,7 @@ def make(store: MemoryStore, ring: int = 10_000) -> tuple[TopicLog, Reader, InMe
 def read(reader: Reader, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
     out: list[common_pb2.Record | common_pb2.Event] = []
     req = broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw)  # type: ignore[arg-type]
-    for item in reader.subscribe(req, lambda: True):
+    for item in reader.subscribe(wire.subscription(req), lambda: True):
         out.extend(item.batch.records) if item.HasField("batch") else out.append(item.event)
     return out
 

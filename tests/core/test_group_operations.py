@@ -20,7 +20,7 @@ def drain(env: Env, topic: str, group: str, ack: bool = True, **request: object)
     """Everything one group stream delivers until it has nothing more (acking as it goes)."""
     req = broker_pb2.SubscribeRequest(topic=topic, group=group, stop_at_end=True, **request)  # type: ignore[arg-type]
     out: list[object] = []
-    for item in env.delivery.subscribe(req, wire.subscription_group_config(req), lambda: True):
+    for item in env.delivery.subscribe(wire.subscription(req), lambda: True):
         if item.HasField("event"):
             out.append(item.event)
             continue
@@ -116,8 +116,8 @@ def test_badmsg_for_a_flipped_byte_in_the_store_stateless_and_group() -> None:
     batch = env.state.store.batch()
     batch.put(Column.RECORDS, key, value[:-2] + bytes([value[-2] ^ 0x01]) + value[-1:])
     env.state.store.write(batch)
-    stateless = list(Reader(env.state).subscribe(broker_pb2.SubscribeRequest(topic="t", stop_at_end=True),
-                                                  lambda: True))
+    request = wire.subscription(broker_pb2.SubscribeRequest(topic="t", stop_at_end=True))
+    stateless = list(Reader(env.state).subscribe(request, lambda: True))
     kinds = [("event", i.event.type, i.event.offset_before, i.event.offset_after) if i.HasField("event")
              else ("batch", [r.value for r in i.batch.records]) for i in stateless]
     assert kinds == [("batch", [b"good0"]), ("event", common_pb2.EVENT_TYPE_BADMSG, 1, 2), ("batch", [b"good2"])]
@@ -151,10 +151,10 @@ def test_group_subscription_validates_before_streaming() -> None:
     with pytest.raises(Exception, match="member_id"):
         stream = broker_pb2.SubscribeRequest(
             topic="t", group="s", group_config=common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM))
-        env.delivery.subscribe(stream, wire.subscription_group_config(stream), lambda: True)
+        env.delivery.subscribe(wire.subscription(stream), lambda: True)
     with pytest.raises(Exception, match="partition"):
         one = broker_pb2.SubscribeRequest(topic="t", group="g", partition=0)
-        env.delivery.subscribe(one, wire.subscription_group_config(one), lambda: True)
+        env.delivery.subscribe(wire.subscription(one), lambda: True)
     env.publish("t", [b"1", b"2"])
     latest = common_pb2.Position(start=common_pb2.START_POSITION_LATEST)
     assert drain(env, "t", "late", **{"from": latest}) == [], "start_from applies when the group is created"

@@ -22,6 +22,7 @@ from broker.core.state_machine import BrokerStateMachine, Rejected
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2, routes_internal_pb2
@@ -95,7 +96,8 @@ def publish(env: Env, topic: str, docs: list[dict[str, object]], **kw: object) -
 
 def read(env: Env, topic: str) -> list[common_pb2.Record]:
     out: list[common_pb2.Record] = []
-    for item in env.reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True), lambda: True):
+    for item in env.reader.subscribe(wire.subscription(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True)),
+                                     lambda: True):
         assert item.HasField("batch"), item
         out.extend(item.batch.records)
     return out

@@ -13,6 +13,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.core.submitter import CommandSubmitter, Peer, PeerDirectory
 from broker.core.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage.memory import MemoryStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.wire_inputs import publish_request
@@ -39,8 +40,8 @@ def docs(*values: object, **kw: object) -> list[broker_pb2.PublishRecord]:
 
 def read(reader: Reader, topic: str, expr: str = "") -> list[common_pb2.Record]:
     out: list[common_pb2.Record] = []
-    for item in reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, filter=expr),
-                                 lambda: True):
+    request = broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, filter=expr)
+    for item in reader.subscribe(wire.subscription(request), lambda: True):
         out.extend(item.batch.records)
     return out
 
