@@ -117,7 +117,7 @@ class GroupAdminMethods:
     @errors.unary
     def GroupLag(self, request: admin_pb2.GroupLagRequest,
                  context: grpc.ServicerContext) -> admin_pb2.GroupLagResponse:
-        return self._group_ops.lag(request.topic, request.group)
+        return wire.group_lag(self._group_ops.lag(request.topic, request.group))
 
     @errors.unary
     def PauseGroups(self, request: admin_pb2.PauseGroupsRequest,

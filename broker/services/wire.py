@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from broker.core.groups.operations import GroupView
+from broker.core.groups.operations import GroupLag, GroupView
 from broker.core.reading import Subscription
 from broker.core.route_admin import RouteView
 from broker.core.topic_log import Placement, PublishBatch, PublishItem, TopicView
@@ -86,6 +86,15 @@ def group_info(view: GroupView) -> admin_pb2.GroupInfo:
     for member, partitions in view.members:
         info.members.add(member_id=member, partitions=partitions)
     return info
+
+
+def group_lag(lag: GroupLag) -> admin_pb2.GroupLagResponse:
+    partitions = [admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset, end_offset=r.end_offset,
+                                         committed=r.committed, lag=r.lag, in_flight=r.in_flight, retrying=r.retrying,
+                                         dead=r.dead, lag_ms=r.lag_ms)
+                  for r in lag.partitions]
+    return admin_pb2.GroupLagResponse(paused=lag.paused, partitions=partitions, applied_index=lag.applied_index,
+                                      node=lag.node)
 
 
 def publish_batch(request: broker_pb2.PublishRequest) -> PublishBatch:

@@ -54,6 +54,17 @@ class LagRow:
     lag_ms: int
 
 
+@dataclass(frozen=True)
+class GroupLag:
+    """A group's figures as the leader answers them: per partition, and the applied index they
+    were read at on ``node`` (the leader's gRPC address)."""
+
+    paused: bool
+    partitions: list[LagRow]
+    applied_index: int
+    node: str
+
+
 def lag_rows(state: BrokerStateMachine, meta: K.GroupMeta, now_ms: int, rt: GroupRuntime | None) -> list[LagRow]:
     """Per partition of ``meta``: offsets, unsettled count and age, leases, retries, dead letters.
     Records below the first retained one count as settled (they are gone)."""
@@ -138,16 +149,11 @@ class GroupOperations:
         self._state.notify_change()
         return list(zip(partitions, offsets, strict=True))
 
-    def lag(self, topic: str, group: str) -> admin_pb2.GroupLagResponse:
+    def lag(self, topic: str, group: str) -> GroupLag:
         applied = self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         rows = lag_rows(self._state, rt.meta, self._service.clock_ms(), rt)
-        partitions = [admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset,
-                                             end_offset=r.end_offset, committed=r.committed, lag=r.lag,
-                                             in_flight=r.in_flight, retrying=r.retrying, dead=r.dead, lag_ms=r.lag_ms)
-                      for r in rows]
-        return admin_pb2.GroupLagResponse(paused=rt.meta.paused, partitions=partitions, applied_index=applied,
-                                          node=self._service.submitter.self_grpc_address())
+        return GroupLag(rt.meta.paused, rows, applied, self._service.submitter.self_grpc_address())
 
     def pause(self, topic: str, group: str, paused: bool) -> list[str]:
         """Pause (or resume) one group, or every group of ``topic`` when ``group`` is empty."""
