@@ -63,7 +63,7 @@ class GroupBrokerMethods:
     def JoinGroup(self, request: broker_pb2.JoinGroupRequest,
                   context: grpc.ServicerContext) -> broker_pb2.JoinGroupResponse:
         member, partitions, session_ms = self._groups.join(request.topic, request.group, request.member_id,
-                                                             wire.group_config(request.group_config))
+                                                           wire.group_config(request.group_config))
         return broker_pb2.JoinGroupResponse(member_id=member, partitions=partitions, session_timeout_ms=session_ms)
 
     @errors.unary
