@@ -35,12 +35,16 @@ class Limits:
     max_batch_records: int = 100_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PublishItem:
-    """One record to publish: its stored body (key, value, headers, op; the leader adds origin and
-    msg_id) and where and how it is placed and deduplicated (SPEC §4)."""
+    """One record to publish: its stored body, a serialized ``RecordBody`` with ``key``, ``value``,
+    headers and ``op`` (the leader appends ``origin`` and ``msg_id``), and where and how it is
+    placed and deduplicated (SPEC §4)."""
 
-    body: internal_pb2.RecordBody
+    body: bytes
+    value: bytes
+    key: bytes | None = None
+    op: int = 0
     partition: int | None = None  # explicit partition; else hash of key; else round-robin
     idempotency_key: str = ""
     msg_id: int = 0  # with PublishBatch.dedup_id
@@ -175,7 +179,7 @@ class TopicLog:
         self._dedup_fields(request, append)
         config = meta.config
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
-                                                                (r.body.value for r in request.records)))
+                                                                (r.value for r in request.records)))
         append.bodies.extend(self._bodies(request))
         append.now_ms = self._clock_ms()
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
@@ -300,16 +304,16 @@ class TopicLog:
         placed: list[int] = []
         spread = 0  # records with neither partition nor key: round-robin, one counter claim per batch
         for i, rec in enumerate(records):
-            if rec.body.op not in _OPS:
-                raise InvalidArgument(f"record {i}: unknown op {rec.body.op}")
+            if rec.op not in _OPS:
+                raise InvalidArgument(f"record {i}: unknown op {rec.op}")
             if rec.partition is not None:
                 if rec.partition >= partitions:
                     raise InvalidArgument(
                         f"record {i}: partition {rec.partition} does not exist "
                         f"(topic {request.topic!r} has {partitions})")
                 placed.append(rec.partition)
-            elif rec.body.HasField("key"):
-                placed.append(partitioning.partition_for_key(rec.body.key, partitions))
+            elif rec.key is not None:
+                placed.append(partitioning.partition_for_key(rec.key, partitions))
             else:
                 placed.append(-1)
                 spread += 1
@@ -326,7 +330,7 @@ class TopicLog:
         origin = self._origin_bytes
         for i, rec in enumerate(request.records):
             msg_id = rec.msg_id
-            body = rec.body.SerializeToString() + origin
+            body = rec.body + origin
             if msg_id:
                 body += internal_pb2.RecordBody(msg_id=str(msg_id)).SerializeToString()
             if len(body) > limit:
