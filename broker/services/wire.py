@@ -102,8 +102,9 @@ def publish_batch(request: broker_pb2.PublishRequest) -> PublishBatch:
 
     Each body is the record re-serialized without its placement and dedup fields: ``PublishRecord``'s
     fields 4-9 equal ``RecordBody``'s (``tests/core/test_internal_wire.py`` pins the bytes). Copying
-    the request once and clearing three fields per record costs about a sixth of building each
-    ``RecordBody`` from its fields (measured: ~1.5 against ~6-12 us per record)."""
+    the request once and clearing three fields per record costs a fraction of building each
+    ``RecordBody`` from its fields (measured on this 2-core machine: ~2.5 against ~6-12 us per record;
+    the old in-place clearing of the caller's request: ~1.1)."""
     copy = broker_pb2.PublishRequest()
     copy.CopyFrom(request)
     items = []
@@ -115,8 +116,7 @@ def publish_batch(request: broker_pb2.PublishRequest) -> PublishBatch:
             r.ClearField("partition")
             r.ClearField("idempotency_key")
             r.ClearField("msg_id")
-        items.append(PublishItem(body=r.SerializeToString(), value=r.value, key=key, op=r.op, partition=partition,
-                                 idempotency_key=idempotency_key, msg_id=msg_id))
+        items.append(PublishItem(r.SerializeToString(), r.value, key, r.op, partition, idempotency_key, msg_id))
     return PublishBatch(topic=request.topic, records=items, dedup_id=request.dedup_id)
 
 
