@@ -1,5 +1,8 @@
 """One broker node: store, state machine, replicator, core, gRPC server and metrics, wired together.
 
+Built in one pass (:class:`Node`'s constructor): store, state machine and appliers, replicator,
+leader services, servicers (each given everything it delegates to), server.
+
 Start order: the store and state machine are opened before the replicator (pysyncobj may restore
 a snapshot into them at once), then the replicator, then the metrics and gRPC servers. Stop order
 is the reverse; a SIGTERM or SIGINT stops the node gracefully (streams are given time to drain).
@@ -14,11 +17,13 @@ import threading
 import time
 from types import FrameType
 
+from broker import node_groups
 from broker.clock import NodeClock
 from broker.config import NodeConfig
 from broker.core.errors import Unavailable
 from broker.core.members import MemberRegistry, Peer
 from broker.core.retention import Retention
+from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
@@ -64,12 +69,14 @@ class Node:
         # wall time of every command's now_ms and of the broker's own leases and windows (drills shift it)
         self.clock = NodeClock.from_env()
         self.clock.start()  # a test hook's file is followed from here on (no-op in production)
+        # 1. store, state machine and every applier (registered before the replicator applies anything)
         self.store = RocksStore(config.data_dir / "store")
         self.state = BrokerStateMachine(self.store, Changes())
-        self.retention = Retention(self.state)  # registers its commands before anything is applied
-        self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
-        self.groups = NodeGroups(self.state, self.retention)  # consumer groups: likewise
-        self.routes = NodeRoutes(self.state)  # likewise
+        self.retention = Retention(self.state)
+        self.member_registry = MemberRegistry(self.state)  # members added at run time
+        group_applier = node_groups.group_applier(self.state, self.retention)  # consumer groups
+        route_table = RouteTable(self.state)  # routes
+        # 2. the replicator
         if config.raft_password and not config.raft_password_salt:
             log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
                         "set a random one (the same on every node)")
@@ -81,33 +88,41 @@ class Node:
                               connection_timeout_s=config.raft_connection_timeout_s)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
+        # 3. the leader services (and the metrics they report to)
+        self.metrics = NodeMetrics()
+        self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
+        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
+        self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock=self.clock, hub=hub)
+        is_leader = self._is_leader
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention],
-                                       lambda: self.replicator.status().role == Role.LEADER,
-                                       config.housekeeping_period_ms / 1000)
-        self.metrics = NodeMetrics()
-        self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
-        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
-        self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
+                                       is_leader, config.housekeeping_period_ms / 1000)
         peers.attach(self.member_registry, self.replicator.members)
-        self.admin.membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter,
-                                                  peers, config.commit_timeout_ms / 1000)
-        self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
-        mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
-                                  limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
-                                  admin=self.admin, metrics=self.metrics, clock=self.clock)
+        membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
+                                       config.commit_timeout_ms / 1000)
+        self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,
+                                 clock=self.clock, response_bytes_max=self.response_bytes_max)
+        self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
+                                 submitter=submitter, limits=limits, is_leader=is_leader, metrics=self.metrics,
+                                 clock=self.clock)
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
                         response_bytes_max=self.response_bytes_max)
         self.streams = StreamRuntime(self.state, streams_max=config.max_streams)
-        broker = BrokerServicer(self.topic_log, reader, self.metrics, self.streams)
-        self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
-                         clock=self.clock, response_bytes_max=self.response_bytes_max)
+        # 4. the servicers, with everything they delegate to, and 5. the server
+        broker = BrokerServicer(self.topic_log, reader, self.metrics, self.streams, groups=self.groups.service,
+                                group_delivery=self.groups.delivery)
+        self.admin = AdminServicer(self.topic_log, self.replicator, me, peers, membership=membership,
+                                   group_ops=self.groups.operations, route_admin=self.routes.admin)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
-                                 health_check=lambda: replica_health(self.replicator), extra=[mirror])
+                                 health_check=lambda: replica_health(self.replicator),
+                                 extra=[self.routes.mirror_service()])
+
+    def _is_leader(self) -> bool:
+        return self.replicator.status().role == Role.LEADER
 
     @property
     def max_message_bytes(self) -> int:

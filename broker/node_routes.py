@@ -1,9 +1,10 @@
-"""Routes wired into one node (SPEC §3.4): the replicated route table, the leader's router thread,
-the route admin RPCs, the Mirror service and the route metrics.
+"""Routes wired into one node (SPEC §3.4): the leader's router thread, the route admin service the
+``Admin`` route RPCs delegate to, the Mirror service and the route metrics.
 
-Construct it right after the state machine (its commands must be registered before the
-replicator applies anything), :meth:`wire` it once the submitter, servicers and metrics exist,
-then :meth:`start` and :meth:`stop` it with the node.
+In the node's one pass the replicated :class:`broker.core.routes.RouteTable` is created right after
+the state machine (its commands must be registered before the replicator applies anything), and
+:class:`NodeRoutes` once the submitter and metrics exist; then :meth:`NodeRoutes.start` and
+:meth:`NodeRoutes.stop` with the node.
 """
 
 from __future__ import annotations
@@ -23,34 +24,31 @@ from broker.leader.submitter import CommandSubmitter
 from broker.leader.topic_log import Limits
 from broker.services.log_metrics import RouteCollector
 from broker.services.metrics import NodeMetrics
-from broker.services.route_service import MIRROR_SERVICE, MirrorServicer, RouteAdminMethods, add_mirror
+from broker.services.route_service import MIRROR_SERVICE, MirrorServicer, add_mirror
 
 
 class NodeRoutes:
-    """Everything routes add to a node."""
+    """The leader-side route services of a node: :attr:`runner` (the router), :attr:`admin`
+    (Admin route RPCs) and :attr:`mirror` (the Mirror service, for :meth:`mirror_service`)."""
 
-    def __init__(self, state: BrokerStateMachine) -> None:
-        self._state = state
-        self.table = RouteTable(state)
-        self.runner: RouteRunner | None = None
+    def __init__(self, state: BrokerStateMachine, table: RouteTable, *, cluster_id: str, node_id: str,
+                 submitter: CommandSubmitter, limits: Limits, is_leader: Callable[[], bool], metrics: NodeMetrics,
+                 clock: Clock) -> None:
+        """``clock`` is the node clock whose wall reading stamps routed appends and route creations."""
+        self.table = table
+        appender = TrustedAppender(state, submitter, limits, cluster_id, clock)
+        self.runner = RouteRunner(state, table, appender, submitter, is_leader, MirrorClient)
+        self.admin = RouteAdmin(state, table, submitter, clock, self.runner)
+        metrics.registry.register(RouteCollector(self.admin))
+        self.mirror = MirrorServicer(appender, node_id)
 
-    def wire(self, *, cluster_id: str, node_id: str, submitter: CommandSubmitter, limits: Limits,
-             is_leader: Callable[[], bool], admin: RouteAdminMethods, metrics: NodeMetrics,
-             clock: Clock) -> tuple[str, Callable[[grpc.Server], None]]:
-        """Create the router and attach the admin methods and metrics; returns the Mirror service
-        (name, registrar) for the gRPC server. ``clock`` is the node clock whose wall reading stamps
-        routed appends and route creations."""
-        appender = TrustedAppender(self._state, submitter, limits, cluster_id, clock)
-        self.runner = RouteRunner(self._state, self.table, appender, submitter, is_leader, MirrorClient)
-        admin.route_admin = RouteAdmin(self._state, self.table, submitter, clock, self.runner)
-        metrics.registry.register(RouteCollector(admin.route_admin))
-        mirror = MirrorServicer(appender, node_id)
+    def mirror_service(self) -> tuple[str, Callable[[grpc.Server], None]]:
+        """The Mirror service (name, registrar) for the gRPC server."""
+        mirror = self.mirror
         return MIRROR_SERVICE, lambda server: add_mirror(server, mirror)
 
     def start(self) -> None:
-        assert self.runner is not None, "wire() first"
         self.runner.start()
 
     def stop(self) -> None:
-        if self.runner is not None:
-            self.runner.stop()
+        self.runner.stop()

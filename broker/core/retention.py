@@ -21,19 +21,19 @@ from broker.core import records
 from broker.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
 from broker.storage import Batch, Column
-from broker.v1 import admin_pb2, common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 
-def _caps(config: admin_pb2.TopicConfig) -> tuple[int | None, int | None]:
+def _caps(config: internal_pb2.TopicConfig) -> tuple[int | None, int | None]:
     r = config.retention
     return (r.max_records if r.HasField("max_records") else None,
             r.max_bytes if r.HasField("max_bytes") else None)
 
 
-def check_reject(config: admin_pb2.TopicConfig, partition: int, state: PartitionState, new_records: int,
+def check_reject(config: internal_pb2.TopicConfig, partition: int, state: PartitionState, new_records: int,
                  new_bytes: int) -> ResourceExhausted | None:
     """For ``full_policy=reject``: the error if appending would pass a cap, else None."""
-    if config.full_policy != common_pb2.FULL_POLICY_REJECT:
+    if config.full_policy != internal_pb2.FULL_POLICY_REJECT:
         return None
     max_records, max_bytes = _caps(config)
     if max_records is not None and state.records + new_records > max_records:
@@ -106,7 +106,7 @@ class Retention:
                      changes: CacheChanges, pending_sizes: dict[int, int] | None = None) -> PartitionState:
         """``discard_old``: delete the oldest records until the partition fits its caps."""
         max_records, max_bytes = _caps(meta.config)
-        if meta.config.full_policy == common_pb2.FULL_POLICY_REJECT:
+        if meta.config.full_policy == internal_pb2.FULL_POLICY_REJECT:
             return state
         if (max_records is None or state.records <= max_records) and (max_bytes is None or state.bytes <= max_bytes):
             return state
@@ -163,7 +163,7 @@ class Retention:
         meta = self._state.topic(cmd.name)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.name))
-        if cmd.full_policy not in (common_pb2.FULL_POLICY_DISCARD_OLD, common_pb2.FULL_POLICY_REJECT):
+        if cmd.full_policy not in (internal_pb2.FULL_POLICY_DISCARD_OLD, internal_pb2.FULL_POLICY_REJECT):
             return Rejected(InvalidArgument(f"unknown full_policy {cmd.full_policy}"))
         new = internal_pb2.TopicMeta()
         new.CopyFrom(meta)

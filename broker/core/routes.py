@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from broker.core.errors import AlreadyExists, FailedPrecondition, NotFound
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
 from broker.storage import Batch, Column
-from broker.v1 import routes_internal_pb2, routes_pb2
+from broker.v1 import internal_pb2, routes_internal_pb2
 
 _ROUTE = b"route/"
 _CURSOR = b"rcur/"
@@ -30,7 +30,7 @@ _U32 = struct.Struct(">I")
 _CURSOR_VALUE = struct.Struct(">IQ")
 
 
-def find_cycle(routes: Iterable[routes_pb2.RouteConfig], new: routes_pb2.RouteConfig) -> list[str] | None:
+def find_cycle(routes: Iterable[internal_pb2.RouteConfig], new: internal_pb2.RouteConfig) -> list[str] | None:
     """The topic path a new local route would close into a cycle (``[a, b, a]``), or None.
     Routes to remote clusters never form a cycle here (their echo is prevented by origin)."""
     if new.target_cluster:

@@ -31,7 +31,7 @@ from broker.core.errors import (
 )
 from broker.storage import Batch, Column, StorageFailure, Store
 from broker.storage.memory import MemoryStore
-from broker.v1 import common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class BrokerStateMachine:
         for key, value in self._store.scan(Column.META, b"p/", b"p0"):
             partitions[_PART.unpack(key[2:])] = PartitionState.from_proto(
                 internal_pb2.PartitionMeta.FromString(value))
-        memory = common_pb2.DURABILITY_MEMORY
+        memory = internal_pb2.DURABILITY_MEMORY
         self._volatile_ids = {m.topic_id for m in topics.values() if m.config.durability == memory}
         self._drop_volatile_records(partitions)
         self._topics = topics
@@ -337,7 +337,7 @@ class BrokerStateMachine:
             self._volatile_ids.discard(meta.topic_id)
         for meta in changes.created:
             topics[meta.config.name] = meta
-            if meta.config.durability == common_pb2.DURABILITY_MEMORY:
+            if meta.config.durability == internal_pb2.DURABILITY_MEMORY:
                 self._volatile_ids.add(meta.topic_id)
             self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
         partitions.update(changes.partitions)

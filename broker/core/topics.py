@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from broker.core.errors import InvalidArgument, shown
-from broker.v1 import admin_pb2, common_pb2
+from broker.v1 import internal_pb2
 
 NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,248}\Z")
 PARTITIONS_MAX = 1024
@@ -21,10 +21,10 @@ def validate_name(name: str) -> None:
         )
 
 
-def normalized_config(config: admin_pb2.TopicConfig) -> admin_pb2.TopicConfig:
+def normalized_config(config: internal_pb2.TopicConfig) -> internal_pb2.TopicConfig:
     """A validated copy of ``config`` with defaults filled in; raises :class:`InvalidArgument`."""
     validate_name(config.name)
-    out = admin_pb2.TopicConfig()
+    out = internal_pb2.TopicConfig()
     out.CopyFrom(config)
     if out.partitions == 0:
         out.partitions = 1
@@ -33,13 +33,13 @@ def normalized_config(config: admin_pb2.TopicConfig) -> admin_pb2.TopicConfig:
     for field in ("max_age_ms", "max_records", "max_bytes"):
         if out.retention.HasField(field) and getattr(out.retention, field) <= 0:
             raise InvalidArgument(f"retention.{field} must be positive, got {getattr(out.retention, field)}")
-    if out.full_policy == common_pb2.FULL_POLICY_UNSPECIFIED:
-        out.full_policy = common_pb2.FULL_POLICY_DISCARD_OLD
-    if out.full_policy not in (common_pb2.FULL_POLICY_DISCARD_OLD, common_pb2.FULL_POLICY_REJECT):
+    if out.full_policy == internal_pb2.FULL_POLICY_UNSPECIFIED:
+        out.full_policy = internal_pb2.FULL_POLICY_DISCARD_OLD
+    if out.full_policy not in (internal_pb2.FULL_POLICY_DISCARD_OLD, internal_pb2.FULL_POLICY_REJECT):
         raise InvalidArgument(f"unknown full_policy {out.full_policy}")
-    if out.durability == common_pb2.DURABILITY_UNSPECIFIED:
-        out.durability = common_pb2.DURABILITY_DISK
-    if out.durability not in common_pb2.Durability.values():
+    if out.durability == internal_pb2.DURABILITY_UNSPECIFIED:
+        out.durability = internal_pb2.DURABILITY_DISK
+    if out.durability not in internal_pb2.Durability.values():
         raise InvalidArgument(f"unknown durability {out.durability}")
     if out.dedup_window_ms == 0:
         out.dedup_window_ms = DEFAULT_DEDUP_WINDOW_MS

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
@@ -101,6 +101,22 @@ def _event(kind: int, topic: str, incarnation: int, partition: int, before: int,
         position_before=token(before), position_after=token(after), detail=detail))
 
 
+@dataclass(frozen=True)
+class Subscription:
+    """A ``Subscribe`` as plain input (``broker.services.wire.subscription`` builds it)."""
+
+    topic: str
+    start: internal_pb2.Position = field(default_factory=internal_pb2.Position)  # empty: earliest
+    partition: int | None = None  # None: every partition
+    filter: str = ""  # CEL (SPEC §3.4)
+    max_batch: int = 0  # records per response; 0 = default
+    stop_at_end: bool = False  # end once caught up with the log end seen at start
+    group: str = ""  # a consumer group (``broker.leader.groups.delivery``); empty: stateless
+    member_id: str = ""
+    max_in_flight: int = 0
+    group_config: internal_pb2.GroupConfig = field(default_factory=internal_pb2.GroupConfig)  # start_from set
+
+
 class Reader:
     """Serves stateless subscriptions from the local applied state."""
 
@@ -117,12 +133,12 @@ class Reader:
         self._require_leader = require_leader or (lambda: None)
         self._require_serving = require_serving or (lambda: None)
 
-    def subscribe(self, request: broker_pb2.SubscribeRequest,
+    def subscribe(self, request: Subscription,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
         """Validate ``request`` eagerly (raising before the first item), then stream (blocking waits)."""
         return blocking(self.subscribe_steps(request, is_active), self._state)
 
-    def subscribe_steps(self, request: broker_pb2.SubscribeRequest,
+    def subscribe_steps(self, request: Subscription,
                         is_active: Callable[[], bool]) -> Iterator[Step]:
         """Validate ``request`` eagerly (raising before the first item), then stream; yields
         :class:`Idle` where the stream would wait."""
@@ -142,18 +158,18 @@ class Reader:
         return self._stream(request, meta, cursors, first_events, is_active, record_filter)
 
     # -- start positions ---------------------------------------------------------------------
-    def _start(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta
+    def _start(self, request: Subscription, meta: internal_pb2.TopicMeta
                ) -> tuple[list[_Cursor], list[broker_pb2.SubscribeResponse]]:
         tid, count = meta.topic_id, meta.config.partitions
-        if request.HasField("partition") and request.partition >= count:
+        if request.partition is not None and request.partition >= count:
             raise InvalidArgument(f"partition {request.partition} does not exist (topic has {count})")
-        partitions = [request.partition] if request.HasField("partition") else list(range(count))
-        position = getattr(request, "from")
+        partitions = [request.partition] if request.partition is not None else list(range(count))
+        position = request.start
         kind = position.WhichOneof("kind")
         events: list[broker_pb2.SubscribeResponse] = []
         if kind == "token":
             token = records.PositionToken.decode(position.token)
-            if token.partition >= count or (request.HasField("partition") and token.partition != request.partition):
+            if token.partition >= count or (request.partition is not None and token.partition != request.partition):
                 raise InvalidArgument(f"the position token is for partition {token.partition}, "
                                       "which this subscription does not read")
             partitions = [token.partition]
@@ -184,12 +200,12 @@ class Reader:
         st = self._state.partition(meta.topic_id, partition)
         return st.start_offset, st.end_offset
 
-    def _resolve(self, meta: internal_pb2.TopicMeta, partition: int, position: common_pb2.Position,
+    def _resolve(self, meta: internal_pb2.TopicMeta, partition: int, position: internal_pb2.Position,
                  kind: str | None, single: bool) -> int:
         tid = meta.topic_id
         start, end = self._bounds(meta, partition)
-        if kind is None or (kind == "start" and position.start != common_pb2.START_POSITION_LATEST):
-            if kind == "start" and position.start not in common_pb2.StartPosition.values():
+        if kind is None or (kind == "start" and position.start != internal_pb2.START_POSITION_LATEST):
+            if kind == "start" and position.start not in internal_pb2.StartPosition.values():
                 raise InvalidArgument(f"unknown start position {position.start}")
             return start
         if kind == "start":
@@ -207,7 +223,7 @@ class Reader:
                                        start, end)
 
     # -- streaming ---------------------------------------------------------------------------
-    def _stream(self, request: broker_pb2.SubscribeRequest, meta: internal_pb2.TopicMeta,
+    def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,
                 cursors: list[_Cursor], first: list[broker_pb2.SubscribeResponse],
                 is_active: Callable[[], bool], record_filter: RecordFilter | None
                 ) -> Iterator[Step]:

@@ -8,6 +8,8 @@ command is applied, so two concurrent creates cannot close one either).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from broker.clock import Clock
 from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound, shown
 from broker.core.routes import RouteTable, cycle_error, find_cycle
@@ -16,7 +18,7 @@ from broker.core.topics import NAME_RE, validate_name
 from broker.leader.filters import RecordExpression, RecordFilter
 from broker.leader.router import RouteRunner
 from broker.leader.submitter import CommandSubmitter
-from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
+from broker.v1 import internal_pb2, routes_internal_pb2
 
 MAX_ROUTES = 1000
 MAX_TARGET_ADDRESSES = 16
@@ -34,9 +36,22 @@ def _stored_topic(state: BrokerStateMachine, name: str, role: str) -> internal_p
     meta = state.topic(name)
     if meta is None:
         raise TopicNotFound(name)
-    if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+    if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
         raise InvalidArgument(f"{role} topic {name!r} is ephemeral: routes need stored topics")
     return meta
+
+
+@dataclass
+class RouteView:
+    """A route as stored, with its cursors against the source's ends (``partitions``: partition,
+    next offset, end offset) and this leader's live statistics (empty or 0 elsewhere)."""
+
+    meta: routes_internal_pb2.RouteMeta
+    partitions: list[tuple[int, int, int]] = field(default_factory=list)
+    lag: int = 0
+    last_error: str = ""
+    copied: int = 0
+    skipped: int = 0
 
 
 class RouteAdmin:
@@ -50,12 +65,12 @@ class RouteAdmin:
         self._runner = runner
         self._clock = clock
 
-    def normalized(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteConfig:
+    def normalized(self, config: internal_pb2.RouteConfig) -> internal_pb2.RouteConfig:
         """A validated copy of ``config``; raises the error a caller should see."""
         if not NAME_RE.fullmatch(config.name):
             raise InvalidArgument(f"invalid route name {shown(config.name)}: use 1-249 characters of "
                                   "A-Z a-z 0-9 . _ - starting with a letter or digit")
-        out = routes_pb2.RouteConfig()
+        out = internal_pb2.RouteConfig()
         out.CopyFrom(config)
         _stored_topic(self._state, config.source, "source")
         validate_name(config.target)
@@ -72,13 +87,13 @@ class RouteAdmin:
         if config.partition_key:
             RecordExpression(config.partition_key, "partition_key")
         for op in config.ops:
-            if op not in common_pb2.Op.values():
+            if op not in internal_pb2.Op.values():
                 raise InvalidArgument(f"unknown op {op}")
         del out.ops[:]
         out.ops.extend(sorted(set(config.ops)))
         return out
 
-    def create(self, config: routes_pb2.RouteConfig) -> routes_pb2.RouteInfo:
+    def create(self, config: internal_pb2.RouteConfig) -> RouteView:
         self._submitter.ensure_leader()
         config = self.normalized(config)
         existing = self._table.all()
@@ -108,13 +123,13 @@ class RouteAdmin:
         if isinstance(result, Rejected):
             raise result.error
 
-    def list(self) -> list[routes_pb2.RouteInfo]:
+    def list(self) -> list[RouteView]:
         return [self.info(meta) for meta in self._table.all()]
 
-    def info(self, meta: routes_internal_pb2.RouteMeta) -> routes_pb2.RouteInfo:
-        info = routes_pb2.RouteInfo(config=meta.config, route_id=meta.route_id, created_ms=meta.created_ms)
+    def info(self, meta: routes_internal_pb2.RouteMeta) -> RouteView:
+        info = RouteView(meta)
         for partition, next_offset, end_offset in self._table.positions(meta):
-            info.partitions.add(partition=partition, next_offset=next_offset, end_offset=end_offset)
+            info.partitions.append((partition, next_offset, end_offset))
             info.lag += max(0, end_offset - next_offset)
         stats = self._runner.stats.get(meta.config.name) if self._runner is not None else None
         if stats is not None and stats.route_id == meta.route_id:

@@ -21,7 +21,7 @@ from broker.leader import schemas
 from broker.leader.route_copies import MAX_KEY_CHARS, Copy, origin_cluster, place
 from broker.leader.submitter import CommandSubmitter
 from broker.leader.topic_log import Limits
-from broker.v1 import common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 
 class TrustedAppender:
@@ -48,7 +48,7 @@ class TrustedAppender:
         meta = self._state.topic(topic)
         if meta is None:
             raise TopicNotFound(topic)
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument(f"topic {topic!r} is ephemeral: routes copy only into stored topics")
         if not copies:
             raise InvalidArgument("an append needs at least one record")
@@ -69,7 +69,7 @@ class TrustedAppender:
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (b.value for b in bodies)))
         append.now_ms = self._clock.now_ms()
-        result = self._submitter.submit(cmd, sync=meta.config.durability == common_pb2.DURABILITY_FSYNC)
+        result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
         if isinstance(result, Rejected):
             raise result.error
         assert isinstance(result, Appended) and len(result.placements) == len(copies)
@@ -86,7 +86,7 @@ class TrustedAppender:
             body = internal_pb2.RecordBody.FromString(copy.body)
         except DecodeError:
             raise InvalidArgument(f"record {i}: body is not a stored record") from None
-        if body.op not in common_pb2.Op.values():
+        if body.op not in internal_pb2.Op.values():
             raise InvalidArgument(f"record {i}: unknown op {body.op}")
         if not body.origin:
             raise InvalidArgument(f"record {i}: a routed copy must carry its origin")

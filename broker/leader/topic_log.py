@@ -2,14 +2,16 @@
 
 ``TopicLog`` is what the gRPC servicers delegate to. It checks every input before anything is
 submitted (so bad input changes nothing), assigns partitions and stamps time on the leader, and
-turns the state machine's results into API messages. The data model is the ``broker.v1``
-protobuf messages; gRPC specifics (status codes, metadata, streams) stay in ``broker.services``.
+answers with plain results. Its inputs and outputs are plain (:class:`PublishBatch`,
+:class:`TopicView`, the internal ``TopicConfig``): ``broker.services.wire`` translates the public
+API to them and back; gRPC specifics (status codes, metadata, streams) stay in ``broker.services``.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from broker.clock import Clock
 from broker.core import dedup, records
@@ -19,10 +21,10 @@ from broker.core.topics import normalized_config, validate_name
 from broker.leader import partitioning, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.submitter import CommandSubmitter
-from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 MAX_ID_CHARS = 256
-_OPS = frozenset(common_pb2.Op.values())
+_OPS = frozenset(internal_pb2.Op.values())
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,60 @@ class Limits:
     max_record_bytes: int = 1 << 20
     max_batch_bytes: int = 8 << 20
     max_batch_records: int = 100_000
+
+
+@dataclass(slots=True)
+class PublishItem:
+    """One record to publish: its stored body, a serialized ``RecordBody`` with ``key``, ``value``,
+    headers and ``op`` (the leader appends ``origin`` and ``msg_id``), and where and how it is
+    placed and deduplicated (SPEC §4). Not frozen: a publish builds up to 100,000 of them, and a
+    frozen dataclass takes about five times as long to build (treat it as read-only)."""
+
+    body: bytes
+    value: bytes
+    key: bytes | None = None
+    op: int = 0
+    partition: int | None = None  # explicit partition; else hash of key; else round-robin
+    idempotency_key: str = ""
+    msg_id: int = 0  # with PublishBatch.dedup_id
+
+
+@dataclass(frozen=True)
+class PublishBatch:
+    """A publish: all of ``records`` are appended to ``topic``, or none."""
+
+    topic: str
+    records: Sequence[PublishItem]
+    dedup_id: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one published record went (in request order)."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class PartitionFigures:
+    partition: int
+    start_offset: int  # first retained offset
+    end_offset: int  # next offset to be assigned
+    records: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TopicView:
+    """A topic as this node sees it: its stored config, incarnation and per-partition figures."""
+
+    config: internal_pb2.TopicConfig
+    incarnation: int
+    created_ms: int
+    partitions: list[PartitionFigures] = field(default_factory=list)
 
 
 def _origin_suffix(origin: str) -> bytes:
@@ -59,16 +115,16 @@ class TopicLog:
         return self._limits
 
     # -- admin -------------------------------------------------------------------------------
-    def create_topic(self, config: admin_pb2.TopicConfig) -> admin_pb2.TopicInfo:
+    def create_topic(self, config: internal_pb2.TopicConfig) -> TopicView:
         config = normalized_config(config)
         if config.schema_json:
             schemas.compile_schema(config.schema_json)
         schemas.validate_dedup_fields(list(config.dedup_fields))
-        if (config.schema_json or config.dedup_fields) and config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if (config.schema_json or config.dedup_fields) and config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=config, now_ms=self._clock.now_ms()))
-        result = self._submitter.submit(cmd, sync=config.durability == common_pb2.DURABILITY_FSYNC)
+        result = self._submitter.submit(cmd, sync=config.durability == internal_pb2.DURABILITY_FSYNC)
         self._raise_rejected(result)
         return self.describe_topic(config.name)
 
@@ -78,13 +134,12 @@ class TopicLog:
         self._raise_rejected(self._submitter.submit(cmd))
         self._hub.forget_topic(meta.topic_id)
 
-    def describe_topic(self, name: str) -> admin_pb2.TopicInfo:
+    def describe_topic(self, name: str) -> TopicView:
         return self._info(self._meta(name))
 
-    def list_topics(self) -> list[admin_pb2.TopicInfo]:
-        """Every topic, without its schema (``has_schema`` says whether there is one): schemas may be
-        up to ``schema_bytes_max`` each, and a listing must fit one gRPC message however many there are."""
-        return [self._info(meta, with_schema=False) for meta in self._state.topics()]
+    def list_topics(self) -> list[TopicView]:
+        """Every topic (services list them without their schemas: ``broker.services.wire``)."""
+        return [self._info(meta) for meta in self._state.topics()]
 
     def _meta(self, name: str) -> internal_pb2.TopicMeta:
         validate_name(name)
@@ -93,20 +148,16 @@ class TopicLog:
             raise TopicNotFound(name)
         return meta
 
-    def _info(self, meta: internal_pb2.TopicMeta, with_schema: bool = True) -> admin_pb2.TopicInfo:
-        info = admin_pb2.TopicInfo(config=meta.config, incarnation=meta.topic_id, created_ms=meta.created_ms,
-                                   has_schema=bool(meta.config.schema_json))
-        if not with_schema:
-            info.config.schema_json = ""
-        ephemeral = meta.config.durability == common_pb2.DURABILITY_EPHEMERAL
+    def _info(self, meta: internal_pb2.TopicMeta) -> TopicView:
+        info = TopicView(config=meta.config, incarnation=meta.topic_id, created_ms=meta.created_ms)
+        ephemeral = meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL
         for p in range(meta.config.partitions):
             if ephemeral:
                 start, end, count, size = self._hub.bounds(meta.topic_id, p)
-                info.partitions.add(partition=p, start_offset=start, end_offset=end, records=count, bytes=size)
+                info.partitions.append(PartitionFigures(p, start, end, count, size))
                 continue
             st = self._state.partition(meta.topic_id, p)
-            info.partitions.add(partition=p, start_offset=st.start_offset, end_offset=st.end_offset,
-                                records=st.records, bytes=st.bytes)
+            info.partitions.append(PartitionFigures(p, st.start_offset, st.end_offset, st.records, st.bytes))
         return info
 
     @property
@@ -119,7 +170,7 @@ class TopicLog:
             raise result.error
 
     # -- publish -----------------------------------------------------------------------------
-    def publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+    def publish(self, request: PublishBatch) -> list[Placement]:
         """Append a batch, all or nothing; answers after it is committed and applied here."""
         self._submitter.ensure_leader()
         meta = self._meta(request.topic)
@@ -134,16 +185,13 @@ class TopicLog:
                                                                 (r.value for r in request.records)))
         append.bodies.extend(self._bodies(request))
         append.now_ms = self._clock.now_ms()
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             result: object = self._publish_ephemeral(meta, append)
         else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
-            result = self._submitter.submit(cmd, sync=meta.config.durability == common_pb2.DURABILITY_FSYNC)
+            result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
         self._raise_rejected(result)
         assert isinstance(result, Appended) and len(result.placements) == len(request.records)
-        response = broker_pb2.PublishResponse()
-        for partition, offset, ts, duplicate in result.placements:
-            response.results.add(partition=partition, offset=offset, timestamp_ms=ts, duplicate=duplicate)
-        return response
+        return [Placement(*placed) for placed in result.placements]
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
@@ -155,7 +203,7 @@ class TopicLog:
         return Appended(self._hub.publish(meta.topic_id, term, list(append.partitions), list(append.bodies),
                                           append.now_ms))
 
-    def _dedup_fields(self, request: broker_pb2.PublishRequest, append: internal_pb2.AppendCommand) -> None:
+    def _dedup_fields(self, request: PublishBatch, append: internal_pb2.AppendCommand) -> None:
         """Idempotency keys and producer-session ids, checked before anything is replicated."""
         keys = [r.idempotency_key for r in request.records]
         for i, key in enumerate(keys):
@@ -181,12 +229,12 @@ class TopicLog:
         append.msg_ids.extend(ids)
 
     # -- retention, prune, clear ---------------------------------------------------------------
-    def alter_topic(self, name: str, retention: common_pb2.Retention, full_policy: int) -> admin_pb2.TopicInfo:
+    def alter_topic(self, name: str, retention: internal_pb2.Retention, full_policy: int) -> TopicView:
         """Replace the retention caps (all three; unset = no cap) and, when given, the full policy."""
         meta = self._meta(name)
-        probe = admin_pb2.TopicConfig(name=name, retention=retention, full_policy=full_policy)  # type: ignore[arg-type]
+        probe = internal_pb2.TopicConfig(name=name, retention=retention, full_policy=full_policy)  # type: ignore[arg-type]
         checked = normalized_config(probe)
-        if full_policy == common_pb2.FULL_POLICY_UNSPECIFIED:
+        if full_policy == internal_pb2.FULL_POLICY_UNSPECIFIED:
             checked.full_policy = meta.config.full_policy
         cmd = internal_pb2.Command(alter_topic=internal_pb2.AlterTopicCommand(
             name=name, topic_id=meta.topic_id, retention=checked.retention, full_policy=checked.full_policy))
@@ -215,7 +263,7 @@ class TopicLog:
 
     def _prune(self, meta: internal_pb2.TopicMeta, partitions: list[int], before: list[int], group: str = "",
                clear: bool = False) -> int:
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics store nothing to prune")
         cmd = internal_pb2.Command(prune=internal_pb2.PruneCommand(
             topic=meta.config.name, topic_id=meta.topic_id, partitions=partitions, before_offsets=before,
@@ -249,7 +297,7 @@ class TopicLog:
         self._submitter.submit(internal_pb2.Command(expire_dedup=internal_pb2.ExpireDedupCommand(
             now_ms=self._clock.now_ms())))
 
-    def _place(self, request: broker_pb2.PublishRequest, partitions: int) -> list[int]:
+    def _place(self, request: PublishBatch, partitions: int) -> list[int]:
         records = request.records
         if not records:
             raise InvalidArgument("a publish needs at least one record")
@@ -261,13 +309,13 @@ class TopicLog:
         for i, rec in enumerate(records):
             if rec.op not in _OPS:
                 raise InvalidArgument(f"record {i}: unknown op {rec.op}")
-            if rec.HasField("partition"):
+            if rec.partition is not None:
                 if rec.partition >= partitions:
                     raise InvalidArgument(
                         f"record {i}: partition {rec.partition} does not exist "
                         f"(topic {request.topic!r} has {partitions})")
                 placed.append(rec.partition)
-            elif rec.HasField("key"):
+            elif rec.key is not None:
                 placed.append(partitioning.partition_for_key(rec.key, partitions))
             else:
                 placed.append(-1)
@@ -278,18 +326,14 @@ class TopicLog:
             placed = [p if p >= 0 else next(turn) % partitions for p in placed]
         return placed
 
-    def _bodies(self, request: broker_pb2.PublishRequest) -> list[bytes]:
+    def _bodies(self, request: PublishBatch) -> list[bytes]:
         limit = self._limits.max_record_bytes
         total = 0
         bodies: list[bytes] = []
         origin = self._origin_bytes
         for i, rec in enumerate(request.records):
             msg_id = rec.msg_id
-            if rec.HasField("partition") or rec.idempotency_key or msg_id:
-                rec.ClearField("partition")
-                rec.ClearField("idempotency_key")
-                rec.ClearField("msg_id")
-            body = rec.SerializeToString() + origin
+            body = rec.body + origin
             if msg_id:
                 body += internal_pb2.RecordBody(msg_id=str(msg_id)).SerializeToString()
             if len(body) > limit:

@@ -9,10 +9,13 @@ import grpc
 
 from broker.core.errors import ResourceExhausted
 from broker.core.members import Peer
+from broker.leader.groups.operations import GroupOperations
+from broker.leader.membership import MembershipChanges
+from broker.leader.route_admin import RouteAdmin
 from broker.leader.submitter import PeerDirectory
 from broker.leader.topic_log import TopicLog
 from broker.replication import Replicator
-from broker.services import errors
+from broker.services import errors, wire
 from broker.services.group_service import GroupAdminMethods
 from broker.services.membership_service import MembershipAdminMethods
 from broker.services.route_service import RouteAdminMethods
@@ -26,10 +29,14 @@ LIST_TOPICS_BYTES_MAX = 4 << 20
 
 
 class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods, admin_pb2_grpc.AdminServicer):
-    """Control plane (route RPCs: :class:`RouteAdminMethods`)."""
+    """Control plane (group, membership and route RPCs: the mixins, whose services are given here)."""
 
-    def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory) -> None:
+    def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory, *,
+                 membership: MembershipChanges, group_ops: GroupOperations, route_admin: RouteAdmin) -> None:
         self._log = log
+        self._membership = membership
+        self._group_ops = group_ops
+        self._route_admin = route_admin
         self._replicator = replicator
         self._me = me
         self._peers = peers
@@ -38,17 +45,18 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
 
     @errors.unary
     def CreateTopic(self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
-        return self._log.create_topic(request.config)
+        return wire.topic_info(self._log.create_topic(wire.topic_config(request.config)))
 
     @errors.unary
     def DescribeTopic(self, request: admin_pb2.DescribeTopicRequest,
                       context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
-        return self._log.describe_topic(request.name)
+        return wire.topic_info(self._log.describe_topic(request.name))
 
     @errors.unary
     def ListTopics(self, request: admin_pb2.ListTopicsRequest,
                    context: grpc.ServicerContext) -> admin_pb2.ListTopicsResponse:
-        response = admin_pb2.ListTopicsResponse(topics=self._log.list_topics())
+        response = admin_pb2.ListTopicsResponse(
+            topics=[wire.topic_info(view, with_schema=False) for view in self._log.list_topics()])
         size = response.ByteSize()
         if size > LIST_TOPICS_BYTES_MAX:
             raise ResourceExhausted(
@@ -98,7 +106,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
 
     @errors.unary
     def AlterTopic(self, request: admin_pb2.AlterTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
-        return self._log.alter_topic(request.name, request.retention, request.full_policy)
+        return wire.topic_info(self._log.alter_topic(request.name, wire.retention(request.retention),
+                                                     request.full_policy))
 
     @errors.unary
     def ClearTopic(self, request: admin_pb2.ClearTopicRequest,

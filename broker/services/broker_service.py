@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import grpc
 
 from broker.core.errors import BrokerError
+from broker.leader.groups.delivery import GroupDelivery
+from broker.leader.groups.service import GroupService
 from broker.leader.reading import Reader, Step
 from broker.leader.topic_log import TopicLog
-from broker.services import errors
+from broker.services import errors, wire
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
 from broker.services.streams import StreamRuntime
@@ -25,8 +27,11 @@ from broker.v1 import broker_pb2, broker_pb2_grpc
 class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     """Data plane (consumer-group RPCs: :class:`GroupBrokerMethods`)."""
 
-    def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics, streams: StreamRuntime) -> None:
+    def __init__(self, log: TopicLog, reader: Reader, metrics: NodeMetrics, streams: StreamRuntime, *,
+                 groups: GroupService, group_delivery: GroupDelivery) -> None:
         self._log = log
+        self._groups = groups
+        self._group_delivery = group_delivery
         self._reader = reader
         self._metrics = metrics
         self._streams = streams
@@ -34,7 +39,7 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     def _publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
         started = time.perf_counter()
         try:
-            response = self._log.publish(request)
+            response = wire.publish_response(self._log.publish(wire.publish_batch(request)))
         except BrokerError as exc:
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
@@ -62,10 +67,12 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     async def Subscribe(self, request: broker_pb2.SubscribeRequest,
                         context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[broker_pb2.SubscribeResponse]:
+        subscription = wire.subscription(request)
+
         def open_steps(is_active: Callable[[], bool]) -> Iterator[Step]:
-            if request.group:
-                return self.group_subscribe(request, is_active)
-            return self._reader.subscribe_steps(request, is_active)
+            if subscription.group:
+                return self.group_subscribe(subscription, is_active)
+            return self._reader.subscribe_steps(subscription, is_active)
 
         delivered = self._metrics.deliver_records.labels(request.topic)
         self._metrics.subscribers.inc()

@@ -39,8 +39,9 @@ class RouteCollector(Collector):
         skipped = CounterMetricFamily("raftbroker_route_skipped_records", "Records this node's router did not "
                                       "copy (filter, op, echo, refused by the target)", labels=["route"])
         for info in self._routes.list():
-            name = info.config.name
-            lag.add_metric([name, info.config.source, info.config.target], info.lag)
+            config = info.meta.config
+            name = config.name
+            lag.add_metric([name, config.source, config.target], info.lag)
             copied.add_metric([name], info.copied)
             skipped.add_metric([name], info.skipped)
         yield lag

@@ -6,38 +6,33 @@ from __future__ import annotations
 
 import grpc
 
-from broker.core.errors import Unimplemented
 from broker.leader.route_admin import RouteAdmin
 from broker.leader.route_copies import Copy
 from broker.leader.routed_append import TrustedAppender
-from broker.services import errors
+from broker.services import errors, wire
 from broker.v1 import routes_pb2, routes_pb2_grpc
 
 
 class RouteAdminMethods:
-    """``Admin.CreateRoute`` / ``ListRoutes`` / ``DeleteRoute``; set :attr:`route_admin` to enable them."""
+    """``Admin.CreateRoute`` / ``ListRoutes`` / ``DeleteRoute``; the servicer's constructor sets
+    :attr:`_route_admin`."""
 
-    route_admin: RouteAdmin | None = None
-
-    def _routes(self) -> RouteAdmin:
-        if self.route_admin is None:
-            raise Unimplemented("routes are not enabled on this node")
-        return self.route_admin
+    _route_admin: RouteAdmin
 
     @errors.unary
     def CreateRoute(self, request: routes_pb2.CreateRouteRequest, context: grpc.ServicerContext
                     ) -> routes_pb2.RouteInfo:
-        return self._routes().create(request.config)
+        return wire.route_info(self._route_admin.create(wire.route_config(request.config)))
 
     @errors.unary
     def ListRoutes(self, request: routes_pb2.ListRoutesRequest, context: grpc.ServicerContext
                    ) -> routes_pb2.ListRoutesResponse:
-        return routes_pb2.ListRoutesResponse(routes=self._routes().list())
+        return routes_pb2.ListRoutesResponse(routes=[wire.route_info(v) for v in self._route_admin.list()])
 
     @errors.unary
     def DeleteRoute(self, request: routes_pb2.DeleteRouteRequest, context: grpc.ServicerContext
                     ) -> routes_pb2.DeleteRouteResponse:
-        self._routes().delete(request.name)
+        self._route_admin.delete(request.name)
         return routes_pb2.DeleteRouteResponse()
 
 

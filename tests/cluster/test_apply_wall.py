@@ -24,7 +24,7 @@ from broker.core.state_machine import Rejected
 from broker.devcluster import DevCluster
 from broker.node import Node
 from broker.replication import ReplicationError
-from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
+from broker.v1 import admin_pb2, broker_pb2, internal_pb2
 from tests.cluster.stubs import Stubs, stubs
 from tests.conftest import wait_until
 
@@ -137,7 +137,7 @@ def contents(address: str, topic: str) -> list[bytes]:
 
 def poison_commands(topic: str) -> list[tuple[bytes, type[Exception], str]]:
     """Commands a leader now refuses before submitting, each with the error every node records."""
-    config = normalized_group_config(common_pb2.GroupConfig())
+    config = normalized_group_config(K.GroupConfig())
     long_topic = "x" * 245
     return [
         (K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=1, group="g\n", config=config,

@@ -19,7 +19,8 @@ from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, broker_pb2, common_pb2
+from broker.v1 import broker_pb2, internal_pb2
+from tests.core.wire_inputs import publish_request
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Env:
     delivery: GroupDelivery
 
     def topic(self, name: str, partitions: int = 1) -> None:
-        self.log.create_topic(admin_pb2.TopicConfig(name=name, partitions=partitions))
+        self.log.create_topic(internal_pb2.TopicConfig(name=name, partitions=partitions))
 
     def publish(self, topic: str, values: list[bytes], key: bytes | None = None,
                 partition: int | None = None) -> list[tuple[int, int]]:
@@ -46,11 +47,11 @@ class Env:
             if partition is not None:
                 rec.partition = partition
             recs.append(rec)
-        response = self.log.publish(broker_pb2.PublishRequest(topic=topic, records=recs))
-        return [(r.partition, r.offset) for r in response.results]
+        response = self.log.publish(publish_request(topic=topic, records=recs))
+        return [(r.partition, r.offset) for r in response]
 
     def group(self, topic: str, group: str, **config: object) -> GroupRuntime:
-        return self.service.ensure(topic, group, common_pb2.GroupConfig(**config))  # type: ignore[arg-type]
+        return self.service.ensure(topic, group, internal_pb2.GroupConfig(**config))  # type: ignore[arg-type]
 
     def pick(self, rt: GroupRuntime, stream_id: int, limit: int = 100, member: str = "m") -> Delivery:
         delivery = rt.pick(stream_id, member, limit, self.clock.now_ms(), self.clock.monotonic_ms())

@@ -17,7 +17,7 @@ from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
 from broker.leader.changes import Changes
 from broker.storage import Batch, Column, StorageFailure
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 from tests.core.groups_env import make_env, positions
 
 pytestmark = pytest.mark.unit
@@ -34,7 +34,7 @@ def without_applied(rows: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]
 
 
 def topic_cmd(name: str, partitions: int = 1) -> bytes:
-    return K.Command(create_topic=K.CreateTopicCommand(config=admin_pb2.TopicConfig(name=name, partitions=partitions),
+    return K.Command(create_topic=K.CreateTopicCommand(config=K.TopicConfig(name=name, partitions=partitions),
                                                        now_ms=1000)).SerializeToString()
 
 
@@ -48,7 +48,7 @@ def exploding_machine() -> BrokerStateMachine:
 
     def handler(cmd: K.GroupBarrierCommand, batch: Batch, changes: CacheChanges) -> object:
         batch.put(Column.META, b"partial", b"written before the failure")
-        sm.put_topic(K.TopicMeta(topic_id=99, config=admin_pb2.TopicConfig(name="ghost")), batch, changes)
+        sm.put_topic(K.TopicMeta(topic_id=99, config=internal_pb2.TopicConfig(name="ghost")), batch, changes)
         if cmd.term == 13:
             raise OverflowError("value out of range")
         return None
@@ -137,7 +137,7 @@ def group_machine(topic: str = "t") -> BrokerStateMachine:
 
 def create_group(topic: str, group: str) -> bytes:
     from broker.core.groups.config import normalized_group_config
-    config = normalized_group_config(common_pb2.GroupConfig())
+    config = normalized_group_config(internal_pb2.GroupConfig())
     return K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=1, group=group, config=config,
                                                        now_ms=3000, start_offsets=[0])).SerializeToString()
 
@@ -175,7 +175,7 @@ def test_the_leader_refuses_the_triggers_before_submitting() -> None:
     applied = env.state.applied_index()
     for topic, group in (("t", "g\n"), ("t", "g\r\n"), ("x" * 245, "g"), ("t\n", "g"), ("t", "")):
         with pytest.raises(InvalidArgument):
-            env.service.create(topic, group, common_pb2.GroupConfig())
+            env.service.create(topic, group, internal_pb2.GroupConfig())
     forged = records.PositionToken(rt.meta.topic_id, 0, 1).encode()  # a record, but no lease is held
     for delay in (INT64_MAX, NACK_DELAY_MAX_MS + 1, -1):
         with pytest.raises(InvalidArgument, match="delay_ms"):
@@ -206,8 +206,8 @@ def test_a_refused_join_creates_no_group() -> None:
     env.topic("t")
     applied = env.state.applied_index()
     with pytest.raises(InvalidArgument, match="queue mode"):
-        env.service.join("t", "q", "m1", common_pb2.GroupConfig())
+        env.service.join("t", "q", "m1", internal_pb2.GroupConfig())
     assert layout.get_meta(env.state.store, "t", "q") is None and env.state.applied_index() == applied
-    stream = common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM)
+    stream = internal_pb2.GroupConfig(mode=internal_pb2.DELIVERY_MODE_STREAM)
     member, partitions, _ = env.service.join("t", "s", "m1", stream)
     assert member == "m1" and partitions == [0]

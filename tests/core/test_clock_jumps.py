@@ -8,8 +8,10 @@ import pytest
 
 from broker.core.groups import layout
 from broker.core.groups.cursor import retry_due_ms
-from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2
+from broker.leader.topic_log import Placement
+from broker.v1 import broker_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env, positions, values
+from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
 JUMP_MS = 10 * 60 * 1000  # ten minutes
@@ -77,15 +79,15 @@ def test_the_next_due_time_follows_the_rule() -> None:
     assert rt.next_due_ms("m", env.clock.now_ms() - JUMP_MS) == env.clock.now_ms() - JUMP_MS
 
 
-def publish_keyed(env: Env, key: str) -> broker_pb2.PublishResult:
-    request = broker_pb2.PublishRequest(topic="t", records=[broker_pb2.PublishRecord(value=b"v", idempotency_key=key)])
-    result: broker_pb2.PublishResult = env.log.publish(request).results[0]
+def publish_keyed(env: Env, key: str) -> Placement:
+    request = publish_request(topic="t", records=[broker_pb2.PublishRecord(value=b"v", idempotency_key=key)])
+    result = env.log.publish(request)[0]
     return result
 
 
 def keyed_topic() -> Env:
     env = make_env()
-    env.log.create_topic(admin_pb2.TopicConfig(name="t", partitions=1, dedup_window_ms=60_000))
+    env.log.create_topic(internal_pb2.TopicConfig(name="t", partitions=1, dedup_window_ms=60_000))
     return env
 
 
@@ -125,9 +127,9 @@ def test_a_silent_member_session_expires_on_the_lease_clock_when_the_wall_clock_
     env = make_env()
     env.clock.mono_ms = 5_000  # the lease clock reads apart from the wall clock
     env.topic("t", 2)
-    rt = env.group("t", "g", mode=common_pb2.DELIVERY_MODE_STREAM, session_timeout_ms=1000)
-    env.service.join("t", "g", "a", common_pb2.GroupConfig())
-    env.service.join("t", "g", "b", common_pb2.GroupConfig())
+    rt = env.group("t", "g", mode=internal_pb2.DELIVERY_MODE_STREAM, session_timeout_ms=1000)
+    env.service.join("t", "g", "a", internal_pb2.GroupConfig())
+    env.service.join("t", "g", "b", internal_pb2.GroupConfig())
     env.clock.step_wall(-JUMP_MS)
     env.clock.mono_ms += 1001
     env.service.heartbeat("t", "g", "b")  # b stays; a is silent past its session

@@ -13,11 +13,13 @@ from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
-from broker.leader.topic_log import Limits, TopicLog
+from broker.leader.topic_log import Limits, Placement, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, broker_pb2, common_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
 
@@ -35,14 +37,14 @@ def make(store: MemoryStore, ring: int = 10_000) -> tuple[TopicLog, Reader, InMe
 def read(reader: Reader, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
     out: list[common_pb2.Record | common_pb2.Event] = []
     req = broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw)  # type: ignore[arg-type]
-    for item in reader.subscribe(req, lambda: True):
+    for item in reader.subscribe(wire.subscription(req), lambda: True):
         out.extend(item.batch.records) if item.HasField("batch") else out.append(item.event)
     return out
 
 
-def publish(log: TopicLog, topic: str, n: int) -> list[broker_pb2.PublishResult]:
+def publish(log: TopicLog, topic: str, n: int) -> list[Placement]:
     recs = [broker_pb2.PublishRecord(value=b"%d" % i) for i in range(n)]
-    return list(log.publish(broker_pb2.PublishRequest(topic=topic, records=recs)).results)
+    return list(log.publish(publish_request(topic=topic, records=recs)))
 
 
 @pytest.fixture
@@ -52,8 +54,8 @@ def store() -> Iterator[MemoryStore]:
 
 def test_memory_topic_keeps_offsets_but_not_records_across_a_reload(store: MemoryStore) -> None:
     log, reader, rep = make(store)
-    log.create_topic(admin_pb2.TopicConfig(name="m", durability=common_pb2.DURABILITY_MEMORY))
-    log.create_topic(admin_pb2.TopicConfig(name="d"))
+    log.create_topic(internal_pb2.TopicConfig(name="m", durability=internal_pb2.DURABILITY_MEMORY))
+    log.create_topic(internal_pb2.TopicConfig(name="d"))
     publish(log, "m", 5)
     publish(log, "d", 5)
     first = read(reader, "m")
@@ -73,7 +75,7 @@ def test_memory_topic_keeps_offsets_but_not_records_across_a_reload(store: Memor
 
 def test_ephemeral_topic_fans_out_from_a_bounded_buffer_and_signals_gaps(store: MemoryStore) -> None:
     log, reader, rep = make(store, ring=10)
-    log.create_topic(admin_pb2.TopicConfig(name="e", durability=common_pb2.DURABILITY_EPHEMERAL))
+    log.create_topic(internal_pb2.TopicConfig(name="e", durability=internal_pb2.DURABILITY_EPHEMERAL))
     results = publish(log, "e", 25)
     base = results[0].offset
     assert [r.offset for r in results] == list(range(base, base + 25))
@@ -83,11 +85,11 @@ def test_ephemeral_topic_fans_out_from_a_bounded_buffer_and_signals_gaps(store: 
     assert (gap.offset_before, gap.offset_after) == (base, base + 15)  # type: ignore[union-attr]
     assert [r.value for r in items[1:]] == [b"%d" % i for i in range(15, 25)]  # type: ignore[union-attr]
     assert list(store.scan(Column.RECORDS, b"", b"\xff" * 16)) == []
-    keyed = broker_pb2.PublishRequest(topic="e", records=[broker_pb2.PublishRecord(value=b"x", idempotency_key="k")])
-    first, again = log.publish(keyed).results[0], log.publish(keyed).results[0]
+    keyed = publish_request(topic="e", records=[broker_pb2.PublishRecord(value=b"x", idempotency_key="k")])
+    first, again = log.publish(keyed)[0], log.publish(keyed)[0]
     assert again.offset == first.offset + 1 and not again.duplicate, "keys are accepted and not remembered"
     with pytest.raises(Exception, match="do not deduplicate"):
-        log.publish(broker_pb2.PublishRequest(topic="e", dedup_id="s", records=[broker_pb2.PublishRecord(
+        log.publish(publish_request(topic="e", dedup_id="s", records=[broker_pb2.PublishRecord(
             value=b"x", msg_id=1)]))
     rep.close()
 

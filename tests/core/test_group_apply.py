@@ -12,7 +12,7 @@ from broker.core.state_machine import BrokerStateMachine, Rejected
 from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 from tests.core.groups_env import make_env
 
 pytestmark = pytest.mark.unit
@@ -23,7 +23,7 @@ def machine() -> tuple[BrokerStateMachine, list[bytes]]:
     """A state machine with topic ``t`` (2 partitions, 4 records each) and the commands so far."""
     sm = BrokerStateMachine(MemoryStore(), Changes())
     GroupApplier(sm)
-    cmds = [K.Command(create_topic=K.CreateTopicCommand(config=admin_pb2.TopicConfig(name="t", partitions=2),
+    cmds = [K.Command(create_topic=K.CreateTopicCommand(config=internal_pb2.TopicConfig(name="t", partitions=2),
                                                         now_ms=1000)).SerializeToString()]
     bodies = [K.RecordBody(value=b"v%d" % i, key=b"k%d" % (i % 2)).SerializeToString() for i in range(8)]
     cmds.append(K.Command(append=K.AppendCommand(topic="t", topic_id=1, now_ms=2000, partitions=[0, 1] * 4,
@@ -33,9 +33,9 @@ def machine() -> tuple[BrokerStateMachine, list[bytes]]:
     return sm, bodies
 
 
-def create(config: common_pb2.GroupConfig | None = None, starts: tuple[int, int] = (0, 0)) -> bytes:
-    cfg = config or common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_QUEUE, max_attempts=3, base_delay_ms=100,
-                                           max_delay_ms=1000, backoff=common_pb2.BACKOFF_EXPONENTIAL)
+def create(config: internal_pb2.GroupConfig | None = None, starts: tuple[int, int] = (0, 0)) -> bytes:
+    cfg = config or internal_pb2.GroupConfig(mode=internal_pb2.DELIVERY_MODE_QUEUE, max_attempts=3, base_delay_ms=100,
+                                           max_delay_ms=1000, backoff=internal_pb2.BACKOFF_EXPONENTIAL)
     return K.Command(create_group=K.CreateGroupCommand(topic="t", topic_id=1, group="g", config=cfg, now_ms=3000,
                                                        start_offsets=starts)).SerializeToString()
 
@@ -163,7 +163,7 @@ def test_rebase_follows_a_recreated_topic_under_a_new_group_id() -> None:
     sm.apply(4, settle(gid, 1, ack(0, 0), ack(0, 1)))
     sm.apply(5, K.Command(drop_topic=K.DropTopicCommand(name="t", topic_id=1)).SerializeToString())
     created = sm.apply(6, K.Command(create_topic=K.CreateTopicCommand(
-        config=admin_pb2.TopicConfig(name="t", partitions=1), now_ms=9)).SerializeToString())
+        config=internal_pb2.TopicConfig(name="t", partitions=1), now_ms=9)).SerializeToString())
     assert isinstance(created, K.TopicMeta)
     new = sm.apply(7, K.Command(rebase_group=K.RebaseGroupCommand(
         topic="t", group="g", group_id=gid, topic_id=created.topic_id, start_offsets=[0])).SerializeToString())
@@ -188,7 +188,7 @@ def test_every_node_ends_in_the_same_state() -> None:
 
 def test_service_rejects_bad_names_and_ephemeral_topics() -> None:
     env = make_env()
-    env.log.create_topic(admin_pb2.TopicConfig(name="eph", durability=common_pb2.DURABILITY_EPHEMERAL))
+    env.log.create_topic(internal_pb2.TopicConfig(name="eph", durability=internal_pb2.DURABILITY_EPHEMERAL))
     with pytest.raises(Exception, match="ephemeral"):
         env.group("eph", "g")
     env.topic("x" * 240)

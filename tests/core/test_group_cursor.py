@@ -8,7 +8,7 @@ import pytest
 
 from broker.core.groups.config import normalized_group_config, retry_delay_ms
 from broker.core.groups.cursor import GroupCursor
-from broker.v1 import common_pb2
+from broker.v1 import internal_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -68,18 +68,18 @@ def test_encoding_round_trips_with_counts() -> None:
 
 
 def test_backoff_fixed_and_exponential_with_cap() -> None:
-    exp = normalized_group_config(common_pb2.GroupConfig(base_delay_ms=100, max_delay_ms=500))
+    exp = normalized_group_config(internal_pb2.GroupConfig(base_delay_ms=100, max_delay_ms=500))
     assert [retry_delay_ms(exp, a) for a in (1, 2, 3, 4, 5)] == [100, 200, 400, 500, 500]
-    fixed = normalized_group_config(common_pb2.GroupConfig(backoff=common_pb2.BACKOFF_FIXED, base_delay_ms=250))
+    fixed = normalized_group_config(internal_pb2.GroupConfig(backoff=internal_pb2.BACKOFF_FIXED, base_delay_ms=250))
     assert [retry_delay_ms(fixed, a) for a in (1, 2, 9)] == [250, 250, 250]
 
 
 def test_config_defaults_and_limits() -> None:
-    config = normalized_group_config(common_pb2.GroupConfig())
-    assert config.mode == common_pb2.DELIVERY_MODE_QUEUE
+    config = normalized_group_config(internal_pb2.GroupConfig())
+    assert config.mode == internal_pb2.DELIVERY_MODE_QUEUE
     assert config.visibility_timeout_ms == 30_000 and config.max_attempts == 5
-    assert config.start_from.start == common_pb2.START_POSITION_EARLIEST
+    assert config.start_from.start == internal_pb2.START_POSITION_EARLIEST
     with pytest.raises(Exception, match="max_delay_ms"):
-        normalized_group_config(common_pb2.GroupConfig(base_delay_ms=1000, max_delay_ms=10))
+        normalized_group_config(internal_pb2.GroupConfig(base_delay_ms=1000, max_delay_ms=10))
     with pytest.raises(Exception, match="ordered"):
-        normalized_group_config(common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM, ordered=True))
+        normalized_group_config(internal_pb2.GroupConfig(mode=internal_pb2.DELIVERY_MODE_STREAM, ordered=True))

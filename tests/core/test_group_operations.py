@@ -8,8 +8,9 @@ import pytest
 from broker.core import records
 from broker.core.errors import GroupNotFound
 from broker.leader.reading import Reader
+from broker.services import wire
 from broker.storage import Column
-from broker.v1 import broker_pb2, common_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env, positions, values
 
 pytestmark = pytest.mark.unit
@@ -19,7 +20,7 @@ def drain(env: Env, topic: str, group: str, ack: bool = True, **request: object)
     """Everything one group stream delivers until it has nothing more (acking as it goes)."""
     req = broker_pb2.SubscribeRequest(topic=topic, group=group, stop_at_end=True, **request)  # type: ignore[arg-type]
     out: list[object] = []
-    for item in env.delivery.subscribe(req, lambda: True):
+    for item in env.delivery.subscribe(wire.subscription(req), lambda: True):
         if item.HasField("event"):
             out.append(item.event)
             continue
@@ -42,7 +43,7 @@ def test_seek_to_a_timestamp_replays_and_lag_matches_a_hand_count() -> None:
     assert len(drain(env, "t", "g")) == 10
     lag = env.ops.lag("t", "g")
     assert [(p.end_offset, p.committed, p.lag) for p in lag.partitions] == [(5, 5, 0), (5, 5, 0)]
-    moved = env.ops.seek("t", "g", common_pb2.Position(timestamp_ms=cut), None)
+    moved = env.ops.seek("t", "g", internal_pb2.Position(timestamp_ms=cut), None)
     assert moved == [(0, 2), (1, 2)]
     replayed = drain(env, "t", "g", ack=False, max_in_flight=3)
     assert len(replayed) == 3
@@ -57,7 +58,7 @@ def test_seek_to_a_timestamp_replays_and_lag_matches_a_hand_count() -> None:
     assert all(p.lag_ms == 500 for p in lag.partitions), "age of the oldest unsettled record"
     rest = drain(env, "t", "g")
     assert sorted(r.value for r in rest) == sorted(b"new%d" % i for i in range(6))  # type: ignore[attr-defined]
-    env.ops.seek("t", "g", common_pb2.Position(start=common_pb2.START_POSITION_LATEST), None)
+    env.ops.seek("t", "g", internal_pb2.Position(start=internal_pb2.START_POSITION_LATEST), None)
     assert drain(env, "t", "g") == []
 
 
@@ -115,8 +116,8 @@ def test_badmsg_for_a_flipped_byte_in_the_store_stateless_and_group() -> None:
     batch = env.state.store.batch()
     batch.put(Column.RECORDS, key, value[:-2] + bytes([value[-2] ^ 0x01]) + value[-1:])
     env.state.store.write(batch)
-    stateless = list(Reader(env.state).subscribe(broker_pb2.SubscribeRequest(topic="t", stop_at_end=True),
-                                                  lambda: True))
+    request = wire.subscription(broker_pb2.SubscribeRequest(topic="t", stop_at_end=True))
+    stateless = list(Reader(env.state).subscribe(request, lambda: True))
     kinds = [("event", i.event.type, i.event.offset_before, i.event.offset_after) if i.HasField("event")
              else ("batch", [r.value for r in i.batch.records]) for i in stateless]
     assert kinds == [("batch", [b"good0"]), ("event", common_pb2.EVENT_TYPE_BADMSG, 1, 2), ("batch", [b"good2"])]
@@ -132,12 +133,12 @@ def test_badmsg_for_a_flipped_byte_in_the_store_stateless_and_group() -> None:
 def test_delete_ends_the_group_and_describe_reports_members() -> None:
     env = make_env()
     env.topic("t", 2)
-    env.group("t", "s", mode=common_pb2.DELIVERY_MODE_STREAM)
-    env.service.join("t", "s", "alice", common_pb2.GroupConfig())
-    info = env.ops.describe("t", "s")
+    env.group("t", "s", mode=internal_pb2.DELIVERY_MODE_STREAM)
+    env.service.join("t", "s", "alice", internal_pb2.GroupConfig())
+    info = wire.group_info(env.ops.describe("t", "s"))
     assert info.dlq_topic == "t.s.dlq" and [m.member_id for m in info.members] == ["alice"]
     assert list(info.members[0].partitions) == [0, 1]
-    assert [g.group for g in env.ops.list_groups("t")] == ["s"]
+    assert [g.meta.group for g in env.ops.list_groups("t")] == ["s"]
     env.ops.delete("t", "s")
     with pytest.raises(GroupNotFound):
         env.ops.describe("t", "s")
@@ -148,11 +149,12 @@ def test_group_subscription_validates_before_streaming() -> None:
     env = make_env()
     env.topic("t")
     with pytest.raises(Exception, match="member_id"):
-        env.delivery.subscribe(broker_pb2.SubscribeRequest(
-            topic="t", group="s", group_config=common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM)),
-            lambda: True)
+        stream = broker_pb2.SubscribeRequest(
+            topic="t", group="s", group_config=common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM))
+        env.delivery.subscribe(wire.subscription(stream), lambda: True)
     with pytest.raises(Exception, match="partition"):
-        env.delivery.subscribe(broker_pb2.SubscribeRequest(topic="t", group="g", partition=0), lambda: True)
+        one = broker_pb2.SubscribeRequest(topic="t", group="g", partition=0)
+        env.delivery.subscribe(wire.subscription(one), lambda: True)
     env.publish("t", [b"1", b"2"])
     latest = common_pb2.Position(start=common_pb2.START_POSITION_LATEST)
     assert drain(env, "t", "late", **{"from": latest}) == [], "start_from applies when the group is created"

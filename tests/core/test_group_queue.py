@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from broker.core.groups import layout
-from broker.v1 import common_pb2
+from broker.v1 import internal_pb2
 from tests.core.groups_env import make_env, positions, values
 
 pytestmark = pytest.mark.unit
-QUEUE = common_pb2.DELIVERY_MODE_QUEUE
+QUEUE = internal_pb2.DELIVERY_MODE_QUEUE
 
 
 def test_two_groups_each_get_every_record_and_a_group_shares_them_out() -> None:

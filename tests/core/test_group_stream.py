@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from broker.leader.groups.membership import Membership
-from broker.v1 import common_pb2
+from broker.v1 import internal_pb2
 from tests.core.groups_env import make_env
 
 pytestmark = pytest.mark.unit
-STREAM = common_pb2.DELIVERY_MODE_STREAM
+STREAM = internal_pb2.DELIVERY_MODE_STREAM
 
 
 def owners(m: Membership, partitions: int) -> dict[int, str | None]:
@@ -51,11 +51,11 @@ def test_each_partition_has_one_owner_and_order_per_partition_survives_a_handove
     for i in range(20):
         env.publish("t", [b"%d" % i], partition=i % 4)
     rt = env.group("t", "g", mode=STREAM, session_timeout_ms=1000, visibility_timeout_ms=5000)
-    env.service.join("t", "g", "a", common_pb2.GroupConfig())
+    env.service.join("t", "g", "a", internal_pb2.GroupConfig())
     sa = rt.open_stream()
     first = env.pick(rt, sa, 100, member="a")
     assert len(first.records) == 20
-    _, assigned_b, _ = env.service.join("t", "g", "b", common_pb2.GroupConfig())
+    _, assigned_b, _ = env.service.join("t", "g", "b", internal_pb2.GroupConfig())
     assert assigned_b == [], "b waits until a has given the partitions back"
     with rt.lock:
         assert rt.members is not None
@@ -93,5 +93,5 @@ def test_commit_moves_the_watermark_and_never_back() -> None:
     env.service.commit("t", "g", 0, 1)
     rt.refresh()
     assert rt.cursor(0).committed == 3
-    env.service.join("t", "g", "a", common_pb2.GroupConfig())
+    env.service.join("t", "g", "a", internal_pb2.GroupConfig())
     assert [r.offset for r in env.pick(rt, rt.open_stream(), 10, member="a").records] == [3, 4]

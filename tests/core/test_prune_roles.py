@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from broker.core.errors import FailedPrecondition, GroupNotFound, InvalidArgument
-from broker.v1 import common_pb2
+from broker.v1 import internal_pb2
 from tests.core.groups_env import Env, make_env
 
 pytestmark = pytest.mark.unit
-LEAD, PROTECT, NONE = common_pb2.PRUNE_ROLE_LEAD, common_pb2.PRUNE_ROLE_PROTECT, common_pb2.PRUNE_ROLE_NONE
+LEAD, PROTECT, NONE = internal_pb2.PRUNE_ROLE_LEAD, internal_pb2.PRUNE_ROLE_PROTECT, internal_pb2.PRUNE_ROLE_NONE
 
 
 def setup(partitions: int = 2, records: int = 20) -> Env:
@@ -23,7 +23,7 @@ def setup(partitions: int = 2, records: int = 20) -> Env:
 
 
 def seek(env: Env, group: str, offset: int, partition: int | None = None) -> None:
-    env.ops.seek("t", group, common_pb2.Position(offset=offset), partition)
+    env.ops.seek("t", group, internal_pb2.Position(offset=offset), partition)
 
 
 def starts(env: Env) -> list[int]:
@@ -36,7 +36,7 @@ def test_a_lead_group_prunes_up_to_its_committed_position_in_each_partition() ->
     seek(env, "lead", 3, 1)
     with pytest.raises(FailedPrecondition, match="not marked lead"):
         env.log.prune("t", None, 0, group="lead")
-    assert env.ops.mark("t", "lead", LEAD).prune_role == LEAD
+    assert env.ops.mark("t", "lead", LEAD).meta.prune_role == LEAD
     assert env.log.prune("t", None, 0, group="lead") == 10
     assert starts(env) == [7, 3]
     assert env.log.prune("t", None, 5, group="lead") == 0, "an offset bounds a lead prune further"

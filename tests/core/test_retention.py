@@ -14,11 +14,13 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
-from broker.leader.topic_log import Limits, TopicLog
+from broker.leader.topic_log import Limits, PartitionFigures, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, broker_pb2, common_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
 Env = tuple[TopicLog, Reader, BrokerStateMachine, ManualClock]
@@ -36,23 +38,23 @@ def env() -> Iterator[Env]:
     replicator.close()
 
 
-def create(log: TopicLog, name: str, policy: int = common_pb2.FULL_POLICY_DISCARD_OLD, **caps: int) -> None:
-    log.create_topic(admin_pb2.TopicConfig(name=name, full_policy=policy,  # type: ignore[arg-type]
-                                           retention=common_pb2.Retention(**caps)))
+def create(log: TopicLog, name: str, policy: int = internal_pb2.FULL_POLICY_DISCARD_OLD, **caps: int) -> None:
+    log.create_topic(internal_pb2.TopicConfig(name=name, full_policy=policy,  # type: ignore[arg-type]
+                                           retention=internal_pb2.Retention(**caps)))
 
 
 def pub(log: TopicLog, topic: str, n: int, size: int = 10, start: int = 0) -> None:
     recs = [broker_pb2.PublishRecord(value=(b"%d:" % (start + i)).ljust(size, b".")) for i in range(n)]
-    log.publish(broker_pb2.PublishRequest(topic=topic, records=recs))
+    log.publish(publish_request(topic=topic, records=recs))
 
 
-def part(log: TopicLog, topic: str) -> admin_pb2.PartitionInfo:
+def part(log: TopicLog, topic: str) -> PartitionFigures:
     return log.describe_topic(topic).partitions[0]
 
 
 def read(reader: Reader, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
     out: list[common_pb2.Record | common_pb2.Event] = []
-    for item in reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw),  # type: ignore[arg-type]
+    for item in reader.subscribe(wire.subscription(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **kw)),  # type: ignore[arg-type]
                                  lambda: True):
         out.extend(item.batch.records) if item.HasField("batch") else out.append(item.event)
     return out
@@ -83,7 +85,7 @@ def test_max_bytes_discard_old(env: Env) -> None:
 
 def test_reject_policy_refuses_the_whole_batch(env: Env) -> None:
     log, _, state, _ = env
-    create(log, "r", policy=common_pb2.FULL_POLICY_REJECT, max_records=5)
+    create(log, "r", policy=internal_pb2.FULL_POLICY_REJECT, max_records=5)
     pub(log, "r", 4)
     with pytest.raises(errors.ResourceExhausted, match="max_records=5"):
         pub(log, "r", 2)
@@ -95,7 +97,7 @@ def test_reject_policy_refuses_the_whole_batch(env: Env) -> None:
 def test_reject_policy_by_bytes_refuses_the_batch_that_would_pass_max_bytes(
         env: Env) -> None:
     log, _, state, _ = env
-    create(log, "rb", policy=common_pb2.FULL_POLICY_REJECT, max_bytes=60)
+    create(log, "rb", policy=internal_pb2.FULL_POLICY_REJECT, max_bytes=60)
     pub(log, "rb", 1)
     used = part(log, "rb").bytes
     assert 0 < used <= 60
@@ -122,12 +124,12 @@ def test_alter_lowers_a_cap_and_enforcement_applies_it(env: Env) -> None:
     log, _, _, _ = env
     create(log, "x")
     pub(log, "x", 10)
-    info = log.alter_topic("x", common_pb2.Retention(max_records=4), common_pb2.FULL_POLICY_UNSPECIFIED)
-    assert info.config.retention.max_records == 4 and info.config.full_policy == common_pb2.FULL_POLICY_DISCARD_OLD
+    info = log.alter_topic("x", internal_pb2.Retention(max_records=4), internal_pb2.FULL_POLICY_UNSPECIFIED)
+    assert info.config.retention.max_records == 4 and info.config.full_policy == internal_pb2.FULL_POLICY_DISCARD_OLD
     log.enforce_retention()
     assert part(log, "x").records == 4
     with pytest.raises(errors.InvalidArgument):
-        log.alter_topic("x", common_pb2.Retention(max_records=-1), common_pb2.FULL_POLICY_UNSPECIFIED)
+        log.alter_topic("x", internal_pb2.Retention(max_records=-1), internal_pb2.FULL_POLICY_UNSPECIFIED)
 
 
 def test_prune_and_clear(env: Env) -> None:

@@ -26,9 +26,11 @@ from broker.leader.router import RouteRunner
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2, routes_internal_pb2
+from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
 
@@ -89,24 +91,25 @@ def env() -> Iterator[Env]:
 
 
 def create(env: Env, name: str, partitions: int = 1, **config: object) -> None:
-    env.log.create_topic(admin_pb2.TopicConfig(name=name, partitions=partitions, **config))  # type: ignore[arg-type]
+    env.log.create_topic(internal_pb2.TopicConfig(name=name, partitions=partitions, **config))  # type: ignore[arg-type]
 
 
 def publish(env: Env, topic: str, docs: list[dict[str, object]], **kw: object) -> None:
-    env.log.publish(broker_pb2.PublishRequest(topic=topic, records=[
+    env.log.publish(publish_request(topic=topic, records=[
         broker_pb2.PublishRecord(value=json.dumps(d).encode(), **kw) for d in docs]))  # type: ignore[arg-type]
 
 
 def read(env: Env, topic: str) -> list[common_pb2.Record]:
     out: list[common_pb2.Record] = []
-    for item in env.reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True), lambda: True):
+    for item in env.reader.subscribe(wire.subscription(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True)),
+                                     lambda: True):
         assert item.HasField("batch"), item
         out.extend(item.batch.records)
     return out
 
 
-def route(name: str, source: str, target: str, **kw: object) -> routes_pb2.RouteConfig:
-    return routes_pb2.RouteConfig(name=name, source=source, target=target, **kw)  # type: ignore[arg-type]
+def route(name: str, source: str, target: str, **kw: object) -> internal_pb2.RouteConfig:
+    return internal_pb2.RouteConfig(name=name, source=source, target=target, **kw)  # type: ignore[arg-type]
 
 
 def test_find_cycle_follows_local_routes_only() -> None:
@@ -126,7 +129,7 @@ def test_route_with_filter_and_partition_key_copies_in_order_and_keeps_origin(en
     for p in (0, 1):
         publish(env, "src", [d for d in docs if d["n"] % 2 == p], partition=p)  # type: ignore[operator]
     info = env.admin.create(route("r", "src", "dst", filter='value.kind == "a"', partition_key="value.user"))
-    assert info.lag == 40 and info.route_id == 1
+    assert info.lag == 40 and info.meta.route_id == 1
     env.drain()
     copied = read(env, "dst")
     expected = [d for d in docs if d["kind"] == "a"]
@@ -141,7 +144,7 @@ def test_route_with_filter_and_partition_key_copies_in_order_and_keeps_origin(en
             assert ns == sorted(ns)
     (after,) = env.admin.list()
     assert after.lag == 0 and after.copied == len(expected) and after.skipped == 40 - len(expected)
-    assert [(p.partition, p.next_offset) for p in after.partitions] == [(0, 20), (1, 20)]
+    assert [(p, next_offset) for p, next_offset, _ in after.partitions] == [(0, 20), (1, 20)]
 
 
 def test_a_retry_after_a_lost_cursor_stores_nothing_twice(env: Env) -> None:
@@ -163,7 +166,7 @@ def test_ops_list_and_key_fallback(env: Env) -> None:
     create(env, "dst", 4)
     records = [broker_pb2.PublishRecord(value=b'{"x": 1}', key=b"k%d" % i, op=op)  # type: ignore[arg-type]
                for i, op in enumerate([common_pb2.OP_INSERT, common_pb2.OP_DELETE, common_pb2.OP_UPDATE])]
-    env.log.publish(broker_pb2.PublishRequest(topic="src", records=records))
+    env.log.publish(publish_request(topic="src", records=records))
     env.admin.create(route("r", "src", "dst", ops=[common_pb2.OP_INSERT, common_pb2.OP_UPDATE],
                            partition_key="value.missing"))
     env.drain()
@@ -238,7 +241,7 @@ def test_advance_never_moves_a_cursor_back(env: Env) -> None:
     meta = env.admin.create(route("r", "src", "dst"))
     env.drain()
     back = internal_pb2.Command(advance_route=routes_internal_pb2.AdvanceRouteCommand(
-        name="r", route_id=meta.route_id, source_topic_id=1, partitions=[0], next_offsets=[2]))
+        name="r", route_id=meta.meta.route_id, source_topic_id=1, partitions=[0], next_offsets=[2]))
     env.submitter.submit(back)
     assert env.table.cursors("r") == {0: (1, 5)}
 

@@ -16,8 +16,10 @@ from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
+from broker.services import wire
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, broker_pb2, common_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
 
@@ -41,20 +43,20 @@ def docs(*values: object, **kw: object) -> list[broker_pb2.PublishRecord]:
 
 def read(reader: Reader, topic: str, expr: str = "") -> list[common_pb2.Record]:
     out: list[common_pb2.Record] = []
-    for item in reader.subscribe(broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, filter=expr),
-                                 lambda: True):
+    request = broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, filter=expr)
+    for item in reader.subscribe(wire.subscription(request), lambda: True):
         out.extend(item.batch.records)
     return out
 
 
 def test_schema_rejects_a_bad_record_naming_index_and_field(env: tuple[TopicLog, Reader]) -> None:
     log, reader = env
-    log.create_topic(admin_pb2.TopicConfig(name="videos", schema_json=VIDEO))
-    log.publish(broker_pb2.PublishRequest(topic="videos", records=docs({"url": "a"})))
+    log.create_topic(internal_pb2.TopicConfig(name="videos", schema_json=VIDEO))
+    log.publish(publish_request(topic="videos", records=docs({"url": "a"})))
     with pytest.raises(errors.InvalidArgument, match="record 1: field views"):
-        log.publish(broker_pb2.PublishRequest(topic="videos", records=docs({"url": "b"}, {"url": "c", "views": -1})))
+        log.publish(publish_request(topic="videos", records=docs({"url": "b"}, {"url": "c", "views": -1})))
     with pytest.raises(errors.InvalidArgument, match="record 0: value is not valid JSON"):
-        log.publish(broker_pb2.PublishRequest(topic="videos", records=[broker_pb2.PublishRecord(value=b"{nope")]))
+        log.publish(publish_request(topic="videos", records=[broker_pb2.PublishRecord(value=b"{nope")]))
     assert [json.loads(r.value)["url"] for r in read(reader, "videos")] == ["a"]  # nothing of bad batches
 
 
@@ -62,40 +64,40 @@ def test_schema_rejects_a_bad_record_naming_index_and_field(env: tuple[TopicLog,
 def test_invalid_schemas_are_refused_at_create(env: tuple[TopicLog, Reader], schema: str) -> None:
     log, _ = env
     with pytest.raises(errors.InvalidArgument, match="schema"):
-        log.create_topic(admin_pb2.TopicConfig(name="bad", schema_json=schema))
+        log.create_topic(internal_pb2.TopicConfig(name="bad", schema_json=schema))
 
 
 def test_dedup_fields_form_a_permanent_unique_key(env: tuple[TopicLog, Reader]) -> None:
     log, reader = env
-    log.create_topic(admin_pb2.TopicConfig(name="pages", dedup_fields=["url", "meta.lang"]))
-    log.publish(broker_pb2.PublishRequest(topic="pages", records=docs({"url": "x", "meta": {"lang": "en"}},
+    log.create_topic(internal_pb2.TopicConfig(name="pages", dedup_fields=["url", "meta.lang"]))
+    log.publish(publish_request(topic="pages", records=docs({"url": "x", "meta": {"lang": "en"}},
                                                                       {"url": "x", "meta": {"lang": "de"}})))
     with pytest.raises(errors.DuplicateMessage, match="record 1"):
-        log.publish(broker_pb2.PublishRequest(topic="pages", records=docs({"url": "y", "meta": {"lang": "en"}},
+        log.publish(publish_request(topic="pages", records=docs({"url": "y", "meta": {"lang": "en"}},
                                                                           {"url": "x", "meta": {"lang": "en"}})))
     with pytest.raises(errors.DuplicateMessage, match="record 1"):  # repeats inside one batch too
-        log.publish(broker_pb2.PublishRequest(topic="pages", records=docs({"url": "z", "meta": {"lang": "en"}},
+        log.publish(publish_request(topic="pages", records=docs({"url": "z", "meta": {"lang": "en"}},
                                                                           {"url": "z", "meta": {"lang": "en"}})))
     with pytest.raises(errors.InvalidArgument, match="dedup field 'meta.lang' is missing"):
-        log.publish(broker_pb2.PublishRequest(topic="pages", records=docs({"url": "q"})))
+        log.publish(publish_request(topic="pages", records=docs({"url": "q"})))
     assert len(read(reader, "pages")) == 2
     # an idempotent retry of a stored record is a duplicate by key, not a conflict
     rec = docs({"url": "k", "meta": {"lang": "en"}}, idempotency_key="once")
-    log.publish(broker_pb2.PublishRequest(topic="pages", records=rec))
-    res = log.publish(broker_pb2.PublishRequest(topic="pages", records=rec))
-    assert res.results[0].duplicate
+    log.publish(publish_request(topic="pages", records=rec))
+    res = log.publish(publish_request(topic="pages", records=rec))
+    assert res[0].duplicate
 
 
 def test_cel_filters_on_headers_json_fields_key_and_op(env: tuple[TopicLog, Reader]) -> None:
     log, reader = env
-    log.create_topic(admin_pb2.TopicConfig(name="orders", partitions=2))
+    log.create_topic(internal_pb2.TopicConfig(name="orders", partitions=2))
     recs = [
         broker_pb2.PublishRecord(value=b'{"type": "order.paid", "total": 30}', headers={"source": "checkout"}),
         broker_pb2.PublishRecord(value=b'{"type": "order.paid", "total": 5}', headers={"source": "admin"}),
         broker_pb2.PublishRecord(value=b'{"type": "order.created"}', headers={"source": "checkout"}, key=b"k1"),
         broker_pb2.PublishRecord(value=b"not json", op=common_pb2.OP_DELETE, key=b"k1"),
     ]
-    log.publish(broker_pb2.PublishRequest(topic="orders", records=recs))
+    log.publish(publish_request(topic="orders", records=recs))
     paid = read(reader, "orders", 'value.type == "order.paid" && headers.source == "checkout"')
     assert [json.loads(r.value)["total"] for r in paid] == [30]
     assert len(read(reader, "orders", "has(value.total) && value.total > 1")) == 2

@@ -13,14 +13,14 @@ from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.storage.rocks import RocksStore
-from broker.v1 import admin_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 pytestmark = pytest.mark.unit
 
 
 def create(name: str, partitions: int = 2) -> bytes:
     return internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
-        config=admin_pb2.TopicConfig(name=name, partitions=partitions), now_ms=1000)).SerializeToString()
+        config=internal_pb2.TopicConfig(name=name, partitions=partitions), now_ms=1000)).SerializeToString()
 
 
 def append(name: str, topic_id: int, parts: list[int], now_ms: int = 2000) -> bytes:

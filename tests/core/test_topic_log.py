@@ -13,10 +13,11 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.partitioning import partition_for_key
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
-from broker.leader.topic_log import Limits, TopicLog
+from broker.leader.topic_log import Limits, Placement, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.storage.memory import MemoryStore
-from broker.v1 import admin_pb2, broker_pb2
+from broker.v1 import broker_pb2, internal_pb2
+from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
 
@@ -33,13 +34,13 @@ def log(clock: ManualClock) -> Iterator[TopicLog]:
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
     topic_log = TopicLog(state, submitter, Limits(max_record_bytes=1000, max_batch_bytes=5000), "c/n1", clock)
-    topic_log.create_topic(admin_pb2.TopicConfig(name="t", partitions=4))
+    topic_log.create_topic(internal_pb2.TopicConfig(name="t", partitions=4))
     yield topic_log
     replicator.close()
 
 
-def pub(log: TopicLog, *records: broker_pb2.PublishRecord, dedup_id: str = "") -> list[broker_pb2.PublishResult]:
-    return list(log.publish(broker_pb2.PublishRequest(topic="t", records=records, dedup_id=dedup_id)).results)
+def pub(log: TopicLog, *records: broker_pb2.PublishRecord, dedup_id: str = "") -> list[Placement]:
+    return list(log.publish(publish_request(topic="t", records=records, dedup_id=dedup_id)))
 
 
 def ends(log: TopicLog) -> list[int]:

@@ -27,7 +27,7 @@ from broker.core.groups.prune_roles import PruneRoles
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
 from broker.core.topics import normalized_config
 from broker.storage import Batch, Column
-from broker.v1 import admin_pb2, common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 K = internal_pb2
 _INT64_MAX = 2**63 - 1
@@ -129,7 +129,7 @@ class _Apply:
         if self.dlq_meta is None:
             self.dlq_meta = ensure_dlq_topic(self.sm, self.meta.dlq_topic, self.meta.partitions, now_ms, self.batch,
                                              self.changes)
-        if self.dlq_meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if self.dlq_meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             return None
         return self.dlq_meta
 
@@ -140,7 +140,7 @@ def ensure_dlq_topic(sm: BrokerStateMachine, name: str, partitions: int, now_ms:
     existing = sm.topic(name)
     if existing is not None:
         return existing
-    config = normalized_config(admin_pb2.TopicConfig(name=name, partitions=max(partitions, 1)))
+    config = normalized_config(internal_pb2.TopicConfig(name=name, partitions=max(partitions, 1)))
     created = sm.create_topic_in(K.CreateTopicCommand(config=config, now_ms=now_ms), batch, changes)
     assert isinstance(created, K.TopicMeta), f"creating {name}: {created}"
     return created
@@ -193,7 +193,7 @@ class GroupApplier:
         except InvalidArgument as exc:  # the leader checks it; an old or forged command is refused here
             return Rejected(exc)
         existing = self._sm.topic(dlq)
-        if existing is not None and existing.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if existing is not None and existing.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             return Rejected(InvalidArgument(f"the dead-letter topic {dlq!r} exists and is ephemeral"))
         gid = layout.next_group_id(self._sm.store)
         meta = K.GroupMeta(topic=cmd.topic, group=cmd.group, group_id=gid, topic_id=topic.topic_id,

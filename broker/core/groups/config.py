@@ -10,7 +10,7 @@ import re
 
 from broker.core.errors import InvalidArgument
 from broker.core.topics import NAME_RE
-from broker.v1 import common_pb2
+from broker.v1 import internal_pb2
 
 GROUP_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")
 DLQ_SUFFIX = ".dlq"
@@ -57,7 +57,7 @@ def validate_delay_ms(name: str, value: int, high: int) -> None:
         raise InvalidArgument(f"{name} must be between 0 and {high} ms, got {value}")
 
 
-def _positive_or_default(config: common_pb2.GroupConfig, name: str, default: int, low: int, high: int) -> None:
+def _positive_or_default(config: internal_pb2.GroupConfig, name: str, default: int, low: int, high: int) -> None:
     value = getattr(config, name)
     if value == 0:
         setattr(config, name, default)
@@ -66,17 +66,17 @@ def _positive_or_default(config: common_pb2.GroupConfig, name: str, default: int
         raise InvalidArgument(f"{name} must be between {low} and {high}, got {value}")
 
 
-def normalized_group_config(config: common_pb2.GroupConfig) -> common_pb2.GroupConfig:
+def normalized_group_config(config: internal_pb2.GroupConfig) -> internal_pb2.GroupConfig:
     """A validated copy of ``config`` with every default filled in; raises :class:`InvalidArgument`."""
-    out = common_pb2.GroupConfig()
+    out = internal_pb2.GroupConfig()
     out.CopyFrom(config)
-    if out.mode == common_pb2.DELIVERY_MODE_UNSPECIFIED:
-        out.mode = common_pb2.DELIVERY_MODE_QUEUE
-    if out.mode not in (common_pb2.DELIVERY_MODE_QUEUE, common_pb2.DELIVERY_MODE_STREAM):
+    if out.mode == internal_pb2.DELIVERY_MODE_UNSPECIFIED:
+        out.mode = internal_pb2.DELIVERY_MODE_QUEUE
+    if out.mode not in (internal_pb2.DELIVERY_MODE_QUEUE, internal_pb2.DELIVERY_MODE_STREAM):
         raise InvalidArgument(f"unknown delivery mode {out.mode}")
-    if out.backoff == common_pb2.BACKOFF_UNSPECIFIED:
-        out.backoff = common_pb2.BACKOFF_EXPONENTIAL
-    if out.backoff not in (common_pb2.BACKOFF_FIXED, common_pb2.BACKOFF_EXPONENTIAL):
+    if out.backoff == internal_pb2.BACKOFF_UNSPECIFIED:
+        out.backoff = internal_pb2.BACKOFF_EXPONENTIAL
+    if out.backoff not in (internal_pb2.BACKOFF_FIXED, internal_pb2.BACKOFF_EXPONENTIAL):
         raise InvalidArgument(f"unknown backoff {out.backoff}")
     _positive_or_default(out, "visibility_timeout_ms", DEFAULT_VISIBILITY_TIMEOUT_MS, MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)
     _positive_or_default(out, "base_delay_ms", DEFAULT_BASE_DELAY_MS, 1, MAX_TIMEOUT_MS)
@@ -87,22 +87,22 @@ def normalized_group_config(config: common_pb2.GroupConfig) -> common_pb2.GroupC
     if out.max_delay_ms < out.base_delay_ms:
         raise InvalidArgument(f"max_delay_ms ({out.max_delay_ms}) must not be below base_delay_ms "
                               f"({out.base_delay_ms})")
-    if out.ordered and out.mode == common_pb2.DELIVERY_MODE_STREAM:
+    if out.ordered and out.mode == internal_pb2.DELIVERY_MODE_STREAM:
         raise InvalidArgument("ordered applies to queue mode (stream mode is ordered per partition already)")
     if not out.HasField("start_from"):
-        out.start_from.start = common_pb2.START_POSITION_EARLIEST
+        out.start_from.start = internal_pb2.START_POSITION_EARLIEST
     return out
 
 
-def retry_delay_ms(config: common_pb2.GroupConfig, attempts: int) -> int:
+def retry_delay_ms(config: internal_pb2.GroupConfig, attempts: int) -> int:
     """The wait before the next delivery after ``attempts`` (>= 1) failed ones: ``base`` every time
     (fixed) or ``base * 2**(attempts-1)`` (exponential), never above ``max_delay_ms``."""
     assert attempts >= 1
-    if config.backoff == common_pb2.BACKOFF_FIXED:
+    if config.backoff == internal_pb2.BACKOFF_FIXED:
         return int(min(config.base_delay_ms, config.max_delay_ms))
     exponent = min(attempts - 1, 62)
     return int(min(config.base_delay_ms * (1 << exponent), config.max_delay_ms))
 
 
-def is_stream(config: common_pb2.GroupConfig) -> bool:
-    return bool(config.mode == common_pb2.DELIVERY_MODE_STREAM)
+def is_stream(config: internal_pb2.GroupConfig) -> bool:
+    return bool(config.mode == internal_pb2.DELIVERY_MODE_STREAM)

@@ -16,11 +16,11 @@ from broker.core.errors import FailedPrecondition, GroupNotFound, InvalidArgumen
 from broker.core.groups import layout
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
 from broker.storage import Batch, Column
-from broker.v1 import common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 K = internal_pb2
-ROLE_NAMES = {common_pb2.PRUNE_ROLE_NONE: "none", common_pb2.PRUNE_ROLE_LEAD: "lead",
-              common_pb2.PRUNE_ROLE_PROTECT: "protect"}
+ROLE_NAMES = {internal_pb2.PRUNE_ROLE_NONE: "none", internal_pb2.PRUNE_ROLE_LEAD: "lead",
+              internal_pb2.PRUNE_ROLE_PROTECT: "protect"}
 
 
 class PruneRoles:
@@ -55,7 +55,7 @@ class PruneRoles:
                     return Rejected(GroupNotFound(name, cmd.group))
                 return Rejected(FailedPrecondition(f"group {cmd.group!r} follows an earlier incarnation of topic "
                                                    f"{name!r}; it has committed nothing here to prune by"))
-            if lead.prune_role != common_pb2.PRUNE_ROLE_LEAD:
+            if lead.prune_role != internal_pb2.PRUNE_ROLE_LEAD:
                 return Rejected(FailedPrecondition(
                     f"group {cmd.group!r} of topic {name!r} is not marked lead (it is "
                     f"{ROLE_NAMES.get(lead.prune_role, '?')}); mark it first: raftbroker group mark {name} "
@@ -64,7 +64,7 @@ class PruneRoles:
             targets = {p: min(t, cursors[p].committed) for p, t in targets.items()}
         what = "clear" if cmd.clear else "prune"
         for guard in groups:
-            if guard.prune_role != common_pb2.PRUNE_ROLE_PROTECT:
+            if guard.prune_role != internal_pb2.PRUNE_ROLE_PROTECT:
                 continue
             cursors = layout.get_cursors(self._sm.store, guard.group_id, guard.partitions)
             for p, target in sorted(targets.items()):

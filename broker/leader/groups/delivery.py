@@ -30,6 +30,7 @@ from broker.leader.reading import (
     RESPONSE_BYTES_MAX,
     Idle,
     Step,
+    Subscription,
     blocking,
     fits,
 )
@@ -70,19 +71,19 @@ class GroupDelivery:
         self._service = service
         self._response_bytes_max = response_bytes_max
 
-    def subscribe(self, request: broker_pb2.SubscribeRequest,
+    def subscribe(self, request: Subscription,
                   is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
         """Validate ``request`` and create the group if needed (raising before the first item),
         then stream (waiting in place: blocks the thread)."""
         return blocking(self.subscribe_steps(request, is_active), self._service.state)
 
-    def subscribe_steps(self, request: broker_pb2.SubscribeRequest,
+    def subscribe_steps(self, request: Subscription,
                         is_active: Callable[[], bool]) -> Iterator[Step]:
-        """Validate ``request`` and create the group if needed (raising before the first item),
-        then stream, yielding :class:`Idle` where it would wait."""
+        """Validate ``request`` and create the group if needed with ``request.group_config``
+        (raising before the first item), then stream, yielding :class:`Idle` where it would wait."""
         validate_name(request.topic)
         validate_group_name(request.group)
-        if request.HasField("partition"):
+        if request.partition is not None:
             raise InvalidArgument("a group subscription reads every partition (the group assigns them): "
                                   "drop partition")
         if request.filter:
@@ -91,11 +92,7 @@ class GroupDelivery:
             raise InvalidArgument(f"max_in_flight must be at most {MAX_IN_FLIGHT} and max_batch at most {MAX_BATCH}")
         if len(request.member_id) > MAX_MEMBER_ID_CHARS:
             raise InvalidArgument(f"member_id is longer than {MAX_MEMBER_ID_CHARS} characters")
-        config = common_pb2.GroupConfig()
-        config.CopyFrom(request.group_config)
-        if not config.HasField("start_from") and request.HasField("from"):
-            config.start_from.CopyFrom(getattr(request, "from"))
-        rt = self._service.ensure(request.topic, request.group, config)
+        rt = self._service.ensure(request.topic, request.group, request.group_config)
         member = request.member_id
         if rt.members is not None:
             if not member:
@@ -106,7 +103,7 @@ class GroupDelivery:
             rt.rejoin(member)
         return self._stream(request, rt, member or f"q-{uuid.uuid4().hex[:12]}", is_active)
 
-    def _stream(self, request: broker_pb2.SubscribeRequest, rt: GroupRuntime, member: str,
+    def _stream(self, request: Subscription, rt: GroupRuntime, member: str,
                 is_active: Callable[[], bool]) -> Iterator[Step]:
         service, state = self._service, self._service.state
         limit = request.max_in_flight or DEFAULT_IN_FLIGHT

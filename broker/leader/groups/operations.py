@@ -21,7 +21,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.groups.service import GroupService, raise_rejected
 from broker.storage import Column
-from broker.v1 import admin_pb2, common_pb2, internal_pb2
+from broker.v1 import admin_pb2, internal_pb2
 
 K = internal_pb2
 DEFAULT_DEAD_LIMIT = 100
@@ -29,6 +29,14 @@ MAX_DEAD_LIMIT = 10_000
 # record copies carried by one dead-letter listing; entries past it come without their record (read it
 # from the DLQ topic at dlq_partition/dlq_offset), so a listing stays far below the message limit
 DEAD_RECORDS_BYTES_MAX = 4 << 20
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A group as stored, with its live members and their partitions (leader only, when known)."""
+
+    meta: internal_pb2.GroupMeta
+    members: list[tuple[str, list[int]]]
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,17 @@ class LagRow:
     retrying: int
     dead: int
     lag_ms: int
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A group's figures as the leader answers them: per partition, and the applied index they
+    were read at on ``node`` (the leader's gRPC address)."""
+
+    paused: bool
+    partitions: list[LagRow]
+    applied_index: int
+    node: str
 
 
 def lag_rows(state: BrokerStateMachine, meta: K.GroupMeta, now_ms: int, rt: GroupRuntime | None) -> list[LagRow]:
@@ -75,25 +94,22 @@ class GroupOperations:
         self._service = service
         self._state = service.state
 
-    def info(self, meta: K.GroupMeta, rt: GroupRuntime | None = None) -> admin_pb2.GroupInfo:
-        info = admin_pb2.GroupInfo(topic=meta.topic, group=meta.group, config=meta.config, paused=meta.paused,
-                                   incarnation=meta.topic_id, dlq_topic=meta.dlq_topic, created_ms=meta.created_ms,
-                                   prune_role=meta.prune_role)
+    def info(self, meta: K.GroupMeta, rt: GroupRuntime | None = None) -> GroupView:
+        members: list[tuple[str, list[int]]] = []
         if rt is not None and rt.members is not None:
             with rt.lock:
-                for member in rt.members.members():
-                    info.members.add(member_id=member, partitions=rt.members.assigned(member))
-        return info
+                members = [(member, list(rt.members.assigned(member))) for member in rt.members.members()]
+        return GroupView(meta, members)
 
-    def create(self, topic: str, group: str, config: common_pb2.GroupConfig) -> admin_pb2.GroupInfo:
+    def create(self, topic: str, group: str, config: internal_pb2.GroupConfig) -> GroupView:
         return self.info(self._service.create(topic, group, config))
 
-    def describe(self, topic: str, group: str) -> admin_pb2.GroupInfo:
+    def describe(self, topic: str, group: str) -> GroupView:
         self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         return self.info(rt.meta, rt)
 
-    def list_groups(self, topic: str) -> list[admin_pb2.GroupInfo]:
+    def list_groups(self, topic: str) -> list[GroupView]:
         self._service.read_barrier()
         return [self.info(meta) for meta in layout.topic_metas(self._state.store, topic)]
 
@@ -106,7 +122,7 @@ class GroupOperations:
         raise_rejected(self._service.submit(cmd, topic))
         self._service.forget(topic, group)
 
-    def seek(self, topic: str, group: str, position: common_pb2.Position,
+    def seek(self, topic: str, group: str, position: internal_pb2.Position,
              partition: int | None) -> list[tuple[int, int]]:
         """Move the group's committed positions (backwards too); acks and retries of those partitions
         are forgotten, dead letters stay. A token seeks its own partition to right after its record."""
@@ -115,7 +131,7 @@ class GroupOperations:
         if tmeta is None:
             raise TopicNotFound(topic)
         kind = position.WhichOneof("kind")
-        if kind == "start" and position.start not in common_pb2.StartPosition.values():
+        if kind == "start" and position.start not in internal_pb2.StartPosition.values():
             raise InvalidArgument(f"unknown start position {position.start}")
         partitions = list(range(rt.meta.partitions)) if partition is None else [partition]
         if kind == "token":
@@ -133,16 +149,11 @@ class GroupOperations:
         self._state.notify_change()
         return list(zip(partitions, offsets, strict=True))
 
-    def lag(self, topic: str, group: str) -> admin_pb2.GroupLagResponse:
+    def lag(self, topic: str, group: str) -> GroupLag:
         applied = self._service.read_barrier()
         rt = self._service.runtime(topic, group)
         rows = lag_rows(self._state, rt.meta, self._service.clock.now_ms(), rt)
-        partitions = [admin_pb2.PartitionLag(partition=r.partition, start_offset=r.start_offset,
-                                             end_offset=r.end_offset, committed=r.committed, lag=r.lag,
-                                             in_flight=r.in_flight, retrying=r.retrying, dead=r.dead, lag_ms=r.lag_ms)
-                      for r in rows]
-        return admin_pb2.GroupLagResponse(paused=rt.meta.paused, partitions=partitions, applied_index=applied,
-                                          node=self._service.submitter.self_grpc_address())
+        return GroupLag(rt.meta.paused, rows, applied, self._service.submitter.self_grpc_address())
 
     def pause(self, topic: str, group: str, paused: bool) -> list[str]:
         """Pause (or resume) one group, or every group of ``topic`` when ``group`` is empty."""
@@ -154,10 +165,10 @@ class GroupOperations:
         assert isinstance(changed, list)
         return changed
 
-    def mark(self, topic: str, group: str, role: int) -> admin_pb2.GroupInfo:
+    def mark(self, topic: str, group: str, role: int) -> GroupView:
         """Set the group's prune role (lead, protect or none; SPEC §2.2)."""
         self._service.ready()
-        if role not in common_pb2.PruneRole.values():
+        if role not in internal_pb2.PruneRole.values():
             raise InvalidArgument(f"unknown prune role {role}")
         cmd = K.Command(mark_group=K.MarkGroupCommand(topic=topic, group=group, role=role))  # type: ignore[arg-type]
         meta = raise_rejected(self._service.submit(cmd, topic))

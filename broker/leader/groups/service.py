@@ -42,7 +42,7 @@ from broker.leader.groups.leases import Lease, Position
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.submitter import CommandSubmitter
 from broker.storage import Column
-from broker.v1 import common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
 K = internal_pb2
@@ -148,7 +148,7 @@ class GroupService:
         """Replicate a group command of ``topic``: synced like the topic's records when it is an
         ``fsync`` topic, so committed positions survive a power loss as its records do."""
         meta = self.state.topic(topic)
-        synced = meta is not None and meta.config.durability == common_pb2.DURABILITY_FSYNC
+        synced = meta is not None and meta.config.durability == internal_pb2.DURABILITY_FSYNC
         return self.submitter.submit(cmd, sync=synced)
 
     def _rebase(self, meta: K.GroupMeta, topic: K.TopicMeta) -> K.GroupMeta:
@@ -167,7 +167,7 @@ class GroupService:
         return new
 
     # -- creation --------------------------------------------------------------------------------
-    def create(self, topic: str, group: str, config: common_pb2.GroupConfig) -> K.GroupMeta:
+    def create(self, topic: str, group: str, config: internal_pb2.GroupConfig) -> K.GroupMeta:
         """Create a group; its partitions start where ``config.start_from`` resolves now."""
         validate_name(topic)
         validate_group_name(group)
@@ -177,7 +177,7 @@ class GroupService:
         meta = self.state.topic(topic)
         if meta is None:
             raise TopicNotFound(topic)
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics cannot have consumer groups (nothing is stored to settle)")
         starts = [self.resolve(meta, p, normalized.start_from) for p in range(meta.config.partitions)]
         cmd = K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=meta.topic_id, group=group,
@@ -187,7 +187,7 @@ class GroupService:
         assert isinstance(created, K.GroupMeta)
         return created
 
-    def ensure(self, topic: str, group: str, config: common_pb2.GroupConfig) -> GroupRuntime:
+    def ensure(self, topic: str, group: str, config: internal_pb2.GroupConfig) -> GroupRuntime:
         """The group's runtime, creating the group with ``config`` if it does not exist."""
         validate_name(topic)
         validate_group_name(group)
@@ -197,11 +197,11 @@ class GroupService:
                 self.create(topic, group, config)
         return self.runtime(topic, group)
 
-    def resolve(self, topic: K.TopicMeta, partition: int, position: common_pb2.Position) -> int:
+    def resolve(self, topic: K.TopicMeta, partition: int, position: internal_pb2.Position) -> int:
         """The offset ``position`` designates in one partition now."""
         st = self.state.partition(topic.topic_id, partition)
         kind = position.WhichOneof("kind")
-        if kind is None or (kind == "start" and position.start != common_pb2.START_POSITION_LATEST):
+        if kind is None or (kind == "start" and position.start != internal_pb2.START_POSITION_LATEST):
             return st.start_offset
         if kind == "start":
             return st.end_offset
@@ -335,7 +335,7 @@ class GroupService:
         self.settle(rt, [], [(partition, offset)])
 
     def join(self, topic: str, group: str, member_id: str,
-             config: common_pb2.GroupConfig) -> tuple[str, list[int], int]:
+             config: internal_pb2.GroupConfig) -> tuple[str, list[int], int]:
         """Register a stream-mode member; returns its id, its partitions now and the session timeout.
         A group that does not exist is created only when ``config`` makes it a stream-mode group (a
         refused join creates nothing)."""

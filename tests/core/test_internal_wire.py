@@ -1,0 +1,172 @@
+"""The stored and replicated format is apart from the public API, and still reads what was written
+when it was not: internal.proto's config types (package ``broker.internal.v1``) keep the field
+numbers and types of the public messages they replaced, so data directories, Raft logs and snapshots
+written by earlier versions (whose ``TopicMeta``, ``CreateTopicCommand``, ``GroupMeta``, ... embedded
+the public ``TopicConfig``, ``GroupConfig``, ``RouteConfig``) parse the same."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.descriptor import Descriptor, EnumDescriptor
+from google.protobuf.internal.encoder import _VarintBytes
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from broker.leader.topic_log import PartitionFigures, Placement, TopicView
+from broker.services import wire
+from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
+
+pytestmark = pytest.mark.unit
+
+
+def full_topic_config() -> admin_pb2.TopicConfig:
+    return admin_pb2.TopicConfig(
+        name="orders.v2", partitions=12,
+        retention=common_pb2.Retention(max_age_ms=86_400_000, max_records=1_000_000, max_bytes=1 << 30),
+        full_policy=common_pb2.FULL_POLICY_REJECT, durability=common_pb2.DURABILITY_FSYNC,
+        schema_json='{"type": "object", "properties": {"id": {"type": "string"}}}',
+        dedup_fields=["id", "meta.lang"], dedup_window_ms=-1)
+
+
+def full_group_config() -> common_pb2.GroupConfig:
+    return common_pb2.GroupConfig(
+        mode=common_pb2.DELIVERY_MODE_STREAM, visibility_timeout_ms=45_000, backoff=common_pb2.BACKOFF_FIXED,
+        base_delay_ms=250, max_delay_ms=9_000, max_attempts=7, ordered=True, session_timeout_ms=12_000,
+        max_pending=321, start_from=common_pb2.Position(timestamp_ms=1_700_000_000_000))
+
+
+def full_route_config() -> routes_pb2.RouteConfig:
+    return routes_pb2.RouteConfig(name="r1", source="a", target="b", filter='value.kind == "x"',
+                                  partition_key="value.user", ops=[common_pb2.OP_INSERT, common_pb2.OP_TOMBSTONE],
+                                  target_cluster=["10.0.0.1:7000", "10.0.0.2:7000"])
+
+
+def unknown(message: Message) -> int:
+    return len(UnknownFieldSet(message))
+
+
+def length_delimited(field_number: int, body: bytes) -> bytes:
+    return _VarintBytes(field_number << 3 | 2) + _VarintBytes(len(body)) + body
+
+
+def embedded(field_number: int, inner: Message) -> bytes:
+    """``inner`` as a field of an enclosing message, encoded as earlier versions wrote it."""
+    return length_delimited(field_number, inner.SerializeToString())
+
+
+def shape(descriptor: Descriptor | EnumDescriptor) -> object:
+    """Everything about a message or enum that decides how its bytes parse (names included: the
+    JSON and text forms use them), recursively; type names are left out (they differ by package)."""
+    if isinstance(descriptor, EnumDescriptor):
+        return sorted((v.name, v.number) for v in descriptor.values)
+    fields = []
+    for f in sorted(descriptor.fields, key=lambda f: f.number):
+        nested = f.message_type or f.enum_type
+        fields.append((f.number, f.name, f.type, f.is_repeated, f.is_packed, f.has_presence,
+                       f.containing_oneof.name if f.containing_oneof else None,
+                       shape(nested) if nested is not None else None))
+    return fields
+
+
+@pytest.mark.parametrize(("public", "internal"), wire.TWINS, ids=lambda t: t.__name__)
+def test_each_internal_config_type_has_the_shape_of_the_public_one_it_replaced(
+        public: type[Message], internal: type[Message]) -> None:
+    assert internal.DESCRIPTOR.full_name.startswith("broker.internal.v1.")
+    assert shape(internal.DESCRIPTOR) == shape(public.DESCRIPTOR)
+
+
+def test_internal_proto_imports_no_public_proto() -> None:
+    files = {internal_pb2.DESCRIPTOR, routes_internal_pb2.DESCRIPTOR}
+    seen: set[str] = set()
+    while files:
+        f = files.pop()
+        seen.add(f.name)
+        assert f.package == "broker.internal.v1", f.name
+        files |= {d for d in f.dependencies if d.name not in seen}
+    assert seen == {"broker/v1/internal.proto", "broker/v1/routes_internal.proto", "broker/v1/internal_types.proto"}
+
+
+@pytest.mark.parametrize(("container", "number", "field", "public"), [
+    (internal_pb2.TopicMeta, 1, "config", full_topic_config()),
+    (internal_pb2.CreateTopicCommand, 1, "config", full_topic_config()),
+    (internal_pb2.AlterTopicCommand, 3, "retention", full_topic_config().retention),
+    (internal_pb2.GroupMeta, 6, "config", full_group_config()),
+    (internal_pb2.CreateGroupCommand, 4, "config", full_group_config()),
+    (routes_internal_pb2.RouteMeta, 1, "config", full_route_config()),
+    (routes_internal_pb2.CreateRouteCommand, 1, "config", full_route_config()),
+], ids=lambda v: v.__name__ if isinstance(v, type) else None)
+def test_values_written_with_the_public_config_parse_with_the_internal_one_and_back(
+        container: type[Message], number: int, field: str, public: Message) -> None:
+    old_bytes = embedded(number, public)
+    stored = container.FromString(old_bytes)
+    inner = getattr(stored, field)
+    assert not unknown(stored) and not unknown(inner)
+    assert inner.SerializeToString(deterministic=True) == public.SerializeToString(deterministic=True)
+    assert stored.SerializeToString(deterministic=True) == old_bytes
+    back = type(public).FromString(inner.SerializeToString())
+    assert back == public
+
+
+def test_a_create_topic_command_of_an_earlier_version_replays_with_every_config_field() -> None:
+    public = full_topic_config()
+    old_create = embedded(1, public) + _VarintBytes(2 << 3) + _VarintBytes(1_234)  # config, now_ms
+    command = internal_pb2.Command.FromString(length_delimited(1, old_create))  # Command.create_topic
+    assert command.WhichOneof("body") == "create_topic" and command.create_topic.now_ms == 1_234
+    config = command.create_topic.config
+    assert wire.public_topic_config(config) == public
+    assert (config.name, config.partitions, config.dedup_window_ms) == ("orders.v2", 12, -1)
+    assert config.retention.HasField("max_age_ms") and config.retention.max_bytes == 1 << 30
+    assert config.full_policy == internal_pb2.FULL_POLICY_REJECT
+    assert config.durability == internal_pb2.DURABILITY_FSYNC
+    assert list(config.dedup_fields) == ["id", "meta.lang"]
+
+
+def test_translation_to_internal_and_back_is_lossless_and_drops_nothing_known() -> None:
+    assert wire.public_topic_config(wire.topic_config(full_topic_config())) == full_topic_config()
+    assert wire.public_group_config(wire.group_config(full_group_config())) == full_group_config()
+    assert wire.public_route_config(wire.route_config(full_route_config())) == full_route_config()
+    assert wire.retention(full_topic_config().retention).max_records == 1_000_000
+    assert wire.position(common_pb2.Position(token=b"tok")).token == b"tok"
+
+
+def test_a_public_field_the_internal_type_does_not_know_is_not_stored() -> None:
+    newer = full_topic_config().SerializeToString() + _VarintBytes(99 << 3) + _VarintBytes(5)
+    parsed = admin_pb2.TopicConfig.FromString(newer)  # a newer client's field, unknown here
+    assert unknown(parsed) and not unknown(wire.topic_config(parsed))
+
+
+def test_publish_translation_leaves_the_request_alone_and_stores_the_same_body_bytes() -> None:
+    records = [broker_pb2.PublishRecord(key=b"k", value=b"v", headers={"h": "1"}, op=common_pb2.OP_DELETE,
+                                        partition=3, idempotency_key="idem", msg_id=7),
+               broker_pb2.PublishRecord(value=b"w")]
+    request = broker_pb2.PublishRequest(topic="t", records=records, dedup_id="d")
+    before = request.SerializeToString(deterministic=True)
+    batch = wire.publish_batch(request)
+    assert request.SerializeToString(deterministic=True) == before
+    assert [(r.partition, r.idempotency_key, r.msg_id) for r in batch.records] == [(3, "idem", 7), (None, "", 0)]
+    assert batch.dedup_id == "d" and batch.topic == "t"
+    for rec, item in zip(records, batch.records, strict=True):
+        old = broker_pb2.PublishRecord()
+        old.CopyFrom(rec)
+        for name in ("partition", "idempotency_key", "msg_id"):  # what TopicLog._bodies used to clear
+            old.ClearField(name)
+        assert item.body == old.SerializeToString()
+        body = internal_pb2.RecordBody.FromString(item.body)
+        assert not unknown(body) and (body.value, dict(body.headers), body.op) == (rec.value, dict(rec.headers), rec.op)
+        assert item.key == (rec.key if rec.HasField("key") else None) and item.value == rec.value
+    assert not internal_pb2.RecordBody.FromString(batch.records[1].body).HasField("key")
+
+
+def test_results_are_translated_to_the_public_answers() -> None:
+    response = wire.publish_response([Placement(1, 5, 1000, False), Placement(0, 9, 1001, True)])
+    assert [(r.partition, r.offset, r.timestamp_ms, r.duplicate) for r in response.results] == [
+        (1, 5, 1000, False), (0, 9, 1001, True)]
+    view = TopicView(config=wire.topic_config(full_topic_config()), incarnation=4, created_ms=77,
+                     partitions=[PartitionFigures(0, 2, 10, 8, 800)])
+    info = wire.topic_info(view)
+    assert info.config == full_topic_config() and info.incarnation == 4 and info.has_schema
+    assert [(p.partition, p.start_offset, p.end_offset, p.records, p.bytes) for p in info.partitions] == [
+        (0, 2, 10, 8, 800)]
+    listed = wire.topic_info(view, with_schema=False)
+    assert listed.config.schema_json == "" and listed.has_schema
+    assert view.config.schema_json, "the view is left alone"
