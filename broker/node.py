@@ -89,7 +89,8 @@ class Node:
                                        config.housekeeping_period_ms / 1000)
         self.metrics = NodeMetrics()
         self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
-        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
+        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes, stats=self.replicator.stats,
+                                   data_dir=config.data_dir)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
         peers.attach(self.member_registry, self.replicator.members)
         self.admin.membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter,
@@ -105,7 +106,8 @@ class Node:
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
                          clock_ms=self.clock.now_ms, response_bytes_max=self.response_bytes_max)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
-                                 health_check=lambda: replica_health(self.replicator), extra=[mirror])
+                                 health_check=lambda: replica_health(self.replicator), extra=[mirror],
+                                 interceptors=[self.metrics.grpc.aio_interceptor()])
 
     @property
     def max_message_bytes(self) -> int:
