@@ -18,6 +18,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
     start_http_server,
 )
 
@@ -25,6 +26,10 @@ from broker.replication import ReplicaStatus
 from broker.replication.stats import RaftStats
 from broker.services.grpc_metrics import GrpcServerMetrics
 from broker.services.raft_metrics import DiskCollector, RaftCollector, RaftStatsCollector
+
+# No `x_created` series beside every counter and histogram: Prometheus 2.x ingests them as separate
+# gauges (one more series per label set) and nothing here uses them.
+disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
