@@ -44,17 +44,14 @@ def documented_series_names() -> set[str]:
 
 
 def dashboard_expressions() -> Iterator[str]:
-    def walk(node: object) -> Iterator[str]:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("expr", "query") and isinstance(value, str) and value:
-                    yield value
-                else:
-                    yield from walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                yield from walk(item)
-    yield from walk(json.loads(DASHBOARD.read_text()))
+    """The ``expr`` of every panel target and the query of every query variable."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            yield target["expr"]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            yield variable["query"]["query"]
 
 
 def alert_expressions() -> Iterator[tuple[str, str]]:
@@ -67,18 +64,19 @@ def alert_expressions() -> Iterator[tuple[str, str]]:
 def metric_names(expr: str) -> set[str]:
     """Metric names used in a PromQL expression (label matchers, strings, functions and keywords
     removed); template variables like ``$topic`` are dropped first."""
+    expr = re.sub(r"label_values\(([^,]+),\s*\w+\)", r"\1", expr)  # Grafana: label_values(selector, label)
     text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
     text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
     text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
     text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
     text = re.sub(r"\$\{?\w+\}?", "", text)
     names = set()
-    for m in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+    for m in re.finditer(r"(?<![\w.])[a-zA-Z_:][a-zA-Z0-9_:]*", text):
         word = m.group(0)
         rest = text[m.end():].lstrip()
         if rest.startswith("("):  # a function or aggregation
             continue
-        if word.lower() in _PROMQL_WORDS or re.fullmatch(r"\d+[smhdwy]", word):
+        if word.lower() in _PROMQL_WORDS:
             continue
         names.add(word)
     return names
