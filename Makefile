@@ -40,7 +40,7 @@ test: $(STAMP) bench-deps metrics-deps
 # promtool (Debian's prometheus package): the alert rules' checks and the cluster tests' `promtool
 # check metrics` on a node's endpoint (docs/metrics.md).
 metrics-deps:
-	@command -v promtool >/dev/null || { apt-get update -q && \
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
 	@promtool --version | head -1
 
