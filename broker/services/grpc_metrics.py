@@ -56,6 +56,8 @@ class GrpcServerMetrics:
         self.handling = Histogram("raftbroker_grpc_server_handling_seconds", "Time from the start of an RPC "
                                   "to its status (a stream's whole life)", _LABELS, registry=registry,
                                   buckets=HANDLING_BUCKETS_S)
+        # method -> (handler, wrapped handler): the interceptor runs for every call; bounded by the methods
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     def sync_interceptor(self) -> grpc.ServerInterceptor:
         """For ``grpc.server(..., interceptors=[...])``."""
@@ -69,30 +71,45 @@ class GrpcServerMetrics:
         """``handler`` with its behaviour timed and counted (None stays None: unknown method)."""
         if handler is None:
             return None
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:  # servers hand out the same handler per method
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         rpc_type = _rpc_type(handler)
         field = _behavior_field(handler)
         behavior = getattr(handler, field)
         if behavior is None:
             return handler
         call = _Call(self, *_split(method), rpc_type)
-        return handler._replace(**{field: call.wrap(behavior)})
+        wrapped: grpc.RpcMethodHandler = handler._replace(**{field: call.wrap(behavior)})
+        return wrapped
 
 
 class _Call:
     """Counts and times the calls of one method."""
 
     def __init__(self, metrics: GrpcServerMetrics, service: str, method: str, rpc_type: str) -> None:
-        self._metrics = metrics
         self._labels = (service, method, rpc_type)
+        self._started = metrics.started.labels(*self._labels)
+        self._handling = metrics.handling.labels(*self._labels)
+        self._handled = metrics.handled
+        self._by_code: dict[str, Any] = {}  # status code name -> its child of ``handled``
 
     def _begin(self) -> float:
-        self._metrics.started.labels(*self._labels).inc()
+        self._started.inc()
         return time.perf_counter()
 
     def _end(self, started: float, context: Any, error: BaseException | None) -> None:
         code = _status_code(context, error)
-        self._metrics.handled.labels(*self._labels, code).inc()
-        self._metrics.handling.labels(*self._labels).observe(time.perf_counter() - started)
+        child = self._by_code.get(code)
+        if child is None:
+            child = self._by_code.setdefault(code, self._handled.labels(*self._labels, code))
+        child.inc()
+        self._handling.observe(time.perf_counter() - started)
 
     def wrap(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(behavior):
