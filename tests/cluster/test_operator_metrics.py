@@ -143,10 +143,11 @@ def test_process_raft_grpc_topic_and_group_figures_move_with_the_traffic(busy: D
     assert any(k.startswith("raftbroker_group_in_flight{group=billing,") for k in m)
     assert m["raftbroker_store_size_bytes"] > 0
     assert 0 < m["raftbroker_data_dir_filesystem_free_bytes"] <= m["raftbroker_data_dir_filesystem_size_bytes"]
-    # every node compacts its log after COMPACTION_MIN_ENTRIES (spread up to 1.5x): snapshots are written
-    wait_until(lambda: all(samples(exposition(busy.metrics_address(i)))
-                           ["raftbroker_raft_snapshot_seconds_count{kind=write}"] >= 1 for i in range(busy.nodes)),
-               60, "every node to have written a snapshot")
+    # followers compact their log after COMPACTION_MIN_ENTRIES (spread up to 1.5x; a leader waits 4x as
+    # long): the ~70 entries so far make both followers write a snapshot
+    wait_until(lambda: sum(samples(exposition(busy.metrics_address(i)))
+                           ["raftbroker_raft_snapshot_seconds_count{kind=write}"] >= 1 for i in range(busy.nodes)) >= 2,
+               60, "two nodes to have written a snapshot")
 
 
 def test_a_subscription_to_a_missing_topic_creates_no_series(busy: DevCluster) -> None:
