@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean
+.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,12 +29,25 @@ run: $(STAMP)
 
 # Every tier: lint and types, unit and cluster tests (incl. the benchmark harness smoke, which
 # needs the bench extra and redis-server: bench-deps), a short fuzz run, then the seeded chaos drills.
-test: $(STAMP) bench-deps
+test: $(STAMP) bench-deps metrics-deps
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker chaos bench
+	$(MAKE) alerts
 	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
 	$(BIN)/pytest -m fuzz -p no:cacheprovider
 	$(MAKE) chaos
+
+# promtool (Debian's prometheus package): the alert rules' checks and the cluster tests' `promtool
+# check metrics` on a node's endpoint (docs/metrics.md).
+metrics-deps:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+	@promtool --version | head -1
+
+# Alerting rules: syntax, then the unit tests of every alert (deploy/alerts.test.yaml).
+alerts: metrics-deps
+	promtool check rules deploy/alerts.yaml
+	promtool test rules deploy/alerts.test.yaml
 
 unit: $(STAMP)
 	$(BIN)/pytest -m unit

@@ -91,7 +91,8 @@ class Node:
         # 3. the leader services (and the metrics they report to)
         self.metrics = NodeMetrics()
         self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
-        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
+        self.metrics.watch_replica(self.replicator.status, self.store.size_bytes, stats=self.replicator.stats,
+                                   data_dir=config.data_dir)
         self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
@@ -119,7 +120,8 @@ class Node:
                                    group_ops=self.groups.operations, route_admin=self.routes.admin)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
                                  health_check=lambda: replica_health(self.replicator),
-                                 extra=[self.routes.mirror_service()])
+                                 extra=[self.routes.mirror_service()],
+                                 interceptors=[self.metrics.grpc.aio_interceptor()])
 
     def _is_leader(self) -> bool:
         return self.replicator.status().role == Role.LEADER

@@ -42,6 +42,8 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+from broker.replication.stats import LatencyTally
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"RBJRNL01"
@@ -102,7 +104,9 @@ class DurableJournal(Journal):
     """
 
     def __init__(self, path: Path, *, needs_sync: Callable[[bytes], bool], sync_entries: str = "flagged",
-                 snapshot_barrier: Callable[[], None] | None = None, simulate_power_loss: bool = False) -> None:
+                 snapshot_barrier: Callable[[], None] | None = None, simulate_power_loss: bool = False,
+                 fsync_latency: LatencyTally | None = None) -> None:
+        """``fsync_latency``: where each append fsync's duration is observed (metrics), if given."""
         if sync_entries not in ("flagged", "all", "never"):
             raise ValueError(f"sync_entries must be flagged, all or never, not {sync_entries!r}")
         self._path = Path(path)
@@ -122,6 +126,7 @@ class DurableJournal(Journal):
         self._term_pending = False  # ...and it is a term/vote record
         self.fsyncs = 0
         self.fsync_seconds = 0.0  # time spent in the fsyncs of appends (diagnostics)
+        self._fsync_latency = fsync_latency
         self.dropped_bytes = 0  # power-loss simulation: unsynced bytes cut off at open
         self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
         self._fd = -1
@@ -285,8 +290,11 @@ class DurableJournal(Journal):
         except OSError as exc:
             self._fail(exc)
             raise
-        self.fsync_seconds += monotonic() - started
+        elapsed_s = monotonic() - started
+        self.fsync_seconds += elapsed_s
         self.fsyncs += 1
+        if self._fsync_latency is not None:
+            self._fsync_latency.observe(elapsed_s)
         self._synced_size = self._size
         self._sync_pending = self._term_pending = False
         self._record_synced_length()

@@ -29,6 +29,7 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
 from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
+from broker.replication.stats import LeadershipTracker, RaftCounters, RaftStats
 from broker.replication.transport import salted_password
 
 __all__ = ["PysyncobjReplicator", "RaftOptions", "command_needs_sync", "map_fail_reason", "_APPLY_METHOD",
@@ -196,6 +197,8 @@ class PysyncobjReplicator:
         self._codec: SnapshotCodec | None = None
         self._has_quorum = False  # set by the tick thread (pysyncobj's set arithmetic is not thread-safe)
         self._members = [self_address, *sorted(self._peer_addresses)]  # likewise
+        self._counters = RaftCounters()  # metrics (stats()); written by the tick and snapshot threads
+        self._leadership = LeadershipTracker(self._counters)
 
     @property
     def options(self) -> RaftOptions:
@@ -212,7 +215,9 @@ class PysyncobjReplicator:
         dump_path = self._data_dir / DUMP_FILE_NAME
         background = self._options.snapshot_in_background
         codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME, dump_path,
-                              background=background, on_restore_failure=self._halt)
+                              background=background, on_restore_failure=self._halt,
+                              write_latency=self._counters.snapshot_write,
+                              restore_latency=self._counters.snapshot_restore)
         checker = (lambda: _SERIALIZER_STATES[codec.poll()]) if background else None
         conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,
                                      checker, bind_address=self._self_address)
@@ -221,7 +226,8 @@ class PysyncobjReplicator:
         node = _RaftNode(self._self_address, self._peer_addresses, conf, self._state_machine,
                          options.compaction_max_log_bytes, journal_sync=journal_sync_from_env(options.journal_sync),
                          pre_vote=None if options.pre_vote else False,
-                         simulate_power_loss=options.simulate_power_loss or simulate_power_loss_from_env())
+                         simulate_power_loss=options.simulate_power_loss or simulate_power_loss_from_env(),
+                         counters=self._counters)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))
@@ -364,6 +370,7 @@ class PysyncobjReplicator:
         others = sorted(str(n.id) for n in node.otherNodes)
         if others != self._members[1:]:
             self._members = [self._self_address, *others]
+        self._track_leadership(node)
         while self._tick_calls:
             try:
                 self._tick_calls.popleft()()
@@ -384,6 +391,19 @@ class PysyncobjReplicator:
             return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
                                  node.raftLastApplied, None, False, reason)
         return ReplicaStatus(self._self_address, *node.status_fields(self._has_quorum))
+
+    def _track_leadership(self, node: _RaftNode) -> None:
+        """Tick thread: feed the leader seen and, as leader, the followers' match indexes to the stats."""
+        leader = node._getLeader()
+        leading = node._isLeader()
+        matches = {str(n.id): i for n, i in node._SyncObj__raftMatchIndex.items()} if leading else {}
+        self._leadership.observe(None if leader is None else str(leader.id), leading,
+                                 node._SyncObj__getCurrentLogIndex(), matches, pysyncobj_monotonic())
+
+    def stats(self) -> RaftStats:
+        """Elections, leader changes, follower lag (as leader; refreshed every ``LAG_PERIOD_S``),
+        fsync and snapshot latencies: a point-in-time copy, safe from any thread."""
+        return self._counters.snapshot()
 
     def pending_count(self) -> int:
         """Commands submitted and not yet resolved."""

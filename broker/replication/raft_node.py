@@ -24,6 +24,7 @@ from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingT
 from broker.replication.prevote import PreVoteMixin
 from broker.replication.snapshot import read_raft_data
 from broker.replication.snapshot_guard import SnapshotGuardMixin
+from broker.replication.stats import RaftCounters
 from broker.replication.transfer import LeadershipTransferMixin
 from broker.replication.transport import GuardedTransport
 from broker.storage import StorageFailure
@@ -31,7 +32,7 @@ from broker.storage import StorageFailure
 logger = logging.getLogger(__name__)
 
 _ROLES = {0: Role.FOLLOWER, 1: Role.CANDIDATE, 2: Role.LEADER}
-_LEADER_STATE = 2
+_CANDIDATE_STATE, _LEADER_STATE = 1, 2
 _LEADER_COMPACTION_DEFERRAL = 4
 # A peer grants a pre-vote only if it has not heard from a leader for this share of the minimum
 # election timeout: below 1 so that, after a leader dies, the first follower to time out is granted.
@@ -76,12 +77,13 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
                  state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
                  pre_vote: bool | None = None, simulate_power_loss: bool = False,
-                 stale_snapshot_guard: bool | None = None) -> None:
+                 stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once.
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
+        self.counters = counters or RaftCounters()  # elections here; fsyncs in the journal (metrics)
         self._configuration_replayed = False
         self._init_transfer()
         active = _patches.active_patches()
@@ -102,7 +104,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         _patches.register_journal(journal_path, lambda: DurableJournal(
             Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
             sync_entries=journal_sync if "journal_sync" in active else "never",
-            snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss))
+            snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
+            fsync_latency=self.counters.fsync))
         # Nodes reach the same entry count together; spread their compactions (each stalls its tick
         # thread while the state machine snapshots) so that at most one node pauses at a time.
         spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000
@@ -147,6 +150,10 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
 
     def _SyncObj__setState(self, newState: int) -> None:
         super()._SyncObj__setState(newState)
+        if newState == _CANDIDATE_STATE:
+            self.counters.elections_started += 1
+        elif newState == _LEADER_STATE:
+            self.counters.elections_won += 1
         # A leader that pauses longer than the election timeout is deposed: it compacts 4x less often.
         deferral = _LEADER_COMPACTION_DEFERRAL if newState == _LEADER_STATE else 1
         self.conf.logCompactionMinEntries = self._compaction_min_entries * deferral

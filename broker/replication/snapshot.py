@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from broker.replication import StateMachine
+from broker.replication.stats import LatencyTally
 from broker.replication.transport import restricted_loads
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,10 @@ class SnapshotCodec:
 
     def __init__(self, state_machine: StateMachine, work_dir: Path, dump_path: Path, *,
                  background: bool = True,
-                 on_restore_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_restore_failure: Callable[[BaseException], None] | None = None,
+                 write_latency: LatencyTally | None = None, restore_latency: LatencyTally | None = None) -> None:
+        """``write_latency`` / ``restore_latency``: where the durations of snapshots written (taken
+        and packed) and restored are observed (metrics), if given."""
         self._state_machine = state_machine
         self._work_dir = work_dir
         self._dump_path = dump_path
@@ -174,12 +178,15 @@ class SnapshotCodec:
         self._job_restores = 0
         self._restores = 0  # snapshots restored or installed since start
         self._unreported: PackState | None = None
+        self._write_latency = write_latency
+        self._restore_latency = restore_latency
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
 
     def write(self, file_name: str, raft_data: object) -> None:
         """Snapshot the state machine with ``raft_data`` into ``file_name`` (synchronous mode) or
         start packing it in a thread and raise :class:`SerializingInBackground`."""
+        started = time.monotonic()
         try:
             assert self._job is None, "pysyncobj serializes one snapshot at a time"
             index = snapshot_index(raft_data)
@@ -197,11 +204,12 @@ class SnapshotCodec:
                 finally:
                     shutil.rmtree(scratch, ignore_errors=True)
                 logger.info("wrote snapshot at index %d (%d files)", index, files)
+                self._observe(self._write_latency, started)
                 return
             self._job_target = self._work_dir / f"snapshot-{index}.tar"
             self._job_error = None
             self._job_restores = self._restores
-            self._job = threading.Thread(target=self._pack_job, args=(scratch, raft_data, self._job_target),
+            self._job = threading.Thread(target=self._pack_job, args=(scratch, raft_data, self._job_target, started),
                                          name=f"raft-snapshot-{index}", daemon=True)
             self._job.start()
         except Exception:
@@ -212,10 +220,16 @@ class SnapshotCodec:
             raise
         raise SerializingInBackground(index)
 
-    def _pack_job(self, scratch: Path, raft_data: object, target: Path) -> None:
+    @staticmethod
+    def _observe(tally: LatencyTally | None, started: float) -> None:
+        if tally is not None:
+            tally.observe(time.monotonic() - started)
+
+    def _pack_job(self, scratch: Path, raft_data: object, target: Path, started: float) -> None:
         try:
             files = pack(scratch / "state", raft_data, target)
             logger.info("packed snapshot at index %d (%d files)", snapshot_index(raft_data), files)
+            self._observe(self._write_latency, started)
         except BaseException as exc:
             logger.exception("packing snapshot %s failed", target)
             self._job_error = exc
@@ -276,6 +290,7 @@ class SnapshotCodec:
                 return raft_data
             scratch = self._work_dir / f"read-{index}"
             shutil.rmtree(scratch, ignore_errors=True)
+            started = time.monotonic()
             try:
                 state_dir = scratch / "state"
                 state_dir.mkdir(parents=True)
@@ -283,6 +298,7 @@ class SnapshotCodec:
                 self._state_machine.restore_snapshot(str(state_dir), index)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
+            self._observe(self._restore_latency, started)
         logger.info("restored state machine from snapshot at index %d", index)
         return raft_data
 

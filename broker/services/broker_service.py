@@ -74,13 +74,15 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
                 return self.group_subscribe(subscription, is_active)
             return self._reader.subscribe_steps(subscription, is_active)
 
-        delivered = self._metrics.deliver_records.labels(request.topic)
+        # series are made at the first batch: a topic that does not exist (yet) gets none
         self._metrics.subscribers.inc()
         try:
             async for item in self._streams.serve(open_steps):
                 assert isinstance(item, broker_pb2.SubscribeResponse)
-                if item.HasField("batch"):
-                    delivered.inc(len(item.batch.records))
+                if item.HasField("batch") and item.batch.records:
+                    records = item.batch.records
+                    self._metrics.deliver_records.labels(request.topic).inc(len(records))
+                    self._metrics.deliver_bytes.labels(request.topic).inc(sum(len(r.value) for r in records))
                 yield item
         finally:
             self._metrics.subscribers.dec()

@@ -43,11 +43,14 @@ class GrpcServer:
 
     def __init__(self, address: str, broker: BrokerServicer, admin: AdminServicer, max_message_bytes: int,
                  streams: StreamRuntime, health_check: HealthCheck | None = None,
-                 extra: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = ()) -> None:
+                 extra: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
         """``extra``: more services as (full service name, registrar), e.g. the Mirror service.
+        ``interceptors``: server interceptors, e.g. the per-RPC metrics'.
         ``health_check``: None means always SERVING while running."""
         self._streams = streams
         self._health_check = health_check or (lambda: (True, ""))
+        self._interceptors = list(interceptors)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
         self._thread.start()
@@ -71,7 +74,8 @@ class GrpcServer:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(migration_thread_pool=self._streams.call_pool, options=options)
+        server = grpc.aio.server(migration_thread_pool=self._streams.call_pool, options=options,
+                                 interceptors=self._interceptors)
         broker_pb2_grpc.add_BrokerServicer_to_server(broker, server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         for _, register in extra:
