@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound, shown
+from broker.core.errors import InvalidArgument, RouteExists, RouteNotFound, TopicNotFound, shown
 from broker.core.filters import RecordExpression, RecordFilter
 from broker.core.router import RouteRunner
 from broker.core.routes import RouteTable, cycle_error, find_cycle
@@ -85,7 +85,7 @@ class RouteAdmin:
         config = self.normalized(config)
         existing = self._table.all()
         if any(m.config.name == config.name for m in existing):
-            raise AlreadyExists(f"route {config.name!r} already exists")
+            raise RouteExists(config.name)
         if len(existing) >= MAX_ROUTES:
             raise InvalidArgument(f"a cluster holds at most {MAX_ROUTES} routes")
         cycle = find_cycle((m.config for m in existing), config)
@@ -104,7 +104,7 @@ class RouteAdmin:
         self._submitter.ensure_leader()
         meta = self._table.get(name)
         if meta is None:
-            raise NotFound(f"route {shown(name)} does not exist")
+            raise RouteNotFound(name)
         result = self._submitter.submit(internal_pb2.Command(delete_route=routes_internal_pb2.DeleteRouteCommand(
             name=name, route_id=meta.route_id)))
         if isinstance(result, Rejected):

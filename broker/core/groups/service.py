@@ -27,7 +27,7 @@ from broker.core.errors import (
     TopicNotFound,
 )
 from broker.core.groups import layout
-from broker.core.groups.apply import GroupApplier, SettleResult
+from broker.core.groups.apply import GroupApplier, Outcome, SettleResult
 from broker.core.groups.config import (
     EXTEND_MAX_MS,
     NACK_DELAY_MAX_MS,
@@ -253,8 +253,9 @@ class GroupService:
         return entry
 
     def settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
-               commits: list[tuple[int, int]] | None = None) -> list[str]:
-        """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes.
+               commits: list[tuple[int, int]] | None = None) -> list[Outcome]:
+        """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes,
+        one per entry in order.
         Partitions whose watermark is below the first retained record are committed up to it in
         the same command (the reader was told with SKIP_FORWARD before it got later records)."""
         commits = list(commits or [])
@@ -262,7 +263,7 @@ class GroupService:
             start, _ = rt.bounds(p)
             if rt.cursor(p).committed < start:
                 commits.append((p, start))
-        outcomes: list[str] = []
+        outcomes: list[Outcome] = []
         chunk: list[K.SettleEntry] = []
         size = 0
         for entry in entries:
@@ -275,7 +276,7 @@ class GroupService:
         return outcomes
 
     def _submit_settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
-                       commits: list[tuple[int, int]]) -> list[str]:
+                       commits: list[tuple[int, int]]) -> list[Outcome]:
         if not entries and not commits:
             return []
         cmd = K.Command(group_settle=K.GroupSettleCommand(
@@ -284,13 +285,15 @@ class GroupService:
         result = raise_rejected(self.submit(cmd, rt.meta.topic))
         assert isinstance(result, SettleResult) and len(result.outcomes) == len(entries)
         rt.settled(entries)
-        return [str(o) for o in result.outcomes]
+        return list(result.outcomes)
 
     # -- data plane ------------------------------------------------------------------------------
     def ack(self, topic: str, group: str, tokens: list[bytes]) -> int:
+        """Settle the records of ``tokens`` for good; returns how many this call settled (a record
+        settled before, by an earlier ack or after its lease ran out, is not counted)."""
         rt = self.runtime(topic, group)
         entries = [self.entry(rt, K.SETTLE_ACK, pos) for pos in self.positions(rt, tokens)]
-        return sum(1 for o in self.settle(rt, entries) if o == "settled")
+        return sum(1 for o in self.settle(rt, entries) if o is Outcome.SETTLED)
 
     def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
         """Fail delivered records: a retry after ``delay_ms`` (0: the backoff; at most
