@@ -80,7 +80,7 @@ class Node:
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
-        limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
+        limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock_ms=self.clock.now_ms, hub=hub)

@@ -34,7 +34,7 @@ from broker.client.typed import TypedTopicsMixin
 from broker.v1 import admin_pb2, broker_pb2
 
 RecordLike = OutgoingRecord | Mapping[str, Any] | bytes | str
-PUBLISH_BATCH_RECORDS_MAX = 10_000
+PUBLISH_BATCH_RECORDS_MAX = 100_000  # a copy of broker.limits.Limits.batch_records_max (pinned by a test)
 
 
 class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):

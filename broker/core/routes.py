@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from broker.core import partitioning
 from broker.core.errors import FailedPrecondition, RouteExists, RouteNotFound
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
+from broker.limits import ID_CHARS_MAX
 from broker.storage import Batch, Column
 from broker.v1 import routes_internal_pb2, routes_pb2
 
@@ -31,7 +32,6 @@ _NEXT_ROUTE_ID = b"next_route_id"
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _CURSOR_VALUE = struct.Struct(">IQ")
-MAX_KEY_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ def idempotency_key(cluster_id: str, route_id: int, source_topic_id: int, partit
     leader, distinct across clusters, routes, source incarnations and records."""
     tail = f":{route_id}:{source_topic_id}:{partition}:{offset}"
     key = f"route:{cluster_id}{tail}"
-    if len(key) > MAX_KEY_CHARS:
+    if len(key) > ID_CHARS_MAX:
         key = f"route:{hashlib.sha256(cluster_id.encode()).hexdigest()[:32]}{tail}"
     return key
 
