@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 def test_client_copies_equal_the_server_definitions() -> None:
     assert wire.ID_CHARS_MAX == limits.ID_CHARS_MAX
-    assert client.PUBLISH_BATCH_RECORDS_MAX == limits.Limits().batch_records_max
+    assert limits.Limits().batch_records_max == client.PUBLISH_BATCH_RECORDS_MAX
     # the SDK's documentation says the same number
     assert f"at most {limits.ID_CHARS_MAX} characters" in (models.OutgoingRecord.__doc__ or "")
 
