@@ -13,13 +13,14 @@ Errors detected on the client before anything is sent use the same types (a bad 
 from __future__ import annotations
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
 
 from broker.reasons import DOMAIN, REFUSALS, Reason
 
 LEADER_METADATA_KEY = "x-leader"
 NO_QUORUM_METADATA_KEY = "x-no-quorum"
+_DETAILS_KEY = "grpc-status-details-bin"  # grpc_status.rpc_status's trailer of the google.rpc.Status
 
 
 class BrokerError(Exception):
@@ -200,17 +201,21 @@ def says_no_quorum(err: grpc.RpcError) -> bool:
 
 
 def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
-    """The ``google.rpc.ErrorInfo`` of domain ``raftbroker`` in a failed call's status details, if any."""
-    if not isinstance(err, grpc.Call):
-        return None
-    try:
-        status = rpc_status.from_call(err)
-    except ValueError:  # details that contradict the status: ignore them
-        return None
-    for detail in status.details if status is not None else ():
-        info = error_details_pb2.ErrorInfo()
-        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
-            return info
+    """The ``google.rpc.ErrorInfo`` of domain ``raftbroker`` in a failed call's status details
+    (the ``grpc-status-details-bin`` trailer, a ``google.rpc.Status``), if any. Works for the
+    errors of sync and ``grpc.aio`` calls alike (both have ``trailing_metadata()``)."""
+    trailing = getattr(err, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:  # unreadable details: the code alone decides
+            return None
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
+                return info
     return None
 
 
