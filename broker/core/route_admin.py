@@ -20,8 +20,8 @@ from broker.core.submitter import CommandSubmitter
 from broker.core.topics import NAME_RE, validate_name
 from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
 
-MAX_ROUTES = 1000
-MAX_TARGET_ADDRESSES = 16
+ROUTES_MAX = 1000
+TARGET_ADDRESSES_MAX = 16
 
 
 def _check_address(address: str) -> str:
@@ -63,8 +63,8 @@ class RouteAdmin:
         validate_name(config.target)
         if config.target_cluster:
             addresses = [a.strip() for a in config.target_cluster if a.strip()]
-            if not 0 < len(addresses) <= MAX_TARGET_ADDRESSES:
-                raise InvalidArgument(f"target_cluster needs 1 to {MAX_TARGET_ADDRESSES} addresses")
+            if not 0 < len(addresses) <= TARGET_ADDRESSES_MAX:
+                raise InvalidArgument(f"target_cluster needs 1 to {TARGET_ADDRESSES_MAX} addresses")
             del out.target_cluster[:]
             out.target_cluster.extend(dict.fromkeys(_check_address(a) for a in addresses))
         else:
@@ -86,8 +86,8 @@ class RouteAdmin:
         existing = self._table.all()
         if any(m.config.name == config.name for m in existing):
             raise RouteExists(config.name)
-        if len(existing) >= MAX_ROUTES:
-            raise InvalidArgument(f"a cluster holds at most {MAX_ROUTES} routes")
+        if len(existing) >= ROUTES_MAX:
+            raise InvalidArgument(f"a cluster holds at most {ROUTES_MAX} routes")
         cycle = find_cycle((m.config for m in existing), config)
         if cycle is not None:
             raise cycle_error(config.name, cycle)

@@ -48,9 +48,9 @@ from broker.v1 import common_pb2, internal_pb2
 log = logging.getLogger(__name__)
 K = internal_pb2
 TICK_S = 0.05
-MAX_SETTLE_BYTES = 4 << 20  # one settle command stays well below the replication limit
-MAX_POSITIONS = 10_000
-MAX_REASON_CHARS = 1024
+SETTLE_BYTES_MAX = 4 << 20  # one settle command stays well below the replication limit
+POSITIONS_MAX = 10_000
+REASON_CHARS_MAX = 1024
 
 
 def raise_rejected(result: object) -> object:
@@ -221,8 +221,8 @@ class GroupService:
     def positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[Position]:
         """(partition, offset) of delivered records' position tokens; tokens of another topic
         incarnation are dropped (their group state is gone)."""
-        if len(tokens) > MAX_POSITIONS:
-            raise InvalidArgument(f"at most {MAX_POSITIONS} positions per call, got {len(tokens)}")
+        if len(tokens) > POSITIONS_MAX:
+            raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
         out: list[Position] = []
         for raw in tokens:
             token = records.PositionToken.decode(raw)
@@ -238,7 +238,7 @@ class GroupService:
               delay_ms: int | None = None) -> K.SettleEntry:
         """A settle entry; NACK, EXPIRE and DISCARD carry the record body (copied if it dies)."""
         p, o = position
-        entry = K.SettleEntry(kind=kind, partition=p, offset=o, reason=reason[:MAX_REASON_CHARS])  # type: ignore[arg-type]
+        entry = K.SettleEntry(kind=kind, partition=p, offset=o, reason=reason[:REASON_CHARS_MAX])  # type: ignore[arg-type]
         if delay_ms is not None:
             entry.delay_ms = delay_ms
         if kind != K.SETTLE_ACK:
@@ -267,7 +267,7 @@ class GroupService:
         chunk: list[K.SettleEntry] = []
         size = 0
         for entry in entries:
-            if chunk and size + entry.ByteSize() > MAX_SETTLE_BYTES:
+            if chunk and size + entry.ByteSize() > SETTLE_BYTES_MAX:
                 outcomes += self._submit_settle(rt, chunk, [])
                 chunk, size = [], 0
             chunk.append(entry)
