@@ -24,8 +24,8 @@ import grpc
 
 from broker.client import wire
 from broker.client.errors import (
-    Unavailable,
     error_from_rpc,
+    gave_up,
     invalid_argument,
     leader_hint,
     rpc_details,
@@ -185,9 +185,8 @@ class Consumer:
                 now = time.monotonic()
                 failing_since = failing_since if failing_since is not None else now
                 if now - failing_since >= policy.retry_deadline_s:
-                    raise Unavailable("UNAVAILABLE", f"group {self.group} of {self.topic}: no leader served the "
-                                      f"stream within {policy.retry_deadline_s:g}s; last error: {rpc_details(err)}"
-                                      ) from None
+                    raise gave_up(f"group {self.group} of {self.topic}: no leader served the stream within "
+                                  f"{policy.retry_deadline_s:g}s; last error: {rpc_details(err)}", err) from None
                 self._router.forget_leader(address)
                 address = leader_hint(err) or self._router.discover_leader() or self._router.next_address(address)
                 time.sleep(backoff.next_delay_s())

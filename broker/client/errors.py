@@ -230,6 +230,15 @@ def error_from_rpc(err: grpc.RpcError, *, after_unknown_outcome: bool = False) -
                metadata=dict(info.metadata) if info is not None else None)
 
 
+def gave_up(message: str, last: grpc.RpcError, *, after_unknown_outcome: bool = False) -> Unavailable:
+    """The :class:`Unavailable` of a call that ran out of retries, with the reason and metadata of
+    the ``last`` answer (none when no node answered)."""
+    info = error_info(last)
+    return Unavailable("UNAVAILABLE", message, after_unknown_outcome=after_unknown_outcome,
+                       reason=info.reason if info is not None else "",
+                       metadata=dict(info.metadata) if info is not None else None)
+
+
 def invalid_argument(message: str) -> InvalidArgument:
     """An :class:`InvalidArgument` detected by the client before sending anything."""
     return InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT.name, message)

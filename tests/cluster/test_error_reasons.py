@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,14 +24,17 @@ from broker.client import (
     MemberNotFound,
     Message,
     NotFound,
+    ResourceExhausted,
     RouteExists,
     RouteNotFound,
     TopicExists,
     TopicNotFound,
+    Unavailable,
 )
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2, routes_pb2
 from tests.cluster.stubs import Stubs, stubs
+from tests.conftest import start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -202,3 +206,41 @@ def test_ack_says_whether_it_settled(client: Client) -> None:
         assert again.ack() is False  # settled here already: nothing is sent
     finally:
         consumer.close()
+
+
+def test_resource_exhausted_by_a_full_topic(client: Client, raw: Stubs) -> None:
+    client.create_topic("why-full", 1, retention={"max_records": 1}, full_policy="reject")
+    client.publish("why-full", b"one")
+    with pytest.raises(ResourceExhausted) as caught:
+        client.publish("why-full", b"two")
+    assert caught.value.reason == "RESOURCE_EXHAUSTED" and not caught.value.refused
+    request = broker_pb2.PublishRequest(topic="why-full", records=[broker_pb2.PublishRecord(value=b"three")])
+    code, info = error_info(lambda: raw.broker.Publish(request))
+    assert (code, info.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED")
+
+
+@pytest.mark.timeout(240)
+def test_no_quorum(tmp_path: Path) -> None:
+    c = start_cluster(tmp_path)
+    try:
+        leader = c.leader()
+        assert leader is not None
+        with Client([c.grpc_address(leader)], retry_deadline_s=5) as alone:
+            alone.create_topic("q", 1)
+            for i in range(c.nodes):
+                if i != leader:
+                    c.kill(i)
+            with pytest.raises(Unavailable) as caught:
+                alone.publish("q", b"x")
+            assert caught.value.reason in ("NO_QUORUM", "NOT_LEADER"), caught.value
+            s = stubs(c.grpc_address(leader))
+            try:
+                request = broker_pb2.PublishRequest(topic="q", records=[broker_pb2.PublishRecord(value=b"x")])
+                code, info = error_info(lambda: s.broker.Publish(request, timeout=30))
+            finally:
+                s.close()
+            assert code == grpc.StatusCode.UNAVAILABLE
+            no_quorum = info.reason == "NO_QUORUM" or info.metadata.get("no_quorum") == "true"
+            assert info.reason in ("NO_QUORUM", "NOT_LEADER") and no_quorum, info
+    finally:
+        c.stop()
