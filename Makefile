@@ -91,7 +91,7 @@ clean:
 .PHONY: chaos soak soak-all
 chaos: $(STAMP)
 	@command -v iptables >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null 2>&1 || echo "chaos: no iptables; drills use the TCP-proxy network"
-	$(BIN)/ruff check chaos tests/chaos broker/cli/drill.py
+	$(BIN)/ruff check chaos tests/chaos
 	$(BIN)/pytest -m chaos tests/chaos -p no:cacheprovider
 
 # The mixed drill (every kind of fault in one run) on 3 and 5 nodes, seeds 1-8, 45 s runs (about

@@ -8,6 +8,11 @@ the stubs without ``make proto``:
   never into the source tree;
 - an editable install (``pip install -e .``): they are written into the source tree (where the
   editable finder imports ``broker`` from; they are gitignored), as ``make proto`` does.
+
+The repository's ``chaos`` package (the drills, ``raftbroker drill`` through the
+``raftbroker.commands`` entry point) is found with ``broker`` so that an editable install of a
+checkout can import it, but a regular build leaves it out (:data:`CHECKOUT_ONLY`): the wheel
+carries ``broker`` only.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 PROTO_DIR = ROOT / "proto"
 PROTO_PACKAGE = "broker/v1"
+CHECKOUT_ONLY = ("chaos",)  # top-level packages of editable installs only, never in a wheel
 
 
 def generate_stubs(out_dir: Path) -> list[Path]:
@@ -53,6 +59,11 @@ def generate_stubs(out_dir: Path) -> list[Path]:
 
 class BuildPyWithStubs(build_py):
     """``build_py`` that also generates the gRPC stubs (see the module docstring)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.editable_mode and self.packages:
+            self.packages = [p for p in self.packages if p.split(".")[0] not in CHECKOUT_ONLY]
 
     def run(self) -> None:
         super().run()

@@ -95,7 +95,7 @@ class Node:
                                    data_dir=config.data_dir)
         self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
-        limits = Limits(max_record_bytes=config.max_record_bytes, max_batch_bytes=config.max_batch_bytes)
+        limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock=self.clock, hub=hub)

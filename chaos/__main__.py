@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli.drill import register
+from chaos.cli import register
 
 app = typer.Typer(name="chaos", help="raftbroker chaos and failover drills.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)

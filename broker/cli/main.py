@@ -4,16 +4,20 @@ Global options come before the command: ``raftbroker --bootstrap h:p,h:p --json 
 ``--json`` and ``--bootstrap`` may also follow it: ``raftbroker topic list --json``.
 Human-readable tables by default; ``--json`` prints JSON for scripts (one document per command,
 or one object per line for streams: ``publish`` results and ``consume`` records/events).
+
+Commands of other installed packages join through the ``raftbroker.commands`` entry-point group
+(:func:`register_plugins`): e.g. ``drill`` from the repository's ``chaos`` package.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points, version
 from typing import Annotated
 
 import typer
 
-from broker.cli import bench, cluster, data, dedup, drill, log_admin, route, topic
+from broker.cli import bench, cluster, data, dedup, log_admin, route, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
@@ -86,7 +90,39 @@ log_admin.register(topic.app, app)
 data.register(app)
 register_group(app)
 register_serve(app)
-drill.register(app)
+
+PLUGIN_GROUP = "raftbroker.commands"
+
+
+def register_plugins(target: typer.Typer, plugins: list[EntryPoint] | None = None) -> None:
+    """Add the commands of the ``raftbroker.commands`` entry points (``plugins``: the installed ones).
+
+    Each entry point names a ``register(app)`` function that adds its commands to ``target``; it
+    may read the global options from the root context's ``obj`` (a :class:`CliState`). An entry
+    point whose package is not installed (``drill`` in a wheel: ``chaos`` is not in it) becomes a
+    command of that name that says so on stderr and exits 2, instead of a traceback.
+    """
+    for plugin in entry_points(group=PLUGIN_GROUP) if plugins is None else plugins:
+        try:
+            hook = plugin.load()
+        except ImportError as err:
+            target.command(plugin.name, help=f"(not available: {plugin.module} is not installed)",
+                           context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                           add_help_option=False)(_missing(plugin, err))
+            continue
+        hook(target)
+
+
+def _missing(plugin: EntryPoint, err: ImportError) -> Callable[[], None]:
+    def command() -> None:
+        typer.echo(f"error: `raftbroker {plugin.name}` comes from the `{plugin.module.split('.')[0]}` package, which "
+                   f"is not installed here ({err}); it runs from a checkout of the repository (installed there "
+                   "with `pip install -e .`), not from the wheel", err=True)
+        raise typer.Exit(2)
+    return command
+
+
+register_plugins(app)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,17 @@ per record and never skips one (see :mod:`broker.client.subscription`).
 from broker.client.client import Client
 from broker.client.consumer import Consumer, Message
 from broker.client.errors import (
+    AlreadyExists,
     BrokerError,
     DeadlineExceeded,
     DuplicateMessageError,
     FailedPrecondition,
+    GroupExists,
+    GroupNotFound,
     InvalidArgument,
+    MemberExists,
+    MemberNotFound,
+    NotFound,
     ResourceExhausted,
     RouteExists,
     RouteNotFound,
@@ -29,7 +35,7 @@ from broker.client.errors import (
     Unavailable,
     Unimplemented,
 )
-from broker.client.groups import DeadLetter, GroupInfo, GroupLag, GroupNotFound, Groups, PartitionLag
+from broker.client.groups import DeadLetter, GroupInfo, GroupLag, Groups, PartitionLag
 from broker.client.models import (
     ClusterStatus,
     Event,
@@ -47,6 +53,7 @@ from broker.client.subscription import Subscription
 from broker.client.typed import TypedSubscription, TypedTopic
 
 __all__ = [
+    "AlreadyExists",
     "BrokerError",
     "Client",
     "Consumer",
@@ -56,13 +63,17 @@ __all__ = [
     "DuplicateMessageError",
     "FailedPrecondition",
     "Event",
+    "GroupExists",
     "GroupInfo",
     "GroupLag",
     "GroupNotFound",
     "Groups",
     "InvalidArgument",
+    "MemberExists",
+    "MemberNotFound",
     "Message",
     "NodeInfo",
+    "NotFound",
     "OutgoingRecord",
     "PartitionInfo",
     "PartitionLag",

@@ -23,7 +23,7 @@ from typing import Any, overload
 
 from broker.client import wire
 from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
-from broker.client.errors import BrokerError, DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.errors import BrokerError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
 from broker.client.log_admin import LogAdminMixin
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
@@ -34,7 +34,7 @@ from broker.client.typed import TypedTopicsMixin
 from broker.v1 import admin_pb2, broker_pb2
 
 RecordLike = OutgoingRecord | Mapping[str, Any] | bytes | str
-PUBLISH_BATCH_RECORDS_MAX = 10_000
+PUBLISH_BATCH_RECORDS_MAX = 100_000  # a copy of broker.limits.Limits.batch_records_max (pinned by a test)
 
 
 class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
@@ -237,15 +237,11 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
             dedup_id=dedup_id or "",
             records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)],
         )
-        try:
-            response = self._router.call(
-                lambda addr, t: self._router.broker(addr).Publish(request, timeout=t),
-                write=True,
-                what=f"publish to {topic}",
-            )
-        except TopicExists as err:  # ALREADY_EXISTS from a publish: a repeat of dedup fields
-            unknown = err.after_unknown_outcome
-            raise DuplicateMessageError(err.code, err.message, after_unknown_outcome=unknown) from None
+        response = self._router.call(
+            lambda addr, t: self._router.broker(addr).Publish(request, timeout=t),
+            write=True,
+            what=f"publish to {topic}",
+        )
         if len(response.results) != len(batch):
             raise BrokerError(
                 "INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records"
@@ -365,7 +361,7 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
 
     def add_node(self, node_id: str, raft_address: str, grpc_address: str) -> None:
         """Make a running node a member (start it first with the current members as its peers); it
-        catches up from the leader. Idempotent for the same addresses; ALREADY_EXISTS (``TopicExists``)
+        catches up from the leader. Idempotent for the same addresses; ALREADY_EXISTS (``MemberExists``)
         if the id or Raft address belongs to another member. One change at a time."""
         request = admin_pb2.AddNodeRequest(id=node_id, raft_address=raft_address, grpc_address=grpc_address)
         self._router.call(lambda addr, t: self._router.admin(addr).AddNode(request, timeout=t),
@@ -374,7 +370,7 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
 
     def remove_node(self, node_id: str) -> None:
         """Take a member out of the cluster (the leader hands leadership over first); stop its process
-        afterwards. A node that is not a member: NOT_FOUND (``TopicNotFound``, the message names it)."""
+        afterwards. A node that is not a member: NOT_FOUND (``MemberNotFound``, the message names it)."""
         request = admin_pb2.RemoveNodeRequest(id=node_id)
         self._router.call(lambda addr, t: self._router.admin(addr).RemoveNode(request, timeout=t),
                           write=True, what=f"remove node {node_id}")

@@ -24,14 +24,13 @@ import grpc
 
 from broker.client import wire
 from broker.client.errors import (
-    TopicNotFound,
-    Unavailable,
     error_from_rpc,
+    gave_up,
     invalid_argument,
     leader_hint,
     rpc_details,
 )
-from broker.client.groups import group_config, group_not_found
+from broker.client.groups import group_config
 from broker.client.models import Event, Record
 from broker.client.routing import Backoff, Router, is_retryable
 from broker.v1 import broker_pb2, common_pb2
@@ -66,9 +65,13 @@ class Message:
         return (f"Message({self.topic}/{self.partition}@{self.offset}, attempt {self.delivery_attempt}, "
                 f"{len(self.value)} bytes)")
 
-    def ack(self) -> None:
-        """Processed: settled for good (returns once replicated)."""
-        self._consumer.ack([self])
+    def ack(self) -> bool:
+        """Processed: settled for good (returns once replicated). Returns True when this call
+        settled the record, False when it was settled already: acked before, or its lease ran
+        out and it was redelivered (maybe to another member, which then settled it), so this
+        processing may have been a repeat (at-least-once). After a retry of a call whose first
+        attempt was lost, a record that attempt settled counts as settled already (False)."""
+        return self._consumer.ack([self]) > 0
 
     def nack(self, delay_ms: int | None = None) -> None:
         """Failed: delivered again after ``delay_ms`` (None: the group's backoff); after the group's
@@ -84,8 +87,8 @@ class Message:
         """Poison: straight to the dead letters, no more attempts."""
         self._consumer.discard([self], reason)
 
-    async def ack_async(self) -> None:
-        await asyncio.to_thread(self.ack)
+    async def ack_async(self) -> bool:
+        return await asyncio.to_thread(self.ack)
 
     async def nack_async(self, delay_ms: int | None = None) -> None:
         await asyncio.to_thread(self.nack, delay_ms)
@@ -178,14 +181,12 @@ class Consumer:
                 if self._closed.is_set():
                     return
                 if not is_retryable(err):
-                    error = error_from_rpc(err)
-                    raise (group_not_found(error) if isinstance(error, TopicNotFound) else error) from None
+                    raise error_from_rpc(err) from None
                 now = time.monotonic()
                 failing_since = failing_since if failing_since is not None else now
                 if now - failing_since >= policy.retry_deadline_s:
-                    raise Unavailable("UNAVAILABLE", f"group {self.group} of {self.topic}: no leader served the "
-                                      f"stream within {policy.retry_deadline_s:g}s; last error: {rpc_details(err)}"
-                                      ) from None
+                    raise gave_up(f"group {self.group} of {self.topic}: no leader served the stream within "
+                                  f"{policy.retry_deadline_s:g}s; last error: {rpc_details(err)}", err) from None
                 self._router.forget_leader(address)
                 address = leader_hint(err) or self._router.discover_leader() or self._router.next_address(address)
                 time.sleep(backoff.next_delay_s())
@@ -249,12 +250,15 @@ class Consumer:
                 self._unsettled.pop(m.position, None)
         return result
 
-    def ack(self, messages: Sequence[Message]) -> None:
-        """Settle ``messages`` in one replicated command."""
+    def ack(self, messages: Sequence[Message]) -> int:
+        """Settle ``messages`` in one replicated command; returns how many of them this call
+        settled (the others were settled already: see :meth:`Message.ack`; messages this consumer
+        had settled before are not sent and not counted)."""
         def send(positions: list[bytes], a: str, t: float) -> object:
             request = broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=positions)
             return self._router.broker(a).Ack(request, timeout=t)
-        self._settle(messages, "ack", send)
+        response = self._settle(messages, "ack", send)
+        return response.settled if isinstance(response, broker_pb2.AckResponse) else 0
 
     def nack(self, messages: Sequence[Message], delay_ms: int | None = None) -> None:
         if delay_ms is not None and delay_ms < 0:

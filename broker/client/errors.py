@@ -1,17 +1,26 @@
 """Errors the SDK raises, and the one place where a gRPC status becomes one of them.
 
 Every failure a caller can see is a :class:`BrokerError` carrying the gRPC status name
-(``code``, e.g. ``"NOT_FOUND"``) and the server's message. Subclasses name the cases a caller
-is expected to handle. Errors detected on the client before anything is sent use the same types
-(a bad argument is :class:`InvalidArgument` whether the client or the server noticed it).
+(``code``, e.g. ``"NOT_FOUND"``), the server's message, and the machine-readable ``reason`` the
+server put in the status details (a ``google.rpc.ErrorInfo``, see :mod:`broker.reasons`) with its
+``metadata`` (the names of the resources concerned). Subclasses name the cases a caller is
+expected to handle; the class comes from the reason (:data:`_BY_REASON`, the one table), or from
+the code when the status carries no reason (an error of the transport, or an older server).
+Errors detected on the client before anything is sent use the same types (a bad argument is
+:class:`InvalidArgument` whether the client or the server noticed it).
 """
 
 from __future__ import annotations
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+
+from broker.reasons import DOMAIN, REFUSALS, Reason
 
 LEADER_METADATA_KEY = "x-leader"
 NO_QUORUM_METADATA_KEY = "x-no-quorum"
+_DETAILS_KEY = "grpc-status-details-bin"  # grpc_status.rpc_status's trailer of the google.rpc.Status
 
 
 class BrokerError(Exception):
@@ -23,22 +32,60 @@ class BrokerError(Exception):
 
     code: str = "UNKNOWN"
 
-    def __init__(self, code: str, message: str, *, after_unknown_outcome: bool = False) -> None:
+    def __init__(self, code: str, message: str, *, after_unknown_outcome: bool = False, reason: str = "",
+                 metadata: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.after_unknown_outcome = after_unknown_outcome
+        self.reason = reason
+        self.metadata = dict(metadata or {})
 
     def __str__(self) -> str:
         return f"{self.message} ({self.code})"
 
+    @property
+    def refused(self) -> bool:
+        """True when the server definitely refused the request: nothing was changed and the same
+        request would be refused again (:data:`broker.reasons.REFUSALS`; without a reason, by the
+        code). False when an earlier attempt of the call may have taken effect."""
+        if self.after_unknown_outcome:
+            return False
+        return self.reason in REFUSALS if self.reason else self.code in _REFUSED_CODES
 
-class TopicNotFound(BrokerError):
-    """The topic does not exist (NOT_FOUND)."""
+
+class NotFound(BrokerError):
+    """A named thing does not exist (NOT_FOUND); subclasses say which kind."""
 
 
-class TopicExists(BrokerError):
-    """A topic of that name already exists (ALREADY_EXISTS)."""
+class AlreadyExists(BrokerError):
+    """A named thing already exists (ALREADY_EXISTS); subclasses say which kind."""
+
+
+class TopicNotFound(NotFound):
+    """The topic does not exist (NOT_FOUND, reason ``TOPIC_NOT_FOUND``)."""
+
+
+class TopicExists(AlreadyExists):
+    """A topic of that name already exists (ALREADY_EXISTS, reason ``TOPIC_EXISTS``)."""
+
+
+class GroupNotFound(TopicNotFound):
+    """The consumer group does not exist (NOT_FOUND, reason ``GROUP_NOT_FOUND``); a
+    :class:`TopicNotFound` for old handlers."""
+
+
+class GroupExists(TopicExists):
+    """A group of that name already exists on the topic (ALREADY_EXISTS, reason ``GROUP_EXISTS``);
+    a :class:`TopicExists` for old handlers."""
+
+
+class MemberNotFound(NotFound):
+    """The node is not a member of the cluster (NOT_FOUND, reason ``MEMBER_NOT_FOUND``)."""
+
+
+class MemberExists(AlreadyExists):
+    """The node id or Raft address belongs to another member (ALREADY_EXISTS, reason ``MEMBER_EXISTS``)."""
 
 
 class InvalidArgument(BrokerError):
@@ -66,9 +113,9 @@ class FailedPrecondition(BrokerError):
     refuses or a route that would close a cycle; nothing was changed."""
 
 
-class DuplicateMessageError(BrokerError):
+class DuplicateMessageError(AlreadyExists):
     """A published record repeats the dedup-field values of a stored one; nothing of its batch
-    was stored (ALREADY_EXISTS from a publish, SPEC §4)."""
+    was stored (ALREADY_EXISTS, reason ``DUPLICATE_MESSAGE``, SPEC §4)."""
 
 
 class SchemaMismatchError(FailedPrecondition):
@@ -76,17 +123,44 @@ class SchemaMismatchError(FailedPrecondition):
     model (FAILED_PRECONDITION; see :mod:`broker.client.typed`)."""
 
 
-class RouteNotFound(BrokerError):
-    """The route does not exist (NOT_FOUND)."""
+class RouteNotFound(NotFound):
+    """The route does not exist (NOT_FOUND, reason ``ROUTE_NOT_FOUND``)."""
 
 
-class RouteExists(BrokerError):
-    """A route of that name already exists (ALREADY_EXISTS)."""
+class RouteExists(AlreadyExists):
+    """A route of that name already exists (ALREADY_EXISTS, reason ``ROUTE_EXISTS``)."""
 
+
+# The one reason -> exception table. Reasons missing here (NOT_LEADER, UNAVAILABLE, INTERNAL, ...)
+# take the class of their code.
+_BY_REASON: dict[str, type[BrokerError]] = {
+    Reason.INVALID_ARGUMENT: InvalidArgument,
+    Reason.TOPIC_NOT_FOUND: TopicNotFound,
+    Reason.TOPIC_EXISTS: TopicExists,
+    Reason.GROUP_NOT_FOUND: GroupNotFound,
+    Reason.GROUP_EXISTS: GroupExists,
+    Reason.ROUTE_NOT_FOUND: RouteNotFound,
+    Reason.ROUTE_EXISTS: RouteExists,
+    Reason.MEMBER_NOT_FOUND: MemberNotFound,
+    Reason.MEMBER_EXISTS: MemberExists,
+    Reason.NOT_FOUND: NotFound,
+    Reason.ALREADY_EXISTS: AlreadyExists,
+    Reason.DUPLICATE_MESSAGE: DuplicateMessageError,
+    Reason.FAILED_PRECONDITION: FailedPrecondition,
+    Reason.NO_QUORUM: Unavailable,
+    Reason.NOT_LEADER: Unavailable,
+    Reason.UNAVAILABLE: Unavailable,
+    Reason.RESOURCE_EXHAUSTED: ResourceExhausted,
+    Reason.UNIMPLEMENTED: Unimplemented,
+}
+
+# Without a reason: the statuses that refuse a request for good (:attr:`BrokerError.refused`).
+_REFUSED_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION",
+                            "PERMISSION_DENIED", "UNAUTHENTICATED", "OUT_OF_RANGE"})
 
 _BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
-    grpc.StatusCode.NOT_FOUND: TopicNotFound,
-    grpc.StatusCode.ALREADY_EXISTS: TopicExists,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
@@ -126,11 +200,43 @@ def says_no_quorum(err: grpc.RpcError) -> bool:
     return any(key == NO_QUORUM_METADATA_KEY for key, _ in err.trailing_metadata() or ())
 
 
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ``google.rpc.ErrorInfo`` of domain ``raftbroker`` in a failed call's status details
+    (the ``grpc-status-details-bin`` trailer, a ``google.rpc.Status``), if any. Works for the
+    errors of sync and ``grpc.aio`` calls alike (both have ``trailing_metadata()``)."""
+    trailing = getattr(err, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:  # unreadable details: the code alone decides
+            return None
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
+                return info
+    return None
+
+
 def error_from_rpc(err: grpc.RpcError, *, after_unknown_outcome: bool = False) -> BrokerError:
-    """The SDK error for a failed gRPC call: the only gRPC status → exception mapping."""
+    """The SDK error for a failed gRPC call: the only gRPC status → exception mapping (by the
+    ErrorInfo's reason, else by the code)."""
     code = rpc_code(err)
-    cls = _BY_CODE.get(code, BrokerError)
-    return cls(code.name, rpc_details(err), after_unknown_outcome=after_unknown_outcome)
+    info = error_info(err)
+    reason = info.reason if info is not None else ""
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, BrokerError)
+    return cls(code.name, rpc_details(err), after_unknown_outcome=after_unknown_outcome, reason=reason,
+               metadata=dict(info.metadata) if info is not None else None)
+
+
+def gave_up(message: str, last: grpc.RpcError, *, after_unknown_outcome: bool = False) -> Unavailable:
+    """The :class:`Unavailable` of a call that ran out of retries, with the reason and metadata of
+    the ``last`` answer (none when no node answered)."""
+    info = error_info(last)
+    return Unavailable("UNAVAILABLE", message, after_unknown_outcome=after_unknown_outcome,
+                       reason=info.reason if info is not None else "",
+                       metadata=dict(info.metadata) if info is not None else None)
 
 
 def invalid_argument(message: str) -> InvalidArgument:

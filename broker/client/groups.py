@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from broker.client import wire
-from broker.client.errors import TopicNotFound, invalid_argument
+from broker.client.errors import GroupNotFound, invalid_argument
 from broker.client.models import Record
 from broker.client.routing import Router
 from broker.v1 import admin_pb2, common_pb2
@@ -25,10 +25,6 @@ PRUNE_ROLES = {"none": common_pb2.PRUNE_ROLE_NONE, "lead": common_pb2.PRUNE_ROLE
 BACKOFFS = ("fixed", "exponential")
 _CONFIG_FIELDS = ("visibility_timeout_ms", "base_delay_ms", "max_delay_ms", "max_attempts", "session_timeout_ms",
                   "max_pending")
-
-
-class GroupNotFound(TopicNotFound):
-    """The consumer group does not exist (NOT_FOUND); a :class:`TopicNotFound` for old handlers."""
 
 
 @dataclass(frozen=True)
@@ -145,13 +141,6 @@ def group_info(msg: admin_pb2.GroupInfo) -> GroupInfo:
         prune_role=next((name for name, value in PRUNE_ROLES.items() if value == msg.prune_role), "none"))
 
 
-def group_not_found(err: TopicNotFound) -> TopicNotFound:
-    """A NOT_FOUND about a group as :class:`GroupNotFound` (the server says which thing is missing)."""
-    if err.message.startswith("group "):
-        return GroupNotFound(err.code, err.message, after_unknown_outcome=err.after_unknown_outcome)
-    return err
-
-
 class Groups:
     """``client.groups``: create, describe, seek/replay, lag, pause/resume, dead letters, delete."""
 
@@ -159,14 +148,11 @@ class Groups:
         self._router = router
 
     def _call(self, fn: Callable[[str, float], T], what: str, write: bool = True) -> T:
-        try:
-            return self._router.call(fn, write=write, what=what)
-        except TopicNotFound as err:
-            raise group_not_found(err) from None
+        return self._router.call(fn, write=write, what=what)
 
     def create(self, topic: str, group: str, mode: str | None = None, **config: object) -> GroupInfo:
         """Create a group (``mode`` and the other ``group_config`` options; ``start`` or
-        ``timestamp_ms`` say where it starts). Raises ``TopicExists`` (ALREADY_EXISTS) if it exists."""
+        ``timestamp_ms`` say where it starts). Raises ``GroupExists`` (ALREADY_EXISTS) if it exists."""
         request = admin_pb2.CreateGroupRequest(topic=topic, group=group,
                                                config=group_config(mode, **config))  # type: ignore[arg-type]
         admin = self._router.admin

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker.client import wire
-from broker.client.errors import TopicNotFound, invalid_argument
-from broker.client.groups import group_not_found
+from broker.client.errors import invalid_argument
 from broker.client.models import FULL_POLICIES, Retention, TopicInfo
 from broker.client.routing import Router
 from broker.v1 import admin_pb2
@@ -60,11 +59,8 @@ class LogAdminMixin:
             if partition < 0:
                 raise invalid_argument(f"partition must be >= 0, got {partition}")
             request.partition = partition
-        try:
-            response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),
-                                         write=True, what=f"prune {topic}")
-        except TopicNotFound as err:
-            raise group_not_found(err) from None
+        response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),
+                                     write=True, what=f"prune {topic}")
         return int(response.records_pruned)
 
     def clear_topic(self, name: str) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from broker.client.errors import RouteExists, RouteNotFound, TopicExists, TopicNotFound, invalid_argument
+from broker.client.errors import RouteExists, RouteNotFound, invalid_argument
 from broker.client.models import OPS
 from broker.client.routing import Router
+from broker.reasons import Reason
 from broker.v1 import routes_pb2
 
 
@@ -100,10 +101,10 @@ class RoutesMixin:
         try:
             info = self._router.call(lambda addr, t: self._router.admin(addr).CreateRoute(request, timeout=t),
                                      write=True, what=f"create route {name}")
-        except TopicExists as err:  # ALREADY_EXISTS
+        except RouteExists as err:
             if err.after_unknown_outcome:
                 return self.route(name)
-            raise RouteExists(err.code, err.message) from None
+            raise
         return route_info(info)
 
     def list_routes(self) -> list[RouteInfo]:
@@ -118,7 +119,8 @@ class RoutesMixin:
         for info in self.list_routes():
             if info.name == name:
                 return info
-        raise RouteNotFound("NOT_FOUND", f"route {name!r} does not exist")
+        raise RouteNotFound("NOT_FOUND", f"route {name!r} does not exist", reason=Reason.ROUTE_NOT_FOUND,
+                            metadata={"route": name})
 
     def delete_route(self, name: str) -> None:
         """Stop and remove a route (its copies stay in the target); raises :class:`RouteNotFound`."""
@@ -126,6 +128,6 @@ class RoutesMixin:
         try:
             self._router.call(lambda addr, t: self._router.admin(addr).DeleteRoute(request, timeout=t),
                               write=True, what=f"delete route {name}")
-        except TopicNotFound as err:  # NOT_FOUND
+        except RouteNotFound as err:
             if not err.after_unknown_outcome:
-                raise RouteNotFound(err.code, err.message) from None
+                raise

@@ -35,11 +35,13 @@ from broker.client.errors import (
     BrokerError,
     Unavailable,
     error_from_rpc,
+    gave_up,
     leader_hint,
     rpc_code,
     rpc_details,
     says_no_quorum,
 )
+from broker.reasons import Reason
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
 T = TypeVar("T")
@@ -316,13 +318,11 @@ class Router:
             return result
 
     def _gave_up(self, what: str, err: grpc.RpcError, tried: list[str], unknown: bool) -> Unavailable:
+        """Out of time: UNAVAILABLE with the reason and metadata of the last answer (none when no
+        node answered)."""
         nodes = ", ".join(dict.fromkeys(tried))
-        return Unavailable(
-            "UNAVAILABLE",
-            f"{what}: no leader answered within {self.policy.retry_deadline_s:g}s (tried {nodes}); "
-            f"last error: {rpc_code(err).name}: {rpc_details(err)}",
-            after_unknown_outcome=unknown,
-        )
+        return gave_up(f"{what}: no leader answered within {self.policy.retry_deadline_s:g}s (tried {nodes}); "
+                       f"last error: {rpc_code(err).name}: {rpc_details(err)}", err, after_unknown_outcome=unknown)
 
 
 class _QuorumWatch:
@@ -371,4 +371,5 @@ class _QuorumWatch:
             f"{what}: the cluster has no quorum: {answer} (said by {answered}; unreachable: {unreachable}); "
             "a majority of the nodes must be running and connected to each other",
             after_unknown_outcome=unknown,
+            reason=Reason.NO_QUORUM,
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 
 from broker.client import wire
-from broker.client.errors import Unavailable, error_from_rpc, leader_hint, rpc_details
+from broker.client.errors import error_from_rpc, gave_up, leader_hint, rpc_details
 from broker.client.models import Event, Record
 from broker.client.routing import Backoff, Router, is_retryable
 from broker.v1 import broker_pb2, common_pb2
@@ -195,11 +195,8 @@ class Subscription(Iterator[Item]):
                 if failing_since is None or now - started >= _ESTABLISHED_S:
                     failing_since = now
                 if now - failing_since >= policy.retry_deadline_s:
-                    raise Unavailable(
-                        "UNAVAILABLE",
-                        f"subscribe {self._topic}: no node served the stream within "
-                        f"{policy.retry_deadline_s:g}s; last error: {rpc_details(err)}",
-                    ) from None
+                    raise gave_up(f"subscribe {self._topic}: no node served the stream within "
+                                  f"{policy.retry_deadline_s:g}s; last error: {rpc_details(err)}", err) from None
                 self._router.forget_leader(address)
                 hint = leader_hint(err)
                 address = hint or self._router.discover_leader() or self._router.next_address(address)

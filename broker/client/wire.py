@@ -32,7 +32,7 @@ from broker.v1 import admin_pb2, broker_pb2, common_pb2
 Start = str | int | bytes
 _RETENTION_FIELDS = ("max_age_ms", "max_records", "max_bytes")
 _RECORD_FIELDS = ("value", "key", "partition", "headers", "op", "idempotency_key", "msg_id")
-MAX_ID_CHARS = 256  # idempotency keys and dedup ids (the server's limit)
+ID_CHARS_MAX = 256  # idempotency keys and dedup ids: a copy of broker.limits.ID_CHARS_MAX (pinned by a test)
 DEDUP_FOREVER = -1
 
 
@@ -141,11 +141,11 @@ def outgoing(item: OutgoingRecord | Mapping[str, Any] | bytes | str) -> Outgoing
 
 
 def check_id(value: object, what: str) -> str:
-    """An idempotency key or dedup id: a non-empty str of at most ``MAX_ID_CHARS`` characters."""
+    """An idempotency key or dedup id: a non-empty str of at most ``ID_CHARS_MAX`` characters."""
     if not isinstance(value, str):
         raise invalid_argument(f"{what} must be a str, got {type(value).__name__}")
-    if not value or len(value) > MAX_ID_CHARS:
-        raise invalid_argument(f"{what} must have 1 to {MAX_ID_CHARS} characters, got {len(value)}")
+    if not value or len(value) > ID_CHARS_MAX:
+        raise invalid_argument(f"{what} must have 1 to {ID_CHARS_MAX} characters, got {len(value)}")
     return value
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
-from broker.core.errors import AlreadyExists, FailedPrecondition, NotFound
+from broker.core.errors import FailedPrecondition, RouteExists, RouteNotFound
 from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
 from broker.storage import Batch, Column
 from broker.v1 import internal_pb2, routes_internal_pb2
@@ -116,7 +116,7 @@ class RouteTable:
                       changes: CacheChanges) -> object:
         config = cmd.config
         if self.get(config.name) is not None:
-            return Rejected(AlreadyExists(f"route {config.name!r} already exists"))
+            return Rejected(RouteExists(config.name))
         cycle = find_cycle((m.config for m in self.all()), config)
         if cycle is not None:
             return Rejected(cycle_error(config.name, cycle))
@@ -131,7 +131,7 @@ class RouteTable:
                       changes: CacheChanges) -> object:
         meta = self.get(cmd.name)
         if meta is None or (cmd.route_id and meta.route_id != cmd.route_id):
-            return Rejected(NotFound(f"route {cmd.name!r} does not exist"))
+            return Rejected(RouteNotFound(cmd.name))
         batch.delete(Column.META, _route_key(cmd.name))
         prefix = _cursor_prefix(cmd.name)
         batch.delete_range(Column.META, prefix, prefix[:-1] + b"\x01")
@@ -141,7 +141,7 @@ class RouteTable:
                        changes: CacheChanges) -> object:
         meta = self.get(cmd.name)
         if meta is None or meta.route_id != cmd.route_id:
-            return Rejected(NotFound(f"route {cmd.name!r} does not exist"))
+            return Rejected(RouteNotFound(cmd.name))
         stored = self.cursors(cmd.name)
         prefix = _cursor_prefix(cmd.name)
         for partition, offset in zip(cmd.partitions, cmd.next_offsets, strict=True):

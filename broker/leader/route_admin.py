@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker.clock import Clock
-from broker.core.errors import AlreadyExists, InvalidArgument, NotFound, TopicNotFound, shown
+from broker.core.errors import InvalidArgument, RouteExists, RouteNotFound, TopicNotFound, shown
 from broker.core.routes import RouteTable, cycle_error, find_cycle
 from broker.core.state_machine import BrokerStateMachine, Rejected
 from broker.core.topics import NAME_RE, validate_name
@@ -20,8 +20,8 @@ from broker.leader.router import RouteRunner
 from broker.leader.submitter import CommandSubmitter
 from broker.v1 import internal_pb2, routes_internal_pb2
 
-MAX_ROUTES = 1000
-MAX_TARGET_ADDRESSES = 16
+ROUTES_MAX = 1000
+TARGET_ADDRESSES_MAX = 16
 
 
 def _check_address(address: str) -> str:
@@ -76,8 +76,8 @@ class RouteAdmin:
         validate_name(config.target)
         if config.target_cluster:
             addresses = [a.strip() for a in config.target_cluster if a.strip()]
-            if not 0 < len(addresses) <= MAX_TARGET_ADDRESSES:
-                raise InvalidArgument(f"target_cluster needs 1 to {MAX_TARGET_ADDRESSES} addresses")
+            if not 0 < len(addresses) <= TARGET_ADDRESSES_MAX:
+                raise InvalidArgument(f"target_cluster needs 1 to {TARGET_ADDRESSES_MAX} addresses")
             del out.target_cluster[:]
             out.target_cluster.extend(dict.fromkeys(_check_address(a) for a in addresses))
         else:
@@ -98,9 +98,9 @@ class RouteAdmin:
         config = self.normalized(config)
         existing = self._table.all()
         if any(m.config.name == config.name for m in existing):
-            raise AlreadyExists(f"route {config.name!r} already exists")
-        if len(existing) >= MAX_ROUTES:
-            raise InvalidArgument(f"a cluster holds at most {MAX_ROUTES} routes")
+            raise RouteExists(config.name)
+        if len(existing) >= ROUTES_MAX:
+            raise InvalidArgument(f"a cluster holds at most {ROUTES_MAX} routes")
         cycle = find_cycle((m.config for m in existing), config)
         if cycle is not None:
             raise cycle_error(config.name, cycle)
@@ -117,7 +117,7 @@ class RouteAdmin:
         self._submitter.ensure_leader()
         meta = self._table.get(name)
         if meta is None:
-            raise NotFound(f"route {shown(name)} does not exist")
+            raise RouteNotFound(name)
         result = self._submitter.submit(internal_pb2.Command(delete_route=routes_internal_pb2.DeleteRouteCommand(
             name=name, route_id=meta.route_id)))
         if isinstance(result, Rejected):

@@ -10,8 +10,7 @@ import hashlib
 from dataclasses import dataclass
 
 from broker.leader import partitioning
-
-MAX_KEY_CHARS = 256
+from broker.limits import ID_CHARS_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +37,7 @@ def idempotency_key(cluster_id: str, route_id: int, source_topic_id: int, partit
     leader, distinct across clusters, routes, source incarnations and records."""
     tail = f":{route_id}:{source_topic_id}:{partition}:{offset}"
     key = f"route:{cluster_id}{tail}"
-    if len(key) > MAX_KEY_CHARS:
+    if len(key) > ID_CHARS_MAX:
         key = f"route:{hashlib.sha256(cluster_id.encode()).hexdigest()[:32]}{tail}"
     return key
 

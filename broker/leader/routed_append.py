@@ -18,9 +18,9 @@ from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.topics import validate_name
 from broker.leader import schemas
-from broker.leader.route_copies import MAX_KEY_CHARS, Copy, origin_cluster, place
+from broker.leader.route_copies import Copy, origin_cluster, place
 from broker.leader.submitter import CommandSubmitter
-from broker.leader.topic_log import Limits
+from broker.limits import ID_CHARS_MAX, Limits
 from broker.v1 import internal_pb2
 
 
@@ -52,13 +52,13 @@ class TrustedAppender:
             raise InvalidArgument(f"topic {topic!r} is ephemeral: routes copy only into stored topics")
         if not copies:
             raise InvalidArgument("an append needs at least one record")
-        if len(copies) > self._limits.max_batch_records:
+        if len(copies) > self._limits.batch_records_max:
             raise InvalidArgument(f"batch of {len(copies)} records is over the limit of "
-                                  f"{self._limits.max_batch_records}")
+                                  f"{self._limits.batch_records_max}")
         bodies = [self._check(i, c, foreign) for i, c in enumerate(copies)]
         total = sum(len(c.body) for c in copies)
-        if total > self._limits.max_batch_bytes:
-            raise InvalidArgument(f"batch of {total} bytes is over the limit of {self._limits.max_batch_bytes} bytes")
+        if total > self._limits.batch_bytes_max:
+            raise InvalidArgument(f"batch of {total} bytes is over the limit of {self._limits.batch_bytes_max} bytes")
         cmd = internal_pb2.Command()
         append = cmd.append
         append.topic, append.topic_id = topic, meta.topic_id
@@ -76,12 +76,12 @@ class TrustedAppender:
         return result
 
     def _check(self, i: int, copy: Copy, foreign: bool) -> internal_pb2.RecordBody:
-        if not copy.idempotency_key or len(copy.idempotency_key) > MAX_KEY_CHARS:
-            raise InvalidArgument(f"record {i}: a routed copy needs an idempotency_key of 1 to {MAX_KEY_CHARS} "
+        if not copy.idempotency_key or len(copy.idempotency_key) > ID_CHARS_MAX:
+            raise InvalidArgument(f"record {i}: a routed copy needs an idempotency_key of 1 to {ID_CHARS_MAX} "
                                   "characters")
-        if len(copy.body) > self._limits.max_record_bytes:
+        if len(copy.body) > self._limits.record_bytes_max:
             raise InvalidArgument(f"record {i} is {len(copy.body)} bytes, over the limit of "
-                                  f"{self._limits.max_record_bytes} bytes")
+                                  f"{self._limits.record_bytes_max} bytes")
         try:
             body = internal_pb2.RecordBody.FromString(copy.body)
         except DecodeError:

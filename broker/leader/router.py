@@ -31,7 +31,7 @@ from typing import Protocol
 from google.protobuf.message import DecodeError
 
 from broker.core import records
-from broker.core.errors import DuplicateMessage, InvalidArgument, ResourceExhausted
+from broker.core.errors import InvalidArgument, ResourceExhausted
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine, Rejected
 from broker.leader.cel_sandbox import ExpressionBudgetExceeded
@@ -39,6 +39,7 @@ from broker.leader.filters import RecordExpression, RecordFilter
 from broker.leader.route_copies import Copy, idempotency_key, origin_cluster
 from broker.leader.routed_append import TrustedAppender
 from broker.leader.submitter import CommandSubmitter
+from broker.reasons import refused_records
 from broker.storage import Column
 from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2
 
@@ -49,7 +50,6 @@ BATCH_BYTES = 1 << 20
 WAKE_S = 1.0
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
-_POISON_CODES = ("INVALID_ARGUMENT", "ALREADY_EXISTS")
 
 
 class RemoteCluster(Protocol):
@@ -96,8 +96,9 @@ class _Pass:
 
 
 def _is_poison(exc: Exception) -> bool:
-    """A refusal that retrying cannot change (bad record for the target), as opposed to an outage."""
-    return isinstance(exc, InvalidArgument | DuplicateMessage) or getattr(exc, "code", None) in _POISON_CODES
+    """A refusal that retrying cannot change (bad record for the target), as opposed to an outage:
+    by the error's reason, the same for a core error (local) and an SDK error (remote)."""
+    return refused_records(exc)
 
 
 class RouteRunner:

@@ -21,19 +21,10 @@ from broker.core.topics import normalized_config, validate_name
 from broker.leader import partitioning, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.submitter import CommandSubmitter
+from broker.limits import ID_CHARS_MAX, Limits
 from broker.v1 import internal_pb2
 
-MAX_ID_CHARS = 256
 _OPS = frozenset(internal_pb2.Op.values())
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Request limits; every one is checked before anything is replicated."""
-
-    max_record_bytes: int = 1 << 20
-    max_batch_bytes: int = 8 << 20
-    max_batch_records: int = 100_000
 
 
 @dataclass(slots=True)
@@ -207,8 +198,8 @@ class TopicLog:
         """Idempotency keys and producer-session ids, checked before anything is replicated."""
         keys = [r.idempotency_key for r in request.records]
         for i, key in enumerate(keys):
-            if len(key) > MAX_ID_CHARS:
-                raise InvalidArgument(f"record {i}: idempotency_key is longer than {MAX_ID_CHARS} characters")
+            if len(key) > ID_CHARS_MAX:
+                raise InvalidArgument(f"record {i}: idempotency_key is longer than {ID_CHARS_MAX} characters")
         if any(keys):
             append.idempotency_keys.extend(keys)
         ids = [r.msg_id for r in request.records]
@@ -216,8 +207,8 @@ class TopicLog:
             if any(ids):
                 raise InvalidArgument("msg_id needs a dedup_id on the request")
             return
-        if len(request.dedup_id) > MAX_ID_CHARS:
-            raise InvalidArgument(f"dedup_id is longer than {MAX_ID_CHARS} characters")
+        if len(request.dedup_id) > ID_CHARS_MAX:
+            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
         for i, msg_id in enumerate(ids):
             if msg_id == 0:
                 raise InvalidArgument(f"record {i}: a msg_id (non-zero) is required with dedup_id")
@@ -301,9 +292,9 @@ class TopicLog:
         records = request.records
         if not records:
             raise InvalidArgument("a publish needs at least one record")
-        if len(records) > self._limits.max_batch_records:
+        if len(records) > self._limits.batch_records_max:
             raise InvalidArgument(
-                f"batch of {len(records)} records is over the limit of {self._limits.max_batch_records}")
+                f"batch of {len(records)} records is over the limit of {self._limits.batch_records_max}")
         placed: list[int] = []
         spread = 0  # records with neither partition nor key: round-robin, one counter claim per batch
         for i, rec in enumerate(records):
@@ -327,7 +318,7 @@ class TopicLog:
         return placed
 
     def _bodies(self, request: PublishBatch) -> list[bytes]:
-        limit = self._limits.max_record_bytes
+        limit = self._limits.record_bytes_max
         total = 0
         bodies: list[bytes] = []
         origin = self._origin_bytes
@@ -340,7 +331,7 @@ class TopicLog:
                 raise InvalidArgument(f"record {i} is {len(body)} bytes, over the limit of {limit} bytes")
             total += len(body)
             bodies.append(body)
-        if total > self._limits.max_batch_bytes:
+        if total > self._limits.batch_bytes_max:
             raise InvalidArgument(
-                f"batch of {total} bytes is over the limit of {self._limits.max_batch_bytes} bytes")
+                f"batch of {total} bytes is over the limit of {self._limits.batch_bytes_max} bytes")
         return bodies

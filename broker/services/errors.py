@@ -1,4 +1,10 @@
-"""The one place where core error types become gRPC statuses."""
+"""The one place where core error types become gRPC statuses.
+
+A status carries the core error's code and message, and in its details (trailer
+``grpc-status-details-bin``, a ``google.rpc.Status``) one ``google.rpc.ErrorInfo``: the error's
+:class:`~broker.reasons.Reason`, domain ``raftbroker``, and the names of the resources concerned
+as metadata. Clients that only read the code and message see what they saw before.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from broker.core import errors
+from broker.reasons import DOMAIN, Reason
 from broker.storage import StoreCorruption
 
 log = logging.getLogger(__name__)
@@ -45,21 +55,42 @@ def status_code(exc: errors.BrokerError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+Trailers = tuple[tuple[str, str | bytes], ...]
+
+
+def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Trailers]:
     """The status code, message and trailing metadata that end a call failing with ``exc``
-    (INTERNAL, logged, for anything unexpected): the one mapping of both servers' handlers."""
+    (INTERNAL, logged, for anything unexpected): the one mapping of both servers' handlers.
+    The trailers always hold the status details with the ErrorInfo (:func:`details_trailer`)."""
     if isinstance(exc, errors.BrokerError):
-        trailers: list[tuple[str, str]] = []
+        trailers: list[tuple[str, str | bytes]] = []
         if isinstance(exc, errors.NotLeader) and exc.leader_address:
             trailers.append((LEADER_METADATA_KEY, exc.leader_address))
         if isinstance(exc, errors.NoQuorum) or (isinstance(exc, errors.NotLeader) and exc.no_quorum):
             trailers.append((NO_QUORUM_METADATA_KEY, "1"))
-        return status_code(exc), str(exc), tuple(trailers)
+        code, message = status_code(exc), str(exc)
+        metadata = exc.metadata()
+        if isinstance(exc, errors.NotLeader) and exc.no_quorum:
+            metadata["no_quorum"] = "true"
+        return code, message, (*trailers, details_trailer(code, message, exc.reason, metadata))
     if isinstance(exc, StoreCorruption):  # a damaged store file met outside the paths that name the partition
         log.error("store damaged: %s", exc)
-        return grpc.StatusCode.DATA_LOSS, f"this node's store is damaged: {exc}; read from another node", ()
+        code, message = grpc.StatusCode.DATA_LOSS, f"this node's store is damaged: {exc}; read from another node"
+        return code, message, (details_trailer(code, message, Reason.DATA_LOSS, {}),)
     log.exception("internal error", exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}", ()
+    code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    return code, message, (details_trailer(code, message, Reason.INTERNAL, {}),)
+
+
+def details_trailer(code: grpc.StatusCode, message: str, reason: Reason,
+                    metadata: dict[str, str]) -> tuple[str, bytes]:
+    """The ``grpc-status-details-bin`` trailer of a status: a ``google.rpc.Status`` with the same
+    code and message and one ``google.rpc.ErrorInfo`` (``reason``, domain ``raftbroker``)."""
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=reason.value, domain=DOMAIN, metadata=metadata))
+    status = status_pb2.Status(code=code.value[0], message=message, details=[info])
+    key, value = rpc_status.to_status(status).trailing_metadata[0]
+    return key, value
 
 
 def abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:

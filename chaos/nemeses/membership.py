@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from broker.client import BrokerError, Client, TopicNotFound
+from broker.client import BrokerError, Client, MemberNotFound
 from broker.v1 import admin_pb2, admin_pb2_grpc
 from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, NemesisError, Step
 
@@ -67,7 +67,7 @@ def _remove(ctx: Ctx, client: Client, fid: int, i: int) -> None:
     name = ctx.node(i)
     try:
         client.remove_node(name)
-    except TopicNotFound:
+    except MemberNotFound:
         pass  # a retry of a removal that committed: confirmed below
     except BrokerError as err:
         raise NemesisError(f"RemoveNode {name} failed: {err}") from err

@@ -26,7 +26,6 @@ from typing import Any
 
 from broker.client import BrokerError, Message, PartitionLag
 from chaos.history import History
-from chaos.workloads.producers import DEFINITE_CODES
 
 
 class GroupLedger:
@@ -93,8 +92,7 @@ class GroupLedger:
                 self._commits_ok[partition] += 1
                 self.commits_ok += 1
                 return
-            definite = isinstance(error, BrokerError) and error.code in DEFINITE_CODES \
-                and not error.after_unknown_outcome
+            definite = isinstance(error, BrokerError) and error.refused
             code = error.code if isinstance(error, BrokerError) else type(error).__name__
             self.history.append("fail" if definite else "info", process, "commit",
                                 {**self._key(partition), "offset": offset, "error": code,

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.client import BrokerError, Client, GroupLag, TopicExists
+from broker.client import BrokerError, Client, GroupExists, GroupLag
 from chaos.history import History
 from chaos.workloads.group_ledger import GroupLedger
 from chaos.workloads.group_member import GroupMember, MemberPlan
@@ -134,7 +134,7 @@ class GroupWorkload:
             for group, mode in GROUP_MODES.items():
                 try:
                     admin.groups.create(self.topic, group, mode, **GROUP_CONFIG)
-                except TopicExists:
+                except GroupExists:
                     continue  # a retried create that had been applied
                 except BrokerError as err:
                     return f"could not create the {mode}-mode group {group}: {err.code}: {err.message}"

@@ -17,9 +17,6 @@ from collections.abc import Callable
 from broker.client import BrokerError, Client, OutgoingRecord
 from chaos.history import History
 
-# The server refused: nothing was stored, retrying cannot help.
-DEFINITE_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION",
-                            "PERMISSION_DENIED", "UNAUTHENTICATED", "OUT_OF_RANGE"})
 Batch = list[tuple[str, int]]  # (record id, partition)
 
 
@@ -62,7 +59,7 @@ class Producer(threading.Thread):
         try:
             results = self.client.publish_batch(self.topic, records)
         except BrokerError as err:
-            definite = err.code in DEFINITE_CODES and not err.after_unknown_outcome
+            definite = err.refused  # the server refused: nothing was stored, retrying cannot help
             kind = "fail" if definite else "info"
             self.history.append(kind, self.process, "publish", {"error": err.code, "message": err.message[:300]})
             return kind

@@ -1,4 +1,5 @@
-"""``raftbroker drill`` through its ``register`` hook, on an app built here (main.py wires it)."""
+"""``drill`` through its ``register`` hook (chaos/cli.py), on an app built here; how it reaches the
+broker's CLI (the ``raftbroker.commands`` entry point) and ``python -m chaos`` are tested at the end."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from broker.cli.drill import register
+from chaos.cli import register
 from chaos.scenarios import SCENARIOS, Scenario
 
 UNAVAILABLE = Scenario("no-feature", "a fault whose broker feature does not exist", unavailable="no such feature yet")
@@ -66,3 +67,75 @@ def test_a_real_drill_prints_seed_schedule_and_table_and_exits_zero(tmp_path: Pa
     report = json.loads((tmp_path / "d" / "report.json").read_text())
     assert report["violations"] == 0 and report["operations"]["records_acked"] > 0
     assert (tmp_path / "d" / "history.jsonl").stat().st_size > 0
+
+
+# -- how drill is reached: the entry point, python -m chaos, and without chaos ----------------------
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.unit
+def test_the_broker_cli_gets_drill_from_the_installed_entry_point(unavailable: str) -> None:
+    from importlib.metadata import entry_points
+
+    from broker.cli.main import PLUGIN_GROUP, app
+
+    assert ("drill", "chaos.cli:register") in [(e.name, e.value) for e in entry_points(group=PLUGIN_GROUP)]
+    result = CliRunner().invoke(app, ["--json", "drill", unavailable])  # the global --json reaches the drill
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["available"] is False
+    assert CliRunner().invoke(app, ["drill", "meteor-strike"]).exit_code == 2
+
+
+@pytest.mark.unit
+def test_python_dash_m_chaos_runs_drill() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "chaos", "drill", "meteor-strike"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2 and "unknown scenario" in result.stderr, result.stdout + result.stderr
+
+
+@pytest.mark.unit
+def test_an_entry_point_whose_package_is_missing_says_so_and_exits_2() -> None:
+    from importlib.metadata import EntryPoint
+
+    from broker.cli.main import PLUGIN_GROUP, register_plugins
+
+    app = _app_without_drill()
+    register_plugins(app, [EntryPoint("drill", "no_such_package_here.cli:register", PLUGIN_GROUP)])
+    result = CliRunner().invoke(app, ["drill", "kill-leader", "--seed", "3"])
+    assert result.exit_code == 2, result.output
+    assert "`no_such_package_here` package, which is not installed" in result.stderr
+    assert "runs from a checkout of the repository" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.unit
+def test_chaos_imports_no_broker_cli_and_broker_no_chaos() -> None:
+    import ast
+
+    def imports(path: Path) -> set[str]:
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                out.add(node.module)
+        return out
+
+    wrong = [f"{p.relative_to(REPO)}: {m}" for p in (REPO / "chaos").rglob("*.py") for m in imports(p)
+             if m == "broker.cli" or m.startswith("broker.cli.")]
+    wrong += [f"{p.relative_to(REPO)}: {m}" for p in (REPO / "broker").rglob("*.py") for m in imports(p)
+              if m == "chaos" or m.startswith("chaos.")]
+    assert not wrong, wrong
+    assert "sys.path" not in (REPO / "broker" / "cli" / "main.py").read_text()
+
+
+def _app_without_drill() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """Test app."""
+
+    return app

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from broker.client import TopicNotFound, Unavailable
+from broker.client import MemberNotFound, Unavailable
 from chaos.cluster import ChaosCluster, NodeView
 from chaos.history import History
 from chaos.nemeses import Ctx, NemesisError, Step
@@ -111,7 +111,7 @@ class FakeClient:
         if self.fail_remove:
             raise Unavailable("UNAVAILABLE", "no leader answered")
         if i not in c.members:
-            raise TopicNotFound("NOT_FOUND", f"{node_id} is not a member")
+            raise MemberNotFound("NOT_FOUND", f"{node_id} is not a member", reason="MEMBER_NOT_FOUND")
         if c.leader == i:
             c.leader = min(c.members - {i})
         c.members.discard(i)

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from broker.core.errors import TopicExists, TopicNotFound
 from broker.core.records import PositionToken
+from broker.services.errors import abort
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2
 
 
@@ -102,7 +104,7 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self._enter("CreateTopic", request, context, write=True)
         name = request.config.name
         if name in self.script.topics:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"topic {name!r} already exists")
+            abort(context, TopicExists(name))  # the server's own mapping: code, message, ErrorInfo
         self.script.topics[name] = request.config.partitions or 1
         if self.script.create_then_drop_connection:
             self.script.create_then_drop_connection = False
@@ -114,7 +116,7 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.TopicInfo:
         self._enter("DescribeTopic", request, context, write=False)
         if request.name not in self.script.topics:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.name!r} does not exist")
+            abort(context, TopicNotFound(request.name))
         return self._info(request.name)
 
     def NodeStatus(
@@ -133,7 +135,7 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         if self.script.publish_delays_s:
             time.sleep(self.script.publish_delays_s.pop(0))
         if request.topic not in self.script.topics:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} does not exist")
+            abort(context, TopicNotFound(request.topic))
         results = []
         with self._lock:
             for rec in request.records:

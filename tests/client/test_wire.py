@@ -82,6 +82,9 @@ def test_unknown_status_codes_become_the_base_error() -> None:
         def details(self) -> str:
             return "no"
 
+        def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+            return ()
+
     err = error_from_rpc(Err())
     assert type(err).__name__ == "BrokerError" and err.code == "PERMISSION_DENIED"
     assert str(err) == "no (PERMISSION_DENIED)"

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import BrokerError, Client, TopicNotFound
+from broker.client import BrokerError, Client, MemberNotFound
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.digests import digest, partition_contents, wait_converged
@@ -137,7 +137,7 @@ def test_grow_to_five_and_shrink_to_three_while_publishing(tmp_path: Path) -> No
                     assert members(c, i) == expected, f"{c.node_id(i)} does not know every member"
                 assert all("restored snapshot" in c.log_path(i).read_text() for i in added), \
                     "an added node did not catch up through a snapshot"
-                with pytest.raises(TopicNotFound, match="not a member"):
+                with pytest.raises(MemberNotFound, match="not a member"):
                     client.remove_node("n9")
 
                 new_leader = lead_from(c, set(added))  # an added node leads: old nodes must name it

@@ -33,7 +33,7 @@ def log(clock: ManualClock) -> Iterator[TopicLog]:
     replicator = InMemoryReplicator(state)
     replicator.start()
     submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
-    topic_log = TopicLog(state, submitter, Limits(max_record_bytes=1000, max_batch_bytes=5000), "c/n1", clock)
+    topic_log = TopicLog(state, submitter, Limits(record_bytes_max=1000, batch_bytes_max=5000), "c/n1", clock)
     topic_log.create_topic(internal_pb2.TopicConfig(name="t", partitions=4))
     yield topic_log
     replicator.close()

@@ -57,6 +57,9 @@ def test_a_damaged_current_file_is_refused_with_what_to_do(tmp_path: Path, conte
 class _Context:
     """Stands in for grpc's ServicerContext (not one of our components): records the abort."""
 
+    def set_trailing_metadata(self, metadata: object) -> None:
+        self.trailers = metadata
+
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise RuntimeError(code, details)
 

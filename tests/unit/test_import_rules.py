@@ -158,14 +158,11 @@ def test_the_apply_side_imports_no_time_threads_or_randomness() -> None:
                        lambda name: _within(name, NONDETERMINISTIC)))
 
 
-@pytest.mark.xfail(strict=True, reason="broker/cli/drill.py imports chaos until `errors` lands (drill moves to chaos)")
 def test_broker_imports_no_chaos() -> None:
     assert_none(broken("broker imports no chaos", lambda imp: _within(imp.module, ("broker",)),
                        lambda name: _within(name, ("chaos",))))
 
 
-@pytest.mark.xfail(strict=True, reason="chaos/__main__.py and chaos/node_shim.py import broker.cli until `errors` "
-                                       "lands (drill moves to chaos, what chaos needs moves out of broker.cli)")
 def test_chaos_imports_no_broker_cli() -> None:
     assert_none(broken("chaos imports no broker.cli", lambda imp: _within(imp.module, ("chaos",)),
                        lambda name: _within(name, ("broker.cli",))))

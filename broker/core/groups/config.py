@@ -22,15 +22,15 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
 DEFAULT_MAX_PENDING = 5_000
 
-MAX_TIMEOUT_MS = 12 * 3600 * 1000
+TIMEOUT_MS_MAX = 12 * 3600 * 1000
 MAX_ATTEMPTS_MAX = 1000
 MAX_PENDING_MAX = 100_000
-MIN_TIMEOUT_MS = 10
+TIMEOUT_MS_MIN = 10
 # the longest a Nack may delay a retry and the longest lease an Extend may ask for (both bounded
 # so that `now + delay` always fits the int64 fields it is stored in, with room to spare)
-NACK_DELAY_MAX_MS = MAX_TIMEOUT_MS
-EXTEND_MAX_MS = MAX_TIMEOUT_MS
-assert 0 < MIN_TIMEOUT_MS < MAX_TIMEOUT_MS < 2**40
+NACK_DELAY_MAX_MS = TIMEOUT_MS_MAX
+EXTEND_MAX_MS = TIMEOUT_MS_MAX
+assert 0 < TIMEOUT_MS_MIN < TIMEOUT_MS_MAX < 2**40
 
 
 def validate_group_name(group: str) -> None:
@@ -78,10 +78,10 @@ def normalized_group_config(config: internal_pb2.GroupConfig) -> internal_pb2.Gr
         out.backoff = internal_pb2.BACKOFF_EXPONENTIAL
     if out.backoff not in (internal_pb2.BACKOFF_FIXED, internal_pb2.BACKOFF_EXPONENTIAL):
         raise InvalidArgument(f"unknown backoff {out.backoff}")
-    _positive_or_default(out, "visibility_timeout_ms", DEFAULT_VISIBILITY_TIMEOUT_MS, MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)
-    _positive_or_default(out, "base_delay_ms", DEFAULT_BASE_DELAY_MS, 1, MAX_TIMEOUT_MS)
-    _positive_or_default(out, "max_delay_ms", max(DEFAULT_MAX_DELAY_MS, out.base_delay_ms), 1, MAX_TIMEOUT_MS)
-    _positive_or_default(out, "session_timeout_ms", DEFAULT_SESSION_TIMEOUT_MS, MIN_TIMEOUT_MS, MAX_TIMEOUT_MS)
+    _positive_or_default(out, "visibility_timeout_ms", DEFAULT_VISIBILITY_TIMEOUT_MS, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX)
+    _positive_or_default(out, "base_delay_ms", DEFAULT_BASE_DELAY_MS, 1, TIMEOUT_MS_MAX)
+    _positive_or_default(out, "max_delay_ms", max(DEFAULT_MAX_DELAY_MS, out.base_delay_ms), 1, TIMEOUT_MS_MAX)
+    _positive_or_default(out, "session_timeout_ms", DEFAULT_SESSION_TIMEOUT_MS, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX)
     _positive_or_default(out, "max_attempts", DEFAULT_MAX_ATTEMPTS, 1, MAX_ATTEMPTS_MAX)
     _positive_or_default(out, "max_pending", DEFAULT_MAX_PENDING, 1, MAX_PENDING_MAX)
     if out.max_delay_ms < out.base_delay_ms:

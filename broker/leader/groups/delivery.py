@@ -56,7 +56,7 @@ def chunks(rows: list[common_pb2.Record], count_max: int, bytes_max: int) -> Ite
 DEFAULT_IN_FLIGHT = 100
 MAX_IN_FLIGHT = 10_000
 WAKE_S = 0.5  # how often an idle stream re-checks its caller and this node's leadership
-MAX_MEMBER_ID_CHARS = 128
+MEMBER_ID_CHARS_MAX = 128
 GROUP_FILTER_REFUSED = (
     "a group subscription cannot take a filter: records it skipped would have to be settled for the whole "
     "group, which the broker does not do yet (docs/design/groups.md); filter in the consumer and ack what it "
@@ -90,8 +90,8 @@ class GroupDelivery:
             raise InvalidArgument(GROUP_FILTER_REFUSED)
         if request.max_in_flight > MAX_IN_FLIGHT or request.max_batch > MAX_BATCH:
             raise InvalidArgument(f"max_in_flight must be at most {MAX_IN_FLIGHT} and max_batch at most {MAX_BATCH}")
-        if len(request.member_id) > MAX_MEMBER_ID_CHARS:
-            raise InvalidArgument(f"member_id is longer than {MAX_MEMBER_ID_CHARS} characters")
+        if len(request.member_id) > MEMBER_ID_CHARS_MAX:
+            raise InvalidArgument(f"member_id is longer than {MEMBER_ID_CHARS_MAX} characters")
         rt = self._service.ensure(request.topic, request.group, request.group_config)
         member = request.member_id
         if rt.members is not None:

@@ -25,7 +25,7 @@ from broker.v1 import admin_pb2, internal_pb2
 
 K = internal_pb2
 DEFAULT_DEAD_LIMIT = 100
-MAX_DEAD_LIMIT = 10_000
+DEAD_LIMIT_MAX = 10_000
 # record copies carried by one dead-letter listing; entries past it come without their record (read it
 # from the DLQ topic at dlq_partition/dlq_offset), so a listing stays far below the message limit
 DEAD_RECORDS_BYTES_MAX = 4 << 20
@@ -182,8 +182,8 @@ class GroupOperations:
         while the copies total at most :data:`DEAD_RECORDS_BYTES_MAX` bytes (the rest without)."""
         self._service.read_barrier()
         rt = self._service.runtime(topic, group)
-        if limit > MAX_DEAD_LIMIT:
-            raise InvalidArgument(f"limit must be at most {MAX_DEAD_LIMIT}, got {limit}")
+        if limit > DEAD_LIMIT_MAX:
+            raise InvalidArgument(f"limit must be at most {DEAD_LIMIT_MAX}, got {limit}")
         out = []
         dlq = self._state.topic(rt.meta.dlq_topic)
         copied_bytes = 0

@@ -33,7 +33,7 @@ from broker.storage import Column
 from broker.v1 import common_pb2, internal_pb2
 
 SCAN_CHUNK = 256
-MAX_LEFT_MEMBERS = 10_000
+LEFT_MEMBERS_MAX = 10_000
 
 
 @dataclass
@@ -331,7 +331,7 @@ class GroupRuntime:
         nothing more to its streams. Returns how many leases were released."""
         with self.lock:
             self._left[member_id] = None
-            while len(self._left) > MAX_LEFT_MEMBERS:
+            while len(self._left) > LEFT_MEMBERS_MAX:
                 del self._left[next(iter(self._left))]
             return self.release([lease.position for lease in self.leases.of_member(member_id)])
 

@@ -26,7 +26,7 @@ from broker.core.errors import (
     TopicNotFound,
 )
 from broker.core.groups import layout
-from broker.core.groups.apply import GroupApplier, SettleResult
+from broker.core.groups.apply import GroupApplier, Outcome, SettleResult
 from broker.core.groups.config import (
     EXTEND_MAX_MS,
     NACK_DELAY_MAX_MS,
@@ -47,9 +47,9 @@ from broker.v1 import internal_pb2
 log = logging.getLogger(__name__)
 K = internal_pb2
 TICK_S = 0.05
-MAX_SETTLE_BYTES = 4 << 20  # one settle command stays well below the replication limit
-MAX_POSITIONS = 10_000
-MAX_REASON_CHARS = 1024
+SETTLE_BYTES_MAX = 4 << 20  # one settle command stays well below the replication limit
+POSITIONS_MAX = 10_000
+REASON_CHARS_MAX = 1024
 
 
 def raise_rejected(result: object) -> object:
@@ -219,8 +219,8 @@ class GroupService:
     def positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[Position]:
         """(partition, offset) of delivered records' position tokens; tokens of another topic
         incarnation are dropped (their group state is gone)."""
-        if len(tokens) > MAX_POSITIONS:
-            raise InvalidArgument(f"at most {MAX_POSITIONS} positions per call, got {len(tokens)}")
+        if len(tokens) > POSITIONS_MAX:
+            raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
         out: list[Position] = []
         for raw in tokens:
             token = records.PositionToken.decode(raw)
@@ -236,7 +236,7 @@ class GroupService:
               delay_ms: int | None = None) -> K.SettleEntry:
         """A settle entry; NACK, EXPIRE and DISCARD carry the record body (copied if it dies)."""
         p, o = position
-        entry = K.SettleEntry(kind=kind, partition=p, offset=o, reason=reason[:MAX_REASON_CHARS])  # type: ignore[arg-type]
+        entry = K.SettleEntry(kind=kind, partition=p, offset=o, reason=reason[:REASON_CHARS_MAX])  # type: ignore[arg-type]
         if delay_ms is not None:
             entry.delay_ms = delay_ms
         if kind != K.SETTLE_ACK:
@@ -251,8 +251,9 @@ class GroupService:
         return entry
 
     def settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
-               commits: list[tuple[int, int]] | None = None) -> list[str]:
-        """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes.
+               commits: list[tuple[int, int]] | None = None) -> list[Outcome]:
+        """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes,
+        one per entry in order.
         Partitions whose watermark is below the first retained record are committed up to it in
         the same command (the reader was told with SKIP_FORWARD before it got later records)."""
         commits = list(commits or [])
@@ -260,11 +261,11 @@ class GroupService:
             start, _ = rt.bounds(p)
             if rt.cursor(p).committed < start:
                 commits.append((p, start))
-        outcomes: list[str] = []
+        outcomes: list[Outcome] = []
         chunk: list[K.SettleEntry] = []
         size = 0
         for entry in entries:
-            if chunk and size + entry.ByteSize() > MAX_SETTLE_BYTES:
+            if chunk and size + entry.ByteSize() > SETTLE_BYTES_MAX:
                 outcomes += self._submit_settle(rt, chunk, [])
                 chunk, size = [], 0
             chunk.append(entry)
@@ -273,7 +274,7 @@ class GroupService:
         return outcomes
 
     def _submit_settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
-                       commits: list[tuple[int, int]]) -> list[str]:
+                       commits: list[tuple[int, int]]) -> list[Outcome]:
         if not entries and not commits:
             return []
         cmd = K.Command(group_settle=K.GroupSettleCommand(
@@ -282,13 +283,15 @@ class GroupService:
         result = raise_rejected(self.submit(cmd, rt.meta.topic))
         assert isinstance(result, SettleResult) and len(result.outcomes) == len(entries)
         rt.settled(entries)
-        return [str(o) for o in result.outcomes]
+        return list(result.outcomes)
 
     # -- data plane ------------------------------------------------------------------------------
     def ack(self, topic: str, group: str, tokens: list[bytes]) -> int:
+        """Settle the records of ``tokens`` for good; returns how many this call settled (a record
+        settled before, by an earlier ack or after its lease ran out, is not counted)."""
         rt = self.runtime(topic, group)
         entries = [self.entry(rt, K.SETTLE_ACK, pos) for pos in self.positions(rt, tokens)]
-        return sum(1 for o in self.settle(rt, entries) if o == "settled")
+        return sum(1 for o in self.settle(rt, entries) if o is Outcome.SETTLED)
 
     def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
         """Fail delivered records: a retry after ``delay_ms`` (0: the backoff; at most

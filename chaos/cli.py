@@ -1,5 +1,11 @@
-"""``raftbroker drill SCENARIO --seed N --duration S [--json]``: a chaos or failover drill against a
-local cluster that the drill starts, with the checker's verdict (see docs/drills.md).
+"""``drill SCENARIO --seed N --duration S [--json]``: a chaos or failover drill against a local
+cluster that the drill starts, with the checker's verdict (see docs/drills.md).
+
+Registered on the broker's command line as ``raftbroker drill`` through the ``raftbroker.commands``
+entry point (pyproject.toml; ``broker.cli.main`` loads it when chaos is installed, i.e. in a
+checkout installed with ``pip install -e .``), and runnable as ``python -m chaos drill``.
+Nothing of ``broker.cli`` is imported: the global ``--json`` of ``raftbroker`` is read from the
+root context's ``obj`` (its ``json`` attribute), and ``drill --json`` works alone.
 
 Prints the seed and the schedule first, each fault as it happens, then the checker's table; with
 ``--json``, progress goes to stderr and stdout gets the report (``{"violations": N, ...}``; for
@@ -10,35 +16,30 @@ the drill itself could not run.
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from broker.cli.context import JsonFlag, emit_json, state
-
 EXIT_VIOLATIONS = 1
 EXIT_DRILL_FAILED = 3
 
 
-def _import_chaos() -> None:
-    """The drills live in the repository's ``chaos`` package, beside ``broker`` (not in the wheel).
+def _global_json(ctx: typer.Context) -> bool:
+    """The ``--json`` given before the command (``raftbroker --json drill ...``), if any."""
+    return bool(getattr(ctx.find_root().obj, "json", False))
 
-    Without it (an installed wheel), says so and exits 2 instead of a traceback.
-    """
-    root = Path(__file__).resolve().parents[2]
-    if (root / "chaos" / "__init__.py").exists() and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    if importlib.util.find_spec("chaos") is None:
-        typer.echo("error: `raftbroker drill` runs from a checkout of the repository (its `chaos` package "
-                   "is not part of the installed wheel)", err=True)
-        raise typer.Exit(2)
+
+def _emit_json(obj: Any) -> None:
+    """One compact JSON document on its own line of stdout."""
+    sys.stdout.write(json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n")
+    sys.stdout.flush()
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``drill`` to the CLI."""
+    """Add ``drill`` to ``app`` (the ``raftbroker.commands`` entry point, and ``python -m chaos``)."""
     app.command("drill")(drill_command)
 
 
@@ -55,14 +56,14 @@ def drill_command(
     = "auto",
     out: Annotated[Path | None, typer.Option(help="Directory for history, report and node logs "
                                              "(default: a new temporary directory, kept)")] = None,
-    json_: JsonFlag = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print the JSON report (also accepted before the command)")]
+    = False,
 ) -> None:
     """Run SCENARIO (or all) against a local cluster started for it; print the checker's table."""
-    _import_chaos()
-    from chaos.drill import DrillError, DrillOptions, run_drill
+    from chaos.drill import DrillError, DrillOptions, run_drill  # here: every `raftbroker` start loads this module
     from chaos.scenarios import ALL, SCENARIOS
 
-    as_json = state(ctx).json
+    as_json = json_ or _global_json(ctx)
     if scenario != ALL and scenario not in SCENARIOS:
         raise typer.BadParameter(f"unknown scenario {scenario!r}; one of {', '.join([*SCENARIOS, ALL])}",
                                  param_hint="SCENARIO")
@@ -90,7 +91,7 @@ def drill_command(
         reports.append(report.to_json())
     total = sum(int(r["violations"]) for r in reports)
     if as_json:
-        emit_json(reports[0] if len(reports) == 1 else {"violations": total, "scenarios": reports})
+        _emit_json(reports[0] if len(reports) == 1 else {"violations": total, "scenarios": reports})
     elif len(reports) > 1:
         echo("summary: " + "; ".join(f"{r['scenario']}: " + (
             "not available" if not r.get("available", True) else

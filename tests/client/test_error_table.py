@@ -1,0 +1,90 @@
+"""The server's one mapping (``broker.services.errors.status_for``) and the SDK's one table
+(``broker.client.errors.error_from_rpc``) agree: every core error comes out as the SDK class
+named for its reason, with the same code, message, reason and resource names."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from broker.client import errors as sdk
+from broker.core import errors as core
+from broker.reasons import Reason
+from broker.services.errors import status_for
+
+pytestmark = pytest.mark.unit
+
+
+class Failed(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A finished call's error as a channel hands it over: code, details, trailers."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple[tuple[str, str | bytes], ...]) -> None:
+        self._code, self._details, self._trailers = code, details, trailers
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._trailers
+
+
+def through_the_wire(exc: Exception) -> sdk.BrokerError:
+    return sdk.error_from_rpc(Failed(*status_for(exc)))
+
+
+CASES: list[tuple[Exception, type[sdk.BrokerError], dict[str, str]]] = [
+    (core.InvalidArgument("bad"), sdk.InvalidArgument, {}),
+    (core.TopicNotFound("t"), sdk.TopicNotFound, {"topic": "t"}),
+    (core.TopicExists("t"), sdk.TopicExists, {"topic": "t"}),
+    (core.GroupNotFound("t", "g"), sdk.GroupNotFound, {"topic": "t", "group": "g"}),
+    (core.GroupExists("t", "g"), sdk.GroupExists, {"topic": "t", "group": "g"}),
+    (core.RouteNotFound("r"), sdk.RouteNotFound, {"route": "r"}),
+    (core.RouteExists("r"), sdk.RouteExists, {"route": "r"}),
+    (core.MemberNotFound("n9"), sdk.MemberNotFound, {"node_id": "n9"}),
+    (core.MemberExists("taken"), sdk.MemberExists, {}),
+    (core.DuplicateMessage("dup"), sdk.DuplicateMessageError, {}),
+    (core.NotFound("thing"), sdk.NotFound, {}),
+    (core.AlreadyExists("thing"), sdk.AlreadyExists, {}),
+    (core.FailedPrecondition("cycle"), sdk.FailedPrecondition, {}),
+    (core.NotLeader("h:1"), sdk.Unavailable, {"leader": "h:1"}),
+    (core.NotLeader("h:1", no_quorum=True), sdk.Unavailable, {"leader": "h:1", "no_quorum": "true"}),
+    (core.NoQuorum("alone"), sdk.Unavailable, {}),
+    (core.Unavailable("later"), sdk.Unavailable, {}),
+    (core.ResourceExhausted("full"), sdk.ResourceExhausted, {}),
+    (core.Unimplemented("not yet"), sdk.Unimplemented, {}),
+    (core.DataLoss("damaged"), sdk.BrokerError, {}),
+    (core.ApplyFailed("bug"), sdk.BrokerError, {}),
+    (RuntimeError("boom"), sdk.BrokerError, {}),
+]
+
+
+@pytest.mark.parametrize(("exc", "cls", "metadata"), CASES, ids=lambda v: type(v).__name__)
+def test_every_core_error_becomes_the_sdk_class_of_its_reason(exc: Exception, cls: type[sdk.BrokerError],
+                                                               metadata: dict[str, str]) -> None:
+    code, message, _ = status_for(exc)
+    err = through_the_wire(exc)
+    assert type(err) is cls
+    assert (err.code, err.message, err.metadata) == (code.name, message, metadata)
+    assert err.reason == getattr(exc, "reason", Reason.INTERNAL)
+
+
+def test_every_reason_is_sent_by_some_core_error() -> None:
+    sent = {getattr(exc, "reason", Reason.INTERNAL) for exc, _, _ in CASES}
+    assert sent == set(Reason)
+
+
+def test_refused_is_decided_by_the_reason() -> None:
+    assert through_the_wire(core.DuplicateMessage("dup")).refused
+    assert through_the_wire(core.GroupNotFound("t", "g")).refused
+    assert not through_the_wire(core.Unavailable("later")).refused
+    assert not through_the_wire(core.ResourceExhausted("full")).refused
+
+
+def test_without_details_the_code_decides() -> None:
+    err = sdk.error_from_rpc(Failed(grpc.StatusCode.NOT_FOUND, "gone", ()))
+    assert type(err) is sdk.NotFound and err.reason == "" and err.refused
+    garbage = sdk.error_from_rpc(Failed(grpc.StatusCode.ALREADY_EXISTS, "x", (("grpc-status-details-bin", b"\xff"),)))
+    assert type(garbage) is sdk.AlreadyExists
