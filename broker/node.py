@@ -29,6 +29,7 @@ from broker.node_groups import NodeGroups
 from broker.node_routes import NodeRoutes
 from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
+from broker.security.node import server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
@@ -68,10 +69,10 @@ class Node:
         self.member_registry = MemberRegistry(self.state)  # likewise: members added at run time
         self.groups = NodeGroups(self.state, self.retention)  # consumer groups: likewise
         self.routes = NodeRoutes(self.state)  # likewise
-        if config.raft_password and not config.raft_password_salt:
+        if (config.raft_password or config.raft_password_file) and not config.raft_password_salt:
             log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
                         "set a random one (the same on every node)")
-        options = RaftOptions(password=config.raft_password, password_salt=config.raft_salt(),
+        options = RaftOptions(password=config.raft_secret(), password_salt=config.raft_salt(),
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
                               compaction_min_time_s=config.raft_compaction_min_time_s,
@@ -91,6 +92,9 @@ class Node:
         self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers)
+        security = server_security(config)
+        if security is not None:
+            self.admin.peer_channel = security.peer_channel
         peers.attach(self.member_registry, self.replicator.members)
         self.admin.membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter,
                                                   peers, config.commit_timeout_ms / 1000)
@@ -105,7 +109,8 @@ class Node:
         self.groups.wire(submitter=submitter, broker=broker, admin=self.admin, metrics=self.metrics,
                          clock_ms=self.clock.now_ms, response_bytes_max=self.response_bytes_max)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
-                                 health_check=lambda: replica_health(self.replicator), extra=[mirror])
+                                 health_check=lambda: replica_health(self.replicator), extra=[mirror],
+                                 security=security)
 
     @property
     def max_message_bytes(self) -> int:

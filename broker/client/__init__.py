@@ -20,12 +20,14 @@ from broker.client.errors import (
     DuplicateMessageError,
     FailedPrecondition,
     InvalidArgument,
+    PermissionDenied,
     ResourceExhausted,
     RouteExists,
     RouteNotFound,
     SchemaMismatchError,
     TopicExists,
     TopicNotFound,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
 )
@@ -43,10 +45,17 @@ from broker.client.models import (
     Watermark,
 )
 from broker.client.routes import RouteInfo, RoutePartition
+from broker.client.security import CLIENT_CONFIG_ENV, ClientConfigError, ClientSecurity, load_client_config
 from broker.client.subscription import Subscription
 from broker.client.typed import TypedSubscription, TypedTopic
 
 __all__ = [
+    "PermissionDenied",
+    "Unauthenticated",
+    "CLIENT_CONFIG_ENV",
+    "ClientConfigError",
+    "ClientSecurity",
+    "load_client_config",
     "BrokerError",
     "Client",
     "Consumer",

@@ -84,7 +84,17 @@ class RouteExists(BrokerError):
     """A route of that name already exists (ALREADY_EXISTS)."""
 
 
+class Unauthenticated(BrokerError):
+    """No valid credentials: a missing, unknown or expired token (UNAUTHENTICATED)."""
+
+
+class PermissionDenied(BrokerError):
+    """The principal lacks the permission the message names (PERMISSION_DENIED)."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.NOT_FOUND: TopicNotFound,
     grpc.StatusCode.ALREADY_EXISTS: TopicExists,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,

@@ -118,8 +118,11 @@ class TopicLog:
             raise result.error
 
     # -- publish -----------------------------------------------------------------------------
-    def publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
-        """Append a batch, all or nothing; answers after it is committed and applied here."""
+    def publish(self, request: broker_pb2.PublishRequest, producer: str = "") -> broker_pb2.PublishResponse:
+        """Append a batch, all or nothing; answers after it is committed and applied here.
+        ``producer``: the authenticated principal, stamped on every record ("" without
+        authentication); whatever a client smuggles in as unknown fields (a forged ``producer``,
+        ``origin`` or ``timestamp_ms``) is dropped."""
         self._submitter.ensure_leader()
         meta = self._meta(request.topic)
         cmd = internal_pb2.Command()
@@ -131,7 +134,7 @@ class TopicLog:
         config = meta.config
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (r.value for r in request.records)))
-        append.bodies.extend(self._bodies(request))
+        append.bodies.extend(self._bodies(request, producer))
         append.now_ms = self._clock_ms()
         if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
             result: object = self._publish_ephemeral(meta, append)
@@ -277,13 +280,14 @@ class TopicLog:
             placed = [p if p >= 0 else next(turn) % partitions for p in placed]
         return placed
 
-    def _bodies(self, request: broker_pb2.PublishRequest) -> list[bytes]:
+    def _bodies(self, request: broker_pb2.PublishRequest, producer: str = "") -> list[bytes]:
         limit = self._limits.max_record_bytes
         total = 0
         bodies: list[bytes] = []
-        origin = self._origin_bytes
+        origin = self._origin_bytes + (internal_pb2.RecordBody(producer=producer).SerializeToString())
         for i, rec in enumerate(request.records):
             msg_id = rec.msg_id
+            rec.DiscardUnknownFields()  # a body field the client may not set (producer, origin, ...)
             if rec.HasField("partition") or rec.idempotency_key or msg_id:
                 rec.ClearField("partition")
                 rec.ClearField("idempotency_key")

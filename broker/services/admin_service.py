@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -33,6 +34,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         self._me = me
         self._peers = peers
         self._channels: dict[str, grpc.Channel] = {}
+        # how a channel to another node is opened (a TLS node sets a secure one: broker.security.node)
+        self.peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-status")
 
     @errors.unary
@@ -86,7 +89,7 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     def _remote_info(self, peer: Peer) -> admin_pb2.NodeInfo:
         channel = self._channels.get(peer.grpc_address)
         if channel is None:
-            channel = self._channels.setdefault(peer.grpc_address, grpc.insecure_channel(peer.grpc_address))
+            channel = self._channels.setdefault(peer.grpc_address, self.peer_channel(peer.grpc_address))
         try:
             return admin_pb2_grpc.AdminStub(channel).NodeStatus(admin_pb2.NodeStatusRequest(),
                                                                  timeout=PEER_STATUS_TIMEOUT_S)

@@ -15,6 +15,7 @@ import grpc
 from broker.core.errors import BrokerError
 from broker.core.reading import Reader, Step
 from broker.core.topic_log import TopicLog
+from broker.security import current_principal
 from broker.services import errors
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
@@ -31,10 +32,10 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         self._metrics = metrics
         self._streams = streams
 
-    def _publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+    def _publish(self, request: broker_pb2.PublishRequest, producer: str) -> broker_pb2.PublishResponse:
         started = time.perf_counter()
         try:
-            response = self._log.publish(request)
+            response = self._log.publish(request, producer)
         except BrokerError as exc:
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
@@ -45,16 +46,17 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
 
     @errors.unary
     def Publish(self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:
-        return self._publish(request)
+        return self._publish(request, current_principal())
 
     @errors.streaming_async
     async def PublishStream(self, request_iterator: AsyncIterator[broker_pb2.PublishRequest],
                             context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[broker_pb2.PublishResponse]:
         self._streams.admit()
+        producer = current_principal()  # set by the auth interceptor in this call's task
         try:
             async for request in request_iterator:
-                yield await self._streams.call(functools.partial(self._publish, request))
+                yield await self._streams.call(functools.partial(self._publish, request, producer))
         finally:
             self._streams.release()
 
