@@ -102,8 +102,8 @@ class NodeConfig(BaseModel):
         self._check_security()
         # the metrics endpoint is unauthenticated too: it needs the same explicit opt-in as gRPC
         exposed = [a for a in (self.grpc_address, self.raft_address, self.metrics_address) if not is_loopback(a)]
-        if self.authenticated:  # gRPC is TLS + auth; Raft is checked below; metrics carry no record data
-            exposed = [a for a in exposed if a == self.raft_address]
+        if self.authenticated:  # gRPC is TLS + auth, Raft needs its secret (below), metrics carry no record data
+            exposed = []
         if exposed and not self.insecure:
             raise ValueError(
                 f"refusing to bind {', '.join(exposed)} beyond loopback without authentication; "
@@ -122,6 +122,11 @@ class NodeConfig(BaseModel):
         return self.tls_cert_file is not None and (self.tokens_file is not None or self.tls_principal_from_cert)
 
     def _check_security(self) -> None:
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file", "tokens_file",
+                     "acl_file", "raft_password_file"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         tls = self.tls_cert_file is not None
@@ -135,11 +140,6 @@ class NodeConfig(BaseModel):
                              "an authenticated node needs an ACL, and an ACL needs authenticated principals")
         if self.raft_password is not None and self.raft_password_file is not None:
             raise ValueError("give raft_password or raft_password_file, not both")
-        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file", "tokens_file",
-                     "acl_file", "raft_password_file"):
-            path = getattr(self, name)
-            if path is not None and not Path(path).is_file():
-                raise ValueError(f"{name}: {path} is not a readable file")
 
     def raft_secret(self) -> str | None:
         """The Raft password: ``raft_password``, or the first line of ``raft_password_file``."""
