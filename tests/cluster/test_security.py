@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from broker.client import Client, ClientSecurity, PermissionDenied, Record, Unauthenticated, Unavailable
-from broker.security.devcerts import make_ca
+from broker.security.devcerts import issue_cert, make_ca
 from broker.security.tokens import hash_token_sha256
 from broker.v1 import broker_pb2, broker_pb2_grpc, internal_pb2, routes_pb2, routes_pb2_grpc
 from tests.conftest import wait_until
@@ -362,3 +365,23 @@ def test_cli_and_sdk_with_the_printed_client_config(secure: SecureCluster) -> No
             assert "cli.topic" in {t.name for t in client.list_topics()}
     finally:
         del os.environ["RAFTBROKER_CLIENT_CONFIG"]
+
+
+def _served_common_name(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    pem = ssl.get_server_certificate((host, int(port)), timeout=5)
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    return str(cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+
+def test_certificate_is_reloaded_without_restart(secure: SecureCluster, orders: str) -> None:
+    address = secure.addresses[0]
+    assert _served_common_name(address) == "n1"
+    cert, key = issue_cert((secure.tls / "ca.pem").read_bytes(), (secure.tls / "ca-key.pem").read_bytes(),
+                           "n1-renewed", ["localhost", "n1"], ["127.0.0.1"])
+    for name, data in (("n1-key.pem", key), ("n1.pem", cert)):
+        (secure.tls / f"{name}.new").write_bytes(data)
+        (secure.tls / f"{name}.new").replace(secure.tls / name)
+    wait_until(lambda: _served_common_name(address) == "n1-renewed", 30, "the renewed certificate to be served")
+    with Client([address], client_config=secure.client_config) as client:  # a new connection trusts it
+        assert orders in {t.name for t in client.list_topics()}
