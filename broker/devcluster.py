@@ -110,7 +110,9 @@ class DevCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.security is not None:
             self.security.ensure(self.addresses)
-            self._credentials = grpc.ssl_channel_credentials(self.security.ca_file.read_bytes())
+            cert, key = self.security.admin_cert()
+            self._credentials = grpc.ssl_channel_credentials(self.security.ca_file.read_bytes(), key.read_bytes(),
+                                                             cert.read_bytes())
         for i in range(self.nodes):
             self.spawn(i)
         return self

@@ -116,6 +116,10 @@ class DevSecurity:
     def node_cert(self, node_id: str) -> tuple[Path, Path]:
         return self.tls_dir / f"{node_id}.pem", self.tls_dir / f"{node_id}-key.pem"
 
+    def admin_cert(self) -> tuple[Path, Path]:
+        """The admin's client certificate and key (common name ``admin``), for mTLS."""
+        return self.tls_dir / "admin.pem", self.tls_dir / "admin-key.pem"
+
     def admin_token(self) -> str:
         return self.admin_token_file.read_text().strip()
 
@@ -140,10 +144,16 @@ class DevSecurity:
         salt_file = self.tls_dir / "raft.salt"
         if not salt_file.exists():
             _write(salt_file, (secrets.token_hex(16) + "\n").encode())
+        admin_cert, admin_key = self.admin_cert()
+        if not admin_cert.exists() or not admin_key.exists():  # presented when a node asks for one (mTLS)
+            cert, key = issue_cert(self.ca_file.read_bytes(), ca_key_file.read_bytes(), ADMIN_PRINCIPAL, [], [])
+            _write(admin_key, key, private=True)
+            _write(admin_cert, cert)
         addresses = ", ".join(f'"{a}"' for a in bootstrap)
         _write(self.client_config, (f"# raftbroker client config (raftbroker dev --secure)\n"
                                     f"bootstrap = [{addresses}]\n"
-                                    f'ca_file = "tls/ca.pem"\ntoken_file = "tls/admin.token"\n').encode())
+                                    f'ca_file = "tls/ca.pem"\ntoken_file = "tls/admin.token"\n'
+                                    f'cert_file = "tls/admin.pem"\nkey_file = "tls/admin-key.pem"\n').encode())
         return self
 
     def raft_salt(self) -> str:
