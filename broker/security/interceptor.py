@@ -16,7 +16,8 @@ as each published record's producer. Refusals and every admin action are audited
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,8 +163,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=self._unary(handler.unary_unary, method, rule))
         if handler.unary_stream is not None:
+            if not inspect.isasyncgenfunction(handler.unary_stream):  # a sync servicer (e.g. reflection)
+                return handler._replace(unary_stream=self._sync_stream(handler.unary_stream, method, rule, False))
             return handler._replace(unary_stream=self._unary_stream(handler.unary_stream, method, rule))
         if handler.stream_stream is not None:
+            if not inspect.isasyncgenfunction(handler.stream_stream):
+                return handler._replace(stream_stream=self._sync_stream(handler.stream_stream, method, rule, True))
             return handler._replace(stream_stream=self._stream_stream(handler.stream_stream, method, rule))
         return handler._replace(stream_unary=self._stream_unary(handler.stream_unary, method, rule))
 
@@ -198,6 +203,38 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 raise
             audit(principal, method, resource, "ok", context.peer())
             return response
+
+        return wrapper
+
+    def _sync_stream(self, behavior: Behavior, method: str, rule: Rule, request_streaming: bool) -> Behavior:
+        """A response-streaming servicer written as a sync generator (run on the call pool)."""
+        guard = self
+        per_request = request_streaming and rule.permission in TOPIC_PERMISSIONS
+
+        def wrapper(request: Any, context: Any) -> Iterator[Any]:
+            first = None if request_streaming else request
+            try:
+                principal, _ = guard._check(context, method, Rule(AUTHENTICATED) if per_request else rule, first)
+            except Denied as denied:
+                context.abort(denied.code, str(denied))
+                raise AssertionError("unreachable") from None
+            set_principal(principal)
+            refused: list[Denied] = []
+
+            def checked(requests: Iterator[Any]) -> Iterator[Any]:
+                for item in requests:
+                    try:
+                        guard._guard.authorise(principal, method, rule, item)
+                    except Denied as denied:
+                        audit(principal, method, _describe(rule.permission, *request_resource(item)),
+                              f"denied: {denied}", context.peer())
+                        refused.append(denied)
+                        return
+                    yield item
+
+            yield from behavior(checked(request) if per_request else request, context)
+            if refused:
+                context.abort(refused[0].code, str(refused[0]))
 
         return wrapper
 

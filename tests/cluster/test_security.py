@@ -20,6 +20,8 @@ import grpc
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from broker.client import Client, ClientSecurity, PermissionDenied, Record, Unauthenticated, Unavailable
 from broker.security.devcerts import issue_cert, make_ca
@@ -385,3 +387,20 @@ def test_certificate_is_reloaded_without_restart(secure: SecureCluster, orders: 
     wait_until(lambda: _served_common_name(address) == "n1-renewed", 30, "the renewed certificate to be served")
     with Client([address], client_config=secure.client_config) as client:  # a new connection trusts it
         assert orders in {t.name for t in client.list_topics()}
+
+
+def test_health_is_public_and_reflection_needs_a_token(secure: SecureCluster) -> None:
+    ca = grpc.ssl_channel_credentials((secure.tls / "ca.pem").read_bytes())
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    with grpc.secure_channel(secure.addresses[0], ca) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as raised:
+            list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([request]), timeout=10))
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    token = (secure.tls / "admin.token").read_text().strip()
+    with grpc.secure_channel(secure.addresses[0], grpc.composite_channel_credentials(
+            ca, grpc.access_token_call_credentials(token))) as channel:
+        answers = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter([request]), timeout=10))
+        assert "broker.v1.Broker" in {s.name for s in answers[0].list_services_response.service}
