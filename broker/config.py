@@ -89,6 +89,7 @@ class NodeConfig(BaseModel):
     tokens_file: Path | None = None  # bearer tokens → principals, hashed (re-read on change)
     acl_file: Path | None = None  # grants per principal, topic and group (re-read on change)
     raft_password_file: Path | None = None  # raft_password read from a file (a mounted Secret)
+    route_client_config: Path | None = None  # client config (TLS, token) routes use towards other clusters
 
     _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)
 
@@ -123,7 +124,7 @@ class NodeConfig(BaseModel):
 
     def _check_security(self) -> None:
         for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file", "tokens_file",
-                     "acl_file", "raft_password_file"):
+                     "acl_file", "raft_password_file", "route_client_config"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{name}: {path} is not a readable file")

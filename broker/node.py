@@ -29,7 +29,7 @@ from broker.node_groups import NodeGroups
 from broker.node_routes import NodeRoutes
 from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
-from broker.security.node import server_security
+from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
@@ -101,7 +101,8 @@ class Node:
         self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
         mirror = self.routes.wire(cluster_id=config.cluster_id, node_id=config.node_id, submitter=submitter,
                                   limits=limits, is_leader=lambda: self.replicator.status().role == Role.LEADER,
-                                  admin=self.admin, metrics=self.metrics, clock_ms=self.clock.now_ms)
+                                  admin=self.admin, metrics=self.metrics, clock_ms=self.clock.now_ms,
+                                  remote_security=route_security(config))
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
                         response_bytes_max=self.response_bytes_max)
         self.streams = StreamRuntime(self.state, streams_max=config.max_streams)

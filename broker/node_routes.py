@@ -8,11 +8,13 @@ then :meth:`start` and :meth:`stop` it with the node.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import grpc
 
 from broker.client.mirror import MirrorClient
+from broker.client.security import ClientSecurity
 from broker.core.route_admin import RouteAdmin
 from broker.core.routed_append import TrustedAppender
 from broker.core.router import RouteRunner
@@ -35,12 +37,15 @@ class NodeRoutes:
 
     def wire(self, *, cluster_id: str, node_id: str, submitter: CommandSubmitter, limits: Limits,
              is_leader: Callable[[], bool], admin: RouteAdminMethods, metrics: NodeMetrics,
-             clock_ms: Callable[[], int]) -> tuple[str, Callable[[grpc.Server], None]]:
+             clock_ms: Callable[[], int], remote_security: ClientSecurity | None = None
+             ) -> tuple[str, Callable[[grpc.Server], None]]:
         """Create the router and attach the admin methods and metrics; returns the Mirror service
         (name, registrar) for the gRPC server. ``clock_ms`` is the node clock (wall ms) that stamps
-        routed appends and route creations."""
+        routed appends and route creations. ``remote_security``: TLS and token the router uses
+        towards other clusters (``route_client_config``); None: plaintext."""
         appender = TrustedAppender(self._state, submitter, limits, cluster_id, clock_ms=clock_ms)
-        self.runner = RouteRunner(self._state, self.table, appender, submitter, is_leader, MirrorClient)
+        self.runner = RouteRunner(self._state, self.table, appender, submitter, is_leader,
+                                  functools.partial(MirrorClient, security=remote_security))
         admin.route_admin = RouteAdmin(self._state, self.table, submitter, self.runner, clock_ms=clock_ms)
         metrics.registry.register(RouteCollector(admin.route_admin))
         mirror = MirrorServicer(appender, node_id)

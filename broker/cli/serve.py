@@ -56,6 +56,8 @@ def serve_command(
         help="Grants per principal, topic and group (TOML, re-read on change)", rich_help_panel="Security")] = None,
     raft_password_file: Annotated[Path | None, typer.Option(
         help="File holding the Raft password (instead of raft_password)", rich_help_panel="Security")] = None,
+    route_client_config: Annotated[Path | None, typer.Option(
+        help="Client config (TLS, token) routes use towards secured clusters", rich_help_panel="Security")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
 ) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (config: file < RAFTBROKER_* env < flags)."""
@@ -68,6 +70,7 @@ def serve_command(
             "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file, "tls_client_ca_file": tls_client_ca_file,
             "tls_ca_file": tls_ca_file, "tls_principal_from_cert": tls_principal_from_cert or None,
             "tokens_file": tokens_file, "acl_file": acl_file, "raft_password_file": raft_password_file,
+            "route_client_config": route_client_config,
             "peers": [PeerConfig.parse(p).model_dump() for p in peer] if peer else None,
         }
         cfg = load_config(config, overrides)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from broker.client.security import ClientSecurity, load_client_config
 from broker.security.acl import Acl
 from broker.security.interceptor import AuthInterceptor, Guard
 from broker.security.tls import ServerTls
@@ -51,3 +52,11 @@ def server_security(config: NodeConfig) -> ServerSecurity | None:
         guard = Guard(tokens, Acl(config.acl_file), principal_from_cert=config.tls_principal_from_cert)
         interceptors.append(AuthInterceptor(guard))
     return ServerSecurity(tls.credentials(), interceptors, _peer_channel(config))
+
+
+def route_security(config: NodeConfig) -> ClientSecurity | None:
+    """What this node's routers present to other clusters (``route_client_config``), else None."""
+    if config.route_client_config is None:
+        return None
+    loaded = load_client_config(config.route_client_config)
+    return loaded.security if loaded is not None else None

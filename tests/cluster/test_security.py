@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from broker.client import Client, ClientSecurity, PermissionDenied, Record, Unauthenticated, Unavailable
+from broker.devcluster import DevCluster
 from broker.security.devcerts import issue_cert, make_ca
 from broker.security.tokens import hash_token_sha256
 from broker.v1 import broker_pb2, broker_pb2_grpc, internal_pb2, routes_pb2, routes_pb2_grpc
@@ -404,3 +405,40 @@ def test_health_is_public_and_reflection_needs_a_token(secure: SecureCluster) ->
         answers = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
             iter([request]), timeout=10))
         assert "broker.v1.Broker" in {s.name for s in answers[0].list_services_response.service}
+
+
+def test_route_to_the_secure_cluster_uses_the_route_client_config(secure: SecureCluster, tmp_path: Path) -> None:
+    """A plaintext one-node source cluster mirrors into the secured cluster with its client config
+    (TLS and the admin token, which may mirror); without one the route cannot deliver."""
+    with admin_client(secure) as admin:
+        admin.create_topic("mirror.target", 1, exist_ok=True)
+    source = DevCluster(1, tmp_path / "source", extra_args=["--cluster-id", "source", "--route-client-config",
+                                                                 str(secure.client_config)])
+    plain = DevCluster(1, tmp_path / "plain", extra_args=["--cluster-id", "plain"])
+    try:
+        source.start()
+        plain.start()
+        source.wait_ready(60)
+        plain.wait_ready(60)
+        with Client(source.addresses, retry_deadline_s=30) as src, Client(plain.addresses) as other, \
+                admin_client(secure) as admin:
+            for client in (src, other):
+                client.create_topic("local", 1)
+                client.create_route("out", "local", "mirror.target", target_cluster=secure.addresses)
+            src.publish("local", b"routed over tls")
+            other.publish("local", b"routed in plaintext")
+
+            def arrived() -> bool:
+                return any(r.value == b"routed over tls" for r in admin.subscribe("mirror.target", stop_at_end=True)
+                           if isinstance(r, Record))
+
+            try:
+                wait_until(arrived, 90, "the routed copy on the secure cluster")
+            except AssertionError:
+                raise AssertionError(f"route: {src.route('out')}") from None
+            assert other.route("out").lag > 0  # the plaintext router cannot reach the TLS port
+            assert not [r for r in admin.subscribe("mirror.target", stop_at_end=True)
+                        if isinstance(r, Record) and r.value == b"routed in plaintext"]
+    finally:
+        source.stop()
+        plain.stop()
