@@ -80,6 +80,16 @@ class NodeConfig(BaseModel):
     raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a silent Raft peer counts as disconnected
     max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams
     insecure: bool = False
+    # security (SPEC §8, docs/security.md): TLS for gRPC, bearer tokens, ACLs, the Raft secret from a file
+    tls_cert_file: Path | None = None  # PEM certificate chain of this node's gRPC port (re-read on change)
+    tls_key_file: Path | None = None  # its PEM private key
+    tls_client_ca_file: Path | None = None  # set: clients must present a certificate this CA signed (mTLS)
+    tls_ca_file: Path | None = None  # CA of the other nodes' certificates (node-to-node calls); default: the client CA
+    tls_principal_from_cert: bool = False  # a call without a token is its client certificate's common name
+    tokens_file: Path | None = None  # bearer tokens → principals, hashed (re-read on change)
+    acl_file: Path | None = None  # grants per principal, topic and group (re-read on change)
+    raft_password_file: Path | None = None  # raft_password read from a file (a mounted Secret)
+    route_client_config: Path | None = None  # client config (TLS, token) routes use towards other clusters
 
     _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)
 
@@ -90,18 +100,56 @@ class NodeConfig(BaseModel):
             raise ValueError(f"node ids must be unique, got {ids}")
         if self.max_record_bytes > self.max_batch_bytes:
             raise ValueError("max_record_bytes must not exceed max_batch_bytes")
+        self._check_security()
         # the metrics endpoint is unauthenticated too: it needs the same explicit opt-in as gRPC
         exposed = [a for a in (self.grpc_address, self.raft_address, self.metrics_address) if not is_loopback(a)]
+        if self.authenticated:  # gRPC is TLS + auth, Raft needs its secret (below), metrics carry no record data
+            exposed = []
         if exposed and not self.insecure:
             raise ValueError(
                 f"refusing to bind {', '.join(exposed)} beyond loopback without authentication; "
-                "TLS and tokens are not available in this version, so pass --insecure to accept that explicitly")
-        if not is_loopback(self.raft_address) and not self.raft_password:
+                "configure TLS and tokens (tls_cert_file, tls_key_file, tokens_file, acl_file; see "
+                "docs/security.md), or pass --insecure to accept that explicitly")
+        if not is_loopback(self.raft_address) and not (self.raft_password or self.raft_password_file):
             raise ValueError("a non-loopback Raft address needs raft_password (it encrypts and authenticates the "
                              "Raft transport; set it in the config file or RAFTBROKER_RAFT_PASSWORD)")
         if self.raft_password == "" or self.raft_password_salt == "":
             raise ValueError("raft_password and raft_password_salt must not be empty when set")
         return self
+
+    @property
+    def authenticated(self) -> bool:
+        """gRPC calls are authenticated (TLS with tokens or client-certificate principals)."""
+        return self.tls_cert_file is not None and (self.tokens_file is not None or self.tls_principal_from_cert)
+
+    def _check_security(self) -> None:
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file", "tokens_file",
+                     "acl_file", "raft_password_file", "route_client_config"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        tls = self.tls_cert_file is not None
+        if (self.tokens_file is not None or self.tls_client_ca_file is not None) and not tls:
+            raise ValueError("tokens_file and tls_client_ca_file need TLS (tls_cert_file and tls_key_file): "
+                             "tokens must not cross the network in plaintext")
+        if self.tls_principal_from_cert and self.tls_client_ca_file is None:
+            raise ValueError("tls_principal_from_cert needs tls_client_ca_file (verified client certificates)")
+        if self.authenticated != (self.acl_file is not None):
+            raise ValueError("authentication (tokens_file or tls_principal_from_cert) and acl_file go together: "
+                             "an authenticated node needs an ACL, and an ACL needs authenticated principals")
+        if self.raft_password is not None and self.raft_password_file is not None:
+            raise ValueError("give raft_password or raft_password_file, not both")
+
+    def raft_secret(self) -> str | None:
+        """The Raft password: ``raft_password``, or the first line of ``raft_password_file``."""
+        if self.raft_password_file is None:
+            return self.raft_password
+        secret = Path(self.raft_password_file).read_text().strip()
+        if not secret:
+            raise ConfigError(f"raft_password_file {self.raft_password_file} is empty")
+        return secret
 
     def raft_salt(self) -> str:
         """The salt of the Raft password's key derivation: ``raft_password_salt``, else one derived from

@@ -20,6 +20,7 @@ from types import TracebackType
 
 import grpc
 
+from broker.security.devcerts import DevSecurity
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 RAFT_PORT_OFFSET = 100
@@ -51,7 +52,9 @@ class DevCluster:
     """Starts, watches, kills and restarts a local cluster."""
 
     def __init__(self, nodes: int, data_dir: Path, base_port: int | None = None,
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 security: DevSecurity | None = None) -> None:
+        """``security``: TLS, tokens and ACLs from these generated files (``raftbroker dev --secure``)."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.nodes = nodes
@@ -60,6 +63,8 @@ class DevCluster:
         self.extra_args = list(extra_args)
         self.env = env
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
+        self.security = security
+        self._credentials: grpc.ChannelCredentials | None = None
         self._channels: dict[str, grpc.Channel] = {}
 
     # -- addresses ---------------------------------------------------------------------------
@@ -96,11 +101,18 @@ class DevCluster:
         for j in range(self.nodes):
             if j != i:
                 cmd += ["--peer", f"{self.node_id(j)}={self.raft_address(j)}/{self.grpc_address(j)}"]
+        if self.security is not None:
+            cmd += self.security.node_args(self.node_id(i))
         return cmd + self.extra_args
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> DevCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.security is not None:
+            self.security.ensure(self.addresses)
+            cert, key = self.security.admin_cert()
+            self._credentials = grpc.ssl_channel_credentials(self.security.ca_file.read_bytes(), key.read_bytes(),
+                                                             cert.read_bytes())
         for i in range(self.nodes):
             self.spawn(i)
         return self
@@ -179,7 +191,9 @@ class DevCluster:
         address = self.grpc_address(i)
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = (
+                grpc.insecure_channel(address) if self._credentials is None
+                else grpc.secure_channel(address, self._credentials))
         try:
             info: admin_pb2.NodeInfo = admin_pb2_grpc.AdminStub(channel).NodeStatus(
                 admin_pb2.NodeStatusRequest(), timeout=timeout_s)

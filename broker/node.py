@@ -36,6 +36,7 @@ from broker.node_groups import NodeGroups
 from broker.node_routes import NodeRoutes
 from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
+from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
@@ -77,10 +78,10 @@ class Node:
         group_applier = node_groups.group_applier(self.state, self.retention)  # consumer groups
         route_table = RouteTable(self.state)  # routes
         # 2. the replicator
-        if config.raft_password and not config.raft_password_salt:
+        if (config.raft_password or config.raft_password_file) and not config.raft_password_salt:
             log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
                         "set a random one (the same on every node)")
-        options = RaftOptions(password=config.raft_password, password_salt=config.raft_salt(),
+        options = RaftOptions(password=config.raft_secret(), password_salt=config.raft_salt(),
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
                               compaction_min_time_s=config.raft_compaction_min_time_s,
@@ -102,6 +103,7 @@ class Node:
         is_leader = self._is_leader
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention],
                                        is_leader, config.housekeeping_period_ms / 1000)
+        security = server_security(config)  # TLS and authentication (None: plaintext, no auth)
         peers.attach(self.member_registry, self.replicator.members)
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000)
@@ -109,7 +111,7 @@ class Node:
                                  clock=self.clock, response_bytes_max=self.response_bytes_max)
         self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
                                  submitter=submitter, limits=limits, is_leader=is_leader, metrics=self.metrics,
-                                 clock=self.clock)
+                                 clock=self.clock, remote_security=route_security(config))
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
                         response_bytes_max=self.response_bytes_max)
         self.streams = StreamRuntime(self.state, streams_max=config.max_streams)
@@ -117,11 +119,12 @@ class Node:
         broker = BrokerServicer(self.topic_log, reader, self.metrics, self.streams, groups=self.groups.service,
                                 group_delivery=self.groups.delivery)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers, membership=membership,
-                                   group_ops=self.groups.operations, route_admin=self.routes.admin)
+                                   group_ops=self.groups.operations, route_admin=self.routes.admin,
+                                   peer_channel=security.peer_channel if security is not None else None)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
                                  health_check=lambda: replica_health(self.replicator),
                                  extra=[self.routes.mirror_service()],
-                                 interceptors=[self.metrics.grpc.aio_interceptor()])
+                                 interceptors=[self.metrics.grpc.aio_interceptor()], security=security)
 
     def _is_leader(self) -> bool:
         return self.replicator.status().role == Role.LEADER

@@ -9,11 +9,13 @@ the state machine (its commands must be registered before the replicator applies
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import grpc
 
 from broker.client.mirror import MirrorClient
+from broker.client.security import ClientSecurity
 from broker.clock import Clock
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
@@ -33,11 +35,14 @@ class NodeRoutes:
 
     def __init__(self, state: BrokerStateMachine, table: RouteTable, *, cluster_id: str, node_id: str,
                  submitter: CommandSubmitter, limits: Limits, is_leader: Callable[[], bool], metrics: NodeMetrics,
-                 clock: Clock) -> None:
-        """``clock`` is the node clock whose wall reading stamps routed appends and route creations."""
+                 clock: Clock, remote_security: ClientSecurity | None = None) -> None:
+        """``clock`` is the node clock whose wall reading stamps routed appends and route creations.
+        ``remote_security``: TLS and token the router uses towards other clusters
+        (``route_client_config``); None: plaintext."""
         self.table = table
         appender = TrustedAppender(state, submitter, limits, cluster_id, clock)
-        self.runner = RouteRunner(state, table, appender, submitter, is_leader, MirrorClient)
+        self.runner = RouteRunner(state, table, appender, submitter, is_leader,
+                                  functools.partial(MirrorClient, security=remote_security))
         self.admin = RouteAdmin(state, table, submitter, clock, self.runner)
         metrics.registry.register(RouteCollector(self.admin))
         self.mirror = MirrorServicer(appender, node_id)

@@ -103,6 +103,7 @@ def run_publish_bench(
     timeout_s: float = 10.0,
     retry_deadline_s: float = 30.0,
     on_result: Callable[[BenchResult], None] | None = None,
+    client_config: str | None = None,
 ) -> list[BenchResult]:
     """Run the benchmark against a running cluster; one result per (batch size, mode).
 
@@ -114,7 +115,8 @@ def run_publish_bench(
     own_topic = topic is None
     name = topic or f"bench-{uuid.uuid4().hex[:8]}"
     results = []
-    with Client(bootstrap, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s) as client:
+    with Client(bootstrap, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
+                client_config=client_config) as client:
         with contextlib.suppress(TopicExists):
             client.create_topic(name, partitions, durability=durability)
         try:
@@ -198,6 +200,7 @@ def publish(
             bootstrap, count=count, batch_sizes=sizes, size_bytes=size, topic=topic,
             threads=threads, partitions=partitions, durability=durability, run_s_max=max_seconds,
             timeout_s=opts.timeout_s, retry_deadline_s=max(opts.retry_deadline_s, 30.0), on_result=progress,
+            client_config=None if spawn else opts.client_config,
         )
     if opts.json:
         emit_json({"config": config, "results": [asdict(r) for r in results]})

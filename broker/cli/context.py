@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from broker.client import BrokerError, Client
+from broker.client import BrokerError, Client, ClientConfigError, load_client_config
 
 EXIT_SERVER_ERROR = 1
 EXIT_USAGE = 2
@@ -35,6 +35,7 @@ class CliState:
     json: bool = False
     timeout_s: float = 10.0
     retry_deadline_s: float = 10.0
+    client_config: str | None = None  # --client-config / RAFTBROKER_CLIENT_CONFIG: TLS and token
 
 
 def state(ctx: typer.Context) -> CliState:
@@ -54,6 +55,19 @@ def parse_bootstrap(text: str) -> tuple[str, ...]:
         if not sep or not host or not port.isdigit():
             raise typer.BadParameter(f"{address!r} is not host:port", param_hint="--bootstrap")
     return addresses
+
+
+def bootstrap_from_config(ctx: typer.Context, client_config: str | None) -> tuple[str, ...] | None:
+    """The client config's addresses when ``--bootstrap`` was left at its default (a usage error,
+    exit 2, for a broken config file)."""
+    source = ctx.get_parameter_source("bootstrap")  # typer's click: compared by name, not imported
+    if client_config is None or source is None or source.name != "DEFAULT":
+        return None
+    try:
+        loaded = load_client_config(client_config)
+    except ClientConfigError as err:
+        fail(str(err), EXIT_USAGE)
+    return loaded.bootstrap if loaded is not None and loaded.bootstrap else None
 
 
 def _override(ctx: typer.Context, **changes: Any) -> None:
@@ -105,6 +119,8 @@ def reported_errors() -> Iterator[None]:
         raise
     except BrokerError as err:
         fail(str(err))
+    except ClientConfigError as err:
+        fail(str(err), EXIT_USAGE)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except BrokenPipeError:
@@ -121,7 +137,8 @@ def connect(ctx: typer.Context) -> Iterator[Client]:
     """A client for the command's cluster, inside :func:`reported_errors`."""
     opts = state(ctx)
     with reported_errors(), Client(
-        opts.bootstrap, timeout_s=opts.timeout_s, retry_deadline_s=opts.retry_deadline_s
+        opts.bootstrap, timeout_s=opts.timeout_s, retry_deadline_s=opts.retry_deadline_s,
+        client_config=opts.client_config,
     ) as client:
         yield client
 

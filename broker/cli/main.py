@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from broker.cli import bench, cluster, data, dedup, log_admin, route, topic
-from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
+from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, bootstrap_from_config, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
 from broker.cli.serve import register as register_serve
@@ -66,6 +66,12 @@ def main(
             "its majority fails sooner: once every reachable node says 'no quorum' for about a second.",
         ),
     ] = 10.0,
+    client_config: Annotated[
+        str | None,
+        typer.Option("--client-config", envvar="RAFTBROKER_CLIENT_CONFIG", show_default=False,
+                     help="Client config file (TOML: CA, client certificate, token, bootstrap), as "
+                     "'raftbroker dev --secure' prints it."),
+    ] = None,
     show_version: Annotated[
         bool,
         typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
@@ -73,7 +79,8 @@ def main(
 ) -> None:
     """Global options shared by every client command."""
     ctx.obj = CliState(
-        bootstrap=parse_bootstrap(bootstrap),
+        bootstrap=bootstrap_from_config(ctx, client_config) or parse_bootstrap(bootstrap),
+        client_config=client_config,
         json=json_output,
         timeout_s=timeout_s,
         retry_deadline_s=retry_deadline_s,

@@ -39,6 +39,25 @@ def serve_command(
                                                    show_default=False)] = None,
     max_record_bytes: Annotated[int | None, typer.Option(help="Largest record accepted")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback bind without auth")] = False,
+    tls_cert_file: Annotated[Path | None, typer.Option(
+        help="TLS: this node's PEM certificate chain (re-read on change)", rich_help_panel="Security")] = None,
+    tls_key_file: Annotated[Path | None, typer.Option(help="TLS: its PEM private key", rich_help_panel="Security")]
+    = None,
+    tls_client_ca_file: Annotated[Path | None, typer.Option(
+        help="mTLS: clients must present a certificate this CA signed", rich_help_panel="Security")] = None,
+    tls_ca_file: Annotated[Path | None, typer.Option(
+        help="CA of the other nodes' certificates (default: the client CA)", rich_help_panel="Security")] = None,
+    tls_principal_from_cert: Annotated[bool, typer.Option(
+        "--tls-principal-from-cert", help="A call without a token is its client certificate's common name",
+        rich_help_panel="Security")] = False,
+    tokens_file: Annotated[Path | None, typer.Option(
+        help="Bearer tokens → principals, hashed (TOML, re-read on change)", rich_help_panel="Security")] = None,
+    acl_file: Annotated[Path | None, typer.Option(
+        help="Grants per principal, topic and group (TOML, re-read on change)", rich_help_panel="Security")] = None,
+    raft_password_file: Annotated[Path | None, typer.Option(
+        help="File holding the Raft password (instead of raft_password)", rich_help_panel="Security")] = None,
+    route_client_config: Annotated[Path | None, typer.Option(
+        help="Client config (TLS, token) routes use towards secured clusters", rich_help_panel="Security")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
 ) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (config: file < RAFTBROKER_* env < flags)."""
@@ -48,6 +67,10 @@ def serve_command(
             "node_id": node_id, "cluster_id": cluster_id, "data_dir": data_dir, "grpc_address": grpc,
             "raft_address": raft, "metrics_address": metrics, "max_record_bytes": max_record_bytes,
             "insecure": insecure or None, "raft_password_salt": raft_password_salt,
+            "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file, "tls_client_ca_file": tls_client_ca_file,
+            "tls_ca_file": tls_ca_file, "tls_principal_from_cert": tls_principal_from_cert or None,
+            "tokens_file": tokens_file, "acl_file": acl_file, "raft_password_file": raft_password_file,
+            "route_client_config": route_client_config,
             "peers": [PeerConfig.parse(p).model_dump() for p in peer] if peer else None,
         }
         cfg = load_config(config, overrides)
@@ -71,11 +94,19 @@ def dev_command(
     base_port: Annotated[int, typer.Option(min=1024, max=65000, help="gRPC port of node 1; Raft +100, metrics +200")]
     = 7001,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for a leader")] = 60.0,
+    secure: Annotated[bool, typer.Option("--secure", help=(
+        "TLS, tokens and ACLs: generate a CA, node certificates, an admin token and a client config "
+        "under DATA_DIR (reused when present) and print 'client config: PATH'"))] = False,
 ) -> None:
     """Start a local cluster of NODES separate processes on 127.0.0.1; Ctrl-C stops them all cleanly."""
     from broker.devcluster import DevCluster
 
-    cluster = DevCluster(nodes, data_dir, base_port)
+    security = None
+    if secure:
+        from broker.security.devcerts import DevSecurity
+
+        security = DevSecurity(data_dir)
+    cluster = DevCluster(nodes, data_dir, base_port, security=security)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -95,6 +126,8 @@ def dev_command(
             print(f"  {cluster.node_id(i)}: grpc {cluster.grpc_address(i)}  raft {cluster.raft_address(i)}  "
                   f"metrics http://{cluster.metrics_address(i)}/metrics  pid {cluster.pids[i]}  "
                   f"log {cluster.log_path(i)}", flush=True)
+        if security is not None:
+            print(f"client config: {security.client_config.resolve()}", flush=True)
         reported: set[int] = set()
         while not stop.wait(0.5):
             for i, proc in enumerate(cluster.procs):

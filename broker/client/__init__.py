@@ -26,12 +26,14 @@ from broker.client.errors import (
     MemberExists,
     MemberNotFound,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     RouteExists,
     RouteNotFound,
     SchemaMismatchError,
     TopicExists,
     TopicNotFound,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
 )
@@ -49,11 +51,18 @@ from broker.client.models import (
     Watermark,
 )
 from broker.client.routes import RouteInfo, RoutePartition
+from broker.client.security import CLIENT_CONFIG_ENV, ClientConfigError, ClientSecurity, load_client_config
 from broker.client.subscription import Subscription
 from broker.client.typed import TypedSubscription, TypedTopic
 
 __all__ = [
     "AlreadyExists",
+    "PermissionDenied",
+    "Unauthenticated",
+    "CLIENT_CONFIG_ENV",
+    "ClientConfigError",
+    "ClientSecurity",
+    "load_client_config",
     "BrokerError",
     "Client",
     "Consumer",

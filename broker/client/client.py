@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, overload
 
 from broker.client import wire
@@ -29,6 +30,7 @@ from broker.client.log_admin import LogAdminMixin
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
 from broker.client.routes import RoutesMixin
 from broker.client.routing import RetryPolicy, Router
+from broker.client.security import ClientSecurity, load_client_config
 from broker.client.subscription import Subscription
 from broker.client.typed import TypedTopicsMixin
 from broker.v1 import admin_pb2, broker_pb2
@@ -47,21 +49,33 @@ class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
     quorum and the others cannot be reached (a lost majority, not a failover) before raising
     ``Unavailable`` "no quorum" (at most 60 s; a caller that must ride out a restart of a majority of
     the nodes raises it, the retry deadline still bounds the call).
+    ``security``: TLS and token (:class:`~broker.client.security.ClientSecurity`); ``client_config``:
+    a client config file (``raftbroker dev --secure`` prints one) giving them and, when ``bootstrap``
+    is None, the addresses; without either, ``$RAFTBROKER_CLIENT_CONFIG`` is read if set.
     """
 
     def __init__(
         self,
-        bootstrap: Sequence[str] | str,
+        bootstrap: Sequence[str] | str | None = None,
         *,
         timeout_s: float = 10.0,
         retry_deadline_s: float = 30.0,
         no_quorum_grace_s: float = 1.0,
+        security: ClientSecurity | None = None,
+        client_config: str | Path | None = None,
     ) -> None:
+        if security is None:
+            loaded = load_client_config(client_config)
+            if loaded is not None:
+                security = loaded.security
+                bootstrap = bootstrap if bootstrap is not None else loaded.bootstrap
+        if bootstrap is None:
+            raise ValueError("give bootstrap addresses (or a client config file that lists them)")
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         if timeout_s <= 0 or retry_deadline_s < 0:
             raise ValueError("timeout_s must be positive and retry_deadline_s not negative")
         self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
-                                                     no_quorum_grace_s=no_quorum_grace_s))
+                                                     no_quorum_grace_s=no_quorum_grace_s), security)
 
     def __enter__(self) -> Client:
         return self

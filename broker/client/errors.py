@@ -131,6 +131,14 @@ class RouteExists(AlreadyExists):
     """A route of that name already exists (ALREADY_EXISTS, reason ``ROUTE_EXISTS``)."""
 
 
+class Unauthenticated(BrokerError):
+    """No valid credentials: a missing, unknown or expired token (UNAUTHENTICATED)."""
+
+
+class PermissionDenied(BrokerError):
+    """The principal lacks the permission the message names (PERMISSION_DENIED)."""
+
+
 # The one reason -> exception table. Reasons missing here (NOT_LEADER, UNAVAILABLE, INTERNAL, ...)
 # take the class of their code.
 _BY_REASON: dict[str, type[BrokerError]] = {
@@ -159,6 +167,8 @@ _REFUSED_CODES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "
                             "PERMISSION_DENIED", "UNAUTHENTICATED", "OUT_OF_RANGE"})
 
 _BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from broker.client.errors import BrokerError
 from broker.client.routing import RetryPolicy, Router
+from broker.client.security import ClientSecurity
 from broker.v1 import routes_pb2, routes_pb2_grpc
 
 
@@ -37,8 +38,11 @@ class MirrorCopy(Protocol):
 class MirrorClient:
     """A connection to a remote cluster for one router; thread-compatible (one router thread)."""
 
-    def __init__(self, bootstrap: Sequence[str], *, timeout_s: float = 5.0, retry_deadline_s: float = 3.0) -> None:
-        self._router = Router(list(bootstrap), RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s))
+    def __init__(self, bootstrap: Sequence[str], *, timeout_s: float = 5.0, retry_deadline_s: float = 3.0,
+                 security: ClientSecurity | None = None) -> None:
+        """``security``: TLS and token for a secured remote cluster (its principal needs ``mirror``)."""
+        self._router = Router(list(bootstrap), RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s),
+                              security)
         self._cluster_id: str | None = None
 
     def _stub(self, address: str) -> routes_pb2_grpc.MirrorStub:

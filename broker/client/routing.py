@@ -41,6 +41,7 @@ from broker.client.errors import (
     rpc_details,
     says_no_quorum,
 )
+from broker.client.security import ClientSecurity
 from broker.reasons import Reason
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
@@ -130,7 +131,10 @@ def is_retryable(err: grpc.RpcError) -> bool:
 class Router:
     """Owns one channel per node address and the current leader guess; thread-safe."""
 
-    def __init__(self, bootstrap: Sequence[str], policy: RetryPolicy) -> None:
+    def __init__(self, bootstrap: Sequence[str], policy: RetryPolicy, security: ClientSecurity | None = None) -> None:
+        """``security``: TLS and token for every channel (redirects included); None: plaintext."""
+        self._credentials = security.channel_credentials() if security is not None else None
+        self._options = _CHANNEL_OPTIONS + (security.channel_options() if security is not None else [])
         known = [a.strip() for a in bootstrap if a.strip()]
         if not known:
             raise ValueError("bootstrap needs at least one host:port address")
@@ -156,7 +160,10 @@ class Router:
             raise BrokerError("CANCELLED", "the client is closed")
         chan = self._channels.get(address)
         if chan is None:
-            chan = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            if self._credentials is None:
+                chan = grpc.insecure_channel(address, options=self._options)
+            else:
+                chan = grpc.secure_channel(address, self._credentials, options=self._options)
             self._channels[address] = chan
         return chan
 

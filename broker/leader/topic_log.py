@@ -161,8 +161,10 @@ class TopicLog:
             raise result.error
 
     # -- publish -----------------------------------------------------------------------------
-    def publish(self, request: PublishBatch) -> list[Placement]:
-        """Append a batch, all or nothing; answers after it is committed and applied here."""
+    def publish(self, request: PublishBatch, producer: str = "") -> list[Placement]:
+        """Append a batch, all or nothing; answers after it is committed and applied here.
+        ``producer``: the authenticated principal, stamped on every record ("" without
+        authentication); a client cannot set it (``services/wire.py`` drops unknown fields)."""
         self._submitter.ensure_leader()
         meta = self._meta(request.topic)
         cmd = internal_pb2.Command()
@@ -174,7 +176,7 @@ class TopicLog:
         config = meta.config
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (r.value for r in request.records)))
-        append.bodies.extend(self._bodies(request))
+        append.bodies.extend(self._bodies(request, producer))
         append.now_ms = self._clock.now_ms()
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             result: object = self._publish_ephemeral(meta, append)
@@ -317,11 +319,11 @@ class TopicLog:
             placed = [p if p >= 0 else next(turn) % partitions for p in placed]
         return placed
 
-    def _bodies(self, request: PublishBatch) -> list[bytes]:
+    def _bodies(self, request: PublishBatch, producer: str = "") -> list[bytes]:
         limit = self._limits.record_bytes_max
         total = 0
         bodies: list[bytes] = []
-        origin = self._origin_bytes
+        origin = self._origin_bytes + (internal_pb2.RecordBody(producer=producer).SerializeToString())
         for i, rec in enumerate(request.records):
             msg_id = rec.msg_id
             body = rec.body + origin

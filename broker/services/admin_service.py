@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -32,7 +33,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     """Control plane (group, membership and route RPCs: the mixins, whose services are given here)."""
 
     def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory, *,
-                 membership: MembershipChanges, group_ops: GroupOperations, route_admin: RouteAdmin) -> None:
+                 membership: MembershipChanges, group_ops: GroupOperations, route_admin: RouteAdmin,
+                 peer_channel: Callable[[str], grpc.Channel] | None = None) -> None:
         self._log = log
         self._membership = membership
         self._group_ops = group_ops
@@ -41,6 +43,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         self._me = me
         self._peers = peers
         self._channels: dict[str, grpc.Channel] = {}
+        # how a channel to another node is opened (a TLS node gives a secure one: broker.security.node)
+        self.peer_channel: Callable[[str], grpc.Channel] = peer_channel or grpc.insecure_channel
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-status")
 
     @errors.unary
@@ -95,7 +99,7 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     def _remote_info(self, peer: Peer) -> admin_pb2.NodeInfo:
         channel = self._channels.get(peer.grpc_address)
         if channel is None:
-            channel = self._channels.setdefault(peer.grpc_address, grpc.insecure_channel(peer.grpc_address))
+            channel = self._channels.setdefault(peer.grpc_address, self.peer_channel(peer.grpc_address))
         try:
             return admin_pb2_grpc.AdminStub(channel).NodeStatus(admin_pb2.NodeStatusRequest(),
                                                                  timeout=PEER_STATUS_TIMEOUT_S)

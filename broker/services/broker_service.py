@@ -17,6 +17,7 @@ from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.service import GroupService
 from broker.leader.reading import Reader, Step
 from broker.leader.topic_log import TopicLog
+from broker.security import current_principal
 from broker.services import errors, wire
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
@@ -36,10 +37,10 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         self._metrics = metrics
         self._streams = streams
 
-    def _publish(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+    def _publish(self, request: broker_pb2.PublishRequest, producer: str) -> broker_pb2.PublishResponse:
         started = time.perf_counter()
         try:
-            response = wire.publish_response(self._log.publish(wire.publish_batch(request)))
+            response = wire.publish_response(self._log.publish(wire.publish_batch(request), producer))
         except BrokerError as exc:
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
@@ -50,16 +51,17 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
 
     @errors.unary
     def Publish(self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:
-        return self._publish(request)
+        return self._publish(request, current_principal())
 
     @errors.streaming_async
     async def PublishStream(self, request_iterator: AsyncIterator[broker_pb2.PublishRequest],
                             context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[broker_pb2.PublishResponse]:
         self._streams.admit()
+        producer = current_principal()  # set by the auth interceptor in this call's task
         try:
             async for request in request_iterator:
-                yield await self._streams.call(functools.partial(self._publish, request))
+                yield await self._streams.call(functools.partial(self._publish, request, producer))
         finally:
             self._streams.release()
 

@@ -1,5 +1,5 @@
 """``Admin.AddNode`` / ``Admin.RemoveNode``: a mixin of ``AdminServicer`` delegating to
-``broker.core.membership.MembershipChanges`` (given to the servicer's constructor)."""
+``broker.leader.membership.MembershipChanges`` (given to the servicer's constructor)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from broker.security.node import ServerSecurity
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.streams import StreamRuntime
@@ -44,10 +45,13 @@ class GrpcServer:
     def __init__(self, address: str, broker: BrokerServicer, admin: AdminServicer, max_message_bytes: int,
                  streams: StreamRuntime, health_check: HealthCheck | None = None,
                  extra: Sequence[tuple[str, Callable[[grpc.aio.Server], None]]] = (),
-                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 security: ServerSecurity | None = None) -> None:
         """``extra``: more services as (full service name, registrar), e.g. the Mirror service.
         ``interceptors``: server interceptors, e.g. the per-RPC metrics'.
-        ``health_check``: None means always SERVING while running."""
+        ``health_check``: None means always SERVING while running. ``security``: TLS credentials and
+        the auth interceptor (``broker.security``); None serves plaintext without authentication."""
+        self._security = security
         self._streams = streams
         self._health_check = health_check or (lambda: (True, ""))
         self._interceptors = list(interceptors)
@@ -74,8 +78,10 @@ class GrpcServer:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
+        # authentication and authorisation first: a refused call is still counted by the metrics
+        interceptors = [*(self._security.interceptors if self._security is not None else []), *self._interceptors]
         server = grpc.aio.server(migration_thread_pool=self._streams.call_pool, options=options,
-                                 interceptors=self._interceptors)
+                                 interceptors=interceptors)
         broker_pb2_grpc.add_BrokerServicer_to_server(broker, server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         for _, register in extra:
@@ -91,7 +97,9 @@ class GrpcServer:
         ]
         reflection.enable_server_reflection(names, server)
         self._names = names[:2]
-        if server.add_insecure_port(address) == 0:
+        credentials = self._security.credentials if self._security is not None else None
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        if bound == 0:
             raise OSError(f"cannot bind gRPC address {address}")
         return server, health
 

@@ -107,6 +107,7 @@ def publish_batch(request: broker_pb2.PublishRequest) -> PublishBatch:
     the old in-place clearing of the caller's request: ~1.1)."""
     copy = broker_pb2.PublishRequest()
     copy.CopyFrom(request)
+    copy.DiscardUnknownFields()  # body fields a client may not set (a forged producer, origin, ...)
     items = []
     for r in copy.records:
         partition = r.partition if r.HasField("partition") else None

@@ -1,0 +1,62 @@
+"""What a node's gRPC server and its node-to-node calls need from the security settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from broker.client.security import ClientSecurity, load_client_config
+from broker.security.acl import Acl
+from broker.security.interceptor import AuthInterceptor, Guard
+from broker.security.tls import ServerTls
+from broker.security.tokens import TokenStore
+
+if TYPE_CHECKING:
+    from broker.config import NodeConfig
+
+
+@dataclass
+class ServerSecurity:
+    """``credentials``: None for a plaintext port. ``interceptors``: the auth interceptor, if any.
+    ``peer_channel``: how this node opens a channel to another node's gRPC address."""
+
+    credentials: grpc.ServerCredentials | None
+    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
+    peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
+
+
+def _peer_channel(config: NodeConfig) -> Callable[[str], grpc.Channel]:
+    ca_file = config.tls_ca_file or config.tls_client_ca_file
+    root = Path(ca_file).read_bytes() if ca_file else None  # None: the system's trusted CAs
+    key = cert = None
+    if config.tls_client_ca_file is not None:  # mTLS: a node presents its own certificate to its peers
+        assert config.tls_cert_file is not None and config.tls_key_file is not None
+        key, cert = Path(config.tls_key_file).read_bytes(), Path(config.tls_cert_file).read_bytes()
+    credentials = grpc.ssl_channel_credentials(root, key, cert)
+    return lambda address: grpc.secure_channel(address, credentials)
+
+
+def server_security(config: NodeConfig) -> ServerSecurity | None:
+    """None when the node serves plaintext without authentication (the loopback dev default)."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    tls = ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if config.authenticated:
+        assert config.acl_file is not None
+        tokens = TokenStore(config.tokens_file) if config.tokens_file is not None else None
+        guard = Guard(tokens, Acl(config.acl_file), principal_from_cert=config.tls_principal_from_cert)
+        interceptors.append(AuthInterceptor(guard))
+    return ServerSecurity(tls.credentials(), interceptors, _peer_channel(config))
+
+
+def route_security(config: NodeConfig) -> ClientSecurity | None:
+    """What this node's routers present to other clusters (``route_client_config``), else None."""
+    if config.route_client_config is None:
+        return None
+    loaded = load_client_config(config.route_client_config)
+    return loaded.security if loaded is not None else None

@@ -1,0 +1,68 @@
+"""The client config file (SDK and CLI): parsing, relative paths, errors naming the file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from broker.cli.main import app
+from broker.client import ClientConfigError, load_client_config
+from broker.client.security import _TokenFile
+
+pytestmark = pytest.mark.unit
+
+
+def test_paths_are_relative_to_the_file_and_bootstrap_is_read(tmp_path: Path) -> None:
+    (tmp_path / "tls").mkdir()
+    (tmp_path / "tls" / "ca.pem").write_bytes(b"CA")
+    (tmp_path / "tls" / "token").write_text("tok\n")
+    config = tmp_path / "client.toml"
+    config.write_text('bootstrap = ["h1:1", "h2:2"]\nca_file = "tls/ca.pem"\ntoken_file = "tls/token"\n')
+    loaded = load_client_config(config)
+    assert loaded is not None
+    assert loaded.bootstrap == ("h1:1", "h2:2")
+    assert loaded.security.ca_pem == b"CA" and loaded.security.token_file == tmp_path / "tls" / "token"
+
+
+def test_environment_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('bootstrap = "h1:1,h2:2"\ntoken = "t"\n')
+    monkeypatch.setenv("RAFTBROKER_CLIENT_CONFIG", str(config))
+    loaded = load_client_config()
+    assert loaded is not None and loaded.bootstrap == ("h1:1", "h2:2") and loaded.security.token == "t"
+    monkeypatch.delenv("RAFTBROKER_CLIENT_CONFIG")
+    assert load_client_config() is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('ca_file = "missing.pem"\n', "ca_file .*missing.pem"),
+    ('cert_file = "c.toml"\n', "certificate and its key go together"),
+    ('token = "a"\ntoken_file = "c.toml"\n', "token or token_file, not both"),
+    ('tokens = "a"\n', "unknown key"),
+    ("bootstrap = [1]\n", "bootstrap must be a list"),
+    ("bootstrap = [\n", "client config"),
+])
+def test_errors_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    with pytest.raises(ClientConfigError, match=message):
+        load_client_config(config)
+
+
+def test_cli_reports_a_broken_client_config_as_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["--client-config", str(tmp_path / "nope.toml"), "topic", "list"])
+    assert result.exit_code == 2
+    assert "client config" in result.output and "nope.toml" in result.output
+
+
+def test_token_file_is_reread_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("one\n")
+    token = _TokenFile(path)
+    assert token.get() == "one"
+    path.write_text("two-longer\n")
+    assert token.get() == "two-longer"
+    path.unlink()
+    assert token.get() == "two-longer"  # a vanished file keeps the last token
