@@ -1,0 +1,137 @@
+"""The asyncio SDK against a real 3-node cluster: topics, publish, subscribe, groups, admin, on_event."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.client import Client, Record, TopicExists, TopicNotFound
+from broker.client.aio import AsyncClient, AsyncMessage
+from broker.client.errors import InvalidArgument
+from broker.devcluster import DevCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster) -> None:
+    seen: list[tuple[str, object]] = []
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses, on_event=lambda kind, item: seen.append((kind, item))) as c:
+            info = await c.create_topic("aio-t", 2)
+            assert info.partition_count == 2
+            assert (await c.create_topic("aio-t", 2, exist_ok=True)).name == "aio-t"
+            with pytest.raises(TopicExists):
+                await c.create_topic("aio-t", 3, exist_ok=True)
+            assert "aio-t" in [t.name for t in await c.list_topics()]
+            first = await c.publish("aio-t", "one", partition=0, idempotency_key="k1")
+            again = await c.publish("aio-t", "one", partition=0, idempotency_key="k1")
+            assert again.duplicate and again.offset == first.offset
+            results = await c.publish_batch("aio-t", [{"value": f"v{i}", "partition": i % 2} for i in range(6)])
+            assert [r.partition for r in results] == [0, 1, 0, 1, 0, 1]
+            got = [r async for r in c.subscribe("aio-t", stop_at_end=True) if isinstance(r, Record)]
+            assert sorted(r.value for r in got) == sorted([b"one"] + [f"v{i}".encode() for i in range(6)])
+            with pytest.raises(TopicNotFound):
+                await c.describe_topic("aio-none")
+            with pytest.raises(InvalidArgument):
+                await c.create_topic("bad name!", 1)
+            assert await c.prune("aio-t", 1, partition=0) == 1
+            status = await c.cluster_status()
+            assert len(status.nodes) == 3 and status.leader_id
+            await c.drop_topic("aio-t")
+            with pytest.raises(TopicNotFound):
+                await c.describe_topic("aio-t")
+
+    asyncio.run(main())
+    kinds = {k for k, _ in seen}
+    assert {"published", "record"} <= kinds
+    records = [item for k, item in seen if k == "record"]
+    assert len(records) == 7, "on_event saw each delivered (committed) record once"
+
+
+def test_sync_and_async_clients_read_each_others_writes(cluster: DevCluster) -> None:
+    with Client(cluster.addresses) as sync:
+        sync.create_topic("aio-x", 1)
+        sync.publish("aio-x", "from-sync")
+
+    async def main() -> list[bytes]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.publish("aio-x", "from-async")
+            return [r.value async for r in c.subscribe("aio-x", stop_at_end=True) if isinstance(r, Record)]
+
+    assert asyncio.run(main()) == [b"from-sync", b"from-async"]
+
+
+def test_queue_group_claim_ack_nack_extend_and_run_with_concurrency(cluster: DevCluster) -> None:
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-q", 2)
+            await c.publish_batch("aio-q", [f"job{i}" for i in range(20)])
+            claimed = await c.claim("aio-q", "workers", max_records=5, visibility_ms=60_000)
+            assert len(claimed) == 5
+            deadlines = await claimed[0].extend(120_000)
+            assert deadlines > 0
+            await claimed[0].ack()
+            await claimed[1].nack(delay_ms=0)
+            others = await c.claim("aio-q", "workers", max_records=20)
+            held = {(m.partition, m.offset) for m in claimed[2:]}
+            assert not held & {(m.partition, m.offset) for m in others}, "a claimed lease is not handed out twice"
+            for m in others:
+                await m.ack()
+            nacked = (claimed[1].partition, claimed[1].offset)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while nacked not in {(m.partition, m.offset) for m in others}:  # back after the group's backoff
+                assert loop.time() < deadline, "the nacked record was never delivered again"
+                again = await c.claim("aio-q", "workers", max_records=20)
+                for m in again:
+                    await m.ack()
+                others += again
+                await asyncio.sleep(0.2)
+            for m in claimed[2:]:
+                await m.ack()
+            lag = await c.group_lag("aio-q", "workers")
+            assert lag.lag == 0
+
+            await c.publish_batch("aio-q", [f"more{i}" for i in range(12)])
+            active = 0
+            peak = 0
+            handled: list[bytes] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                nonlocal active, peak
+                active += 1
+                peak = max(peak, active)
+                await asyncio.sleep(0.05)
+                handled.append(m.value)
+                active -= 1
+
+            n = await c.run("aio-q", group="workers", handler=handler, concurrency=4, limit=12)
+            assert n == 12 and sorted(handled) == sorted(f"more{i}".encode() for i in range(12))
+            assert peak > 1, "handlers ran concurrently"
+
+    asyncio.run(main())
+
+
+def test_stream_group_consumer_reports_its_partitions(cluster: DevCluster) -> None:
+    seen: list[tuple[str, object]] = []
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses, on_event=lambda k, i: seen.append((k, i))) as c:
+            await c.create_topic("aio-s", 3)
+            await c.publish_batch("aio-s", [{"value": f"s{i}", "partition": i % 3} for i in range(9)])
+            got: list[bytes] = []
+            async with c.consumer("aio-s", "readers", mode="stream") as consumer:
+                async for item in consumer:
+                    if isinstance(item, AsyncMessage):
+                        got.append(item.value)
+                        await item.ack()
+                    if len(got) == 9:
+                        break
+                assert consumer.assigned == (0, 1, 2)
+            assert sorted(got) == sorted(f"s{i}".encode() for i in range(9))
+
+    asyncio.run(main())
+    assert ("rebalance", (0, 1, 2)) in seen
+    assert len([1 for k, _ in seen if k == "message"]) == 9
