@@ -1,7 +1,7 @@
 """A local cluster of broker nodes as separate OS processes (``raftbroker dev``, tests, benchmarks).
 
 Node i (0-based) listens on 127.0.0.1: gRPC ``base+i``, Raft ``base+100+i``, metrics
-``base+200+i``; its data lives in ``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
+``base+200+i``, and with ``http=True`` its HTTP gateway ``base+300+i``; its data lives in ``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
 Only the public gRPC API is used to watch the nodes.
 """
 
@@ -24,6 +24,7 @@ from broker.v1 import admin_pb2, admin_pb2_grpc
 
 RAFT_PORT_OFFSET = 100
 METRICS_PORT_OFFSET = 200
+HTTP_PORT_OFFSET = 300
 STOP_TIMEOUT_S = 10.0
 
 
@@ -41,7 +42,8 @@ def free_base_port(nodes: int, attempts: int = 200) -> int:
     rng = random.Random()
     for _ in range(attempts):
         base = rng.randrange(20000, 40000)
-        ports = [base + off + i for off in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET) for i in range(nodes)]
+        ports = [base + off + i for off in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET, HTTP_PORT_OFFSET)
+                 for i in range(nodes)]
         if all(_port_free(p) for p in ports):
             return base
     raise RuntimeError("no free port range found")
@@ -51,7 +53,7 @@ class DevCluster:
     """Starts, watches, kills and restarts a local cluster."""
 
     def __init__(self, nodes: int, data_dir: Path, base_port: int | None = None,
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None, http: bool = False) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.nodes = nodes
@@ -59,6 +61,7 @@ class DevCluster:
         self.base_port = base_port if base_port is not None else free_base_port(nodes)
         self.extra_args = list(extra_args)
         self.env = env
+        self.http = http  # also run each node's HTTP gateway (--http, port base+300+i)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
         self._channels: dict[str, grpc.Channel] = {}
 
@@ -74,6 +77,9 @@ class DevCluster:
 
     def metrics_address(self, i: int) -> str:
         return f"127.0.0.1:{self.base_port + METRICS_PORT_OFFSET + i}"
+
+    def http_address(self, i: int) -> str:
+        return f"127.0.0.1:{self.base_port + HTTP_PORT_OFFSET + i}"
 
     @property
     def addresses(self) -> list[str]:
@@ -96,6 +102,8 @@ class DevCluster:
         for j in range(self.nodes):
             if j != i:
                 cmd += ["--peer", f"{self.node_id(j)}={self.raft_address(j)}/{self.grpc_address(j)}"]
+        if self.http:
+            cmd += ["--http", self.http_address(i)]
         return cmd + self.extra_args
 
     # -- lifecycle ---------------------------------------------------------------------------

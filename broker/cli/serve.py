@@ -39,6 +39,8 @@ def serve_command(
                                                    show_default=False)] = None,
     max_record_bytes: Annotated[int | None, typer.Option(help="Largest record accepted")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback bind without auth")] = False,
+    http: Annotated[str | None, typer.Option("--http", help=(
+        "Also serve the HTTP/JSON gateway (/v1, SSE, /openapi.json) on HOST:PORT, in this process"))] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
 ) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (config: file < RAFTBROKER_* env < flags)."""
@@ -57,6 +59,9 @@ def serve_command(
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.storage import StoreCorruption
 
+    if http is not None:
+        start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure)
+
     try:
         serve(cfg)
     except StoreCorruption as exc:  # a damaged store file at start: say which and what to do, no traceback
@@ -65,17 +70,33 @@ def serve_command(
         raise typer.Exit(3) from None
 
 
+def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool) -> None:
+    """Start the HTTP gateway beside this node (exit 2 on a bad or exposed address)."""
+    from broker.config import is_loopback
+    from broker.http.server import parse_address, start_in_thread
+
+    try:
+        parse_address(address)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not is_loopback(address) and not insecure:
+        typer.echo(f"error: --http {address} is not a loopback address: add --insecure to expose it", err=True)
+        raise typer.Exit(2)
+    start_in_thread(address, [grpc_address, *peers])
+
+
 def dev_command(
     nodes: Annotated[int, typer.Option(min=1, max=9, help="Number of nodes")] = 3,
     data_dir: Annotated[Path, typer.Option(help="Data directory (one sub-directory per node)")] = Path(".raftbroker"),
-    base_port: Annotated[int, typer.Option(min=1024, max=65000, help="gRPC port of node 1; Raft +100, metrics +200")]
+    base_port: Annotated[int, typer.Option(min=1024, max=65000, help="gRPC port of node 1; Raft +100, metrics +200, HTTP +300")]
     = 7001,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for a leader")] = 60.0,
 ) -> None:
     """Start a local cluster of NODES separate processes on 127.0.0.1; Ctrl-C stops them all cleanly."""
     from broker.devcluster import DevCluster
 
-    cluster = DevCluster(nodes, data_dir, base_port)
+    cluster = DevCluster(nodes, data_dir, base_port, http=True)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -93,7 +114,8 @@ def dev_command(
         print(f"cluster ready: {','.join(cluster.addresses)}", flush=True)
         for i in range(nodes):
             print(f"  {cluster.node_id(i)}: grpc {cluster.grpc_address(i)}  raft {cluster.raft_address(i)}  "
-                  f"metrics http://{cluster.metrics_address(i)}/metrics  pid {cluster.pids[i]}  "
+                  f"metrics http://{cluster.metrics_address(i)}/metrics  http http://{cluster.http_address(i)}  "
+                  f"pid {cluster.pids[i]}  "
                   f"log {cluster.log_path(i)}", flush=True)
         reported: set[int] = set()
         while not stop.wait(0.5):

@@ -126,7 +126,9 @@ class AsyncSubscription(AsyncIterator[Record | Event]):
     """``async for item in client.subscribe(topic)``: :class:`Record` and :class:`Event` items.
 
     Per partition in order; partitions interleave. ``position`` tokens of delivered records are
-    kept per partition (:attr:`positions`) and a reopened stream starts right after them."""
+    kept per partition (:attr:`positions`) and a reopened stream starts right after them. Before
+    iterating, :attr:`positions` (tokens) and :attr:`starts` (positions) may be set per partition to
+    start partitions at different places (a saved cursor)."""
 
     def __init__(self, router: AsyncRouter, topic: str, partitions: Callable[[], Any], *,
                  position: common_pb2.Position, stop_at_end: bool, max_batch: int, filter: str,
@@ -135,6 +137,7 @@ class AsyncSubscription(AsyncIterator[Record | Event]):
         self._position, self._stop_at_end, self._max_batch, self._filter = position, stop_at_end, max_batch, filter
         self._on_event = on_event
         self.positions: dict[int, bytes] = {}
+        self.starts: dict[int, common_pb2.Position] = {}  # per partition, instead of the common start
         self._merged: _Merged | None = None
 
     def __aiter__(self) -> AsyncSubscription:
@@ -163,7 +166,7 @@ class AsyncSubscription(AsyncIterator[Record | Event]):
 
     def _request(self, partition: int) -> broker_pb2.SubscribeRequest:
         token = self.positions.get(partition)
-        position = common_pb2.Position(token=token) if token else self._position
+        position = common_pb2.Position(token=token) if token else self.starts.get(partition, self._position)
         return broker_pb2.SubscribeRequest(topic=self._topic, partition=partition, stop_at_end=self._stop_at_end,
                                            max_batch=self._max_batch, filter=self._filter, **{"from": position})
 
