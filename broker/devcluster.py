@@ -1,7 +1,8 @@
 """A local cluster of broker nodes as separate OS processes (``raftbroker dev``, tests, benchmarks).
 
 Node i (0-based) listens on 127.0.0.1: gRPC ``base+i``, Raft ``base+100+i``, metrics
-``base+200+i``, and with ``http=True`` its HTTP gateway ``base+300+i``; its data lives in ``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
+``base+200+i``, and with ``http=True`` its HTTP gateway ``base+300+i``; its data lives in
+``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
 Only the public gRPC API is used to watch the nodes.
 """
 

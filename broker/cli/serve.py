@@ -89,7 +89,8 @@ def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool
 def dev_command(
     nodes: Annotated[int, typer.Option(min=1, max=9, help="Number of nodes")] = 3,
     data_dir: Annotated[Path, typer.Option(help="Data directory (one sub-directory per node)")] = Path(".raftbroker"),
-    base_port: Annotated[int, typer.Option(min=1024, max=65000, help="gRPC port of node 1; Raft +100, metrics +200, HTTP +300")]
+    base_port: Annotated[int, typer.Option(min=1024, max=65000, help=(
+        "gRPC port of node 1; Raft +100, metrics +200, HTTP +300"))]
     = 7001,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for a leader")] = 60.0,
 ) -> None:
