@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Query, Request, Response
+from fastapi import FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,7 +29,7 @@ from broker.http.bodies import INT32_MAX, PruneBody, PublishBody, TopicBody
 from broker.http.groups import router as groups_router
 
 READ_LIMIT_MAX = 1000
-Topic = Annotated[str, "a topic name"]
+Topic = Annotated[str, Path(description="a topic name", examples=["orders"])]
 
 
 class BearerPassThrough:

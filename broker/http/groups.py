@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 
 from broker.client.aio import AsyncClient
 from broker.http import codec
 from broker.http.bodies import AckBody, ClaimBody, ExtendBody, NackBody
 
 router = APIRouter(prefix="/v1/topics/{topic}/groups/{group}", tags=["groups"])
-Name = Annotated[str, "a name"]
+Topic = Annotated[str, Path(description="a topic name", examples=["orders"])]
+Group = Annotated[str, Path(description="a group name", examples=["workers"])]
 
 
 def _client(request: Request) -> AsyncClient:
@@ -31,7 +32,7 @@ def _positions(receipts: list[str]) -> list[bytes]:
 
 
 @router.post("/claim")
-async def claim(topic: Name, group: Name, body: ClaimBody, request: Request) -> dict[str, Any]:
+async def claim(topic: Topic, group: Group, body: ClaimBody, request: Request) -> dict[str, Any]:
     """Lease up to ``max`` records (creating the queue group on first use)."""
     messages = await _client(request).claim(topic, group, max_records=body.max, visibility_ms=body.visibility_ms)
     return {"messages": [{**codec.record_json(m.record), "receipt": codec.b64url(m.position),
@@ -39,27 +40,27 @@ async def claim(topic: Name, group: Name, body: ClaimBody, request: Request) -> 
 
 
 @router.post("/ack")
-async def ack(topic: Name, group: Name, body: AckBody, request: Request) -> dict[str, Any]:
+async def ack(topic: Topic, group: Group, body: AckBody, request: Request) -> dict[str, Any]:
     """Settle for good (idempotent)."""
     await _client(request).settle("ack", topic, group, _positions(body.receipts))
     return {"acked": len(body.receipts)}
 
 
 @router.post("/nack")
-async def nack(topic: Name, group: Name, body: NackBody, request: Request) -> dict[str, Any]:
+async def nack(topic: Topic, group: Group, body: NackBody, request: Request) -> dict[str, Any]:
     """Failed: delivered again after ``delay_ms`` (or the group's backoff)."""
     await _client(request).settle("nack", topic, group, _positions(body.receipts), delay_ms=body.delay_ms)
     return {"nacked": len(body.receipts)}
 
 
 @router.post("/extend")
-async def extend(topic: Name, group: Name, body: ExtendBody, request: Request) -> dict[str, Any]:
+async def extend(topic: Topic, group: Group, body: ExtendBody, request: Request) -> dict[str, Any]:
     """Keep the leases longer; per receipt the new deadline (ms since the epoch), 0 if it was lost."""
     deadlines = await _client(request).settle("extend", topic, group, _positions(body.receipts), extend_ms=body.ms)
     return {"deadlines_ms": deadlines}
 
 
 @router.get("/lag")
-async def lag(topic: Name, group: Name, request: Request) -> dict[str, Any]:
+async def lag(topic: Topic, group: Group, request: Request) -> dict[str, Any]:
     info = await _client(request).group_lag(topic, group)
     return {**dataclasses.asdict(info), "lag": info.lag}

@@ -12,6 +12,7 @@ validation shares the read endpoint's parameters and is tested in tests/http.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(3600)]
 EXAMPLES = int(os.environ.get("RAFTBROKER_FUZZ_EXAMPLES", "400"))
 SEED = int(os.environ.get("RAFTBROKER_FUZZ_SEED", "20261124"))
 PER_OPERATION = max(5, EXAMPLES // 20)
-TOPICS = ("fz", "fz2")
+TOPICS = ("orders", "fz2")  # "orders": the example topic name of the served document
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,7 @@ def test_generated_http_requests(served_schema: schemathesis.BaseSchema, sync_cl
     """Every operation of the served document (schemathesis's pytest plugin does not run under this
     pytest, so each operation's case strategy is driven by hypothesis directly)."""
     operations = [result.ok() for result in served_schema.get_all_operations()]
+    statuses: Counter[int] = Counter()
     assert len(operations) >= 15, [op.label for op in operations]
     for operation in operations:
 
@@ -76,9 +78,12 @@ def test_generated_http_requests(served_schema: schemathesis.BaseSchema, sync_cl
             before = digest(sync_client)
             response = case.call(timeout=60)
             what = f"{case.method} {case.formatted_path}"
+            statuses[response.status_code // 100] += 1
             assert response.status_code < 500, f"{what}: {response.status_code} {response.text}"
             if response.status_code >= 400:
                 assert response.headers.get("content-type") == ["application/problem+json"], f"{what}: {response.text}"
                 assert digest(sync_client) == before, f"{what}: a refused request changed the cluster: {response.text}"
 
         one()
+    print(f"HTTP fuzz: responses by class {dict(statuses)}")
+    assert statuses[2] and statuses[4], f"the generated requests should reach both outcomes: {dict(statuses)}"
