@@ -36,7 +36,7 @@ class TopicBody(Strict):
     partitions: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
     retention: RetentionBody | None = None
     durability: str | None = Field(None, description="memory, disk, fsync or ephemeral")
-    full_policy: str | None = Field(None, description="drop_oldest or reject")
+    full_policy: str | None = Field(None, description="discard_old or reject")
     dedup_window_ms: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = Field(
         None, description="how long idempotency keys are remembered; -1: forever")
     json_schema: dict[str, Any] | None = Field(None, alias="schema", description="a JSON Schema every value must fit")
