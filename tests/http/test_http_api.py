@@ -112,6 +112,9 @@ def test_paging_with_cursors_neither_skips_nor_repeats(http_cluster: DevCluster)
         problem(h.get("/v1/topics/h-page/records", params={"from": "garbage!"}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/records", params={"limit": 0}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/records", params={"partition": 7}), 400, "INVALID_ARGUMENT")
+        problem(h.get("/v1/topics/h-none/watch"), 404, "NOT_FOUND")
+        problem(h.get("/v1/topics/h-page/watch", headers={"Last-Event-ID": "nonsense"}), 400, "INVALID_ARGUMENT")
+        problem(h.get("/v1/topics/h-page/watch", params={"heartbeat_ms": 1}), 400, "INVALID_ARGUMENT")
 
 
 def test_admin_endpoints(http_cluster: DevCluster) -> None:
