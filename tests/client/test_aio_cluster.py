@@ -135,3 +135,30 @@ def test_stream_group_consumer_reports_its_partitions(cluster: DevCluster) -> No
     asyncio.run(main())
     assert ("rebalance", (0, 1, 2)) in seen
     assert len([1 for k, _ in seen if k == "message"]) == 9
+
+
+def test_publish_batch_back_pressure_bounds_the_calls_in_flight(cluster: DevCluster) -> None:
+    async def main() -> int:
+        async with AsyncClient(cluster.addresses, max_in_flight_batches=2) as c:
+            await c.create_topic("aio-bp", 1)
+            router = c._router
+            real_call = router.call
+            active = peak = 0
+
+            async def counting(*args: object, **kwargs: object) -> object:
+                nonlocal active, peak
+                active += 1
+                peak = max(peak, active)
+                try:
+                    return await real_call(*args, **kwargs)  # type: ignore[arg-type]
+                finally:
+                    active -= 1
+
+            router.call = counting  # type: ignore[method-assign]
+            results = await asyncio.gather(*(c.publish_batch("aio-bp", [f"b{i}-{j}" for j in range(5)])
+                                             for i in range(10)))
+            router.call = real_call  # type: ignore[method-assign]
+            assert sorted(r.offset for batch in results for r in batch) == list(range(50))
+            return peak
+
+    assert asyncio.run(main()) == 2, "at most max_in_flight_batches publish calls at once, and they overlap"
