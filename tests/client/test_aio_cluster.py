@@ -162,3 +162,24 @@ def test_publish_batch_back_pressure_bounds_the_calls_in_flight(cluster: DevClus
             return peak
 
     assert asyncio.run(main()) == 2, "at most max_in_flight_batches publish calls at once, and they overlap"
+
+
+def test_run_in_stream_mode_keeps_each_partitions_order(cluster: DevCluster) -> None:
+    async def main() -> list[tuple[int, int]]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-order", 3)
+            await c.publish_batch("aio-order", [{"value": f"o{i}", "partition": i % 3} for i in range(30)])
+            order: list[tuple[int, int]] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                await asyncio.sleep(0.02 if m.offset % 2 else 0.0)  # later records would overtake earlier ones
+                order.append((m.partition, m.offset))
+
+            assert await c.run("aio-order", group="ordered", mode="stream", handler=handler, concurrency=6,
+                               limit=30) == 30
+            return order
+
+    order = asyncio.run(main())
+    for p in range(3):
+        offsets = [o for q, o in order if q == p]
+        assert offsets == list(range(10)), f"partition {p} handled in order"

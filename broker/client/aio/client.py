@@ -17,6 +17,8 @@ nothing new and answers ``duplicate=True`` with the first copy's place. Back-pre
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -233,25 +235,29 @@ class AsyncClient:
     async def run(self, topic: str, *, group: str, handler: AsyncHandler, concurrency: int = 1,
                   limit: int | None = None, **options: Any) -> int:
         """Feed the group's messages to ``await handler(message)``, ``concurrency`` at a time, until the
-        stream ends or ``limit`` were handled; a handler that returns acks, one that raises nacks."""
+        stream ends or ``limit`` were handled; a handler that returns acks, one that raises nacks. In
+        stream mode the messages of one partition are handled one after another, in order."""
         if concurrency < 1 or (limit is not None and limit < 1):
             raise invalid_argument("concurrency and limit must be at least 1")
         slots = asyncio.Semaphore(concurrency)
+        in_order = options.get("mode") == "stream"
+        partition_turns: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         handled = 0
         tasks: set[asyncio.Task[None]] = set()
 
         async def handle(message: AsyncMessage) -> None:
             nonlocal handled
+            turn = partition_turns[message.partition] if in_order else contextlib.nullcontext()
             try:
-                try:
+                async with turn:  # tasks start in creation order, and asyncio locks are fair
                     await handler(message)
-                except Exception:  # noqa: BLE001 - a failing handler nacks its message
-                    await message.nack()
-                else:
-                    await message.ack()
-                handled += 1
+            except Exception:  # noqa: BLE001 - a failing handler nacks its message
+                await message.nack()
+            else:
+                await message.ack()
             finally:
                 slots.release()
+            handled += 1
 
         async with self.consumer(topic, group, **options) as consumer:
             dispatched = 0
