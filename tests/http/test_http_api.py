@@ -12,6 +12,7 @@ import pytest
 from broker.client import Client, Record
 from broker.devcluster import DevCluster
 from tests.conftest import wait_until
+from tests.http.conftest import sse_events
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -112,6 +113,12 @@ def test_paging_with_cursors_neither_skips_nor_repeats(http_cluster: DevCluster)
         problem(h.get("/v1/topics/h-page/records", params={"from": "garbage!"}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/records", params={"limit": 0}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/records", params={"partition": 7}), 400, "INVALID_ARGUMENT")
+        with h.stream("GET", "/v1/topics/h-page/watch", params={"from": "latest", "heartbeat_ms": 200}) as stream:
+            assert stream.status_code == 200
+            for event in sse_events(stream.iter_lines()):
+                assert event.event != "record", "from=latest: nothing old"
+                if "heartbeat" in event.comments:
+                    break
         problem(h.get("/v1/topics/h-none/watch"), 404, "NOT_FOUND")
         problem(h.get("/v1/topics/h-page/watch", headers={"Last-Event-ID": "nonsense"}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/watch", params={"heartbeat_ms": 1}), 400, "INVALID_ARGUMENT")
