@@ -36,6 +36,12 @@ def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster)
                 await c.describe_topic("aio-none")
             with pytest.raises(InvalidArgument):
                 await c.create_topic("bad name!", 1)
+            with pytest.raises(TopicNotFound):
+                async for _ in c.subscribe("aio-none"):
+                    pass
+            with pytest.raises(InvalidArgument):
+                async for _ in c.subscribe("aio-t", partition=5):
+                    pass
             assert await c.prune("aio-t", 1, partition=0) == 1
             status = await c.cluster_status()
             assert len(status.nodes) == 3 and status.leader_id

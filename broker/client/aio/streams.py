@@ -96,7 +96,7 @@ class _Merged:
             try:
                 await make()
                 await self.queue.put(_END)
-            except BrokerError as err:
+            except Exception as err:  # noqa: BLE001 - raised to the iterating caller
                 await self.queue.put(err)
         self._tasks.append(asyncio.get_running_loop().create_task(run()))
 
@@ -106,7 +106,7 @@ class _Merged:
             if item is _END:
                 self._running -= 1
                 continue
-            if isinstance(item, BrokerError):
+            if isinstance(item, Exception):
                 await self.close()
                 raise item
             return item
@@ -117,7 +117,7 @@ class _Merged:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, BrokerError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._running = 0
 
