@@ -10,6 +10,7 @@ answered something the gateway does not know), never a bare 500.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -30,13 +31,14 @@ _STATUS: tuple[tuple[type[errors.BrokerError], int], ...] = (
     (errors.Unavailable, 503),
     (errors.DeadlineExceeded, 504),
 )
-_TOO_LARGE = ("too large", "larger than", "exceeds the record size", "TOO_LARGE")
+# A size limit: the typed reason once the services send one, until then the services' wording.
+_TOO_LARGE = re.compile(r"TOO_LARGE|bytes,? (is )?over the limit|too large", re.IGNORECASE)
 
 
 def status_of(err: errors.BrokerError) -> int:
     for cls, status in _STATUS:
         if isinstance(err, cls):
-            if status in (400, 429) and any(w in f"{getattr(err, 'reason', '')} {err.message}" for w in _TOO_LARGE):
+            if status in (400, 429) and _TOO_LARGE.search(f"{getattr(err, 'reason', '') or ''} {err.message}"):
                 return 413
             return status
     return 502

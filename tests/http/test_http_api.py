@@ -84,6 +84,8 @@ def test_publish_over_http_read_over_grpc_and_back(http_cluster: DevCluster) -> 
                 400, "INVALID_ARGUMENT")
         problem(h.post("/v1/topics/h-none/records", json={"records": [{"value": 1}]}), 404, "NOT_FOUND")
         problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value_b64": "***"}]}), 400, "INVALID_ARGUMENT")
+        problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value": "x" * ((1 << 20) + 1)}]}),
+                413, "INVALID_ARGUMENT")
         assert sum(p["records"] for p in h.get("/v1/topics/h-rt").json()["partitions"]) == 4, "nothing stored"
 
 

@@ -50,7 +50,8 @@ def test_values_are_stored_and_shown_as_documented() -> None:
 
 @pytest.mark.parametrize(("error", "status"), [
     (errors.InvalidArgument("INVALID_ARGUMENT", "bad"), 400),
-    (errors.InvalidArgument("INVALID_ARGUMENT", "record is larger than 1048576 bytes"), 413),
+    (errors.InvalidArgument("INVALID_ARGUMENT", "record 0 is 1048600 bytes, over the limit of 1048576 bytes"), 413),
+    (errors.InvalidArgument("INVALID_ARGUMENT", "batch of 9000000 bytes is over the limit of 8388608 bytes"), 413),
     (errors.TopicNotFound("NOT_FOUND", "no"), 404),
     (errors.TopicExists("ALREADY_EXISTS", "yes"), 409),
     (errors.DuplicateMessageError("ALREADY_EXISTS", "dup"), 409),
