@@ -226,8 +226,7 @@ class AsyncClient:
                     if len(claimed) >= max_records:
                         break
         finally:
-            if consumer._merged is not None:
-                await consumer._merged.close()  # not close(): leaving would give the leases back
+            await consumer.stop()  # not close(): leaving the group would give the leases back
         if claimed and visibility_ms is not None:
             await consumer.extend(claimed, visibility_ms)
         return claimed

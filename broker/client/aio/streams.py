@@ -365,12 +365,17 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             write=True, what=f"extend in {self.group}")
         return list(response.deadlines_ms)
 
-    async def close(self) -> None:
-        """Stop the stream and leave the group (unsettled leases are redelivered at once)."""
+    async def stop(self) -> None:
+        """Stop the stream but keep this member's leases: they run until settled or until their
+        visibility timeout (what a claim wants; :meth:`close` gives them back)."""
         if self._beats is not None:
             self._beats.cancel()
         if self._merged is not None:
             await self._merged.close()
+
+    async def close(self) -> None:
+        """Stop the stream and leave the group (unsettled leases are redelivered at once)."""
+        await self.stop()
         with contextlib.suppress(BrokerError):  # best effort: leases also run out by themselves
             leave = broker_pb2.LeaveGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id)
             await self._router.call(lambda a, t: self._router.broker(a).LeaveGroup(leave, timeout=t,
