@@ -55,7 +55,8 @@ unit: $(STAMP)
 cluster: $(STAMP)
 	$(BIN)/pytest -m cluster
 
-# The fuzz tier for longer (tests/fuzz: generated requests for every gRPC method against a real
+# The fuzz tier for longer (tests/fuzz: generated requests for every gRPC method, and schemathesis
+# requests from the served OpenAPI document of the HTTP gateway, against a real
 # cluster); RAFTBROKER_FUZZ_EXAMPLES and RAFTBROKER_FUZZ_SEED override the budget and the seed.
 fuzz: $(STAMP)
 	RAFTBROKER_FUZZ_EXAMPLES=$${RAFTBROKER_FUZZ_EXAMPLES:-5000} $(BIN)/pytest -m fuzz -p no:cacheprovider

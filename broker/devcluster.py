@@ -1,7 +1,8 @@
 """A local cluster of broker nodes as separate OS processes (``raftbroker dev``, tests, benchmarks).
 
 Node i (0-based) listens on 127.0.0.1: gRPC ``base+i``, Raft ``base+100+i``, metrics
-``base+200+i``; its data lives in ``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
+``base+200+i``, and with ``http=True`` its HTTP gateway ``base+300+i``; its data lives in
+``<data_dir>/n<i+1>`` and its output in ``<data_dir>/n<i+1>.log``.
 Only the public gRPC API is used to watch the nodes.
 """
 
@@ -25,6 +26,7 @@ from broker.v1 import admin_pb2, admin_pb2_grpc
 
 RAFT_PORT_OFFSET = 100
 METRICS_PORT_OFFSET = 200
+HTTP_PORT_OFFSET = 300
 STOP_TIMEOUT_S = 10.0
 
 
@@ -42,7 +44,8 @@ def free_base_port(nodes: int, attempts: int = 200) -> int:
     rng = random.Random()
     for _ in range(attempts):
         base = rng.randrange(20000, 40000)
-        ports = [base + off + i for off in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET) for i in range(nodes)]
+        ports = [base + off + i for off in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET, HTTP_PORT_OFFSET)
+                 for i in range(nodes)]
         if all(_port_free(p) for p in ports):
             return base
     raise RuntimeError("no free port range found")
@@ -53,8 +56,9 @@ class DevCluster:
 
     def __init__(self, nodes: int, data_dir: Path, base_port: int | None = None,
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 security: DevSecurity | None = None) -> None:
-        """``security``: TLS, tokens and ACLs from these generated files (``raftbroker dev --secure``)."""
+                 security: DevSecurity | None = None, http: bool = False) -> None:
+        """``security``: TLS, tokens and ACLs from these generated files (``raftbroker dev --secure``).
+        ``http``: each node also serves the HTTP/JSON gateway (gRPC port + 300)."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.nodes = nodes
@@ -62,6 +66,7 @@ class DevCluster:
         self.base_port = base_port if base_port is not None else free_base_port(nodes)
         self.extra_args = list(extra_args)
         self.env = env
+        self.http = http  # also run each node's HTTP gateway (--http, port base+300+i)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
         self.security = security
         self._credentials: grpc.ChannelCredentials | None = None
@@ -79,6 +84,9 @@ class DevCluster:
 
     def metrics_address(self, i: int) -> str:
         return f"127.0.0.1:{self.base_port + METRICS_PORT_OFFSET + i}"
+
+    def http_address(self, i: int) -> str:
+        return f"127.0.0.1:{self.base_port + HTTP_PORT_OFFSET + i}"
 
     @property
     def addresses(self) -> list[str]:
@@ -103,6 +111,8 @@ class DevCluster:
                 cmd += ["--peer", f"{self.node_id(j)}={self.raft_address(j)}/{self.grpc_address(j)}"]
         if self.security is not None:
             cmd += self.security.node_args(self.node_id(i))
+        if self.http:
+            cmd += ["--http", self.http_address(i)]
         return cmd + self.extra_args
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -58,6 +58,8 @@ def serve_command(
         help="File holding the Raft password (instead of raft_password)", rich_help_panel="Security")] = None,
     route_client_config: Annotated[Path | None, typer.Option(
         help="Client config (TLS, token) routes use towards secured clusters", rich_help_panel="Security")] = None,
+    http: Annotated[str | None, typer.Option("--http", help=(
+        "Also serve the HTTP/JSON gateway (/v1, SSE, /openapi.json) on HOST:PORT, in this process"))] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
 ) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (config: file < RAFTBROKER_* env < flags)."""
@@ -80,6 +82,14 @@ def serve_command(
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.storage import StoreCorruption
 
+    if http is not None and cfg.tls_cert_file is not None:
+        # the gateway's own client speaks plaintext gRPC to the nodes; it cannot reach a TLS port
+        typer.echo("error: --http cannot be used with TLS yet (the gateway reaches the nodes over plaintext gRPC; "
+                   "see docs/http.md)", err=True)
+        raise typer.Exit(2)
+    if http is not None:
+        start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure)
+
     try:
         serve(cfg)
     except StoreCorruption as exc:  # a damaged store file at start: say which and what to do, no traceback
@@ -88,10 +98,27 @@ def serve_command(
         raise typer.Exit(3) from None
 
 
+def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool) -> None:
+    """Start the HTTP gateway beside this node (exit 2 on a bad or exposed address)."""
+    from broker.config import is_loopback
+    from broker.http.server import parse_address, start_in_thread
+
+    try:
+        parse_address(address)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not is_loopback(address) and not insecure:
+        typer.echo(f"error: --http {address} is not a loopback address: add --insecure to expose it", err=True)
+        raise typer.Exit(2)
+    start_in_thread(address, [grpc_address, *peers])
+
+
 def dev_command(
     nodes: Annotated[int, typer.Option(min=1, max=9, help="Number of nodes")] = 3,
     data_dir: Annotated[Path, typer.Option(help="Data directory (one sub-directory per node)")] = Path(".raftbroker"),
-    base_port: Annotated[int, typer.Option(min=1024, max=65000, help="gRPC port of node 1; Raft +100, metrics +200")]
+    base_port: Annotated[int, typer.Option(min=1024, max=65000, help=(
+        "gRPC port of node 1; Raft +100, metrics +200, HTTP +300"))]
     = 7001,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for a leader")] = 60.0,
     secure: Annotated[bool, typer.Option("--secure", help=(
@@ -106,7 +133,7 @@ def dev_command(
         from broker.security.devcerts import DevSecurity
 
         security = DevSecurity(data_dir)
-    cluster = DevCluster(nodes, data_dir, base_port, security=security)
+    cluster = DevCluster(nodes, data_dir, base_port, security=security, http=security is None)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -124,7 +151,9 @@ def dev_command(
         print(f"cluster ready: {','.join(cluster.addresses)}", flush=True)
         for i in range(nodes):
             print(f"  {cluster.node_id(i)}: grpc {cluster.grpc_address(i)}  raft {cluster.raft_address(i)}  "
-                  f"metrics http://{cluster.metrics_address(i)}/metrics  pid {cluster.pids[i]}  "
+                  f"metrics http://{cluster.metrics_address(i)}/metrics  "
+                  + (f"http http://{cluster.http_address(i)}  " if security is None else "") +
+                  f"pid {cluster.pids[i]}  "
                   f"log {cluster.log_path(i)}", flush=True)
         if security is not None:
             print(f"client config: {security.client_config.resolve()}", flush=True)

@@ -181,20 +181,25 @@ _BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
 }
 
 
+def _is_call(err: grpc.RpcError) -> bool:
+    """True for a failed call that carries a status: a sync ``grpc.Call`` or an asyncio ``AioRpcError``."""
+    return isinstance(err, grpc.Call | grpc.aio.AioRpcError)
+
+
 def rpc_code(err: grpc.RpcError) -> grpc.StatusCode:
     """The status code of a failed call (UNKNOWN if the error carries none)."""
-    code = err.code() if isinstance(err, grpc.Call) else None
+    code = err.code() if _is_call(err) else None
     return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 
 def rpc_details(err: grpc.RpcError) -> str:
-    details = err.details() if isinstance(err, grpc.Call) else None
+    details = err.details() if _is_call(err) else None
     return details or str(err)
 
 
 def leader_hint(err: grpc.RpcError) -> str | None:
     """The ``x-leader`` address a follower attached to its refusal, if any."""
-    if not isinstance(err, grpc.Call):
+    if not _is_call(err):
         return None
     for key, value in err.trailing_metadata() or ():
         if key == LEADER_METADATA_KEY and value:
@@ -205,7 +210,7 @@ def leader_hint(err: grpc.RpcError) -> str | None:
 def says_no_quorum(err: grpc.RpcError) -> bool:
     """True when a node refused because it reaches no majority (the ``x-no-quorum`` trailer; a
     redirect may carry it too: the leader named by a node without a quorum may be gone)."""
-    if not isinstance(err, grpc.Call) or rpc_code(err) is not grpc.StatusCode.UNAVAILABLE:
+    if not _is_call(err) or rpc_code(err) is not grpc.StatusCode.UNAVAILABLE:
         return False
     return any(key == NO_QUORUM_METADATA_KEY for key, _ in err.trailing_metadata() or ())
 

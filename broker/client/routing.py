@@ -293,7 +293,7 @@ class Router:
         backoff = Backoff(self.policy.backoff_initial_s, self.policy.backoff_max_s)
         address = (self._leader or self.next_address(None)) if write else self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
-        quorum = _QuorumWatch(self.policy.no_quorum_grace_s)
+        quorum = QuorumWatch(self.policy.no_quorum_grace_s)
         while True:
             tried.append(address)
             try:
@@ -332,7 +332,7 @@ class Router:
                        f"last error: {rpc_code(err).name}: {rpc_details(err)}", err, after_unknown_outcome=unknown)
 
 
-class _QuorumWatch:
+class QuorumWatch:
     """Within one call: which nodes said "no quorum" and which could not be reached, since when.
 
     Any other answer (an election in progress, a redirect, a dropped call) means a majority may

@@ -1,0 +1,312 @@
+"""The asyncio client: ``async with AsyncClient(["127.0.0.1:7001"]) as c: await c.publish(...)``.
+
+The same surface and guarantees as the sync :class:`broker.client.Client`, on ``grpc.aio`` (no
+thread per call): every call goes to the leader, found by following ``x-leader`` redirects or by
+asking the nodes; failovers are retried within ``retry_deadline_s``. Publishing is exactly-once
+in effect: every record carries an idempotency key chosen once per call before the first
+attempt (the caller's or a random one, the sync client's own :meth:`Client._idempotency_keys`)
+and every retry resends the same request, so a retry of an attempt applied unseen stores
+nothing new and answers ``duplicate=True`` with the first copy's place. Back-pressure:
+``max_in_flight_batches`` publish calls run at once per client; more wait their turn.
+
+``on_event(kind, item)`` observes what the broker committed: "published" (a list of
+:class:`PublishResult` after a publish returned), and, from subscriptions and consumers, "record",
+"message", "event" (loss/reset) and "rebalance" (see :mod:`broker.client.aio.streams`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from broker.client import wire
+from broker.client.aio.routing import AsyncRouter, metadata
+from broker.client.aio.streams import AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
+from broker.client.client import PUBLISH_BATCH_RECORDS_MAX, Client, RecordLike
+from broker.client.errors import BrokerError, DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.groups import GroupLag, PartitionLag
+from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, TopicInfo, Watermark
+from broker.client.routing import RetryPolicy
+from broker.v1 import admin_pb2, broker_pb2
+
+AsyncHandler = Callable[[AsyncMessage], Awaitable[object]]
+
+
+class AsyncClient:
+    """A connection to a raftbroker cluster for asyncio code; ``async with`` it or ``await close()``."""
+
+    def __init__(self, bootstrap: Sequence[str] | str, *, timeout_s: float = 10.0, retry_deadline_s: float = 30.0,
+                 no_quorum_grace_s: float = 1.0, max_in_flight_batches: int = 64,
+                 on_event: Observer | None = None) -> None:
+        addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+        if max_in_flight_batches < 1:
+            raise ValueError("max_in_flight_batches must be at least 1")
+        self._router = AsyncRouter(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
+                                                          no_quorum_grace_s=no_quorum_grace_s))
+        self._in_flight = asyncio.Semaphore(max_in_flight_batches)
+        self._on_event = on_event
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._router.close()
+
+    @property
+    def leader(self) -> str | None:
+        return self._router.leader
+
+    @property
+    def known_addresses(self) -> list[str]:
+        return self._router.known_addresses
+
+    async def _admin(self, method: str, request: Any, *, write: bool, what: str) -> Any:
+        return await self._router.call(
+            lambda a, t: getattr(self._router.admin(a), method)(request, timeout=t, metadata=metadata()),
+            write=write, what=what)
+
+    async def _broker(self, method: str, request: Any, *, write: bool, what: str) -> Any:
+        return await self._router.call(
+            lambda a, t: getattr(self._router.broker(a), method)(request, timeout=t, metadata=metadata()),
+            write=write, what=what)
+
+    # -- topics ---------------------------------------------------------------------------------
+    async def create_topic(self, name: str, partitions: int = 1, *, retention: Mapping[str, int | None] | None = None,
+                           durability: str | None = None, full_policy: str | None = None,
+                           dedup_window_ms: int | None = None, schema: Mapping[str, Any] | str | None = None,
+                           dedup_fields: Sequence[str] | None = None, exist_ok: bool = False) -> TopicInfo:
+        """Create a topic (the contract of :meth:`Client.create_topic`)."""
+        request = admin_pb2.CreateTopicRequest(
+            config=wire.topic_config(name, partitions, retention, durability, full_policy, dedup_window_ms))
+        if schema is not None:
+            request.config.schema_json = schema if isinstance(schema, str) else json.dumps(schema)
+        if dedup_fields is not None:
+            if isinstance(dedup_fields, str):
+                raise invalid_argument("dedup_fields must be a sequence of field names, not one string")
+            request.config.dedup_fields.extend(dedup_fields)
+        try:
+            info = await self._admin("CreateTopic", request, write=True, what=f"create topic {name}")
+        except TopicExists as err:
+            if err.after_unknown_outcome:
+                return await self.describe_topic(name)
+            if not exist_ok:
+                raise
+            existing = await self.describe_topic(name)
+            differences = wire.config_differences(request.config, existing)
+            if differences:
+                raise TopicExists(err.code, f"{err.message}, with a different config: {'; '.join(differences)}"
+                                  ) from None
+            return existing
+        return wire.topic_info(info)
+
+    async def describe_topic(self, name: str) -> TopicInfo:
+        request = admin_pb2.DescribeTopicRequest(name=name)
+        return wire.topic_info(await self._admin("DescribeTopic", request, write=False, what=f"describe topic {name}"))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        response = await self._admin("ListTopics", admin_pb2.ListTopicsRequest(), write=False, what="list topics")
+        return sorted((wire.topic_info(t) for t in response.topics), key=lambda t: t.name)
+
+    async def drop_topic(self, name: str) -> None:
+        try:
+            await self._admin("DropTopic", admin_pb2.DropTopicRequest(name=name), write=True, what=f"drop topic {name}")
+        except TopicNotFound as err:
+            if not err.after_unknown_outcome:
+                raise
+
+    async def prune(self, topic: str, before_offset: int | None = None, partition: int | None = None, *,
+                    group: str | None = None) -> int:
+        """Delete records before ``before_offset`` (see :meth:`Client.prune`); returns how many."""
+        if before_offset is None and not group:
+            raise invalid_argument("give before_offset, or a lead group to prune by")
+        if before_offset is not None and (not isinstance(before_offset, int) or isinstance(before_offset, bool)
+                                          or before_offset < 0):
+            raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
+        request = admin_pb2.PruneRequest(topic=topic, before_offset=before_offset or 0, group=group or "")
+        if partition is not None:
+            if partition < 0:
+                raise invalid_argument(f"partition must be >= 0, got {partition}")
+            request.partition = partition
+        response = await self._admin("Prune", request, write=True, what=f"prune {topic}")
+        return int(response.records_pruned)
+
+    # -- publishing -----------------------------------------------------------------------------
+    async def publish(self, topic: str, value: bytes | str, *, key: bytes | str | None = None,
+                      partition: int | None = None, headers: Mapping[str, str] | None = None,
+                      idempotency_key: str | None = None) -> PublishResult:
+        record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
+                                idempotency_key=idempotency_key)
+        return (await self.publish_batch(topic, [record]))[0]
+
+    async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
+                            first_msg_id: int | None = None) -> list[PublishResult]:
+        """Publish records all-or-nothing; one result per record, in order (see :meth:`Client.publish_batch`)."""
+        batch = [wire.outgoing(r) for r in records]
+        ids = wire.msg_ids(batch, dedup_id, first_msg_id)
+        if not batch:
+            return []
+        if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
+            raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
+        keys = Client._idempotency_keys(batch)
+        request = broker_pb2.PublishRequest(
+            topic=topic, dedup_id=dedup_id or "",
+            records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)])
+        async with self._in_flight:
+            try:
+                response = await self._broker("Publish", request, write=True, what=f"publish to {topic}")
+            except TopicExists as err:  # ALREADY_EXISTS from a publish: a repeat of dedup fields
+                raise DuplicateMessageError(err.code, err.message,
+                                            after_unknown_outcome=err.after_unknown_outcome) from None
+        if len(response.results) != len(batch):
+            raise BrokerError("INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records")
+        results = [wire.publish_result(r, k) for r, k in zip(response.results, keys, strict=True)]
+        if self._on_event is not None:
+            self._on_event("published", results)
+        return results
+
+    async def get_watermarks(self, topic: str) -> list[Watermark]:
+        response = await self._admin("GetWatermarks", admin_pb2.GetWatermarksRequest(topic=topic), write=False,
+                                     what=f"get watermarks of {topic}")
+        return [wire.watermark(m) for m in response.watermarks]
+
+    async def reset_watermark(self, topic: str, dedup_id: str) -> None:
+        request = admin_pb2.ResetWatermarkRequest(topic=topic, dedup_id=wire.check_id(dedup_id, "dedup_id"))
+        await self._admin("ResetWatermark", request, write=True, what=f"reset watermark {dedup_id} of {topic}")
+
+    # -- consuming ------------------------------------------------------------------------------
+    def subscribe(self, topic: str, *, partition: int | None = None, start: str | int | bytes = "earliest",
+                  timestamp_ms: int | None = None, stop_at_end: bool = False, max_batch: int = 0,
+                  filter: str | None = None) -> AsyncSubscription:
+        """Records and events of ``topic`` from ``start`` (see :meth:`Client.subscribe`); ``async for`` it."""
+        if max_batch < 0:
+            raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
+        if partition is not None and partition < 0:
+            raise invalid_argument(f"partition must be >= 0, got {partition}")
+        position = wire.position(start, timestamp_ms)
+
+        async def partitions() -> list[int]:
+            if partition is not None:
+                return [partition]
+            return list(range((await self.describe_topic(topic)).partition_count))
+
+        return AsyncSubscription(self._router, topic, partitions, position=position, stop_at_end=stop_at_end,
+                                 max_batch=max_batch, filter=filter or "", on_event=self._on_event)
+
+    def consumer(self, topic: str, group: str, **options: Any) -> AsyncConsumer:
+        """A member of consumer group ``group`` (the options of :class:`AsyncConsumer`)."""
+        options.setdefault("on_event", self._on_event)
+        return AsyncConsumer(self._router, topic, group, **options)
+
+    async def claim(self, topic: str, group: str, *, max_records: int = 1, visibility_ms: int | None = None,
+                    **group_options: Any) -> list[AsyncMessage]:
+        """Lease up to ``max_records`` deliverable records of a queue group and return at once (fewer,
+        or none, when fewer are deliverable). With ``visibility_ms`` the leases end that long from now;
+        else after the group's visibility timeout. Settle them with ``ack``/``nack``/``extend``."""
+        if not 1 <= max_records <= 1000:
+            raise invalid_argument(f"max must be within [1, 1000], got {max_records}")
+        if visibility_ms is not None and visibility_ms <= 0:
+            raise invalid_argument(f"visibility_ms must be positive, got {visibility_ms}")
+        consumer = AsyncConsumer(self._router, topic, group, stop_at_end=True, max_in_flight=max_records,
+                                 max_batch=max_records, **group_options)
+        claimed: list[AsyncMessage] = []
+        try:
+            async for item in consumer:
+                if isinstance(item, AsyncMessage):
+                    claimed.append(item)
+                    if len(claimed) >= max_records:
+                        break
+        finally:
+            await consumer.stop()  # not close(): leaving the group would give the leases back
+        if claimed and visibility_ms is not None:
+            await consumer.extend(claimed, visibility_ms)
+        return claimed
+
+    async def run(self, topic: str, *, group: str, handler: AsyncHandler, concurrency: int = 1,
+                  limit: int | None = None, **options: Any) -> int:
+        """Feed the group's messages to ``await handler(message)``, ``concurrency`` at a time, until the
+        stream ends or ``limit`` were handled; a handler that returns acks, one that raises nacks. In
+        stream mode the messages of one partition are handled one after another, in order."""
+        if concurrency < 1 or (limit is not None and limit < 1):
+            raise invalid_argument("concurrency and limit must be at least 1")
+        slots = asyncio.Semaphore(concurrency)
+        in_order = options.get("mode") == "stream"
+        partition_turns: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        handled = 0
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def handle(message: AsyncMessage) -> None:
+            nonlocal handled
+            turn = partition_turns[message.partition] if in_order else contextlib.nullcontext()
+            try:
+                async with turn:  # tasks start in creation order, and asyncio locks are fair
+                    await handler(message)
+            except Exception:  # noqa: BLE001 - a failing handler nacks its message
+                await message.nack()
+            else:
+                await message.ack()
+            finally:
+                slots.release()
+            handled += 1
+
+        async with self.consumer(topic, group, **options) as consumer:
+            dispatched = 0
+            async for item in consumer:
+                if not isinstance(item, AsyncMessage):
+                    continue
+                await slots.acquire()
+                task = asyncio.get_running_loop().create_task(handle(item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                dispatched += 1
+                if limit is not None and dispatched >= limit:
+                    break
+            if tasks:
+                await asyncio.gather(*tasks)
+        return handled
+
+    async def group_lag(self, topic: str, group: str) -> GroupLag:
+        request = admin_pb2.GroupLagRequest(topic=topic, group=group)
+        response = await self._admin("GroupLag", request, write=False, what=f"lag of group {group}")
+        return GroupLag(response.paused, tuple(
+            PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
+                         p.dead, p.lag_ms) for p in response.partitions), response.node, response.applied_index)
+
+    async def settle(self, verb: str, topic: str, group: str, positions: Sequence[bytes], *,
+                     delay_ms: int | None = None, extend_ms: int | None = None) -> list[int]:
+        """Ack, nack (after ``delay_ms``) or extend (by ``extend_ms``) leases by their position tokens;
+        extend returns the new deadlines (0: the lease was lost). For callers holding only positions."""
+        positions = list(positions)
+        if verb == "ack":
+            await self._broker("Ack", broker_pb2.AckRequest(topic=topic, group=group, positions=positions),
+                               write=True, what=f"ack in {group}")
+        elif verb == "nack":
+            if delay_ms is not None and delay_ms < 0:
+                raise invalid_argument(f"delay_ms must not be negative, got {delay_ms}")
+            await self._broker("Nack", broker_pb2.NackRequest(topic=topic, group=group, positions=positions,
+                                                              delay_ms=delay_ms or 0), write=True,
+                               what=f"nack in {group}")
+        elif verb == "extend":
+            response = await self._broker("Extend", broker_pb2.ExtendRequest(
+                topic=topic, group=group, positions=positions, extend_ms=extend_ms or 0), write=True,
+                what=f"extend in {group}")
+            return list(response.deadlines_ms)
+        else:
+            raise invalid_argument(f"verb must be ack, nack or extend, got {verb!r}")
+        return []
+
+    # -- cluster --------------------------------------------------------------------------------
+    async def cluster_status(self) -> ClusterStatus:
+        response = await self._admin("ClusterStatus", admin_pb2.ClusterStatusRequest(), write=False,
+                                     what="cluster status")
+        status = wire.cluster_status(response)
+        for node in status.nodes:
+            if node.grpc_address:
+                self._router.learn(node.grpc_address, is_leader=node.id == status.leader_id and node.reachable)
+        return status

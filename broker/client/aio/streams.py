@@ -1,0 +1,379 @@
+"""Async iterators over the ``Subscribe`` stream: :class:`AsyncSubscription` (a log read) and
+:class:`AsyncConsumer` (a consumer-group member).
+
+Contracts are the sync SDK's (:mod:`broker.client.subscription`, :mod:`broker.client.consumer`):
+a subscription reads each partition in its own stream that resumes after a node failure from the
+last delivered record's position token, so it never skips nor repeats a record it delivered; a
+consumer receives leased messages (at-least-once) and follows the leader by itself. Each partition
+stream is an asyncio task feeding one queue: no thread per stream. Only what the broker sent is
+yielded, and the broker sends only committed records, so ``on_event`` sees committed data only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from broker.client import wire
+from broker.client.aio.routing import AsyncRouter, metadata
+from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED
+from broker.client.errors import (
+    BrokerError,
+    Unavailable,
+    error_from_rpc,
+    invalid_argument,
+    leader_hint,
+    rpc_details,
+)
+from broker.client.groups import group_config
+from broker.client.models import Event, Record
+from broker.client.routing import Backoff, is_retryable
+from broker.v1 import broker_pb2, common_pb2
+
+#: ``on_event(kind, item)``: kind is "record", "event" (loss/reset), "message" (a leased group
+#: record) or "rebalance" (a stream-mode member's partitions changed; item is the tuple of them).
+Observer = Callable[[str, object], None]
+_ESTABLISHED_S = 5.0
+_END = object()
+
+
+async def _follow(router: AsyncRouter, open_call: Callable[[str], Any], on_response: Callable[[Any], None],
+                  what: str, closed: asyncio.Event, start: str | None = None) -> None:
+    """Run a server stream on the leader (or any node), reopening it after retryable failures until it
+    ends; gives up with ``Unavailable`` after ``retry_deadline_s`` of failures without a response."""
+    policy = router.policy
+    backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
+    address = start or await router.read_address()
+    failing_since: float | None = None
+    while not closed.is_set():
+        call = open_call(address)
+        started = time.monotonic()
+        try:
+            async for response in call:
+                failing_since = None
+                backoff.reset()
+                on_response(response)
+            return
+        except grpc.RpcError as err:
+            if closed.is_set():
+                return
+            if not is_retryable(err):
+                raise error_from_rpc(err) from None
+            now = time.monotonic()
+            if failing_since is None or now - started >= _ESTABLISHED_S:
+                failing_since = now
+            if now - failing_since >= policy.retry_deadline_s:
+                raise Unavailable("UNAVAILABLE", f"{what}: no node served the stream within "
+                                  f"{policy.retry_deadline_s:g}s; last error: {rpc_details(err)}") from None
+            router.forget_leader(address)
+            address = leader_hint(err) or await router.discover_leader() or router.next_address(address)
+            await asyncio.sleep(backoff.next_delay_s())
+        finally:
+            call.cancel()
+
+
+class _Merged:
+    """Tasks feeding one queue; the iterator ends when all have ended, or raises the first error."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1000)
+        self.closed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = 0
+
+    def start(self, make: Callable[[], Any]) -> None:
+        self._running += 1
+
+        async def run() -> None:
+            try:
+                await make()
+                await self.queue.put(_END)
+            except Exception as err:  # noqa: BLE001 - raised to the iterating caller
+                await self.queue.put(err)
+        self._tasks.append(asyncio.get_running_loop().create_task(run()))
+
+    async def next(self) -> object:
+        while self._running:
+            item = await self.queue.get()
+            if item is _END:
+                self._running -= 1
+                continue
+            if isinstance(item, Exception):
+                await self.close()
+                raise item
+            return item
+        raise StopAsyncIteration
+
+    async def close(self) -> None:
+        self.closed.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._running = 0
+
+
+class AsyncSubscription(AsyncIterator[Record | Event]):
+    """``async for item in client.subscribe(topic)``: :class:`Record` and :class:`Event` items.
+
+    Per partition in order; partitions interleave. ``position`` tokens of delivered records are
+    kept per partition (:attr:`positions`) and a reopened stream starts right after them. Before
+    iterating, :attr:`positions` (tokens) and :attr:`starts` (positions) may be set per partition to
+    start partitions at different places (a saved cursor)."""
+
+    def __init__(self, router: AsyncRouter, topic: str, partitions: Callable[[], Any], *,
+                 position: common_pb2.Position, stop_at_end: bool, max_batch: int, filter: str,
+                 on_event: Observer | None) -> None:
+        self._router, self._topic, self._partitions = router, topic, partitions
+        self._position, self._stop_at_end, self._max_batch, self._filter = position, stop_at_end, max_batch, filter
+        self._on_event = on_event
+        self.positions: dict[int, bytes] = {}
+        self.starts: dict[int, common_pb2.Position] = {}  # per partition, instead of the common start
+        self._merged: _Merged | None = None
+
+    def __aiter__(self) -> AsyncSubscription:
+        return self
+
+    async def __anext__(self) -> Record | Event:
+        if self._merged is None:
+            self._merged = _Merged()
+            for partition in await self._partitions():
+                self._merged.start(functools.partial(self._run, partition))
+        item = await self._merged.next()
+        assert isinstance(item, Record | Event)
+        if self._on_event is not None:
+            self._on_event("record" if isinstance(item, Record) else "event", item)
+        return item
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._merged is not None:
+            await self._merged.close()
+
+    def _request(self, partition: int) -> broker_pb2.SubscribeRequest:
+        token = self.positions.get(partition)
+        position = common_pb2.Position(token=token) if token else self.starts.get(partition, self._position)
+        return broker_pb2.SubscribeRequest(topic=self._topic, partition=partition, stop_at_end=self._stop_at_end,
+                                           max_batch=self._max_batch, filter=self._filter, **{"from": position})
+
+    async def _run(self, partition: int) -> None:
+        assert self._merged is not None
+        merged = self._merged
+        pending: list[object] = []
+
+        def on_response(response: broker_pb2.SubscribeResponse) -> None:
+            if response.HasField("batch"):
+                for msg in response.batch.records:
+                    record = wire.record(msg)
+                    if record.position:
+                        self.positions[partition] = record.position
+                    pending.append(record)
+            elif response.HasField("event"):
+                pending.append(wire.event(response.event))
+
+        def open_call(address: str) -> Any:
+            call = self._router.broker(address).Subscribe(self._request(partition), metadata=metadata())
+            return _Draining(call, pending, merged.queue)
+
+        await _follow(self._router, open_call, on_response, f"subscribe {self._topic}", merged.closed)
+
+
+class _Draining:
+    """Wraps a stream call so each response's items are queued before the next is read (the queue
+    bounds memory: a slow reader slows the stream, which the server then paces)."""
+
+    def __init__(self, call: Any, pending: list[object], queue: asyncio.Queue[object]) -> None:
+        self._call, self._pending, self._queue = call, pending, queue
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        async for response in self._call:
+            yield response
+            while self._pending:
+                await self._queue.put(self._pending.pop(0))
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class AsyncMessage:
+    """A leased record of a group, with the verbs that settle it (each replicated)."""
+
+    def __init__(self, consumer: AsyncConsumer, msg: common_pb2.Record) -> None:
+        self._consumer = consumer
+        self.record: Record = wire.record(msg)
+        self.delivery_attempt: int = msg.delivery_attempt
+        self.settled = False
+
+    topic = property(lambda self: self.record.topic)
+    partition = property(lambda self: self.record.partition)
+    offset = property(lambda self: self.record.offset)
+    key = property(lambda self: self.record.key)
+    value = property(lambda self: self.record.value)
+    headers = property(lambda self: self.record.headers)
+    position = property(lambda self: self.record.position)
+
+    async def ack(self) -> None:
+        await self._consumer.ack([self])
+
+    async def nack(self, delay_ms: int | None = None) -> None:
+        await self._consumer.nack([self], delay_ms)
+
+    async def extend(self, ms: int | None = None) -> int:
+        return (await self._consumer.extend([self], ms))[0]
+
+    async def discard(self, reason: str = "") -> None:
+        await self._consumer.discard([self], reason)
+
+
+class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
+    """A consumer-group member: ``async with client.subscribe(topic, group=g) as c: async for m in c``."""
+
+    def __init__(self, router: AsyncRouter, topic: str, group: str, *, mode: str | None = None,
+                 start: str | int | bytes = "earliest", timestamp_ms: int | None = None, stop_at_end: bool = False,
+                 max_in_flight: int = DEFAULT_IN_FLIGHT, max_batch: int = 0, member_id: str | None = None,
+                 on_event: Observer | None = None, filter: str | None = None, **config: Any) -> None:
+        if filter:
+            raise invalid_argument(GROUP_FILTER_REFUSED)
+        if max_in_flight <= 0:
+            raise invalid_argument(f"max_in_flight must be positive, got {max_in_flight}")
+        self._router, self.topic, self.group = router, topic, group
+        self.member_id = member_id or uuid.uuid4().hex[:16]
+        self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,
+                                    **config)
+        self._stream_mode = mode == "stream"
+        self._request = broker_pb2.SubscribeRequest(
+            topic=topic, group=group, group_config=self._config, member_id=self.member_id,
+            max_in_flight=max_in_flight, max_batch=max_batch, stop_at_end=stop_at_end)
+        self._on_event = on_event
+        self._merged: _Merged | None = None
+        self._beats: asyncio.Task[None] | None = None
+        self.assigned: tuple[int, ...] = ()
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> AsyncMessage | Event:
+        if self._merged is None:
+            if self._stream_mode:
+                await self._join()
+            self._merged = _Merged()
+            self._merged.start(self._run)
+        item = await self._merged.next()
+        assert isinstance(item, AsyncMessage | Event)
+        if self._on_event is not None:
+            self._on_event("message" if isinstance(item, AsyncMessage) else "event", item)
+        return item
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(self) -> None:
+        assert self._merged is not None
+        merged = self._merged
+        pending: list[object] = []
+
+        def on_response(response: broker_pb2.SubscribeResponse) -> None:
+            if response.HasField("event"):
+                pending.append(wire.event(response.event))
+            for msg in response.batch.records:
+                pending.append(AsyncMessage(self, msg))
+
+        def open_call(address: str) -> Any:
+            return _Draining(self._router.broker(address).Subscribe(self._request, metadata=metadata()), pending,
+                             merged.queue)
+
+        start = self._router.leader or await self._router.discover_leader()
+        await _follow(self._router, open_call, on_response, f"group {self.group} of {self.topic}", merged.closed,
+                      start)
+
+    async def _join(self) -> None:
+        request = broker_pb2.JoinGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id,
+                                              group_config=self._config)
+        response = await self._router.call(
+            lambda a, t: self._router.broker(a).JoinGroup(request, timeout=t, metadata=metadata()),
+            write=True, what=f"join group {self.group}")
+        self._assign(tuple(response.partitions))
+        interval_s = max(response.session_timeout_ms / 3000, 0.05)
+        self._beats = asyncio.get_running_loop().create_task(self._beat(interval_s))
+
+    def _assign(self, partitions: tuple[int, ...]) -> None:
+        if partitions != self.assigned:
+            self.assigned = partitions
+            if self._on_event is not None:
+                self._on_event("rebalance", partitions)
+
+    async def _beat(self, interval_s: float) -> None:
+        request = broker_pb2.HeartbeatRequest(topic=self.topic, group=self.group, member_id=self.member_id)
+        while True:
+            await asyncio.sleep(interval_s)
+            with contextlib.suppress(BrokerError):  # keep beating through failovers; the stream reports errors
+                response = await self._router.call(
+                    lambda a, t: self._router.broker(a).Heartbeat(request, timeout=t, metadata=metadata()),
+                    write=True, what="heartbeat")
+                self._assign(tuple(response.partitions))
+
+    # -- settling --------------------------------------------------------------------------------
+    async def _settle(self, messages: Sequence[AsyncMessage], what: str,
+                      send: Callable[[list[bytes], str, float], Any]) -> None:
+        positions = [m.position for m in messages if not m.settled]
+        if positions:
+            await self._router.call(lambda a, t: send(positions, a, t), write=True, what=f"{what} in {self.group}")
+            for m in messages:
+                m.settled = True
+
+    async def ack(self, messages: Sequence[AsyncMessage]) -> None:
+        await self._settle(messages, "ack", lambda p, a, t: self._router.broker(a).Ack(
+            broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=p), timeout=t, metadata=metadata()))
+
+    async def nack(self, messages: Sequence[AsyncMessage], delay_ms: int | None = None) -> None:
+        if delay_ms is not None and delay_ms < 0:
+            raise invalid_argument(f"delay_ms must not be negative, got {delay_ms}")
+        await self._settle(messages, "nack", lambda p, a, t: self._router.broker(a).Nack(
+            broker_pb2.NackRequest(topic=self.topic, group=self.group, positions=p, delay_ms=delay_ms or 0),
+            timeout=t, metadata=metadata()))
+
+    async def discard(self, messages: Sequence[AsyncMessage], reason: str = "") -> None:
+        await self._settle(messages, "discard", lambda p, a, t: self._router.broker(a).Discard(
+            broker_pb2.DiscardRequest(topic=self.topic, group=self.group, positions=p, reason=reason),
+            timeout=t, metadata=metadata()))
+
+    async def extend(self, messages: Sequence[AsyncMessage], ms: int | None = None) -> list[int]:
+        request = broker_pb2.ExtendRequest(topic=self.topic, group=self.group,
+                                           positions=[m.position for m in messages], extend_ms=ms or 0)
+        response = await self._router.call(
+            lambda a, t: self._router.broker(a).Extend(request, timeout=t, metadata=metadata()),
+            write=True, what=f"extend in {self.group}")
+        return list(response.deadlines_ms)
+
+    async def stop(self) -> None:
+        """Stop the stream but keep this member's leases: they run until settled or until their
+        visibility timeout (what a claim wants; :meth:`close` gives them back)."""
+        if self._beats is not None:
+            self._beats.cancel()
+        if self._merged is not None:
+            await self._merged.close()
+
+    async def close(self) -> None:
+        """Stop the stream and leave the group (unsettled leases are redelivered at once)."""
+        await self.stop()
+        with contextlib.suppress(BrokerError):  # best effort: leases also run out by themselves
+            leave = broker_pb2.LeaveGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id)
+            await self._router.call(lambda a, t: self._router.broker(a).LeaveGroup(leave, timeout=t,
+                                                                                    metadata=metadata()),
+                                    write=True, what="leave")

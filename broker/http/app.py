@@ -1,0 +1,185 @@
+"""The HTTP/JSON gateway (``/v1``): an ASGI app translating each request into SDK calls.
+
+The grpc-gateway pattern: every rule (validation, limits, leadership, deduplication) stays in the
+gRPC services; this module only translates JSON to the asyncio SDK's calls and its results and
+errors back (errors: :mod:`broker.http.problems`). The SDK finds the leader and follows it, so a
+gateway on a follower forwards writes to the leader itself (no 307: a client keeps one base URL,
+a POST body is never replayed by a redirect-following client, and an SSE stream survives a
+failover behind the gateway). ``Authorization: Bearer`` is passed to every gRPC call as metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from broker.client.aio import AsyncClient, call_metadata
+from broker.client.errors import BrokerError, TopicExists
+from broker.client.models import OutgoingRecord
+from broker.http import codec, problems, reading
+from broker.http.bodies import INT32_MAX, PruneBody, PublishBody, TopicBody
+from broker.http.groups import router as groups_router
+
+READ_LIMIT_MAX = 1000
+Topic = Annotated[str, Path(description="a topic name", examples=["orders"])]
+
+
+class BearerPassThrough:
+    """ASGI middleware: the request's ``Authorization`` header becomes the metadata of every gRPC call
+    made while serving it (the SDK's ``call_metadata``); a header gRPC cannot carry is a 400."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        value = dict(scope["headers"]).get(b"authorization")
+        if value is None:
+            await self.app(scope, receive, send)
+            return
+        if not all(0x20 <= b < 0x7F for b in value):
+            response = problems.problem(400, "Invalid argument", "the Authorization header must be printable ASCII",
+                                        "INVALID_ARGUMENT")
+            await response(scope, receive, send)
+            return
+        token = call_metadata.set((("authorization", value.decode()),))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            call_metadata.reset(token)
+
+
+def create_app(bootstrap: Sequence[str], **client_options: Any) -> FastAPI:
+    """The gateway for the cluster reached through ``bootstrap`` (gRPC addresses, this node's first)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncClient(list(bootstrap), **client_options) as client:
+            app.state.client = client
+            yield
+
+    app = FastAPI(title="raftbroker", version="1", lifespan=lifespan,
+                  description="HTTP/JSON gateway of raftbroker: the gRPC API's rules, translated.")
+    app.add_middleware(BearerPassThrough)
+    app.include_router(groups_router)
+
+    @app.exception_handler(BrokerError)
+    async def broker_error(request: Request, err: BrokerError) -> Response:
+        return problems.from_error(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, err: RequestValidationError) -> Response:
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+        return problems.problem(400, "Invalid argument", detail, "INVALID_ARGUMENT")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        reason = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(err.status_code, "HTTP_ERROR")
+        return problems.problem(err.status_code, str(err.detail), f"{request.method} {request.url.path}: {err.detail}",
+                                reason)
+
+    def client(request: Request) -> AsyncClient:
+        sdk: AsyncClient = request.app.state.client
+        return sdk
+
+    # -- topics ---------------------------------------------------------------------------------
+    @app.put("/v1/topics/{topic}", tags=["topics"])
+    async def create_topic(topic: Topic, body: TopicBody, request: Request, response: Response) -> dict[str, Any]:
+        """Create a topic; the same config again answers 200 with it, a different one 409."""
+        options: dict[str, Any] = dict(
+            retention=body.retention.model_dump() if body.retention else None, durability=body.durability,
+            full_policy=body.full_policy, dedup_window_ms=body.dedup_window_ms, schema=body.json_schema,
+            dedup_fields=body.dedup_fields)
+        try:
+            info = await client(request).create_topic(topic, body.partitions, **options)
+            response.status_code = 201
+        except TopicExists as err:
+            if err.after_unknown_outcome:
+                raise
+            info = await client(request).create_topic(topic, body.partitions, exist_ok=True, **options)
+        return dataclasses.asdict(info)
+
+    @app.get("/v1/topics", tags=["topics"])
+    async def list_topics(request: Request) -> dict[str, Any]:
+        return {"topics": [dataclasses.asdict(t) for t in await client(request).list_topics()]}
+
+    @app.get("/v1/topics/{topic}", tags=["topics"])
+    async def describe_topic(topic: Topic, request: Request) -> dict[str, Any]:
+        return dataclasses.asdict(await client(request).describe_topic(topic))
+
+    @app.delete("/v1/topics/{topic}", status_code=204, tags=["topics"])
+    async def drop_topic(topic: Topic, request: Request) -> Response:
+        await client(request).drop_topic(topic)
+        return Response(status_code=204)
+
+    # -- records --------------------------------------------------------------------------------
+    @app.post("/v1/topics/{topic}/records", tags=["records"])
+    async def publish(topic: Topic, body: PublishBody, request: Request) -> dict[str, Any]:
+        """Publish all records or none; per record its partition, offset and whether it was a duplicate."""
+        records = [OutgoingRecord(value=codec.stored_value(r.value, r.value_b64, f"record {i}"), key=r.key,
+                                  partition=r.partition, headers=r.headers, idempotency_key=r.idempotency_key)
+                   for i, r in enumerate(body.records)]
+        results = await client(request).publish_batch(topic, records)
+        return {"results": [{"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate,
+                             "timestamp_ms": r.timestamp_ms} for r in results]}
+
+    @app.get("/v1/topics/{topic}/records", tags=["records"])
+    async def read(topic: Topic, request: Request,
+                   partition: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+                   start: Annotated[str, Query(alias="from", max_length=codec.CURSOR_CHARS_MAX,
+                                               description="earliest, latest, an offset or a cursor")] = "earliest",
+                   limit: Annotated[int, Query(ge=1, le=READ_LIMIT_MAX)] = 100) -> dict[str, Any]:
+        """Up to ``limit`` records (and loss events, inline in ``items``) from ``from``; read on from ``next``."""
+        return await reading.read_page(client(request), topic, partition, start, limit)
+
+    @app.get("/v1/topics/{topic}/watch", tags=["records"], response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+    async def watch(topic: Topic, request: Request,
+                    partition: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+                    start: Annotated[str, Query(alias="from", max_length=codec.CURSOR_CHARS_MAX)] = "latest",
+                    heartbeat_ms: Annotated[int, Query(ge=reading.HEARTBEAT_MS_MIN,
+                                                       le=reading.HEARTBEAT_MS_MAX)] = 15_000,
+                    last_event_id: Annotated[str | None, Header(max_length=codec.CURSOR_CHARS_MAX)] = None,
+                    ) -> StreamingResponse:
+        """Server-Sent Events, live: one ``record`` event per record (its ``id`` is the cursor after
+        it: reconnect with ``Last-Event-ID`` to resume exactly there), loss events under their own
+        type, a comment line as heartbeat."""
+        places = await reading.start_places(client(request), topic, partition, start, last_event_id)
+        stream = reading.watch(client(request), topic, places, heartbeat_ms)
+        return StreamingResponse(stream, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # -- admin ----------------------------------------------------------------------------------
+    @app.get("/v1/cluster", tags=["admin"])
+    async def cluster_status(request: Request) -> dict[str, Any]:
+        return dataclasses.asdict(await client(request).cluster_status())
+
+    @app.post("/v1/topics/{topic}/prune", tags=["admin"])
+    async def prune(topic: Topic, body: PruneBody, request: Request) -> dict[str, Any]:
+        """Delete the records before ``before_offset`` (or up to a lead group's commits)."""
+        pruned = await client(request).prune(topic, body.before_offset, body.partition, group=body.group)
+        return {"pruned": pruned}
+
+    @app.get("/v1/topics/{topic}/watermarks", tags=["admin"])
+    async def watermarks(topic: Topic, request: Request) -> dict[str, Any]:
+        return {"watermarks": [dataclasses.asdict(w) for w in await client(request).get_watermarks(topic)]}
+
+    @app.delete("/v1/topics/{topic}/watermarks/{dedup_id}", status_code=204, tags=["admin"])
+    async def reset_watermark(topic: Topic, dedup_id: str, request: Request) -> Response:
+        await client(request).reset_watermark(topic, dedup_id)
+        return Response(status_code=204)
+
+    return app
+
+
+

@@ -1,0 +1,191 @@
+"""The asyncio SDK against a real 3-node cluster: topics, publish, subscribe, groups, admin, on_event."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.client import Client, Record, TopicExists, TopicNotFound
+from broker.client.aio import AsyncClient, AsyncMessage
+from broker.client.errors import InvalidArgument
+from broker.devcluster import DevCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster) -> None:
+    seen: list[tuple[str, object]] = []
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses, on_event=lambda kind, item: seen.append((kind, item))) as c:
+            info = await c.create_topic("aio-t", 2)
+            assert info.partition_count == 2
+            assert (await c.create_topic("aio-t", 2, exist_ok=True)).name == "aio-t"
+            with pytest.raises(TopicExists):
+                await c.create_topic("aio-t", 3, exist_ok=True)
+            assert "aio-t" in [t.name for t in await c.list_topics()]
+            first = await c.publish("aio-t", "one", partition=0, idempotency_key="k1")
+            again = await c.publish("aio-t", "one", partition=0, idempotency_key="k1")
+            assert again.duplicate and again.offset == first.offset
+            results = await c.publish_batch("aio-t", [{"value": f"v{i}", "partition": i % 2} for i in range(6)])
+            assert [r.partition for r in results] == [0, 1, 0, 1, 0, 1]
+            got = [r async for r in c.subscribe("aio-t", stop_at_end=True) if isinstance(r, Record)]
+            assert sorted(r.value for r in got) == sorted([b"one"] + [f"v{i}".encode() for i in range(6)])
+            with pytest.raises(TopicNotFound):
+                await c.describe_topic("aio-none")
+            with pytest.raises(InvalidArgument):
+                await c.create_topic("bad name!", 1)
+            with pytest.raises(TopicNotFound):
+                async for _ in c.subscribe("aio-none"):
+                    pass
+            with pytest.raises(InvalidArgument):
+                async for _ in c.subscribe("aio-t", partition=5):
+                    pass
+            assert await c.prune("aio-t", 1, partition=0) == 1
+            status = await c.cluster_status()
+            assert len(status.nodes) == 3 and status.leader_id
+            await c.drop_topic("aio-t")
+            with pytest.raises(TopicNotFound):
+                await c.describe_topic("aio-t")
+
+    asyncio.run(main())
+    kinds = {k for k, _ in seen}
+    assert {"published", "record"} <= kinds
+    records = [item for k, item in seen if k == "record"]
+    assert len(records) == 7, "on_event saw each delivered (committed) record once"
+
+
+def test_sync_and_async_clients_read_each_others_writes(cluster: DevCluster) -> None:
+    with Client(cluster.addresses) as sync:
+        sync.create_topic("aio-x", 1)
+        sync.publish("aio-x", "from-sync")
+
+    async def main() -> list[bytes]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.publish("aio-x", "from-async")
+            return [r.value async for r in c.subscribe("aio-x", stop_at_end=True) if isinstance(r, Record)]
+
+    assert asyncio.run(main()) == [b"from-sync", b"from-async"]
+
+
+def test_queue_group_claim_ack_nack_extend_and_run_with_concurrency(cluster: DevCluster) -> None:
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-q", 2)
+            await c.publish_batch("aio-q", [f"job{i}" for i in range(20)])
+            claimed = await c.claim("aio-q", "workers", max_records=5, visibility_ms=60_000)
+            assert len(claimed) == 5
+            deadlines = await claimed[0].extend(120_000)
+            assert deadlines > 0
+            await claimed[0].ack()
+            await claimed[1].nack(delay_ms=0)
+            others = await c.claim("aio-q", "workers", max_records=20)
+            held = {(m.partition, m.offset) for m in claimed[2:]}
+            assert not held & {(m.partition, m.offset) for m in others}, "a claimed lease is not handed out twice"
+            for m in others:
+                await m.ack()
+            nacked = (claimed[1].partition, claimed[1].offset)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while nacked not in {(m.partition, m.offset) for m in others}:  # back after the group's backoff
+                assert loop.time() < deadline, "the nacked record was never delivered again"
+                again = await c.claim("aio-q", "workers", max_records=20)
+                for m in again:
+                    await m.ack()
+                others += again
+                await asyncio.sleep(0.2)
+            for m in claimed[2:]:
+                await m.ack()
+            lag = await c.group_lag("aio-q", "workers")
+            assert lag.lag == 0
+
+            await c.publish_batch("aio-q", [f"more{i}" for i in range(12)])
+            active = 0
+            peak = 0
+            handled: list[bytes] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                nonlocal active, peak
+                active += 1
+                peak = max(peak, active)
+                await asyncio.sleep(0.05)
+                handled.append(m.value)
+                active -= 1
+
+            n = await c.run("aio-q", group="workers", handler=handler, concurrency=4, limit=12)
+            assert n == 12 and sorted(handled) == sorted(f"more{i}".encode() for i in range(12))
+            assert peak > 1, "handlers ran concurrently"
+
+    asyncio.run(main())
+
+
+def test_stream_group_consumer_reports_its_partitions(cluster: DevCluster) -> None:
+    seen: list[tuple[str, object]] = []
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses, on_event=lambda k, i: seen.append((k, i))) as c:
+            await c.create_topic("aio-s", 3)
+            await c.publish_batch("aio-s", [{"value": f"s{i}", "partition": i % 3} for i in range(9)])
+            got: list[bytes] = []
+            async with c.consumer("aio-s", "readers", mode="stream") as consumer:
+                async for item in consumer:
+                    if isinstance(item, AsyncMessage):
+                        got.append(item.value)
+                        await item.ack()
+                    if len(got) == 9:
+                        break
+                assert consumer.assigned == (0, 1, 2)
+            assert sorted(got) == sorted(f"s{i}".encode() for i in range(9))
+
+    asyncio.run(main())
+    assert ("rebalance", (0, 1, 2)) in seen
+    assert len([1 for k, _ in seen if k == "message"]) == 9
+
+
+def test_publish_batch_back_pressure_bounds_the_calls_in_flight(cluster: DevCluster) -> None:
+    async def main() -> int:
+        async with AsyncClient(cluster.addresses, max_in_flight_batches=2) as c:
+            await c.create_topic("aio-bp", 1)
+            router = c._router
+            real_call = router.call
+            active = peak = 0
+
+            async def counting(*args: object, **kwargs: object) -> object:
+                nonlocal active, peak
+                active += 1
+                peak = max(peak, active)
+                try:
+                    return await real_call(*args, **kwargs)  # type: ignore[arg-type]
+                finally:
+                    active -= 1
+
+            router.call = counting  # type: ignore[method-assign]
+            results = await asyncio.gather(*(c.publish_batch("aio-bp", [f"b{i}-{j}" for j in range(5)])
+                                             for i in range(10)))
+            router.call = real_call  # type: ignore[method-assign]
+            assert sorted(r.offset for batch in results for r in batch) == list(range(50))
+            return peak
+
+    assert asyncio.run(main()) == 2, "at most max_in_flight_batches publish calls at once, and they overlap"
+
+
+def test_run_in_stream_mode_keeps_each_partitions_order(cluster: DevCluster) -> None:
+    async def main() -> list[tuple[int, int]]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-order", 3)
+            await c.publish_batch("aio-order", [{"value": f"o{i}", "partition": i % 3} for i in range(30)])
+            order: list[tuple[int, int]] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                await asyncio.sleep(0.02 if m.offset % 2 else 0.0)  # later records would overtake earlier ones
+                order.append((m.partition, m.offset))
+
+            assert await c.run("aio-order", group="ordered", mode="stream", handler=handler, concurrency=6,
+                               limit=30) == 30
+            return order
+
+    order = asyncio.run(main())
+    for p in range(3):
+        offsets = [o for q, o in order if q == p]
+        assert offsets == list(range(10)), f"partition {p} handled in order"

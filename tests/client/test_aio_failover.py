@@ -1,0 +1,59 @@
+"""The asyncio SDK's failover guarantee: 20 leader kills (kill -9) while publishing concurrently,
+and every acknowledged record is stored exactly once (own cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.client import Client, Record
+from broker.client.aio import AsyncClient
+from broker.devcluster import DevCluster
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+KILLS = 20
+PUBLISHERS = 4
+
+
+def kill_and_heal(c: DevCluster) -> None:
+    """Kill the leader, wait for another to lead, restart the killed node (the majority stays)."""
+    c.wait_ready(60)
+    index = c.leader()
+    assert index is not None
+    c.kill(index)
+    wait_until(lambda: c.leader() not in (None, index), 60, "a new leader")
+    c.spawn(index)
+    wait_until(lambda: c.node_status(index) is not None, 60, "the killed node to serve again")
+
+
+def test_twenty_leader_kills_while_publishing_every_record_exactly_once(fresh_cluster: DevCluster) -> None:
+    acked: list[str] = []
+
+    async def main() -> None:
+        async with AsyncClient(fresh_cluster.addresses, timeout_s=5, retry_deadline_s=90) as c:
+            await c.create_topic("aio-fo", 3)
+            done = asyncio.Event()
+
+            async def publisher(n: int) -> None:
+                i = 0
+                while not done.is_set():
+                    values = [f"p{n}-{i}-{j}" for j in range(3)]
+                    await c.publish_batch("aio-fo", values)
+                    acked.extend(values)
+                    i += 1
+
+            tasks = [asyncio.create_task(publisher(n)) for n in range(PUBLISHERS)]
+            for _ in range(KILLS):
+                await asyncio.to_thread(kill_and_heal, fresh_cluster)
+                assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
+            done.set()
+            await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    with Client(fresh_cluster.addresses, retry_deadline_s=60) as client:
+        stored = [r.value.decode() for r in client.subscribe("aio-fo", stop_at_end=True) if isinstance(r, Record)]
+    assert len(acked) > KILLS * 3
+    assert len(stored) == len(set(stored)), "no record stored twice"
+    assert sorted(stored) == sorted(acked), "every acknowledged record stored, once"

@@ -1,0 +1,184 @@
+"""Every endpoint of the HTTP gateway through a real 3-node cluster, with a real HTTP client (httpx)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import httpx
+import pytest
+
+from broker.client import Client, Record
+from broker.devcluster import DevCluster
+from tests.conftest import wait_until
+from tests.http.conftest import sse_events
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+def gateway(c: DevCluster, follower: bool = False) -> httpx.Client:
+    leader = c.leader()
+    assert leader is not None
+    index = (leader + 1) % c.nodes if follower else leader
+    return httpx.Client(base_url=f"http://{c.http_address(index)}", timeout=30)
+
+
+def problem(r: httpx.Response, status: int, reason: str) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    body = r.json()
+    assert body["status"] == status and body["reason"] == reason and body["detail"]
+    return body
+
+
+def test_topic_endpoints_and_their_errors(http_cluster: DevCluster) -> None:
+    with gateway(http_cluster, follower=True) as h:
+        created = h.put("/v1/topics/h-topic", json={"partitions": 3, "retention": {"max_records": 1000},
+                                                    "dedup_window_ms": 60000})
+        assert created.status_code == 201, created.text
+        assert created.json()["partition_count"] == 3
+        assert h.put("/v1/topics/h-topic", json={"partitions": 3, "retention": {"max_records": 1000},
+                                                 "dedup_window_ms": 60000}).status_code == 200
+        problem(h.put("/v1/topics/h-topic", json={"partitions": 4}), 409, "ALREADY_EXISTS")
+        problem(h.put("/v1/topics/bad name", json={"partitions": 1}), 400, "INVALID_ARGUMENT")
+        problem(h.put("/v1/topics/h-x", json={"partitions": 0}), 400, "INVALID_ARGUMENT")
+        problem(h.put("/v1/topics/h-x", json={"durability": "granite"}), 400, "INVALID_ARGUMENT")
+        problem(h.put("/v1/topics/h-x", content=b"{not json", headers={"content-type": "application/json"}),
+                400, "INVALID_ARGUMENT")
+        assert "h-topic" in [t["name"] for t in h.get("/v1/topics").json()["topics"]]
+        info = h.get("/v1/topics/h-topic").json()
+        assert info["retention"]["max_records"] == 1000 and len(info["partitions"]) == 3
+        problem(h.get("/v1/topics/h-none"), 404, "NOT_FOUND")
+        assert h.delete("/v1/topics/h-topic").status_code == 204
+        problem(h.delete("/v1/topics/h-topic"), 404, "NOT_FOUND")
+        problem(h.get("/v1/nowhere"), 404, "NOT_FOUND")
+    with Client(http_cluster.addresses) as sync:
+        assert "h-x" not in [t.name for t in sync.list_topics()], "a rejected request changed nothing"
+
+
+def test_publish_over_http_read_over_grpc_and_back(http_cluster: DevCluster) -> None:
+    with gateway(http_cluster, follower=True) as h, Client(http_cluster.addresses) as sync:
+        assert h.put("/v1/topics/h-rt", json={"partitions": 2}).status_code == 201
+        body = {"records": [
+            {"value": {"n": 1}, "key": "k", "headers": {"h": "v"}, "idempotency_key": "once", "partition": 0},
+            {"value": "text", "partition": 1},
+            {"value_b64": base64.b64encode(b"\x00\xff").decode(), "partition": 1},
+        ]}
+        results = h.post("/v1/topics/h-rt/records", json=body).json()["results"]
+        assert [(r["partition"], r["offset"], r["duplicate"]) for r in results] == [(0, 0, False), (1, 0, False),
+                                                                                    (1, 1, False)]
+        again = h.post("/v1/topics/h-rt/records", json={"records": [body["records"][0]]}).json()["results"]
+        assert again[0]["duplicate"] and again[0]["offset"] == 0, "idempotency key honoured over HTTP"
+        stored = [r for r in sync.subscribe("h-rt", stop_at_end=True) if isinstance(r, Record)]
+        assert sorted((r.partition, r.offset, r.value) for r in stored) == [
+            (0, 0, b'{"n":1}'), (1, 0, b"text"), (1, 1, b"\x00\xff")]
+        assert stored[0].headers == {"h": "v"} or any(r.headers == {"h": "v"} for r in stored)
+        sync.publish("h-rt", "from-grpc", partition=0)
+        page = h.get("/v1/topics/h-rt/records", params={"partition": 0}).json()
+        assert [r["value"] for r in page["records"]] == [{"n": 1}, "from-grpc"] and page["caught_up"]
+        b = h.get("/v1/topics/h-rt/records", params={"partition": 1}).json()["records"]
+        assert base64.b64decode(b[1]["value_b64"]) == b"\x00\xff" and b[1]["value"] is None
+        problem(h.post("/v1/topics/h-rt/records", json={"records": []}), 400, "INVALID_ARGUMENT")
+        problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value": 1, "partition": 9}]}),
+                400, "INVALID_ARGUMENT")
+        problem(h.post("/v1/topics/h-none/records", json={"records": [{"value": 1}]}), 404, "NOT_FOUND")
+        problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value_b64": "***"}]}), 400, "INVALID_ARGUMENT")
+        problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value": "x" * ((1 << 20) + 1)}]}),
+                413, "INVALID_ARGUMENT")
+        assert sum(p["records"] for p in h.get("/v1/topics/h-rt").json()["partitions"]) == 4, "nothing stored"
+
+
+def test_paging_with_cursors_neither_skips_nor_repeats(http_cluster: DevCluster) -> None:
+    with gateway(http_cluster) as h:
+        assert h.put("/v1/topics/h-page", json={"partitions": 3}).status_code == 201
+        values = [f"v{i}" for i in range(25)]
+        h.post("/v1/topics/h-page/records", json={"records": [{"value": v} for v in values]})
+        latest = h.get("/v1/topics/h-page/records", params={"from": "latest"}).json()
+        assert latest["records"] == [] and latest["caught_up"]
+        got, cursor, pages = [], "earliest", 0
+        while True:
+            page = h.get("/v1/topics/h-page/records", params={"from": cursor, "limit": 4}).json()
+            got += [r["value"] for r in page["records"]]
+            cursor, pages = page["next"], pages + 1
+            if page["caught_up"]:
+                break
+        assert sorted(got) == sorted(values) and pages >= 7
+        h.post("/v1/topics/h-page/records", json={"records": [{"value": "late"}]})
+        more = h.get("/v1/topics/h-page/records", params={"from": cursor}).json()
+        assert [r["value"] for r in more["records"]] == ["late"]
+        after_latest = h.get("/v1/topics/h-page/records", params={"from": latest["next"]}).json()
+        assert [r["value"] for r in after_latest["records"]] == ["late"]
+        assert h.post("/v1/topics/h-page/prune", json={"before_offset": 5}).json()["pruned"] > 0
+        lossy = h.get("/v1/topics/h-page/records", params={"from": "0", "partition": 0}).json()["records"]
+        assert lossy and "event" in lossy[0], "a loss is reported inline, not skipped silently"
+        problem(h.get("/v1/topics/h-page/records", params={"from": "garbage!"}), 400, "INVALID_ARGUMENT")
+        problem(h.get("/v1/topics/h-page/records", params={"limit": 0}), 400, "INVALID_ARGUMENT")
+        problem(h.get("/v1/topics/h-page/records", params={"partition": 7}), 400, "INVALID_ARGUMENT")
+        with h.stream("GET", "/v1/topics/h-page/watch", params={"from": "latest", "heartbeat_ms": 200}) as stream:
+            assert stream.status_code == 200
+            for event in sse_events(stream.iter_lines()):
+                assert event.event != "record", "from=latest: nothing old"
+                if "heartbeat" in event.comments:
+                    break
+        problem(h.get("/v1/topics/h-none/watch"), 404, "NOT_FOUND")
+        problem(h.get("/v1/topics/h-page/watch", headers={"Last-Event-ID": "nonsense"}), 400, "INVALID_ARGUMENT")
+        problem(h.get("/v1/topics/h-page/watch", params={"heartbeat_ms": 1}), 400, "INVALID_ARGUMENT")
+
+
+def test_admin_endpoints(http_cluster: DevCluster) -> None:
+    with gateway(http_cluster, follower=True) as h, Client(http_cluster.addresses) as sync:
+        status = h.get("/v1/cluster").json()
+        assert status["leader_id"] and len(status["nodes"]) == 3
+        h.put("/v1/topics/h-adm", json={"partitions": 1})
+        sync.publish_batch("h-adm", ["a", "b"], dedup_id="prod", first_msg_id=1)
+        assert h.get("/v1/topics/h-adm/watermarks").json()["watermarks"] == [{"dedup_id": "prod", "msg_id": 2}]
+        assert h.delete("/v1/topics/h-adm/watermarks/prod").status_code == 204
+        assert h.get("/v1/topics/h-adm/watermarks").json()["watermarks"] == []
+        problem(h.post("/v1/topics/h-adm/prune", json={}), 400, "INVALID_ARGUMENT")
+        assert h.post("/v1/topics/h-adm/prune", json={"before_offset": 1}).json() == {"pruned": 1}
+        doc = h.get("/openapi.json").json()
+        assert {"/v1/topics/{topic}/records", "/v1/topics/{topic}/watch",
+                "/v1/topics/{topic}/groups/{group}/claim"} <= set(doc["paths"])
+        assert h.get("/v1/cluster", headers={"Authorization": "Bearer some-token"}).status_code == 200
+        problem(h.get("/v1/cluster", headers={"Authorization": "Bearer caf\u00e9".encode()}), 400,
+                "INVALID_ARGUMENT")
+
+
+def test_a_queue_claimed_by_two_http_workers_no_overlap_and_redelivery(http_cluster: DevCluster) -> None:
+    a = httpx.Client(base_url=f"http://{http_cluster.http_address(0)}", timeout=30)
+    b = httpx.Client(base_url=f"http://{http_cluster.http_address(1)}", timeout=30)
+    with a, b:
+        a.put("/v1/topics/h-jobs", json={"partitions": 2})
+        a.post("/v1/topics/h-jobs/records", json={"records": [{"value": f"job{i}"} for i in range(30)]})
+        first = a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 10, "visibility_ms": 600000}).json()
+        second = b.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 10, "visibility_ms": 600000}).json()
+        mine = {(m["partition"], m["offset"]) for m in first["messages"]}
+        theirs = {(m["partition"], m["offset"]) for m in second["messages"]}
+        assert len(mine) == 10 and len(theirs) == 10 and not mine & theirs, "no job leased to both workers"
+        short = a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 10, "visibility_ms": 1500}).json()
+        expired = {(m["partition"], m["offset"]) for m in short["messages"]}
+        assert len(expired) == 10 and not expired & (mine | theirs)
+        assert a.post("/v1/topics/h-jobs/groups/w/ack",
+                      json={"receipts": [m["receipt"] for m in first["messages"]]}).json() == {"acked": 10}
+        deadlines = b.post("/v1/topics/h-jobs/groups/w/extend",
+                           json={"receipts": [second["messages"][0]["receipt"]], "ms": 600000}).json()
+        assert deadlines["deadlines_ms"][0] > time.time() * 1000
+        assert b.post("/v1/topics/h-jobs/groups/w/nack", json={"receipts": [m["receipt"] for m in second["messages"]],
+                                                                "delay_ms": 1}).status_code == 200
+        again: dict[tuple[int, int], int] = {}
+
+        def redelivered() -> bool:
+            for m in b.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 20, "visibility_ms": 600000}
+                            ).json()["messages"]:
+                again[(m["partition"], m["offset"])] = m["delivery_attempt"]
+            return (expired | theirs) <= set(again)
+
+        wait_until(redelivered, 60, "the expired and the nacked leases to be delivered again", interval_s=0.3)
+        assert not set(again) & mine, "acked jobs never come back"
+        assert all(again[k] == 2 for k in expired | theirs), json.dumps(list(again.values()))
+        lag = a.get("/v1/topics/h-jobs/groups/w/lag").json()
+        assert lag["lag"] == 20 and len(lag["partitions"]) == 2
+        problem(a.post("/v1/topics/h-jobs/groups/w/ack", json={"receipts": ["%%%"]}), 400, "INVALID_ARGUMENT")
+        problem(a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 0}), 400, "INVALID_ARGUMENT")
+        problem(a.get("/v1/topics/h-jobs/groups/nobody/lag"), 404, "NOT_FOUND")
