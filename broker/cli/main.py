@@ -17,6 +17,7 @@ from broker.cli import bench, cluster, data, dedup, drill, log_admin, route, top
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
+from broker.cli.health import register as register_health
 from broker.cli.serve import register as register_serve
 
 app = typer.Typer(
@@ -86,6 +87,7 @@ log_admin.register(topic.app, app)
 data.register(app)
 register_group(app)
 register_serve(app)
+register_health(app)
 drill.register(app)
 
 

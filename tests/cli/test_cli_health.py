@@ -1,0 +1,47 @@
+"""``raftbroker health ADDR`` (the image's HEALTHCHECK and the chart's readiness probe) against real
+nodes: exit 0 on every member of a cluster with a leader; exit 1 with NOT_SERVING once a node is left
+without a majority (no leader), and 1 for an address nothing listens on; 2 for a malformed address."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.devcluster import free_base_port
+from tests.conftest import start_cluster, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+
+def health(address: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "broker.cli.main", "health", "--timeout", "5", address],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_health_follows_membership_of_a_cluster_with_a_leader(tmp_path: Path) -> None:
+    cluster = start_cluster(tmp_path)
+    try:
+        for i in range(3):
+            done = wait_until(lambda i=i: (r := health(cluster.grpc_address(i))).returncode == 0 and r,
+                              60, f"node {i} SERVING")
+            assert isinstance(done, subprocess.CompletedProcess) and "SERVING" in done.stdout
+        cluster.kill(1, signal.SIGKILL)
+        cluster.kill(2, signal.SIGKILL)
+        left = wait_until(lambda: (r := health(cluster.grpc_address(0))).returncode == 1 and r, 60,
+                          "the lone node NOT_SERVING")
+        assert isinstance(left, subprocess.CompletedProcess) and "NOT_SERVING" in left.stderr, left.stderr
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.unit
+def test_unreachable_and_malformed_addresses() -> None:
+    port = free_base_port(1)
+    down = health(f"127.0.0.1:{port}")
+    assert down.returncode == 1 and "UNAVAILABLE" in down.stderr, down.stderr
+    bad = health("no-port")
+    assert bad.returncode == 2 and "not host:port" in bad.stderr, bad.stderr
