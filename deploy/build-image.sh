@@ -35,7 +35,9 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
 fi
 
 rm -rf "$BUILD/wheels" && mkdir -p "$BUILD/wheels"
-"$PY" -m pip wheel -q --no-deps -w "$BUILD/wheels" . >&2
-"$PY" -m pip wheel -q -w "$BUILD/wheels" "$BUILD"/wheels/raftbroker-*.whl >&2
+"$PY" -m pip wheel -q --no-deps -w "$BUILD/wheels" . >"$BUILD/pip.log" 2>&1 \
+  && "$PY" -m pip wheel -q -w "$BUILD/wheels" "$BUILD"/wheels/raftbroker-*.whl >>"$BUILD/pip.log" 2>&1 \
+  || { grep -v "^WARNING: Location" "$BUILD/pip.log" >&2; exit 1; }
+cp deploy/membership.py "$BUILD/membership.py"
 docker build -q -f deploy/Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE" -t raftbroker:latest "$BUILD" >&2
 echo "$IMAGE"
