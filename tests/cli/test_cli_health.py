@@ -17,8 +17,11 @@ from tests.conftest import start_cluster, wait_until
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
-def health(address: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli.main", "health", "--timeout", "5", address],
+FORMS = (("broker.cli.main", "health"), ("broker.cli.health",))  # `raftbroker health`, `raftbroker-health`
+
+
+def health(address: str, form: tuple[str, ...] = FORMS[0]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *form, "--timeout", "5", address],
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -26,14 +29,16 @@ def test_health_follows_membership_of_a_cluster_with_a_leader(tmp_path: Path) ->
     cluster = start_cluster(tmp_path)
     try:
         for i in range(3):
-            done = wait_until(lambda i=i: (r := health(cluster.grpc_address(i))).returncode == 0 and r,
-                              60, f"node {i} SERVING")
-            assert isinstance(done, subprocess.CompletedProcess) and "SERVING" in done.stdout
+            for form in FORMS:
+                done = wait_until(lambda i=i, f=form: (r := health(cluster.grpc_address(i), f)).returncode == 0 and r,
+                                  60, f"node {i} SERVING")
+                assert isinstance(done, subprocess.CompletedProcess) and "SERVING" in done.stdout
         cluster.kill(1, signal.SIGKILL)
         cluster.kill(2, signal.SIGKILL)
-        left = wait_until(lambda: (r := health(cluster.grpc_address(0))).returncode == 1 and r, 60,
-                          "the lone node NOT_SERVING")
-        assert isinstance(left, subprocess.CompletedProcess) and "NOT_SERVING" in left.stderr, left.stderr
+        for form in FORMS:
+            left = wait_until(lambda f=form: (r := health(cluster.grpc_address(0), f)).returncode == 1 and r, 60,
+                              "the lone node NOT_SERVING")
+            assert isinstance(left, subprocess.CompletedProcess) and "NOT_SERVING" in left.stderr, left.stderr
     finally:
         cluster.stop()
 
@@ -41,7 +46,8 @@ def test_health_follows_membership_of_a_cluster_with_a_leader(tmp_path: Path) ->
 @pytest.mark.unit
 def test_unreachable_and_malformed_addresses() -> None:
     port = free_base_port(1)
-    down = health(f"127.0.0.1:{port}")
-    assert down.returncode == 1 and "UNAVAILABLE" in down.stderr, down.stderr
-    bad = health("no-port")
-    assert bad.returncode == 2 and "not host:port" in bad.stderr, bad.stderr
+    for form in FORMS:
+        down = health(f"127.0.0.1:{port}", form)
+        assert down.returncode == 1 and "UNAVAILABLE" in down.stderr, down.stderr
+        bad = health("no-port", form)
+        assert bad.returncode == 2 and "not host:port" in bad.stderr, bad.stderr
