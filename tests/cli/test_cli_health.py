@@ -25,20 +25,30 @@ def health(address: str, form: tuple[str, ...] = FORMS[0]) -> subprocess.Complet
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
+def until_exit(address: str, form: tuple[str, ...], code: int, what: str) -> subprocess.CompletedProcess[str]:
+    """Run the probe until it exits with ``code``; that run."""
+    seen: list[subprocess.CompletedProcess[str]] = []
+
+    def probe() -> bool:
+        seen.append(health(address, form))
+        return seen[-1].returncode == code
+
+    wait_until(probe, 60, what)
+    return seen[-1]
+
+
 def test_health_follows_membership_of_a_cluster_with_a_leader(tmp_path: Path) -> None:
     cluster = start_cluster(tmp_path)
     try:
         for i in range(3):
             for form in FORMS:
-                done = wait_until(lambda i=i, f=form: (r := health(cluster.grpc_address(i), f)).returncode == 0 and r,
-                                  60, f"node {i} SERVING")
-                assert isinstance(done, subprocess.CompletedProcess) and "SERVING" in done.stdout
+                done = until_exit(cluster.grpc_address(i), form, 0, f"node {i} SERVING")
+                assert "SERVING" in done.stdout
         cluster.kill(1, signal.SIGKILL)
         cluster.kill(2, signal.SIGKILL)
         for form in FORMS:
-            left = wait_until(lambda f=form: (r := health(cluster.grpc_address(0), f)).returncode == 1 and r, 60,
-                              "the lone node NOT_SERVING")
-            assert isinstance(left, subprocess.CompletedProcess) and "NOT_SERVING" in left.stderr, left.stderr
+            left = until_exit(cluster.grpc_address(0), form, 1, "the lone node NOT_SERVING")
+            assert "NOT_SERVING" in left.stderr, left.stderr
     finally:
         cluster.stop()
 

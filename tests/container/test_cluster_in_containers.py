@@ -60,6 +60,7 @@ class PodContainers:
             self.pods.append(pod)
             pod.start()
         self.client = DockerContainer(self.image, entrypoint=["sleep", "infinity"], network=self.network,
+                                      healthcheck={"test": ["NONE"]},
                                       user=self.tpl.user, volumes=[(str(HERE), "/client", "ro")])
         self.client.start()
 

@@ -46,9 +46,12 @@ def test_backup_of_a_follower_restores_into_a_single_node(tmp_path: Path) -> Non
             leader = status.leader
             assert leader is not None
             follower = next(i for i in range(3) if cluster.node_id(i) != leader.id)
-            wait_until(lambda: (s := client.cluster_status()).leader is not None and any(
-                n.id == cluster.node_id(follower) and n.applied_index >= s.leader.commit_index  # type: ignore[union-attr]
-                for n in s.nodes), 60, "the follower caught up")
+            def caught_up() -> bool:
+                s = client.cluster_status()
+                return s.leader is not None and any(
+                    n.id == cluster.node_id(follower) and n.applied_index >= s.leader.commit_index for n in s.nodes)
+
+            wait_until(caught_up, 60, "the follower caught up")
             # 2. stop it gracefully, copy its data directory, start it again
             cluster.kill(follower, signal.SIGTERM)
             backup = tmp_path / "backup"
