@@ -153,6 +153,8 @@ def load_config(path: Path | None, overrides: dict[str, Any], environ: dict[str,
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        except OSError as exc:  # unreadable (permissions of a mounted file), a directory, ...
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     data.update(_from_env(dict(os.environ) if environ is None else environ))
     data.update({k: v for k, v in overrides.items() if v is not None})
     data["peers"] = _without_self(data)

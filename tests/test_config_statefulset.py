@@ -3,6 +3,8 @@ that is exactly itself (same id, Raft and gRPC address) and still rejects one th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker.config import ConfigError, load_config
@@ -27,3 +29,9 @@ def test_an_entry_sharing_only_the_id_is_still_refused() -> None:
            "RAFTBROKER_INSECURE": "true", "RAFTBROKER_RAFT_PASSWORD": "pw", "RAFTBROKER_PEERS": _ALL}
     with pytest.raises(ConfigError, match="node ids must be unique"):
         load_config(None, {}, env)
+
+
+def test_an_unreadable_config_file_is_a_config_error(tmp_path: Path) -> None:
+    """A mounted config file the node's user cannot read (or a directory) is named, not a traceback."""
+    with pytest.raises(ConfigError, match=r"config file .* cannot be read: Is a directory"):
+        load_config(tmp_path, {}, {})
