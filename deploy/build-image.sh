@@ -34,10 +34,13 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   echo "build-image: imported $BASE_IMAGE" >&2
 fi
 
-rm -rf "$BUILD/wheels" && mkdir -p "$BUILD/wheels"
-"$PY" -m pip wheel -q --no-deps -w "$BUILD/wheels" . >"$BUILD/pip.log" 2>&1 \
-  && "$PY" -m pip wheel -q -w "$BUILD/wheels" "$BUILD"/wheels/raftbroker-*.whl >>"$BUILD/pip.log" 2>&1 \
+# the dependencies' wheels (deps/: the same bytes from pip's cache each time, so docker reuses its
+# install layer) apart from the project's own wheel (app/: rebuilt every time)
+rm -rf "$BUILD/app" "$BUILD/deps" "$BUILD/wheels" && mkdir -p "$BUILD/app" "$BUILD/deps"
+"$PY" -m pip wheel -q --no-deps -w "$BUILD/app" . >"$BUILD/pip.log" 2>&1 \
+  && "$PY" -m pip wheel -q -w "$BUILD/deps" "$BUILD"/app/raftbroker-*.whl >>"$BUILD/pip.log" 2>&1 \
   || { grep -v "^WARNING: Location" "$BUILD/pip.log" >&2; exit 1; }
+rm -f "$BUILD"/deps/raftbroker-*.whl
 cp deploy/membership.py "$BUILD/membership.py"
 docker build -q -f deploy/Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE" -t raftbroker:latest "$BUILD" >&2
 echo "$IMAGE"
