@@ -43,4 +43,6 @@ rm -rf "$BUILD/app" "$BUILD/deps" "$BUILD/wheels" && mkdir -p "$BUILD/app" "$BUI
 rm -f "$BUILD"/deps/raftbroker-*.whl
 cp deploy/membership.py "$BUILD/membership.py"
 docker build -q -f deploy/Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE" -t raftbroker:latest "$BUILD" >&2
+# earlier builds' images that lost their tags (only ours, by label)
+docker image prune -f --filter label=io.raftbroker.built-by=deploy/build-image.sh >/dev/null || true
 echo "$IMAGE"

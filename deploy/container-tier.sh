@@ -11,6 +11,9 @@ PYTEST=$1; shift
 if [ "${RAFTBROKER_CONTAINER_TIER:-}" = skip ]; then
   echo "container tier: NOT RUN (RAFTBROKER_CONTAINER_TIER=skip)"; exit 0
 fi
+ROOT=${RAFTBROKER_DOCKER_ROOT:-/var/lib/raftbroker-docker}
+started_here=
+[ -f "$ROOT/dockerd.pid" ] && kill -0 "$(cat "$ROOT/dockerd.pid")" 2>/dev/null || started_here=1
 if ! engine=$(deploy/dockerd.sh); then
   echo "container tier: NOT RUN: no Docker engine could be had (see the lines above); failing"; exit 1
 fi
@@ -24,4 +27,8 @@ echo "container tier: image $image built in $(( $(date +%s) - start )) s; runnin
 RAFTBROKER_IMAGE=$image "$PYTEST" -m container tests/container "$@"
 rc=$?
 echo "container tier: RAN, pytest exit $rc, $(( $(date +%s) - start )) s in all"
+# a private dockerd this run started is stopped again (its images stay in $ROOT for the next run)
+if [ -n "$started_here" ] && [ "$DOCKER_HOST" = "unix://$ROOT/docker.sock" ] && [ -f "$ROOT/dockerd.pid" ]; then
+  kill "$(cat "$ROOT/dockerd.pid")" 2>/dev/null && echo "container tier: stopped the dockerd it started"
+fi
 exit $rc

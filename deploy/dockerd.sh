@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers for the container tier, and print the DOCKER_HOST to use.
 #
-# An engine already answering on $DOCKER_HOST (or the default socket) is used as it is. Otherwise
+# An engine already answering on $DOCKER_HOST, the default socket or our private socket is used as it is. Otherwise
 # (as root) Debian's docker.io is installed when missing and a private dockerd is started with its
 # own data root, exec root, socket and pid file under $RAFTBROKER_DOCKER_ROOT (default
 # /var/lib/raftbroker-docker), with --iptables=false and --ip-forward=false so that it leaves the
 # host's firewall and forwarding alone: containers on one user-defined network still reach each other
 # (one bridge) and resolve each other's names (docker's embedded DNS), which is all the tier needs;
 # they cannot reach beyond the host, which the tier does not need. The engine is left running for
-# the next run (it is ~30 MB of memory); stop it with `kill $(cat $ROOT/dockerd.pid)`.
+# the caller (deploy/container-tier.sh stops it again after the tier when it started it); stop it
+# by hand with `kill $(cat $ROOT/dockerd.pid)`.
 #
 # Output: one line `DOCKER_HOST=unix://...` on stdout; exit 1 with the reason on stderr if no
 # engine could be had.
@@ -19,6 +20,9 @@ answers() { DOCKER_HOST="$1" timeout 10 docker version --format '{{.Server.Versi
 
 if [ -n "${DOCKER_HOST:-}" ] && command -v docker >/dev/null && answers "$DOCKER_HOST"; then
   echo "DOCKER_HOST=$DOCKER_HOST"; exit 0
+fi
+if command -v docker >/dev/null && [ -S /var/run/docker.sock ] && answers unix:///var/run/docker.sock; then
+  echo "DOCKER_HOST=unix:///var/run/docker.sock"; exit 0
 fi
 if command -v docker >/dev/null && answers "unix://$SOCK"; then
   echo "DOCKER_HOST=unix://$SOCK"; exit 0
