@@ -42,6 +42,7 @@ from broker.client.models import (
     TopicInfo,
     Watermark,
 )
+from broker.client.ranges import MissingRange
 from broker.client.routes import RouteInfo, RoutePartition
 from broker.client.subscription import Subscription
 from broker.client.typed import TypedSubscription, TypedTopic
@@ -62,6 +63,7 @@ __all__ = [
     "Groups",
     "InvalidArgument",
     "Message",
+    "MissingRange",
     "NodeInfo",
     "OutgoingRecord",
     "PartitionInfo",
