@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import bench, cluster, data, dedup, drill, log_admin, route, topic
+from broker.cli import bench, cluster, data, dedup, drill, log_admin, route, spark_jobs, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
@@ -87,6 +87,7 @@ data.register(app)
 register_group(app)
 register_serve(app)
 drill.register(app)
+spark_jobs.register(app)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ option or an unknown topic fails there with a message naming it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -92,11 +95,37 @@ def register(spark: SparkSession) -> SparkSession:
     return spark
 
 
+SPARK_HOME_LINKS = ("bin", "jars", "sbin", "conf", "data", "examples", "licenses")
+
+
+def compiled_spark_home() -> str:
+    """A SPARK_HOME for the installed pyspark whose Python workers import pyspark from the
+    installed, byte-compiled package instead of ``python/lib/pyspark.zip`` (every worker would
+    compile the zip's modules again: three times the CPU, which on a loaded machine exceeds the
+    JVM's fixed 10 s wait for a worker to connect back). It holds links to pyspark's directories
+    except ``python/``; created once per user under the temp directory."""
+    import pyspark
+
+    package = Path(pyspark.__file__).resolve().parent
+    home = Path(tempfile.gettempdir()) / f"raftbroker-spark-home-{os.getuid()}-{pyspark.__version__}"
+    if not (home / "jars").exists():
+        staging = Path(tempfile.mkdtemp(prefix="raftbroker-spark-home-"))
+        for name in SPARK_HOME_LINKS:
+            if (package / name).exists():
+                (staging / name).symlink_to(package / name)
+        try:
+            staging.rename(home)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(home)
+
+
 def session(master: str = DEFAULT_MASTER, app_name: str = "raftbroker", **conf: str) -> SparkSession:
     """A Spark session on ``master`` with the format registered. Executors use this Python
     (``PYSPARK_PYTHON`` unless set) and Spark stays on loopback unless ``SPARK_LOCAL_IP`` says
     otherwise. ``conf``: extra Spark settings (``spark.sql.shuffle.partitions="2"``, ...)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_HOME", compiled_spark_home())
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName(app_name)
     builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
