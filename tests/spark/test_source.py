@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from broker.client import Client
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 
 def reader(spark: SparkSession, bootstrap: str, topic: str, **options: Any) -> DataFrame:
