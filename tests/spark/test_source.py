@@ -76,7 +76,10 @@ def run_stream(spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path
         stream = stream.option(key, value)
     query = (stream.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
-    query.awaitTermination(240)
+    try:
+        query.awaitTermination(600)
+    except Exception as err:  # the query failed: its message is what a test may look for
+        raise AssertionError(str(err)) from None
     assert not query.isActive, "the AvailableNow query did not finish"
     if query.exception() is not None:
         raise AssertionError(str(query.exception()))
