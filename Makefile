@@ -84,8 +84,9 @@ spark: spark-deps
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -m spark tests/spark -p no:cacheprovider
 
 # Peer benchmarks (bench/README.md): writes bench/results/<date>.{json,md,png} and latest.*.
-bench: bench-deps
+bench: bench-deps spark-deps
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.spark
 
 clean:
 	rm -rf $(VENV) .raftbroker build *.egg-info
