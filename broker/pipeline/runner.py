@@ -17,11 +17,9 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from pydantic import BaseModel
 
 from broker.client import Client, OutgoingRecord, Record
@@ -30,10 +28,8 @@ from broker.pipeline.dag import Pipeline, Stage
 UNTIL = ("caught_up", "forever")
 DEFAULT_CHECKPOINT_ROOT = Path(".raftbroker-pipelines")
 POLL_S = 0.5
-OUTPUT_DDL = "value binary, key binary, headers map<string,string>, partition int"
-_OUTPUT_ARROW = pa.schema([pa.field("value", pa.binary()), pa.field("key", pa.binary()),
-                           pa.field("headers", pa.map_(pa.string(), pa.string())),
-                           pa.field("partition", pa.int32())])
+OUTPUT_TYPE = "array<struct<value: binary, key: binary, headers: map<string,string>, partition: int>>"
+RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "op", "origin")
 
 
 @dataclass(frozen=True)
@@ -63,10 +59,11 @@ class StageReport:
 
 
 def _record(row: Mapping[str, Any]) -> Record:
-    stamp = row["timestamp"]
-    ms = int(stamp.replace(tzinfo=stamp.tzinfo or UTC).timestamp() * 1000)
-    return Record(topic=row["topic"], partition=row["partition"], offset=row["offset"], key=row["key"],
-                  value=row["value"], headers=dict(row["headers"] or []), timestamp_ms=ms, position=b"",
+    ms = int(row["timestamp"].timestamp() * 1000)  # naive datetimes are local time, as Spark gives them
+    key = row["key"]
+    return Record(topic=row["topic"], partition=row["partition"], offset=row["offset"],
+                  key=bytes(key) if key is not None else None, value=bytes(row["value"]),
+                  headers=dict(row["headers"] or {}), timestamp_ms=ms, position=b"",
                   op=row["op"], origin=row["origin"])
 
 
@@ -100,23 +97,30 @@ def _output(item: Any, source: Record, target_partitions: int) -> dict[str, Any]
         partition = None if key is not None else source.partition % target_partitions
     return {"value": value.encode() if isinstance(value, str) else value,
             "key": key.encode() if isinstance(key, str) else key,
-            "headers": list(headers.items()), "partition": partition}
+            "headers": headers, "partition": partition}
 
 
-def mapper(stage: Stage, target_partitions: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of ``stage`` (runs on executors, in source order)."""
+def mapper(stage: Stage, target_partitions: int) -> Callable[..., list[tuple[Any, ...]]]:
+    """The per-record function of ``stage`` as a Spark UDF body (runs on executors): the
+    source record's columns in, the list of output records (value, key, headers, partition) out."""
     fn, model = stage.fn, stage.source.model
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            rows: list[dict[str, Any]] = []
-            for row in batch.to_pylist():
-                record = _record(row)
-                argument = model.model_validate_json(record.value) if model is not None else record
-                rows.extend(_output(item, record, target_partitions) for item in _outputs(fn(argument)))
-            yield pa.RecordBatch.from_pylist(rows, schema=_OUTPUT_ARROW)
+    def run(*columns: Any) -> list[tuple[Any, ...]]:
+        record = _record(dict(zip(RECORD_COLUMNS, columns, strict=True)))
+        argument = model.model_validate_json(record.value) if model is not None else record
+        outputs = [_output(item, record, target_partitions) for item in _outputs(fn(argument))]
+        return [(o["value"], o["key"], dict(o["headers"]), o["partition"]) for o in outputs]
 
     return run
+
+
+def mapped(df: Any, stage: Stage, target_partitions: int) -> Any:
+    """``df`` (the raftbroker source's columns) mapped through ``stage``: one row per output, in
+    source order (a Python UDF returning the outputs, exploded; no pandas needed)."""
+    from pyspark.sql import functions as F
+
+    outputs = F.udf(mapper(stage, target_partitions), OUTPUT_TYPE)(*[F.col(c) for c in RECORD_COLUMNS])
+    return df.select(F.explode(outputs).alias("o")).select("o.*")
 
 
 def _partitions(bootstrap: str, pipeline: Pipeline) -> dict[str, int]:
@@ -181,7 +185,7 @@ def _start(spark: Any, bootstrap: str, stage: Stage, target_partitions: int, roo
               .option("topic", stage.source.name).option("startingOffsets", "earliest"))
     if max_records:
         source = source.option("maxRecordsPerTrigger", str(max_records))
-    writer = (source.load().mapInArrow(mapper(stage, target_partitions), OUTPUT_DDL).writeStream
+    writer = (mapped(source.load(), stage, target_partitions).writeStream
               .format("raftbroker").option("bootstrap", bootstrap).option("topic", stage.target.name)
               .option("checkpointLocation", str(root / stage.name)).queryName(stage.name))
     writer = writer.trigger(availableNow=True) if interval_s is None else writer.trigger(
@@ -234,9 +238,9 @@ def _watch(queries: list[Any], stages: list[Stage], report: Callable[[Stage, Map
 def _dry_run(spark: Any, bootstrap: str, stage: Stage, target_partitions: int, preview: int) -> StageReport:
     source = (spark.read.format("raftbroker").option("bootstrap", bootstrap)
               .option("topic", stage.source.name).load())
-    mapped = source.mapInArrow(mapper(stage, target_partitions), OUTPUT_DDL)
-    report = StageReport(records_in=source.count(), records_out=mapped.count())
-    for row in mapped.limit(preview).collect():
+    outputs = mapped(source, stage, target_partitions)
+    report = StageReport(records_in=source.count(), records_out=outputs.count())
+    for row in outputs.limit(preview).collect():
         report.preview.append({"partition": row.partition, "key": row.key, "value": bytes(row.value),
                                "headers": dict(row.headers or {})})
     print(f"[dry run] {stage.name}: {report.records_in} records in, {report.records_out} would be written "

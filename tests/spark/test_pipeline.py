@@ -120,7 +120,7 @@ def test_archive_prunes_only_what_it_wrote_and_respects_protect(spark: SparkSess
         client.groups.seek("arch", "reporting", "latest")
     # a crash after writing and before committing: the group is moved back; the archive knows better
     with Client(bootstrap) as client:
-        client.groups.seek("arch", "archive", 0, partition=0)
+        client.groups.seek("arch", "archive", 10, partition=0)
     second = run_archive(spark, bootstrap, "arch", archive)
     assert second.records_written == 10 and second.ranges == {0: (20, 25), 1: (20, 25)}
     rows = spark.read.parquet(str(archive)).collect()
