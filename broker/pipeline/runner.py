@@ -4,11 +4,13 @@ time) and writing exactly-once with the ``raftbroker`` sink.
 
 ``until="caught_up"``: stages run in dependency order, each with ``Trigger.AvailableNow`` (in
 bounded micro-batches when ``max_records_per_batch`` is given), so when ``run`` returns every
-record present at its start has gone through the whole DAG. ``until="forever"``: every stage
-runs at once, polling for new records every ``trigger_interval_s``, until one fails (raised) or
-the caller interrupts. ``dry_run=True`` maps what each source holds now, prints what would be
-written, and writes nothing (no checkpoint either; a stage reading another's target sees that
-topic as it is, since the upstream stage wrote nothing).
+record present at its start has gone through the whole DAG. A stage that fails for a transient
+Spark reason (:func:`transient`) is restarted from its checkpoint, at most ``RESTARTS_MAX`` times.
+``until="forever"``: every stage runs at once, polling for new records every
+``trigger_interval_s``, until one fails (raised) or the caller interrupts.
+``dry_run=True`` maps what each source holds now, prints what would be written, and writes
+nothing (no checkpoint either; a stage reading another's target sees that topic as it is, since
+the upstream stage wrote nothing).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from broker.client import Client, OutgoingRecord, Record
 from broker.pipeline.dag import Pipeline, Stage
 
 UNTIL = ("caught_up", "forever")
+RESTARTS_MAX = 3  # restarts of a caught-up stage after a transient Spark failure
+TRANSIENT_FAILURES = ("Python worker failed to connect back",)  # the JVM waits only 10 s for a worker
+
+
+def transient(err: BaseException) -> bool:
+    """A failure of Spark's machinery (not of the stage) that a restart from the checkpoint cures:
+    on a loaded machine a Python worker may start slower than the JVM's fixed 10 s wait."""
+    return any(marker in str(err) for marker in TRANSIENT_FAILURES)
 DEFAULT_CHECKPOINT_ROOT = Path(".raftbroker-pipelines")
 POLL_S = 0.5
 OUTPUT_TYPE = "array<struct<value: binary, key: binary, headers: map<string,string>, partition: int>>"
@@ -166,8 +176,15 @@ def run(pipeline: Pipeline, *, bootstrap: str, until: str = "caught_up", master:
     report = _reporter(bootstrap, reports, on_progress)
     if until == "caught_up":
         for stage in pipeline.order():
-            query = _start(spark, bootstrap, stage, counts[stage.target.name], root, max_records_per_batch, None)
-            _watch([query], [stage], report)
+            for attempt in range(1, RESTARTS_MAX + 2):
+                query = _start(spark, bootstrap, stage, counts[stage.target.name], root, max_records_per_batch,
+                               None)
+                try:
+                    _watch([query], [stage], report)
+                    break
+                except RuntimeError as err:  # restart from the checkpoint: the writes are exactly-once
+                    if attempt > RESTARTS_MAX or not transient(err):
+                        raise
     else:
         queries = [_start(spark, bootstrap, s, counts[s.target.name], root, max_records_per_batch,
                           trigger_interval_s) for s in pipeline.stages]

@@ -19,6 +19,7 @@ from pyspark import TaskContext
 from pyspark.sql import functions as F
 
 from broker.client import Client
+from broker.pipeline.runner import RESTARTS_MAX, transient
 from broker.spark import session
 
 FAIL_AFTER_ROWS = 250
@@ -64,10 +65,16 @@ def main(argv: list[str]) -> None:
     if marker:
         fail = F.udf(fail_once(bootstrap, target, marker), "binary")
         df = df.select(fail(F.col("partition"), F.col("value")).alias("value"), "partition", "headers")
-    query = (df.writeStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", target)
-             .option("publishBatchRecords", "10").option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
+    for attempt in range(1, RESTARTS_MAX + 2):  # a slow Python worker start: restart from the checkpoint
+        query = (df.writeStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", target)
+                 .option("publishBatchRecords", "10").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination()
+            break
+        except Exception as err:
+            if attempt > RESTARTS_MAX or not transient(err):
+                raise
     spark.stop()
 
 

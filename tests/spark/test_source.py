@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from broker.client import Client
+from broker.pipeline.runner import RESTARTS_MAX, transient
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -74,12 +75,15 @@ def run_stream(spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path
     stream = spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", topic)
     for key, value in options.items():
         stream = stream.option(key, value)
-    query = (stream.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    try:
-        query.awaitTermination(600)
-    except Exception as err:  # the query failed: its message is what a test may look for
-        raise AssertionError(str(err)) from None
+    for attempt in range(1, RESTARTS_MAX + 2):
+        query = (stream.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(600)
+            break
+        except Exception as err:  # the query failed: its message is what a test may look for
+            if attempt > RESTARTS_MAX or not transient(err):  # a slow Python worker start: restart
+                raise AssertionError(str(err)) from None
     assert not query.isActive, "the AvailableNow query did not finish"
     if query.exception() is not None:
         raise AssertionError(str(query.exception()))
