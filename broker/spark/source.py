@@ -58,7 +58,10 @@ class RaftBrokerDataSource(DataSource):
         return json_fields(o.topic, topic_info_or_fail(o.bootstrap, o.topic).schema_json)
 
     def schema(self) -> StructType:
-        return spark_schema(self._fields())
+        """Called by ``load()`` on the driver: bad options or an unknown topic fail right there."""
+        o = reader_options(self.options, streaming=False)
+        info = topic_info_or_fail(o.bootstrap, o.topic)
+        return spark_schema(json_fields(o.topic, info.schema_json) if o.value_format == "json" else None)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         o = reader_options(self.options, streaming=False)

@@ -33,6 +33,10 @@ def audit_lines(order: Order) -> list[str]:
     return [f"{order.id}:{item}" for item in order.items]
 
 
+def alert_big(order: Big) -> OutgoingRecord:
+    return OutgoingRecord(value=f"alert {order.model_dump_json()}", headers={"from": "big"})
+
+
 def alert(record: Record) -> OutgoingRecord:
     return OutgoingRecord(value=b"alert " + record.value, headers={"from": record.topic})
 
@@ -44,6 +48,6 @@ big = topic(f"{PREFIX}-big", Big)
 pipeline = Pipeline([
     orders.pipe(big_orders).to(big),
     orders.pipe(audit_lines).to(topic(f"{PREFIX}-audit")),
-    big.pipe(alert).to(topic(f"{PREFIX}-alerts")),
+    big.pipe(alert_big).to(topic(f"{PREFIX}-alerts")),
     topic(f"{PREFIX}-manual").pipe(alert).to(topic(f"{PREFIX}-alerts")),
 ], name=f"{PREFIX}-example")

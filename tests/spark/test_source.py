@@ -173,13 +173,16 @@ def test_bad_options_fail_at_query_start(spark: SparkSession, bootstrap: str, op
 def test_bad_stream_options_fail_at_start(spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
     with Client(bootstrap) as client:
         client.create_topic("three", 3, exist_ok=True)
-    with pytest.raises(Exception) as failed:
-        (spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "nope").load()
-         .writeStream.format("console").option("checkpointLocation", str(tmp_path)).start())
+    with pytest.raises(Exception) as failed:  # load() checks, before any query exists
+        spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "nope").load()
     assert "topic 'nope' does not exist" in str(failed.value)
     source = (spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "three")
               .option("startingOffsets", "earliest").load().select("value"))
-    with pytest.raises(Exception) as failed:
-        source.writeStream.format("raftbroker").option("topic", "three").option(
+    with pytest.raises(Exception) as failed:  # the sink is made when the query starts, on the driver
+        query = source.writeStream.format("raftbroker").option("topic", "three").option(
             "checkpointLocation", str(tmp_path / "w")).start()
+        query.awaitTermination(600)
     assert "option 'bootstrap' is required" in str(failed.value)
+    assert "stage failure" not in str(failed.value)  # no task ran
+    with Client(bootstrap) as client:
+        assert client.end_offsets("three")[0][1] in (0, 150)  # nothing was written
