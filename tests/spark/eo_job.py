@@ -3,15 +3,18 @@
 ``python -m tests.spark.eo_job BOOTSTRAP SOURCE TARGET CHECKPOINT MASTER [FAIL_MARKER]``: copies
 SOURCE to TARGET (same partition, the source offset in header ``src_offset``) with
 ``Trigger.AvailableNow`` in batches of at most 300 records, publishing 10 records per call. With
-FAIL_MARKER (one batch of 900), a UDF makes the task of source partition 1 raise once, on its
-first attempt at its 250th row, after its first records reached the target (Python UDFs hand
-rows on in batches of 100, so the first 200 flow to the writer first); the marker file records
-how many were stored, and keeps the retry from failing again.
+FAIL_MARKER (one batch of 900), a UDF slows the first attempt of source partition 1's task and a
+thread SIGKILLs that task's Python worker once some of its rows are in the target: the task fails
+mid-write and Spark retries it. The marker file records how many rows were stored at the kill,
+and keeps the retry from failing again.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,33 +25,40 @@ from broker.client import Client
 from broker.pipeline.runner import RESTARTS_MAX, transient
 from broker.spark import session
 
-FAIL_AFTER_ROWS = 250
 TARGET_RECORDS_BEFORE_FAILING = 10
 
 
-_rows: dict[tuple[int, int, int], int] = {}  # (stage, partition, attempt) -> rows seen, per worker
+SLOW_ROW_S = 0.02  # partition 1's first attempt dawdles so it is still running when it is killed
+_started: set[tuple[int, int]] = set()  # (stage, partition) whose killer thread runs, per worker
+
+
+def _kill_when_stored(bootstrap: str, target: str, marker: str) -> None:
+    """Wait until some of partition 1's rows are in the target, note how many, then SIGKILL this
+    Python worker: its task fails in the middle of writing (Spark then retries it)."""
+    seen = 0
+    deadline = time.monotonic() + 300
+    with Client(bootstrap) as client:
+        while time.monotonic() < deadline:
+            seen = client.end_offsets(target)[1][1]
+            if seen >= TARGET_RECORDS_BEFORE_FAILING:
+                break
+            time.sleep(0.05)
+    Path(marker).write_text(str(seen))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fail_once(bootstrap: str, target: str, marker: str):  # type: ignore[no-untyped-def]
-    """A UDF body: values pass through; the task of source partition 1 raises on its first
-    attempt once it has seen FAIL_AFTER_ROWS rows and its first rows are stored in the target."""
+    """A UDF body: values pass through; on the first attempt of source partition 1's task a thread
+    kills the task's Python worker once the first rows of the task are stored in the target."""
 
     def run(partition: int, value: bytes) -> bytes:
         context = TaskContext.get()
-        key = (context.stageId(), context.partitionId(), context.attemptNumber())
-        _rows[key] = _rows.get(key, 0) + 1
-        if partition == 1 and _rows[key] == FAIL_AFTER_ROWS and context.attemptNumber() == 0 \
-                and not Path(marker).exists():
-            seen = 0
-            deadline = time.monotonic() + 120
-            with Client(bootstrap) as client:
-                while time.monotonic() < deadline:
-                    seen = client.end_offsets(target)[1][1]
-                    if seen >= TARGET_RECORDS_BEFORE_FAILING:
-                        break
-                    time.sleep(0.2)
-            Path(marker).write_text(str(seen))
-            raise RuntimeError(f"injected task failure after {seen} records of partition 1 were stored")
+        if partition == 1 and context.attemptNumber() == 0 and not Path(marker).exists():
+            key = (context.stageId(), context.partitionId())
+            if key not in _started:
+                _started.add(key)
+                threading.Thread(target=_kill_when_stored, args=(bootstrap, target, marker), daemon=True).start()
+            time.sleep(SLOW_ROW_S)
         return value
 
     return run
