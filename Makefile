@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container
+.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container spark spark-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,12 +28,14 @@ run: $(STAMP)
 	$(BIN)/raftbroker dev --nodes 3 --data-dir ./.raftbroker --base-port 7001
 
 # Every tier: lint and types, unit and cluster tests (incl. the benchmark harness smoke, which
-# needs the bench extra and redis-server: bench-deps), a short fuzz run, then the seeded chaos drills.
-test: $(STAMP) bench-deps metrics-deps $(HELM)
+# needs the bench extra and redis-server: bench-deps), the Spark tier (make spark), a short fuzz run,
+# then the seeded chaos drills.
+test: $(STAMP) bench-deps metrics-deps spark-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker chaos bench
 	$(MAKE) alerts
 	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
+	$(MAKE) spark
 	$(BIN)/pytest -m fuzz -p no:cacheprovider
 	$(MAKE) helm-lint
 	$(MAKE) container
@@ -81,9 +83,26 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[bench]'
 	touch $(BENCH_STAMP)
 
+SPARK_STAMP := $(VENV)/.spark-installed
+
+# The Spark tier (tests/spark, marked spark): pyspark + pyarrow (the `spark` extra) and Java 17
+# (installed from Debian when missing). Spark runs local[2] on loopback; a standalone master and
+# worker are started from the installed pyspark by tests/spark/test_standalone.py.
+spark-deps: $(SPARK_STAMP)
+
+$(SPARK_STAMP): $(STAMP) pyproject.toml
+	command -v java >/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless; }
+	$(BIN)/pip install -e '.[spark]'
+	touch $(SPARK_STAMP)
+
+spark: spark-deps
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -m spark tests/spark -p no:cacheprovider
+
 # Peer benchmarks (bench/README.md): writes bench/results/<date>.{json,md,png} and latest.*.
-bench: bench-deps
+bench: bench-deps spark-deps
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.spark
 
 clean:
 	rm -rf $(VENV) .raftbroker build *.egg-info deploy/.build

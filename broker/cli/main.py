@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import bench, cluster, data, dedup, log_admin, route, topic
+from broker.cli import bench, cluster, data, dedup, log_admin, route, spark_jobs, topic
 from broker.cli.context import DEFAULT_BOOTSTRAP, CliState, bootstrap_from_config, parse_bootstrap
 from broker.cli.failover_bench import failover_command
 from broker.cli.group import register as register_group
@@ -131,6 +131,7 @@ def _missing(plugin: EntryPoint, err: ImportError) -> Callable[[], None]:
 
 
 register_health(app)
+spark_jobs.register(app)
 register_plugins(app)
 
 

@@ -50,6 +50,7 @@ from broker.client.models import (
     TopicInfo,
     Watermark,
 )
+from broker.client.ranges import MissingRange
 from broker.client.routes import RouteInfo, RoutePartition
 from broker.client.security import CLIENT_CONFIG_ENV, ClientConfigError, ClientSecurity, load_client_config
 from broker.client.subscription import Subscription
@@ -81,6 +82,7 @@ __all__ = [
     "MemberExists",
     "MemberNotFound",
     "Message",
+    "MissingRange",
     "NodeInfo",
     "NotFound",
     "OutgoingRecord",

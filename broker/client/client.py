@@ -28,6 +28,7 @@ from broker.client.errors import BrokerError, TopicExists, TopicNotFound, invali
 from broker.client.handlers import GroupsMixin
 from broker.client.log_admin import LogAdminMixin
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
+from broker.client.ranges import RangesMixin
 from broker.client.routes import RoutesMixin
 from broker.client.routing import RetryPolicy, Router
 from broker.client.security import ClientSecurity, load_client_config
@@ -39,7 +40,7 @@ RecordLike = OutgoingRecord | Mapping[str, Any] | bytes | str
 PUBLISH_BATCH_RECORDS_MAX = 100_000  # a copy of broker.limits.Limits.batch_records_max (pinned by a test)
 
 
-class Client(LogAdminMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
+class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
     """A connection to a raftbroker cluster. Use as a context manager or call :meth:`close`.
 
     ``bootstrap``: one or more node addresses (a list, or one comma-separated string).

@@ -1,0 +1,47 @@
+"""Fixtures of the Spark tier: one local Spark session per module (``local[2]``, loopback only)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from broker.devcluster import DevCluster
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+try:
+    import pyspark
+except ImportError:
+    pyspark = None
+
+# Without the `spark` extra the other tiers still collect (this directory is left out), but asking
+# for the spark tier fails loudly instead of skipping (make spark / make test install the extra).
+collect_ignore_glob = [] if pyspark is not None else ["test_*.py"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    wanted = "spark" in (config.option.markexpr or "") or any("tests/spark" in str(a) for a in config.args)
+    if pyspark is None and wanted:
+        raise pytest.UsageError("the spark tier needs pyspark and pyarrow: pip install -e '.[spark]' (make spark)")
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A Spark session of the module (``local[2]``) with the raftbroker format registered."""
+    from broker.spark import session
+
+    s = session("local[2]", app_name="raftbroker-tests", **{"spark.sql.shuffle.partitions": "2"})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(cluster: DevCluster) -> str:
+    return ",".join(cluster.addresses)

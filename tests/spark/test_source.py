@@ -1,0 +1,188 @@
+"""The raftbroker data source against a real 3-node cluster: batch and stream reads, data loss,
+typed columns, and bad options failing on the driver with a clear message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from broker.client import Client
+from broker.pipeline.runner import RESTARTS_MAX, transient
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+
+def reader(spark: SparkSession, bootstrap: str, topic: str, **options: Any) -> DataFrame:
+    r = spark.read.format("raftbroker").option("bootstrap", bootstrap).option("topic", topic)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+def fill(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    with Client(bootstrap) as client:
+        client.create_topic(topic, partitions)
+        for p in range(partitions):
+            client.publish_batch(topic, [{"value": f"{p}-{i}", "partition": p, "key": f"k{i % 7}",
+                                          "headers": {"i": str(i)}} for i in range(per_partition)])
+
+
+def test_batch_read_equals_cli_consume_per_partition(spark: SparkSession, bootstrap: str) -> None:
+    fill(bootstrap, "three", 3, 150)
+    df = reader(spark, bootstrap, "three", maxRecordsPerPartition="40")
+    assert df.rdd.getNumPartitions() == 12  # 3 topic partitions, each split into 4 ranges of <= 40
+    rows = df.collect()
+    cli = subprocess.run([sys.executable, "-m", "broker.cli.main", "--bootstrap", bootstrap, "--json",
+                          "consume", "three"], capture_output=True, text=True, timeout=120, check=True)
+    consumed = [json.loads(line) for line in cli.stdout.splitlines() if line.strip()]
+    assert len(rows) == len(consumed) == 450
+    for p in range(3):
+        spark_side = [(r.offset, r.value.decode(), r.key.decode(), r.headers) for r in rows if r.partition == p]
+        cli_side = [(c["offset"], c["value"], c["key"], c["headers"]) for c in consumed if c["partition"] == p]
+        assert spark_side == cli_side  # same records, same order
+    assert {r.topic for r in rows} == {"three"} and {r.op for r in rows} == {"insert"}
+
+
+def test_starting_and_ending_offsets_and_timestamp(spark: SparkSession, bootstrap: str) -> None:
+    fill(bootstrap, "bounds", 2, 30)
+    df = reader(spark, bootstrap, "bounds", startingOffsets='{"0": 10}', endingOffsets='{"0": 20, "1": 5}')
+    got = sorted((r.partition, r.offset) for r in df.collect())
+    assert got == [(0, o) for o in range(10, 20)] + [(1, o) for o in range(5)]
+    with Client(bootstrap) as client:
+        later = client.publish_batch("bounds", [{"value": f"late-{i}", "partition": i % 2} for i in range(6)])
+        stamp = later[0].timestamp_ms
+        everything = list(client.subscribe("bounds", stop_at_end=True))
+    expected = sorted((r.partition, r.offset) for r in everything if r.timestamp_ms >= stamp)
+    got = sorted((r.partition, r.offset) for r in reader(spark, bootstrap, "bounds",
+                                                          startingTimestamp=str(stamp)).collect())
+    assert got == expected and len(got) >= 6
+
+
+def run_stream(spark: SparkSession, bootstrap: str, topic: str, checkpoint: Path, **options: str
+               ) -> dict[int, list[tuple[int, int]]]:
+    """One AvailableNow run; returns the (partition, offset) pairs of each micro-batch."""
+    batches: dict[int, list[tuple[int, int]]] = {}
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        batches[batch_id] = [(r.partition, r.offset) for r in df.select("partition", "offset").collect()]
+
+    stream = spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", topic)
+    for key, value in options.items():
+        stream = stream.option(key, value)
+    for attempt in range(1, RESTARTS_MAX + 2):
+        query = (stream.load().writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(600)
+            break
+        except Exception as err:  # the query failed: its message is what a test may look for
+            if attempt > RESTARTS_MAX or not transient(err):  # a slow Python worker start: restart
+                raise AssertionError(str(err)) from None
+    assert not query.isActive, "the AvailableNow query did not finish"
+    if query.exception() is not None:
+        raise AssertionError(str(query.exception()))
+    return batches
+
+
+def test_stream_bounded_batches_and_restart_reads_only_new(spark: SparkSession, bootstrap: str,
+                                                            tmp_path: Path) -> None:
+    fill(bootstrap, "flow", 3, 40)
+    first = run_stream(spark, bootstrap, "flow", tmp_path / "ck", startingOffsets="earliest",
+                       maxRecordsPerTrigger="25")
+    assert all(len(rows) <= 25 for rows in first.values()) and len(first) >= 5
+    seen = sorted(pair for rows in first.values() for pair in rows)
+    assert seen == sorted((p, o) for p in range(3) for o in range(40))
+    with Client(bootstrap) as client:
+        client.publish_batch("flow", [{"value": f"new-{i}", "partition": i % 3} for i in range(9)])
+    second = run_stream(spark, bootstrap, "flow", tmp_path / "ck", startingOffsets="earliest",
+                        maxRecordsPerTrigger="25")
+    assert min(second) > max(first)
+    assert sorted(pair for rows in second.values() for pair in rows) == sorted(
+        (p, o) for p in range(3) for o in range(40, 43))
+
+
+def test_fail_on_data_loss_both_ways(spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    fill(bootstrap, "lossy", 1, 100)
+    first = run_stream(spark, bootstrap, "lossy", tmp_path / "ck", startingOffsets="earliest",
+                       maxRecordsPerTrigger="100")
+    assert sum(len(rows) for rows in first.values()) == 100
+    with Client(bootstrap) as client:
+        client.publish_batch("lossy", [{"value": f"more-{i}"} for i in range(20)])
+        assert client.prune("lossy", 110, partition=0) == 110
+    with pytest.raises(Exception) as failed:
+        reader(spark, bootstrap, "lossy", startingOffsets='{"0": 10}').collect()
+    assert "topic 'lossy' partition 0: offsets [10, 110) are no longer in the log" in str(failed.value)
+    skipped = reader(spark, bootstrap, "lossy", startingOffsets='{"0": 10}', failOnDataLoss="false").collect()
+    assert [r.offset for r in skipped] == list(range(110, 120))
+    with pytest.raises(AssertionError) as stream_failed:  # the checkpoint resumes at 100, pruned
+        run_stream(spark, bootstrap, "lossy", tmp_path / "ck")
+    assert "offsets [100, 110) are no longer in the log" in str(stream_failed.value)
+    resumed = run_stream(spark, bootstrap, "lossy", tmp_path / "ck", failOnDataLoss="false")
+    assert sorted(pair for rows in resumed.values() for pair in rows) == [(0, o) for o in range(110, 120)]
+
+
+def test_typed_topic_reads_as_columns(spark: SparkSession, bootstrap: str) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "qty": {"type": "integer"},
+                                               "price": {"type": "number"}, "paid": {"type": "boolean"},
+                                               "tags": {"type": "array"}}, "required": ["name"]}
+    with Client(bootstrap) as client:
+        client.create_topic("orders", 1, schema=schema)
+        client.publish_batch("orders", [json.dumps({"name": "a", "qty": 2, "price": 1.5, "paid": True,
+                                                    "tags": ["x"]}), json.dumps({"name": "b"})])
+    df = reader(spark, bootstrap, "orders", valueFormat="json")
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    assert types["name"] == "string" and types["qty"] == "bigint" and types["price"] == "double"
+    assert types["paid"] == "boolean" and types["tags"] == "string" and "value" not in types
+    rows = df.orderBy("offset").collect()
+    assert (rows[0].name, rows[0].qty, rows[0].price, rows[0].paid, json.loads(rows[0].tags)) == (
+        "a", 2, 1.5, True, ["x"])
+    assert (rows[1].name, rows[1].qty, rows[1].paid) == ("b", None, None)
+    assert df.filter("qty > 1").count() == 1
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"topic": "three"}, "option 'bootstrap' is required"),
+    ({"topic": "no-such-topic"}, "topic 'no-such-topic' does not exist"),
+    ({"topic": "three", "startingOffsets": '{"0": 5'}, "option 'startingOffsets' is neither earliest, latest"),
+    ({"topic": "three", "startingOffsets": '{"9": 5}'}, "names partition(s) [9] that topic 'three' does not have"),
+    ({"topic": "three", "maxRecordsPerPartition": "0"}, "option 'maxRecordsPerPartition' must be > 0"),
+    ({"topic": "three", "valueFormat": "json"}, "valueFormat=json needs a typed topic"),
+])
+def test_bad_options_fail_at_query_start(spark: SparkSession, bootstrap: str, options: dict[str, str],
+                                         message: str) -> None:
+    with Client(bootstrap) as client:
+        client.create_topic("three", 3, exist_ok=True)
+    r = spark.read.format("raftbroker")
+    if "bootstrap" not in message:
+        r = r.option("bootstrap", bootstrap)
+    for key, value in options.items():
+        r = r.option(key, value)
+    with pytest.raises(Exception) as failed:
+        r.load().collect()
+    text = str(failed.value)
+    assert message in text
+    assert "stage failure" not in text and "Task " not in text  # the driver refused it, no executor ran
+
+
+def test_bad_stream_options_fail_at_start(spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    with Client(bootstrap) as client:
+        client.create_topic("three", 3, exist_ok=True)
+    with pytest.raises(Exception) as failed:  # load() checks, before any query exists
+        spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "nope").load()
+    assert "topic 'nope' does not exist" in str(failed.value)
+    source = (spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "three")
+              .option("startingOffsets", "earliest").load().select("value"))
+    with pytest.raises(Exception) as failed:  # the sink is made when the query starts, on the driver
+        query = source.writeStream.format("raftbroker").option("topic", "three").option(
+            "checkpointLocation", str(tmp_path / "w")).start()
+        query.awaitTermination(600)
+    assert "option 'bootstrap' is required" in str(failed.value)
+    assert "stage failure" not in str(failed.value)  # no task ran
+    with Client(bootstrap) as client:
+        assert client.end_offsets("three")[0][1] in (0, 150)  # nothing was written
