@@ -1,6 +1,8 @@
 """``raftbroker health ADDR`` (the image's HEALTHCHECK and the chart's readiness probe) against real
 nodes: exit 0 on every member of a cluster with a leader; exit 1 with NOT_SERVING once a node is left
-without a majority (no leader), and 1 for an address nothing listens on; 2 for a malformed address."""
+without a majority (no leader), and 1 for an address nothing listens on; 2 for a malformed address.
+Against a ``raftbroker dev --secure`` node (TLS, tokens): SERVING only with a client config, and the
+chart's membership hook (deploy/membership.py) works with the config's admin token."""
 
 from __future__ import annotations
 
