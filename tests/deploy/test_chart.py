@@ -120,6 +120,7 @@ def test_production_values_run_the_security_settings(tmp_path: Path) -> None:
         assert {m["mountPath"] for m in user["container"]["volumeMounts"]} == {
             "/etc/raftbroker", "/etc/raftbroker-tls", "/etc/raftbroker-client"}
         assert user["volumes"]["client"]["secret"]["secretName"] == "raftbroker-client"
+        assert user["volumes"]["tls"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # no node key
 
     # what the node and the probes make of it, with the Secrets' files under tmp_path
     from broker.client import load_client_config
@@ -165,6 +166,7 @@ def test_mtls_values_give_the_client_ca_and_a_client_certificate() -> None:
     assert env["RAFTBROKER_TLS_PRINCIPAL_FROM_CERT"] == "true"
     client = tomllib.loads(objs["ConfigMap"][0]["data"]["client.toml"])
     assert (client["cert_file"], client["key_file"]) == ("/etc/raftbroker-tls/tls.crt", "/etc/raftbroker-tls/tls.key")
+    assert "items" not in _container(objs, "Job", "grow")["volumes"]["tls"]["secret"]  # the key is needed now
 
 
 def test_default_values_stay_plaintext_with_insecure() -> None:

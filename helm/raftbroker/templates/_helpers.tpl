@@ -94,6 +94,12 @@ client.toml, the CA (TLS Secret) and the admin token (client Secret). */}}
 - name: tls
   secret:
     secretName: {{ .Values.tls.secretName }}
+    {{- if not .Values.tls.clientAuth }}
+    # the CA only: without mTLS these clients have no use for the node's private key
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
 - name: client
   secret:
     secretName: {{ .Values.auth.clientSecretName }}
