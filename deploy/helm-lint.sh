@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make helm-lint`: the chart, offline. helm lint --strict, then every manifest `helm template`
 # renders validated with `kubernetes-validate --strict` (bundled schemas, unknown fields rejected),
-# for the default values and for values-production.yaml (5 nodes, ServiceMonitor, TLS/auth mounts).
+# for the default values and for values-production.yaml (5 nodes, ServiceMonitor, TLS + tokens + ACL from Secrets).
 # kubernetes-validate has no schema for the ServiceMonitor CRD: it is reported as a warning, and
 # the test tests/deploy/test_chart.py checks that object's fields instead.
 # Usage: deploy/helm-lint.sh HELM KUBERNETES_VALIDATE

@@ -3,7 +3,11 @@ pre-upgrade and post-install/post-upgrade hook Jobs run this; it ships in the im
 ``/opt/raftbroker/membership.py``). Only the Admin API is used (``broker.client``): peers are never
 edited by hand.
 
-    python membership.py --bootstrap HOST:PORT[,...] --desired ID=RAFT/GRPC[,...] {shrink|grow}
+    python membership.py --bootstrap HOST:PORT[,...] --desired ID=RAFT/GRPC[,...] [--client-config PATH] {shrink|grow}
+
+Against a secured cluster, ``--client-config PATH`` (or ``$RAFTBROKER_CLIENT_CONFIG``) gives the CA
+and a token whose principal has cluster-admin (docs/security.md "Client config file"); the same
+TLS channel is used for the health checks.
 
 ``shrink`` (before the StatefulSet loses pods): every member whose id is not desired is removed,
 one at a time (a leader hands over first), so the pods that go away are no longer counted in any
@@ -17,13 +21,14 @@ a rerun after a partial failure does the rest. Exit 0 when membership equals the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from broker.client import BrokerError, Client
+from broker.client import CLIENT_CONFIG_ENV, BrokerError, Client, ClientConfigError, ClientSecurity, load_client_config
 from broker.config import ConfigError, PeerConfig
 
 NODE_WAIT_S_MAX = 600.0  # how long a new pod may take to start answering, and then to catch up
@@ -34,9 +39,15 @@ def _parse_desired(spec: str) -> list[PeerConfig]:
     return [PeerConfig.parse(s.strip()) for s in spec.split(",") if s.strip()]
 
 
-def _serving(address: str, timeout_s: float = 3.0) -> bool | None:
+def _channel(address: str, security: ClientSecurity | None) -> grpc.Channel:
+    if security is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, security.channel_credentials(), options=security.channel_options())
+
+
+def _serving(address: str, timeout_s: float = 3.0, security: ClientSecurity | None = None) -> bool | None:
     """True SERVING, False NOT_SERVING, None unreachable."""
-    with grpc.insecure_channel(address) as channel:
+    with _channel(address, security) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         except grpc.RpcError:
@@ -67,19 +78,21 @@ def shrink(client: Client, desired: list[PeerConfig]) -> list[str]:
     return removed
 
 
-def grow(client: Client, desired: list[PeerConfig], wait_s: float = NODE_WAIT_S_MAX) -> list[str]:
-    """Add every desired node that is not a member, one at a time; returns the added ids."""
+def grow(client: Client, desired: list[PeerConfig], wait_s: float = NODE_WAIT_S_MAX,
+         security: ClientSecurity | None = None) -> list[str]:
+    """Add every desired node that is not a member, one at a time; returns the added ids.
+    ``security``: TLS for the health checks of the new nodes (None: plaintext)."""
     added = []
     for peer in desired:
         if peer.id in members(client):
             continue
         deadline = time.monotonic() + wait_s
         print(f"membership: waiting for {peer.id} to answer on {peer.grpc_address}", flush=True)
-        _wait(f"{peer.id} to answer on {peer.grpc_address}", lambda p=peer: _serving(p.grpc_address) is not None,
-              deadline)
+        _wait(f"{peer.id} to answer on {peer.grpc_address}",
+              lambda p=peer: _serving(p.grpc_address, security=security) is not None, deadline)
         print(f"membership: adding {peer.id} ({peer.raft_address}, gRPC {peer.grpc_address})", flush=True)
         client.add_node(peer.id, peer.raft_address, peer.grpc_address)
-        _wait(f"{peer.id} to catch up", lambda p=peer: _serving(p.grpc_address) is True, deadline)
+        _wait(f"{peer.id} to catch up", lambda p=peer: _serving(p.grpc_address, security=security) is True, deadline)
         print(f"membership: {peer.id} is a member and caught up", flush=True)
         added.append(peer.id)
     return added
@@ -90,17 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True, help="gRPC addresses of any nodes (the leader is found)")
     parser.add_argument("--desired", required=True, help="ID=RAFT_HOST:PORT/GRPC_HOST:PORT, comma-separated")
     parser.add_argument("--wait-s", type=float, default=NODE_WAIT_S_MAX, help="per new node")
+    parser.add_argument("--client-config", default=os.environ.get(CLIENT_CONFIG_ENV) or None, metavar="PATH",
+                        help=f"client config (CA, cluster-admin token), default ${CLIENT_CONFIG_ENV}")
     parser.add_argument("phase", choices=["shrink", "grow"])
     args = parser.parse_args(argv)
     try:
         desired = _parse_desired(args.desired)
-    except ConfigError as exc:
+        loaded = load_client_config(args.client_config) if args.client_config else None
+    except (ConfigError, ClientConfigError) as exc:
         print(f"membership: error: {exc}", file=sys.stderr)
         return 2
     if not desired:
         print("membership: error: --desired names no member", file=sys.stderr)
         return 2
-    with Client(args.bootstrap, retry_deadline_s=60.0) as client:
+    security = loaded.security if loaded else None
+    with Client(args.bootstrap, retry_deadline_s=60.0, security=security) as client:
         try:
             if args.phase == "shrink":
                 shrink(client, desired)
@@ -109,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"membership: error: still members: {sorted(extra)}", file=sys.stderr)
                     return 1
             else:
-                grow(client, desired, args.wait_s)
+                grow(client, desired, args.wait_s, security)
             now = sorted(members(client))
         except (BrokerError, TimeoutError) as exc:
             print(f"membership: error: {exc}", file=sys.stderr)

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Annotated
 
 if TYPE_CHECKING:
+    import grpc
     import typer
 
 EXIT_SERVING = 0
@@ -23,6 +24,7 @@ EXIT_NOT_SERVING = 1
 EXIT_USAGE = 2
 TIMEOUT_S_DEFAULT = 3.0
 TIMEOUT_S_MAX = 60.0
+CLIENT_CONFIG_ENV = "RAFTBROKER_CLIENT_CONFIG"  # the same variable as broker.client.CLIENT_CONFIG_ENV
 
 
 def valid_address(address: str) -> bool:
@@ -31,12 +33,27 @@ def valid_address(address: str) -> bool:
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
-def check(address: str, timeout_s: float) -> tuple[bool, str]:
-    """(serving, description) of the node at ``address``; never raises for a server-side answer."""
+def _channel(address: str, client_config: str | None) -> "grpc.Channel":
+    """A plaintext channel, or a TLS one from ``client_config`` (raises ClientConfigError)."""
+    import grpc
+
+    if client_config is None:
+        return grpc.insecure_channel(address)
+    from broker.client.security import load_client_config  # only then: the plaintext probe stays lean
+
+    loaded = load_client_config(client_config)
+    assert loaded is not None  # a path was given
+    security = loaded.security
+    return grpc.secure_channel(address, security.channel_credentials(), options=security.channel_options())
+
+
+def check(address: str, timeout_s: float, client_config: str | None = None) -> tuple[bool, str]:
+    """(serving, description) of the node at ``address``; never raises for a server-side answer.
+    ``client_config``: a client config file for a TLS node (raises ClientConfigError if unreadable)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with _channel(address, client_config) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
@@ -48,7 +65,7 @@ def check(address: str, timeout_s: float) -> tuple[bool, str]:
     return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
 
 
-def run(address: str, timeout_s: float, quiet: bool) -> int:
+def run(address: str, timeout_s: float, quiet: bool, client_config: str | None = None) -> int:
     """Check, print, and return the exit code (see the module docstring)."""
     if not valid_address(address):
         print(f"raftbroker: error: {address!r} is not host:port", file=sys.stderr)
@@ -56,7 +73,11 @@ def run(address: str, timeout_s: float, quiet: bool) -> int:
     if not 0 < timeout_s <= TIMEOUT_S_MAX:
         print(f"raftbroker: error: --timeout must be in (0, {TIMEOUT_S_MAX:g}] seconds", file=sys.stderr)
         return EXIT_USAGE
-    serving, description = check(address, timeout_s)
+    try:
+        serving, description = check(address, timeout_s, client_config)
+    except ValueError as exc:  # ClientConfigError: names the file and the setting
+        print(f"raftbroker: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if not serving:
         print(f"raftbroker: not serving: {description}", file=sys.stderr)
         return EXIT_NOT_SERVING
@@ -66,15 +87,19 @@ def run(address: str, timeout_s: float, quiet: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``raftbroker-health [--quiet] [--timeout S] ADDR`` (argparse: no CLI framework to import)."""
+    """``raftbroker-health [--quiet] [--timeout S] [--client-config PATH] ADDR`` (argparse: no CLI
+    framework to import)."""
     import argparse
+    import os
 
     parser = argparse.ArgumentParser(prog="raftbroker-health", description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("address", metavar="ADDR", help="gRPC address of the node, host:port")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S_DEFAULT, help="seconds the check may take")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing when SERVING")
+    parser.add_argument("--client-config", default=os.environ.get(CLIENT_CONFIG_ENV) or None, metavar="PATH",
+                        help=f"client config file (CA, token) for a TLS node; default ${CLIENT_CONFIG_ENV}")
     args = parser.parse_args(argv)
-    return run(args.address, args.timeout, args.quiet)
+    return run(args.address, args.timeout, args.quiet, args.client_config)
 
 
 def register(app: "typer.Typer") -> None:
@@ -86,9 +111,12 @@ def register(app: "typer.Typer") -> None:
         timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, max=TIMEOUT_S_MAX,
                                                  help="Seconds the check may take")] = TIMEOUT_S_DEFAULT,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing when SERVING")] = False,
+        client_config: Annotated[str | None, typer.Option(
+            "--client-config", envvar=CLIENT_CONFIG_ENV, show_default=False,
+            help="Client config file (CA, token) for a TLS node")] = None,
     ) -> None:
         """Exit 0 when the node at ADDR is SERVING (a member of a cluster with a leader, caught up), else 1."""
-        code = run(address, timeout_s, quiet)
+        code = run(address, timeout_s, quiet, client_config)
         if code:
             raise typer.Exit(code)
 

@@ -48,3 +48,71 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "raftbroker.image" -}}
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
+
+{{/* "true" when the nodes run secured (TLS + tokens + ACL), "" when plaintext. Refuses (fail) a
+half-configured security: TLS and auth go together (a TLS node without tokens is not authenticated
+and would still need --insecure; tokens without TLS would cross the network in plaintext), and
+each needs its Secret. Every template that depends on it includes this, so `helm template` fails
+whichever file is rendered first. */}}
+{{- define "raftbroker.secured" -}}
+{{- $tls := .Values.tls -}}
+{{- $auth := .Values.auth -}}
+{{- if and $tls.enabled (not $tls.secretName) -}}
+{{- fail "tls.secretName is required when tls.enabled (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt)" -}}
+{{- end -}}
+{{- if and $auth.enabled (not $auth.secretName) -}}
+{{- fail "auth.secretName is required when auth.enabled (a Secret with tokens.toml and acl.toml)" -}}
+{{- end -}}
+{{- if and $auth.enabled (not $auth.clientSecretName) -}}
+{{- fail "auth.clientSecretName is required when auth.enabled (a Secret with `token`: a cluster-admin token for the probes, the membership hooks and helm test)" -}}
+{{- end -}}
+{{- if and $auth.enabled (not $tls.enabled) -}}
+{{- fail "auth.enabled needs tls.enabled: tokens must not cross the network in plaintext" -}}
+{{- end -}}
+{{- if and $tls.enabled (not $auth.enabled) -}}
+{{- fail "tls.enabled needs auth.enabled: a TLS node without tokens and an ACL is not authenticated (enable both, or neither)" -}}
+{{- end -}}
+{{- if and $tls.principalFromCert (not $tls.clientAuth) -}}
+{{- fail "tls.principalFromCert needs tls.clientAuth (only verified client certificates name a principal)" -}}
+{{- end -}}
+{{- if and $tls.enabled $auth.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where the pods and Jobs mount the security files (paths used by the env and client.toml). */}}
+{{- define "raftbroker.tlsDir" -}}/etc/raftbroker-tls{{- end -}}
+{{- define "raftbroker.authDir" -}}/etc/raftbroker-auth{{- end -}}
+{{- define "raftbroker.clientDir" -}}/etc/raftbroker-client{{- end -}}
+{{- define "raftbroker.raftDir" -}}/etc/raftbroker-raft{{- end -}}
+{{- define "raftbroker.clientConfig" -}}/etc/raftbroker/client.toml{{- end -}}
+
+{{/* Volumes the probe clients (hook Jobs, helm test pod) need when secured: the ConfigMap with
+client.toml, the CA (TLS Secret) and the admin token (client Secret). */}}
+{{- define "raftbroker.clientVolumes" -}}
+- name: config
+  configMap:
+    name: {{ include "raftbroker.fullname" . }}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+    {{- if not .Values.tls.clientAuth }}
+    # the CA only: without mTLS these clients have no use for the node's private key
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
+- name: client
+  secret:
+    secretName: {{ .Values.auth.clientSecretName }}
+{{- end -}}
+
+{{- define "raftbroker.clientMounts" -}}
+- name: config
+  mountPath: /etc/raftbroker
+  readOnly: true
+- name: tls
+  mountPath: {{ include "raftbroker.tlsDir" . }}
+  readOnly: true
+- name: client
+  mountPath: {{ include "raftbroker.clientDir" . }}
+  readOnly: true
+{{- end -}}
