@@ -8,11 +8,14 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from broker.config import ConfigError, PeerConfig, load_config
+
+if TYPE_CHECKING:  # the SDK is imported late: `raftbroker --help` stays fast
+    from broker.client.security import ClientSecurity
 
 
 def register(app: typer.Typer) -> None:
@@ -82,13 +85,10 @@ def serve_command(
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.storage import StoreCorruption
 
-    if http is not None and cfg.tls_cert_file is not None:
-        # the gateway's own client speaks plaintext gRPC to the nodes; it cannot reach a TLS port
-        typer.echo("error: --http cannot be used with TLS yet (the gateway reaches the nodes over plaintext gRPC; "
-                   "see docs/http.md)", err=True)
-        raise typer.Exit(2)
     if http is not None:
-        start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure)
+        from broker.security.node import gateway_security
+
+        start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure, gateway_security(cfg))
 
     try:
         serve(cfg)
@@ -98,7 +98,8 @@ def serve_command(
         raise typer.Exit(3) from None
 
 
-def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool) -> None:
+def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool,
+               security: ClientSecurity | None = None) -> None:
     """Start the HTTP gateway beside this node (exit 2 on a bad or exposed address)."""
     from broker.config import is_loopback
     from broker.http.server import parse_address, start_in_thread
@@ -111,7 +112,7 @@ def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool
     if not is_loopback(address) and not insecure:
         typer.echo(f"error: --http {address} is not a loopback address: add --insecure to expose it", err=True)
         raise typer.Exit(2)
-    start_in_thread(address, [grpc_address, *peers])
+    start_in_thread(address, [grpc_address, *peers], security)
 
 
 def dev_command(
@@ -133,7 +134,7 @@ def dev_command(
         from broker.security.devcerts import DevSecurity
 
         security = DevSecurity(data_dir)
-    cluster = DevCluster(nodes, data_dir, base_port, security=security, http=security is None)
+    cluster = DevCluster(nodes, data_dir, base_port, security=security, http=True)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -151,8 +152,7 @@ def dev_command(
         print(f"cluster ready: {','.join(cluster.addresses)}", flush=True)
         for i in range(nodes):
             print(f"  {cluster.node_id(i)}: grpc {cluster.grpc_address(i)}  raft {cluster.raft_address(i)}  "
-                  f"metrics http://{cluster.metrics_address(i)}/metrics  "
-                  + (f"http http://{cluster.http_address(i)}  " if security is None else "") +
+                  f"metrics http://{cluster.metrics_address(i)}/metrics  http http://{cluster.http_address(i)}  "
                   f"pid {cluster.pids[i]}  "
                   f"log {cluster.log_path(i)}", flush=True)
         if security is not None:

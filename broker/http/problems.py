@@ -2,7 +2,8 @@
 
 The one mapping from the SDK's exception classes (which carry the gRPC status, and the typed
 reason where the server sends one) to HTTP. Every rule that produces an error stays in the gRPC
-services; the gateway only translates. Statuses: 400 bad input, 404 unknown topic/group/route,
+services; the gateway only translates. Statuses: 400 bad input, 401 no valid token, 403 a
+permission the token's principal lacks, 404 unknown topic/group/route,
 409 exists or duplicate, 412 the state forbids it, 413 too large, 429 back-pressure or a full
 topic, 501 not provided, 503 no leader/quorum, 504 deadline; anything else is 502 (the cluster
 answered something the gateway does not know), never a bare 500.
@@ -20,11 +21,10 @@ from broker.client import errors
 PROBLEM_JSON = "application/problem+json"
 _STATUS: tuple[tuple[type[errors.BrokerError], int], ...] = (
     (errors.InvalidArgument, 400),
-    (errors.TopicNotFound, 404),
-    (errors.RouteNotFound, 404),
-    (errors.DuplicateMessageError, 409),
-    (errors.TopicExists, 409),
-    (errors.RouteExists, 409),
+    (errors.Unauthenticated, 401),
+    (errors.PermissionDenied, 403),
+    (errors.NotFound, 404),  # topics, groups, routes, members
+    (errors.AlreadyExists, 409),  # the same, and a duplicate message
     (errors.FailedPrecondition, 412),
     (errors.ResourceExhausted, 429),
     (errors.Unimplemented, 501),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from broker.client.security import ClientSecurity
 from broker.http.app import create_app
 
 log = logging.getLogger(__name__)
@@ -26,10 +27,12 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def start_in_thread(address: str, bootstrap: Sequence[str]) -> threading.Thread:
-    """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread; returns the thread."""
+def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecurity | None = None
+                    ) -> threading.Thread:
+    """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread; returns the thread.
+    ``security``: TLS towards TLS nodes (``broker.security.node.gateway_security``); None: plaintext."""
     host, port = parse_address(address)
-    app = create_app(bootstrap)
+    app = create_app(bootstrap, security=security)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)

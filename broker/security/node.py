@@ -40,6 +40,20 @@ def _peer_channel(config: NodeConfig) -> Callable[[str], grpc.Channel]:
     return lambda address: grpc.secure_channel(address, credentials)
 
 
+def gateway_security(config: NodeConfig) -> ClientSecurity | None:
+    """What this node's HTTP gateway presents to the nodes (None: plaintext): the peers' CA and, with
+    mTLS, the node's own certificate, like :func:`_peer_channel`. No token of its own: the gateway
+    passes each caller's ``Authorization: Bearer`` through, so the caller's principal is checked."""
+    if config.tls_cert_file is None:
+        return None
+    ca_file = config.tls_ca_file or config.tls_client_ca_file
+    key = cert = None
+    if config.tls_client_ca_file is not None:
+        assert config.tls_cert_file is not None and config.tls_key_file is not None
+        key, cert = Path(config.tls_key_file).read_bytes(), Path(config.tls_cert_file).read_bytes()
+    return ClientSecurity(ca_pem=Path(ca_file).read_bytes() if ca_file else None, cert_pem=cert, key_pem=key)
+
+
 def server_security(config: NodeConfig) -> ServerSecurity | None:
     """None when the node serves plaintext without authentication (the loopback dev default)."""
     if config.tls_cert_file is None or config.tls_key_file is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -59,6 +60,7 @@ class SecureCluster:
     addresses: list[str]
     pids: list[int]
     proc: subprocess.Popen[str]
+    http: list[str]  # each node's HTTP gateway (dev starts one beside every node)
 
     @property
     def tls(self) -> Path:
@@ -104,6 +106,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     pids: list[int] = []
+    http: list[str] = []
     try:
         assert proc.stdout is not None
         lines: list[str] = []
@@ -111,13 +114,14 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
         for line in proc.stdout:  # ends when dev exits; pytest-timeout bounds a hang
             lines.append(line)
             pids += [int(p) for p in re.findall(r"\bpid (\d+)", line)]
+            http += re.findall(r"\bhttp (http://\S+)", line)
             if line.startswith("client config: "):
                 config = Path(line.removeprefix("client config: ").strip())
                 break
         assert config is not None, "no 'client config:' line:\n" + "".join(lines)
         assert lines[0].startswith("cluster ready: "), lines
         addresses = lines[0].removeprefix("cluster ready: ").strip().split(",")
-        cluster = SecureCluster(data, config, addresses, pids, proc)
+        cluster = SecureCluster(data, config, addresses, pids, proc, http)
         cluster.write_tokens({k: v for k, v in TOKENS.items()}, expired=("carol",))
         (cluster.tls / "acl.toml").write_text(ACL)
         yield cluster
@@ -442,3 +446,33 @@ def test_route_to_the_secure_cluster_uses_the_route_client_config(secure: Secure
     finally:
         source.stop()
         plain.stop()
+
+
+def test_the_http_gateway_reaches_the_tls_cluster_and_checks_the_callers_token(secure: SecureCluster,
+                                                                               orders: str) -> None:
+    """The gateway beside each TLS node speaks TLS to the nodes and passes the caller's bearer token,
+    so HTTP gets the same authentication and ACLs as gRPC (401, 403 naming the permission, then 200)."""
+    assert len(secure.http) == 3, "dev --secure prints each node's HTTP gateway"
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {token}"}
+
+    with httpx.Client(base_url=secure.http[1], timeout=30) as h:
+        missing = h.get("/v1/topics")
+        assert missing.status_code == 401 and missing.headers["content-type"].startswith("application/problem+json")
+        assert h.get("/v1/topics", headers=bearer("not-a-token")).status_code == 401
+        denied = h.post(f"/v1/topics/{orders}/records", json={"records": [{"value": "from-bob"}]},
+                        headers=bearer(TOKENS["bob"]))
+        assert denied.status_code == 403 and "publish" in denied.json()["detail"], denied.text
+        placed = h.post(f"/v1/topics/{orders}/records", json={"records": [{"value": "via-http", "key": "k"}]},
+                        headers=bearer(TOKENS["alice"]))
+        assert placed.status_code == 200, placed.text
+        result = placed.json()["results"][0]
+        page = h.get(f"/v1/topics/{orders}/records", params={"partition": result["partition"],
+                                                             "from": result["offset"], "limit": 1},
+                     headers=bearer(TOKENS["bob"]))
+        assert page.status_code == 200, page.text
+        assert [r["value"] for r in page.json()["records"]] == ["via-http"]
+    with secure.client(TOKENS["bob"]) as client:  # stored with the caller's principal as producer
+        record = client.read_range(orders, result["partition"], result["offset"], result["offset"] + 1)
+        assert [r.producer for r in record] == ["alice"]

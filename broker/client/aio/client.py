@@ -31,6 +31,7 @@ from broker.client.errors import BrokerError, DuplicateMessageError, TopicExists
 from broker.client.groups import GroupLag, PartitionLag
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, TopicInfo, Watermark
 from broker.client.routing import RetryPolicy
+from broker.client.security import ClientSecurity
 from broker.v1 import admin_pb2, broker_pb2
 
 AsyncHandler = Callable[[AsyncMessage], Awaitable[object]]
@@ -41,12 +42,12 @@ class AsyncClient:
 
     def __init__(self, bootstrap: Sequence[str] | str, *, timeout_s: float = 10.0, retry_deadline_s: float = 30.0,
                  no_quorum_grace_s: float = 1.0, max_in_flight_batches: int = 64,
-                 on_event: Observer | None = None) -> None:
+                 on_event: Observer | None = None, security: ClientSecurity | None = None) -> None:
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         if max_in_flight_batches < 1:
             raise ValueError("max_in_flight_batches must be at least 1")
         self._router = AsyncRouter(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
-                                                          no_quorum_grace_s=no_quorum_grace_s))
+                                                          no_quorum_grace_s=no_quorum_grace_s), security)
         self._in_flight = asyncio.Semaphore(max_in_flight_batches)
         self._on_event = on_event
 

@@ -22,6 +22,7 @@ import grpc.aio
 
 from broker.client.errors import BrokerError, Unavailable, error_from_rpc, rpc_code, rpc_details
 from broker.client.routing import _CHANNEL_OPTIONS, Backoff, Outcome, QuorumWatch, RetryPolicy, classify
+from broker.client.security import ClientSecurity
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
 T = TypeVar("T")
@@ -44,7 +45,8 @@ def metadata() -> Metadata | None:
 class AsyncRouter:
     """One ``grpc.aio`` channel per node address and the leader guess. Use from one event loop."""
 
-    def __init__(self, bootstrap: Sequence[str], policy: RetryPolicy) -> None:
+    def __init__(self, bootstrap: Sequence[str], policy: RetryPolicy, security: ClientSecurity | None = None) -> None:
+        """``security``: TLS (and a token) for every channel, as the sync client's; None: plaintext."""
         known = [a.strip() for a in bootstrap if a.strip()]
         if not known:
             raise ValueError("bootstrap needs at least one host:port address")
@@ -56,6 +58,8 @@ class AsyncRouter:
         self._closed = False
         self._next_discovery = 0.0
         self._members_task: asyncio.Task[bool] | None = None
+        self._credentials = security.channel_credentials() if security is not None else None
+        self._options = [*_CHANNEL_OPTIONS, *(security.channel_options() if security is not None else [])]
 
     # -- channels -------------------------------------------------------------------------------
     def channel(self, address: str) -> grpc.aio.Channel:
@@ -63,7 +67,10 @@ class AsyncRouter:
             raise BrokerError("CANCELLED", "the client is closed")
         chan = self._channels.get(address)
         if chan is None:
-            chan = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            if self._credentials is None:
+                chan = grpc.aio.insecure_channel(address, options=self._options)
+            else:
+                chan = grpc.aio.secure_channel(address, self._credentials, options=self._options)
             self._channels[address] = chan
         return chan
 
