@@ -1,7 +1,7 @@
 """Micro-benchmark of pysyncobj's message encode/decode path: ``zlib.compress(pickle.dumps(msg), 3)`` per
-message per follower (today) against ``pickle.dumps(msg)`` alone (no compression; pysyncobj pickles with
-protocol 2, which writes ``bytes`` as latin-1 text, so also protocol 5), on realistic
-``append_entries`` messages.
+message per follower (today) against ``pickle.dumps(msg)`` alone (no compression), on realistic
+``append_entries`` messages. Both pickle with protocol 5, as every node does once
+``broker.replication._patches`` applied its ``pickle5`` patch.
 
 An entry is built the way the leader builds it: an ``AppendCommand`` of ``records`` records with
 distinct random values (seeded), the leader's origin stamp and the SDK's uuid4 idempotency key per
@@ -27,12 +27,11 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pysyncobj.pickle as ps_pickle
-
 from broker.v1 import internal_pb2
 
 REGULAR_COMMAND = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR prefix
 ZLIB_LEVEL = 3  # what pysyncobj's TcpConnection.send uses
+PROTOCOL = 5  # broker.replication._patches.PATCHED_PICKLE_PROTOCOL
 
 
 def entry_command(records: int, size_bytes: int, rng: random.Random) -> bytes:
@@ -45,7 +44,7 @@ def entry_command(records: int, size_bytes: int, rng: random.Random) -> bytes:
         append.bodies.append(value + origin)
         append.idempotency_keys.append(str(uuid.UUID(int=rng.getrandbits(128), version=4)))
     command = internal_pb2.Command(append=append).SerializeToString()
-    return REGULAR_COMMAND + ps_pickle.dumps((0, (command,), {}))
+    return REGULAR_COMMAND + pickle.dumps((0, (command,), {}), PROTOCOL)
 
 
 def append_entries(cmd: bytes, index: int) -> dict[str, object]:
@@ -74,23 +73,20 @@ def _best_cpu(fn: Callable[[], object], repeat: int, rounds: int) -> float:
 
 
 def measure(records: int, size_bytes: int, *, entries: int = 20, rounds: int = 5, seed: int = 1) -> dict[str, Cost]:
-    """Cost of ``none`` (pysyncobj's pickle protocol 2 only), ``none-p5`` (pickle protocol 5, no zlib) and
-    ``zlib`` (pickle protocol 2 + zlib level 3, today) on ``entries`` distinct entries."""
+    """Cost of ``none`` (pickle protocol 5 only) and ``zlib`` (protocol 5 + zlib level 3, today) on
+    ``entries`` distinct entries."""
     rng = random.Random(seed)
     commands = [entry_command(records, size_bytes, rng) for _ in range(entries)]
     messages = [append_entries(cmd, 100 + i) for i, cmd in enumerate(commands)]
     entry_mb = sum(len(cmd) for cmd in commands) / 1e6
-    plain = [ps_pickle.dumps(m) for m in messages]
-    plain5 = [pickle.dumps(m, pickle.HIGHEST_PROTOCOL) for m in messages]
+    plain = [pickle.dumps(m, PROTOCOL) for m in messages]
     packed = [zlib.compress(p, ZLIB_LEVEL) for p in plain]
     results = {}
     for name, enc, dec, wire in (
-        ("none", lambda: [ps_pickle.dumps(m) for m in messages],
-         lambda: [ps_pickle.loads(p) for p in plain], plain),
-        ("none-p5", lambda: [pickle.dumps(m, pickle.HIGHEST_PROTOCOL) for m in messages],
-         lambda: [pickle.loads(p) for p in plain5], plain5),
-        ("zlib", lambda: [zlib.compress(ps_pickle.dumps(m), ZLIB_LEVEL) for m in messages],
-         lambda: [ps_pickle.loads(zlib.decompress(p)) for p in packed], packed),
+        ("none", lambda: [pickle.dumps(m, PROTOCOL) for m in messages],
+         lambda: [pickle.loads(p) for p in plain], plain),
+        ("zlib", lambda: [zlib.compress(pickle.dumps(m, PROTOCOL), ZLIB_LEVEL) for m in messages],
+         lambda: [pickle.loads(zlib.decompress(p)) for p in packed], packed),
     ):
         results[name] = Cost(encode_s_per_mb=_best_cpu(enc, 1, rounds) / entry_mb,
                              decode_s_per_mb=_best_cpu(dec, 1, rounds) / entry_mb,
