@@ -44,6 +44,9 @@ class AttachedRaftbroker(Deployment):
     def failover_unsupported(self) -> str | None:
         return "needs a cluster the benchmark started (--spawn)"
 
+    def server_pgids(self) -> list[int]:
+        return []  # not started here (perhaps not on this machine): the publish reports the client's CPU only
+
     async def leader_node(self, stream: str) -> int:
         raise NotAvailable("the leader of an attached cluster is not controlled by the benchmark")
 
@@ -60,14 +63,16 @@ class AttachedRaftbroker(Deployment):
 async def _reps(deployment: Deployment, workload: str, config: BenchConfig, size_bytes: int) -> list[Metrics]:
     results: list[Metrics] = []
     if workload == "recovery":
-        stream, held = await workloads.fill(deployment, config.recovery_records, config.recovery_fill_cap_s)
+        stream, held = await workloads.fill(deployment, config.recovery_records, config.recovery_fill_cap_s,
+                                             config.payload_seed)
     for _ in range(config.reps):
         if workload == "publish":
             results.append(await workloads.publish_consume(deployment, size_bytes, config.publish_records,
-                                                           config.publish_cap_s))
+                                                           config.publish_cap_s, config.payload_seed))
         elif workload == "latency":
             results.append(await workloads.latency(deployment, size_bytes, config.latency_rate_per_s,
-                                                   config.latency_duration_s, config.latency_warmup_s))
+                                                   config.latency_duration_s, config.latency_warmup_s,
+                                                   config.payload_seed))
         elif workload == "failover":
             reason = deployment.failover_unsupported()
             if reason is not None:

@@ -5,19 +5,25 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-SYSTEMS = ("raftbroker-disk-3", "raftbroker-fsync-3", "raftbroker-disk-1", "nats", "rabbitmq-quorum",
+SYSTEMS = ("raftbroker-disk-3", "raftbroker-fsync-3", "raftbroker-disk-1", "nats", "nats-dedup", "rabbitmq-quorum",
            "rabbitmq-stream", "redis")
 WORKLOADS = ("publish", "latency", "failover", "recovery")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Counts, rates and limits; every workload runs ``reps`` times per system."""
+    """Counts, rates and limits; every workload runs ``reps`` times per system.
+
+    A publish repetition is ``publish_records`` records or ``publish_cap_s`` seconds, whichever comes
+    first (the full run: 1,000,000 records or 10 s); every record has its own random payload drawn from
+    a generator seeded with ``payload_seed``.
+    """
 
     reps: int = 3
     record_sizes: tuple[int, ...] = (100, 1024)
-    publish_records: int = 200_000
-    publish_cap_s: float = 10.0  # a slow system publishes (and reads) fewer records; the table says how many
+    publish_records: int = 1_000_000
+    publish_cap_s: float = 10.0  # a slower system publishes (and reads) fewer records; the table says how many
+    payload_seed: int = 20261124
     latency_rate_per_s: float = 2000.0
     latency_duration_s: float = 5.0
     latency_warmup_s: float = 1.0
@@ -31,6 +37,10 @@ class BenchConfig:
     systems: tuple[str, ...] = SYSTEMS
     workloads: tuple[str, ...] = WORKLOADS
     profile_s: float = 8.0  # py-spy on the raftbroker leader during an extra publish run; 0: skip
+
+    def __post_init__(self) -> None:
+        if self.reps < 1 or self.publish_records < 1 or self.publish_cap_s <= 0:
+            raise ValueError("reps and publish_records must be >= 1 and publish_cap_s > 0")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

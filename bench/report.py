@@ -28,7 +28,9 @@ def _cell(system: Json, workload: str, metric: str, fmt: Callable[[float], str])
     if s is None:
         if entry.get("skipped"):
             return f"n/a ({entry['skipped']})"
-        return f"error: {entry.get('error', 'no result')}"[:80]
+        if entry.get("error") or not entry.get("summary"):
+            return f"error: {entry.get('error', 'no result')}"[:80]
+        return "–"  # the workload ran but this metric is newer than the document
     text = fmt(s.median) if s.n == 1 else f"{fmt(s.median)} ({fmt(s.min)}–{fmt(s.max)})"
     return text + (" ⚠" if entry.get("error") else "")
 
@@ -53,6 +55,10 @@ def columns(config: Json) -> list[tuple[str, str, str, Callable[[float], str], b
         cols.append((f"publish {label} msg/s", f"publish_{size}", "publish_msgs_per_s", _rate, True))
     for size in config["record_sizes"]:
         label = "1 KiB" if size == 1024 else f"{size} B"
+        cols.append((f"publish {label} msgs per CPU-s (servers+client)", f"publish_{size}",
+                     "publish_msgs_per_cpu_s", _rate, True))
+    for size in config["record_sizes"]:
+        label = "1 KiB" if size == 1024 else f"{size} B"
         cols.append((f"consume {label} msg/s", f"publish_{size}", "consume_msgs_per_s", _rate, True))
     rate = f"{config['latency_rate_per_s']:,.0f}/s"
     for p in ("p50", "p99", "p999"):
@@ -69,6 +75,31 @@ def _label(system: Json) -> str:
     return info["key"] if info else system["name"]
 
 
+def _exactly_once(system: Json) -> bool:
+    return bool(system.get("info", {}).get("exactly_once"))
+
+
+def _api_cells(system: Json) -> str:
+    """The exactly-once and publish-API cells (``?`` for documents older than these fields)."""
+    info = system.get("info", {})
+    if "publish_api" not in info:
+        return "? | ?"
+    return f"{'yes' if info.get('exactly_once') else 'no'} | {info['publish_api']}"
+
+
+def like_for_like(doc: Json) -> list[str]:
+    """Which raftbroker/peer pairs compare exactly-once with exactly-once, and which do not."""
+    ok = [s for s in doc["systems"] if s.get("status") == "ok"]
+    ours = [s for s in ok if s["name"].startswith(RAFTBROKER) and _exactly_once(s)]
+    peers = [s for s in ok if not s["name"].startswith(RAFTBROKER) and _exactly_once(s)]
+    if not ours or not peers:
+        return []
+    others = [_label(s) for s in ok if not s["name"].startswith(RAFTBROKER) and not _exactly_once(s)]
+    return ["Like-for-like exactly-once pairs (both sides drop a retried duplicate): "
+            + "; ".join(f"{_label(a)} vs {_label(b)}" for a in ours for b in peers) + ". "
+            + (f"The other peers ({', '.join(others)}) publish without deduplication, so raftbroker's "
+               "SDK does more work per record than they do." if others else ""), ""]
+
 def markdown(doc: Json, chart: str | None = None) -> str:
     """The results table (one row per system), the ratio table and the notes on each setup."""
     m, config = doc["machine"], doc["config"]
@@ -79,20 +110,22 @@ def markdown(doc: Json, chart: str | None = None) -> str:
         f"Machine: {m['cores']} cores ({m['cpu'] or 'unknown CPU'}), {m['memory_gib']} GiB, Python {m['python']}; "
         f"load average at start {m['load_avg_at_start']}. Everything ran on this one machine over loopback "
         f"(servers and client share the {m['cores']} cores). Each figure: median of {config['reps']} repetitions "
-        "(min–max). Run took {:.0f} s.".format(doc.get("duration_s", 0)),
+        "(min–max). Run took {:.0f} s. Msgs per CPU-s: records acknowledged during a publish run divided by "
+        "the CPU seconds (user + system, from /proc) of every server process plus the client process over "
+        "that run.".format(doc.get("duration_s", 0)),
         "",
-        "| system | nodes | " + " | ".join(c[0] for c in cols) + " |",
-        "|---|---|" + "---|" * len(cols),
+        "| system | nodes | " + " | ".join(c[0] for c in cols) + " | exactly-once | publish API (batching) |",
+        "|---|---|" + "---|" * (len(cols) + 2),
     ]
     for system in doc["systems"]:
         nodes = str(system.get("info", {}).get("nodes", "?"))
         if system.get("status") != "ok":
             reason = system.get("reason", "").replace("\n", " ").replace("|", "/")[:160]
-            lines.append(f"| {_label(system)} | {nodes} | {system['status']}: {reason} |" + " |" * (len(cols) - 1))
+            lines.append(f"| {_label(system)} | {nodes} | {system['status']}: {reason} |" + " |" * (len(cols) + 1))
             continue
         cells = [_cell(system, w, metric, fmt) for _, w, metric, fmt, _ in cols]
-        lines.append(f"| {_label(system)} | {nodes} | " + " | ".join(cells) + " |")
-    lines += ["", *_publish_counts(doc), "", *ratio_table(doc), ""]
+        lines.append(f"| {_label(system)} | {nodes} | " + " | ".join(cells) + f" | {_api_cells(system)} |")
+    lines += ["", *like_for_like(doc), *_publish_counts(doc), "", *ratio_table(doc), ""]
     if chart:
         lines += [f"![throughput, latency, failover and restart per system]({chart})", ""]
     lines += [*_profile(doc), "## Setups", ""]
@@ -102,8 +135,9 @@ def markdown(doc: Json, chart: str | None = None) -> str:
             lines.append(f"- **{system['name']}**: {system.get('status')}: {system.get('reason', '')}")
             continue
         notes = "; ".join(info.get("notes") or [])
+        dedup = f" Exactly-once: {info['exactly_once']}." if info.get("exactly_once") else ""
         lines.append(f"- **{info['key']}** ({info['version']}, {info['nodes']} node(s)): {info['guarantee']}. "
-                     f"Client: {info['client']}.{' ' + notes + '.' if notes else ''}"
+                     f"Client: {info['client']}.{dedup}{' ' + notes + '.' if notes else ''}"
                      + ("" if system.get("status") == "ok" else f" **{system['status']}**: {system.get('reason')}"))
     return "\n".join(lines) + "\n"
 
@@ -178,7 +212,8 @@ def ratio_table(doc: Json) -> list[str]:
                 a, b = _summary(mine, workload, metric), _summary(peer, workload, metric)
                 r = ratio(a.median if a else None, b.median if b else None)
                 cells.append("–" if r is None else f"{r:.2f}×")
-            lines.append(f"| {_label(mine)} | {_label(peer)} | " + " | ".join(cells) + " |")
+            pair = " (like-for-like exactly-once)" if _exactly_once(mine) and _exactly_once(peer) else ""
+            lines.append(f"| {_label(mine)} | {_label(peer)}{pair} | " + " | ".join(cells) + " |")
     return lines
 
 

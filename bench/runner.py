@@ -60,10 +60,10 @@ class Factories:
 
             _, durability, nodes = name.split("-")
             return RaftbrokerDeployment(int(nodes), durability, workdir)
-        if name == "nats":
+        if name in ("nats", "nats-dedup"):
             from bench.systems.nats import NatsDeployment
 
-            return NatsDeployment(3, workdir)
+            return NatsDeployment(3, workdir, dedup=name == "nats-dedup")
         if name == "redis":
             from bench.systems.redis import RedisDeployment
 
@@ -104,22 +104,23 @@ def run_system(name: str, deployment: Deployment, config: BenchConfig, out_dir: 
     loop = asyncio.new_event_loop()
     run = loop.run_until_complete
     try:
+        # Latency first: on the freshly started cluster, before the throughput runs fill it.
+        if "latency" in config.workloads:
+            log(f"  latency at {config.latency_rate_per_s:g}/s for {config.latency_duration_s:g} s")
+            result["workloads"]["latency"] = _run_reps("latency", config.reps, lambda: run(workloads.latency(
+                deployment, config.latency_size_bytes, config.latency_rate_per_s, config.latency_duration_s,
+                config.latency_warmup_s, config.payload_seed)))
         if "publish" in config.workloads:
             for size in config.record_sizes:
                 log(f"  publish+consume {size} B × {config.publish_records}")
 
                 def one(size: int = size) -> Json:
                     return run(workloads.publish_consume(deployment, size, config.publish_records,
-                                                         config.publish_cap_s))
+                                                         config.publish_cap_s, config.payload_seed))
 
                 result["workloads"][f"publish_{size}"] = _run_reps(f"publish_{size}", config.reps, one)
         if config.profile_s > 0 and name == "raftbroker-disk-3":
             result["profile"] = run(_profile(deployment, config, out_dir))
-        if "latency" in config.workloads:
-            log(f"  latency at {config.latency_rate_per_s:g}/s for {config.latency_duration_s:g} s")
-            result["workloads"]["latency"] = _run_reps("latency", config.reps, lambda: run(workloads.latency(
-                deployment, config.latency_size_bytes, config.latency_rate_per_s, config.latency_duration_s,
-                config.latency_warmup_s)))
         if "failover" in config.workloads:
             reason = deployment.failover_unsupported()
             if reason is not None:
@@ -138,7 +139,8 @@ def run_system(name: str, deployment: Deployment, config: BenchConfig, out_dir: 
 
 def _recovery(deployment: Deployment, config: BenchConfig, run: Callable[[Any], Any]) -> Json:
     try:
-        stream, held = run(workloads.fill(deployment, config.recovery_records, config.recovery_fill_cap_s))
+        stream, held = run(workloads.fill(deployment, config.recovery_records, config.recovery_fill_cap_s,
+                                      config.payload_seed))
     except Exception as err:  # noqa: BLE001 (reported)
         traceback.print_exc(file=sys.stderr)
         return {"reps": [], "summary": {}, "error": f"fill failed: {type(err).__name__}: {err}"}
@@ -163,7 +165,7 @@ async def _profile(deployment: Deployment, config: BenchConfig, out_dir: Path) -
     spies = [profile.start_profiler(pid, config.profile_s, folded),
              profile.start_profiler(pid, config.profile_s, folded_gil, gil_only=True)]
     await asyncio.sleep(0.5)
-    metrics = await workloads.publish_consume(deployment, 100, 10_000_000, config.profile_s)
+    metrics = await workloads.publish_consume(deployment, 100, 10_000_000, config.profile_s, config.payload_seed)
     result: Json = {"pid": pid, "publish_msgs_per_s": metrics["publish_msgs_per_s"]}
     for spy, path, key in zip(spies, (folded, folded_gil), ("all", "gil"), strict=True):
         _, err = await asyncio.to_thread(spy.communicate)

@@ -1,10 +1,13 @@
 """The workloads, written once against :class:`~bench.systems.base.Deployment` / ``Endpoint``.
 
 Each function runs one repetition and returns plain numbers (seconds, msgs/s, milliseconds) keyed by
-metric name. Every repetition uses a fresh stream, so no run reads another's records.
+metric name. Every repetition uses a fresh stream, so no run reads another's records. Every record
+carries its own random payload (:class:`Payloads`, seeded), so no system gains from compressing
+repeated values.
 
 - :func:`publish_consume`: closed loop, ``count`` records published with the system's batch size and
-  batches in flight, counted when acknowledged; then a fresh client reads them all back.
+  batches in flight, counted when acknowledged (stopping at ``cap_s``); then a fresh client reads them
+  all back. The CPU seconds of the servers and of the client during the publish give msgs per CPU-second.
 - :func:`latency`: open loop at a fixed offered rate. Arrivals are scheduled on a clock and the
   latency of a record runs from its *scheduled* send time (no coordinated omission); records that
   arrive while earlier ones are in flight are coalesced into the next request (as a linger-style
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import random
 import struct
 import time
 import uuid
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from hdrh.histogram import HdrHistogram
 
+from bench.cpu import CpuSample
 from bench.systems.base import Deployment, Endpoint
 
 Metrics = dict[str, float]
@@ -43,13 +47,34 @@ def stream_name(kind: str) -> str:
     return f"bench-{kind}-{uuid.uuid4().hex[:8]}"
 
 
-def payload_of(size_bytes: int) -> bytes:
-    """A random payload, at least 8 bytes (room for the timestamp the latency workloads write)."""
-    return os.urandom(max(size_bytes, _STAMP.size))
+POOL_BITS = 25  # the payload pool is 32 MiB (+ one payload) of seeded random bytes
 
 
-async def _closed_loop_publish(ep: Endpoint, stream: str, payload: bytes, count: int, deadline: float) -> int:
-    """Publish ``count`` copies of ``payload`` (stop starting batches at ``deadline``); return acked records."""
+class Payloads:
+    """Distinct random payloads of ``size_bytes`` (at least 8: room for the latency workload's timestamp).
+
+    Record ``k`` is the window of a seeded random pool at offset ``k * stride mod 2**POOL_BITS`` with an
+    odd ``stride >= size_bytes``: offsets are distinct for the first 2**25 records (so are the
+    payloads, being random) and the records of one batch never overlap, so a batch does not compress.
+    The pool is built before any measured window; taking a batch is one slice per record.
+    """
+
+    def __init__(self, size_bytes: int, seed: int) -> None:
+        self.size = max(size_bytes, _STAMP.size)
+        self._stride = self.size | 1
+        self._pool = random.Random(seed).randbytes((1 << POOL_BITS) + self.size)
+        self._mask = (1 << POOL_BITS) - 1
+
+    def get(self, k: int) -> bytes:
+        off = (k * self._stride) & self._mask
+        return self._pool[off:off + self.size]
+
+    def batch(self, first: int, count: int) -> list[bytes]:
+        return [self.get(k) for k in range(first, first + count)]
+
+
+async def _closed_loop_publish(ep: Endpoint, stream: str, payloads: Payloads, count: int, deadline: float) -> int:
+    """Publish ``count`` distinct payloads (stop starting batches at ``deadline``); return acked records."""
     batch = ep.tuning.batch_records
     batches = [batch] * (count // batch) + ([count % batch] if count % batch else [])
     acked = 0
@@ -59,25 +84,31 @@ async def _closed_loop_publish(ep: Endpoint, stream: str, payload: bytes, count:
         nonlocal acked, next_index
         while next_index < len(batches) and time.perf_counter() < deadline:
             size = batches[next_index]
+            first = next_index * batch + 1  # record 0 is the warm-up publish
             next_index += 1
-            await ep.publish(stream, [payload] * size)
+            await ep.publish(stream, payloads.batch(first, size))
             acked += size
 
     await asyncio.gather(*(worker() for _ in range(ep.tuning.inflight_batches)))
     return acked
 
 
-async def publish_consume(deployment: Deployment, size_bytes: int, count: int, cap_s: float) -> Metrics:
-    """One repetition of acknowledged publish throughput followed by consume throughput of the same records."""
+async def publish_consume(deployment: Deployment, size_bytes: int, count: int, cap_s: float,
+                          seed: int = 0) -> Metrics:
+    """One repetition of acknowledged publish throughput followed by consume throughput of the same records;
+    also the CPU seconds the servers and the client spent during the publish."""
     stream = stream_name(f"pub{size_bytes}")
-    payload = payload_of(size_bytes)
+    payloads = Payloads(size_bytes, seed)
     ep = await deployment.endpoint()
     try:
         await ep.create(stream)
-        await ep.publish(stream, [payload])  # warm-up: connections, leader discovery, stream placement
+        await ep.publish(stream, payloads.batch(0, 1))  # warm-up: connections, leader discovery, stream placement
+        pgids = deployment.server_pgids()
+        cpu_before = CpuSample.take(pgids)
         started = time.perf_counter()
-        acked = await _closed_loop_publish(ep, stream, payload, count, started + cap_s)
+        acked = await _closed_loop_publish(ep, stream, payloads, count, started + cap_s)
         publish_s = time.perf_counter() - started
+        cpu = CpuSample.take(pgids).since(cpu_before)
     finally:
         await ep.close()
     total = acked + 1
@@ -96,8 +127,12 @@ async def publish_consume(deployment: Deployment, size_bytes: int, count: int, c
         consume_s = time.perf_counter() - started
     finally:
         await reader.close()
-    return {"publish_msgs_per_s": acked / publish_s, "published": float(acked),
-            "consume_msgs_per_s": read / consume_s, "consumed": float(read)}
+    metrics = {"publish_msgs_per_s": acked / publish_s, "published": float(acked),
+               "consume_msgs_per_s": read / consume_s, "consumed": float(read), "publish_client_cpu_s": cpu.client_s}
+    if pgids and cpu.servers_s > 0:  # servers this run started (an attached cluster's CPU is not visible here)
+        metrics.update(publish_server_cpu_s=cpu.servers_s, publish_msgs_per_server_cpu_s=acked / cpu.servers_s,
+                       publish_msgs_per_cpu_s=acked / (cpu.servers_s + cpu.client_s))
+    return metrics
 
 
 @dataclass
@@ -120,11 +155,11 @@ def _percentiles(hist: HdrHistogram, prefix: str) -> Metrics:
 
 
 async def latency(deployment: Deployment, size_bytes: int, rate_per_s: float, duration_s: float,
-                  warmup_s: float) -> Metrics:
+                  warmup_s: float, seed: int = 0) -> Metrics:
     """One repetition: publish→ack and publish→delivery latency at ``rate_per_s`` offered for ``duration_s``
     (after ``warmup_s`` of unrecorded traffic)."""
     stream = stream_name("lat")
-    padding = payload_of(size_bytes)[_STAMP.size:]
+    payloads = Payloads(size_bytes, seed)
     hist = _Latencies.new()
     total = int(rate_per_s * (warmup_s + duration_s))
     publisher = await deployment.endpoint()
@@ -142,7 +177,7 @@ async def latency(deployment: Deployment, size_bytes: int, rate_per_s: float, du
         ready = asyncio.Event()
         reader = asyncio.create_task(subscriber.consume(stream, total, on_delivery, ready))
         await asyncio.wait_for(ready.wait(), 30.0)
-        await _open_loop(publisher, stream, padding, rate_per_s, total, record_from_ns, hist.ack)
+        await _open_loop(publisher, stream, payloads, rate_per_s, total, record_from_ns, hist.ack)
         # What was delivered is recorded; a missing tail shows as fewer e2e samples.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reader, timeout=E2E_DRAIN_S)
@@ -153,9 +188,10 @@ async def latency(deployment: Deployment, size_bytes: int, rate_per_s: float, du
             "ack_samples": float(hist.ack.get_total_count()), "e2e_samples": float(hist.e2e.get_total_count())}
 
 
-async def _open_loop(ep: Endpoint, stream: str, padding: bytes, rate_per_s: float, total: int,
+async def _open_loop(ep: Endpoint, stream: str, payloads: Payloads, rate_per_s: float, total: int,
                      record_from_ns: int, ack: HdrHistogram) -> None:
-    """Offer ``total`` records at ``rate_per_s`` on a schedule; coalesce what waits into the next request."""
+    """Offer ``total`` records at ``rate_per_s`` on a schedule; coalesce what waits into the next request.
+    Each record is its scheduled send time followed by the rest of its own random payload."""
     pending: list[int] = []  # scheduled send times of records not yet handed to a sender
     wake = asyncio.Event()
     finished = False
@@ -171,7 +207,8 @@ async def _open_loop(ep: Endpoint, stream: str, padding: bytes, rate_per_s: floa
                 await wake.wait()
             stamps = pending[:ep.tuning.batch_records]
             del pending[:len(stamps)]
-            await ep.publish(stream, [_STAMP.pack(s) + padding for s in stamps])
+            await ep.publish(stream, [_STAMP.pack(s) + payloads.get((s - start_ns) // interval_ns)[_STAMP.size:]
+                                      for s in stamps])
             now = time.perf_counter_ns()
             for s in stamps:
                 if s >= record_from_ns:
@@ -205,7 +242,7 @@ async def _wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float) -> f
 async def failover(deployment: Deployment, interval_s: float, before_s: float, timeout_s: float) -> Metrics:
     """One repetition of kill -9 of the stream leader during a steady publish."""
     stream = stream_name("fail")
-    payload = payload_of(100)
+    payloads = Payloads(100, 0)
     ep = await deployment.endpoint()
     acked_after_kill: list[float] = []
     acked = 0
@@ -214,7 +251,7 @@ async def failover(deployment: Deployment, interval_s: float, before_s: float, t
     async def one(started: float) -> None:
         nonlocal acked
         try:
-            await asyncio.wait_for(ep.publish(stream, [payload]), timeout=timeout_s)
+            await asyncio.wait_for(ep.publish(stream, [payloads.get(int(started * 1000))]), timeout=timeout_s)
         except Exception:  # noqa: BLE001 (a publish failed during the failover: the client may need to move)
             await ep.recover()
             return
@@ -225,7 +262,7 @@ async def failover(deployment: Deployment, interval_s: float, before_s: float, t
     tasks: list[asyncio.Task[None]] = []
     try:
         await ep.create(stream)
-        await ep.publish(stream, [payload])
+        await ep.publish(stream, payloads.batch(0, 1))
         leader = await deployment.leader_node(stream)
         begin = time.monotonic()
         while not acked_after_kill and time.monotonic() - begin < before_s + timeout_s:
@@ -251,13 +288,14 @@ async def failover(deployment: Deployment, interval_s: float, before_s: float, t
     return result
 
 
-async def fill(deployment: Deployment, records: int, cap_s: float) -> tuple[str, int]:
-    """A fresh stream holding up to ``records`` 100-byte records (fewer if ``cap_s`` runs out)."""
+async def fill(deployment: Deployment, records: int, cap_s: float, seed: int = 0) -> tuple[str, int]:
+    """A fresh stream holding up to ``records`` distinct 100-byte records (fewer if ``cap_s`` runs out)."""
     stream = stream_name("recov")
+    payloads = Payloads(100, seed)
     ep = await deployment.endpoint()
     try:
         await ep.create(stream)
-        held = await _closed_loop_publish(ep, stream, payload_of(100), records, time.perf_counter() + cap_s)
+        held = await _closed_loop_publish(ep, stream, payloads, records, time.perf_counter() + cap_s)
     finally:
         await ep.close()
     return stream, held

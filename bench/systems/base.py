@@ -36,6 +36,8 @@ class DeploymentInfo:
     version: str
     guarantee: str
     client: str
+    publish_api: str = ""  # how records travel per request (the table states it: batch APIs differ)
+    exactly_once: str = ""  # "" when a retried publish may store a record twice; else how duplicates are dropped
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -95,6 +97,10 @@ class Deployment(abc.ABC):
     def failover_unsupported(self) -> str | None:
         """Why the failover workload cannot run here (``None``: it can)."""
         return None if self.nodes >= 3 else "single node: nothing to fail over to"
+
+    @abc.abstractmethod
+    def server_pgids(self) -> list[int]:
+        """Process group ids of every server process running now (their CPU is the system's CPU)."""
 
     @abc.abstractmethod
     async def leader_node(self, stream: str) -> int:

@@ -4,6 +4,10 @@ workload, driven by nats-py (``publish_async`` pipelining, an ordered push consu
 NATS 2.9 acknowledges a JetStream publish once a majority has the message in its file store, but it
 fsyncs on an interval (2.9 has no "sync always" option), so its guarantee sits between raftbroker's
 ``disk`` and ``fsync`` classes for power loss and equals ``disk`` for process crashes.
+
+Two variants: ``nats`` publishes plain messages (a retried publish may store a message twice) and
+``nats-dedup`` sets a ``Nats-Msg-Id`` header (a uuid4 per message, like the raftbroker SDK's key per
+record) so the stream drops duplicates within its window: the like-for-like exactly-once peer.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import shutil
 import subprocess
 import urllib.request
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -35,8 +40,9 @@ def _version() -> str:
 class NatsEndpoint(Endpoint):
     """One nats-py connection to every node (it reconnects by itself)."""
 
-    def __init__(self, nc: nats.NATS, replicas: int) -> None:
+    def __init__(self, nc: nats.NATS, replicas: int, *, dedup: bool = False) -> None:
         self.tuning = TUNING
+        self._dedup = dedup
         self._nc = nc
         self._js = nc.jetstream(publish_async_max_pending=TUNING.batch_records * TUNING.inflight_batches)
         self._replicas = replicas
@@ -52,7 +58,11 @@ class NatsEndpoint(Endpoint):
         await self._js.add_stream(config)
 
     async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
-        futures = [await self._js.publish_async(stream, p) for p in payloads]
+        if self._dedup:
+            futures = [await self._js.publish_async(stream, p, headers={"Nats-Msg-Id": str(uuid.uuid4())})
+                       for p in payloads]
+        else:
+            futures = [await self._js.publish_async(stream, p) for p in payloads]
         await asyncio.gather(*futures)
 
     async def consume(self, stream: str, count: int, on_value: Callable[[bytes], None],
@@ -85,14 +95,19 @@ class NatsEndpoint(Endpoint):
 class NatsDeployment(Deployment):
     """``nodes`` nats-server processes with JetStream, clustered over loopback routes."""
 
-    def __init__(self, nodes: int, workdir: Path) -> None:
+    def __init__(self, nodes: int, workdir: Path, *, dedup: bool = False) -> None:
         if shutil.which("nats-server") is None:
             raise NotAvailable("nats-server is not installed (apt-get install nats-server)")
         self.workdir = workdir  # the caller owns (and removes) it
+        self.dedup = dedup
         self.info = DeploymentInfo(
-            system="nats", variant=f"JetStream R{nodes} file", nodes=nodes, version=_version(),
+            system="nats", variant=f"JetStream R{nodes} file{' + Nats-Msg-Id' if dedup else ''}", nodes=nodes,
+            version=_version(),
             guarantee="ack after a majority stored the message (file store, fsync on an interval)",
             client="nats-py publish_async, 4000 pending; ordered push consumer",
+            publish_api="publish_async: one message per protocol frame, acks awaited in groups of 1000, 4000 pending",
+            exactly_once="a uuid4 Nats-Msg-Id header per message, deduplicated in the stream's 2 min window"
+            if dedup else "",
             notes=["NATS 2.9 acknowledges before fsync (no sync-always option in 2.9)"],
         )
         ports = free_ports(3 * nodes)
@@ -145,7 +160,10 @@ class NatsDeployment(Deployment):
     async def endpoint(self) -> Endpoint:
         nc = await nats.connect(self.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.05,
                                 connect_timeout=2, allow_reconnect=True)
-        return NatsEndpoint(nc, self.nodes_total)
+        return NatsEndpoint(nc, self.nodes_total, dedup=self.dedup)
+
+    def server_pgids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None and p.alive()]
 
     async def leader_node(self, stream: str) -> int:
         nc = await nats.connect(self.urls)

@@ -275,6 +275,7 @@ class RabbitDeployment(Deployment):
             nodes=cluster.nodes, version=_version(),
             guarantee="confirm after a majority of the queue's replicas fsynced the message",
             client="aio-pika, publisher confirms, 1000 publishes gathered, 2 batches in flight",
+            publish_api="one AMQP basic.publish per record, 1000 confirms awaited together, 2 batches in flight",
             notes=["streams read over AMQP (no rstream client); consume acks every 500"]
             if queue_type == "stream" else [],
         )
@@ -285,6 +286,10 @@ class RabbitDeployment(Deployment):
     def stop(self) -> None:
         if self.owns_cluster:
             self.cluster.stop()
+
+    def server_pgids(self) -> list[int]:
+        procs = [self.cluster.epmd, *self.cluster.procs]
+        return [p.pid for p in procs if p.pid is not None and p.alive()]
 
     async def endpoint(self) -> Endpoint:
         node = next((i for i, p in enumerate(self.cluster.procs) if p.alive()), 0)

@@ -97,6 +97,8 @@ class RaftbrokerDeployment(Deployment):
         self.info = DeploymentInfo(
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
             guarantee=_GUARANTEE[durability], client="raftbroker SDK publish_batch(1000), 4 in flight",
+            publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight",
+            exactly_once="SDK default: a uuid4 idempotency key per record, checked by the leader",
         )
         self.cluster = DevCluster(nodes, self.workdir / "cluster")
         self._started = False
@@ -123,6 +125,9 @@ class RaftbrokerDeployment(Deployment):
 
     async def endpoint(self) -> Endpoint:
         return RaftbrokerEndpoint(self.cluster.addresses, self.durability)
+
+    def server_pgids(self) -> list[int]:
+        return [pid for i, pid in enumerate(self.cluster.pids) if pid is not None and self.cluster.alive(i)]
 
     async def leader_node(self, stream: str) -> int:
         leader = await asyncio.to_thread(self._agreed_leader)

@@ -75,6 +75,7 @@ class RedisDeployment(Deployment):
             system="redis", variant="Streams AOF always", nodes=1, version=_version(),
             guarantee="ack after the write is fsynced to the AOF on the one node (no replication)",
             client="redis-py asyncio, XADD pipelines of 500, 4 in flight; XREAD 1000",
+            publish_api="pipeline of 500 XADD commands (one per record) per round trip, 4 in flight",
             notes=["single node: no replication, no failover"],
         )
         self.port = free_port()
@@ -97,6 +98,9 @@ class RedisDeployment(Deployment):
     async def endpoint(self) -> Endpoint:
         endpoint = RedisEndpoint(self.port)
         return endpoint
+
+    def server_pgids(self) -> list[int]:
+        return [pid for pid in (self.proc.pid,) if pid is not None and self.proc.alive()]
 
     async def leader_node(self, stream: str) -> int:
         return 0

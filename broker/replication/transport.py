@@ -11,6 +11,10 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   without a password;
 - replaces the frame parser with :func:`_parse_message` (same wire format) that caps frame and
   decompressed sizes and logs every rejected frame with the peer's address (rate-limited);
+- replaces ``TcpConnection.send`` with :func:`_send`, which zlib-compresses each message (pysyncobj's
+  way) or not, per :func:`set_message_compression` (``RaftOptions.raft_message_compression``). The
+  parser tells the two apart by the first byte (a pickle starts with 0x80, a zlib stream never does),
+  so nodes with either setting talk to each other (a rolling change is safe);
 - provides :class:`GuardedTransport`: utility commands off, and an incoming connection must name a
   cluster member as its first message (no read-only or unknown peers), else it is logged and closed;
 - :func:`salted_password` turns the operator's password into pysyncobj's, salted per cluster
@@ -39,6 +43,7 @@ import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pysyncobj.transport as pysyncobj_transport
+from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication._patches import PINNED_VERSION, PysyncobjPatchError
 from broker.replication.snapshot_guard import StampingTransport
@@ -61,6 +66,9 @@ _ADDRESS_CHALLENGE_BYTES = 32  # pysyncobj's random key exchanged first on encry
 _PINNED_SHA256 = {
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processParseMessage"): (
         "4ecbfdad3baa2eacb0ad8d561281110fa5b06a3cd1f221614c31e4dc6e5a32ae"
+    ),
+    (pysyncobj_tcp_connection.TcpConnection, "send"): (
+        "cb29077c32990abb055f388a1bad7fc94d1f2a20d9513698f09ebba8804520a6"
     ),
     (pysyncobj_transport.TCPTransport, "_onIncomingMessageReceived"): (
         "8b7217b0cc17c96de29c4b69b029cdb0b8d307f3eaf48fc8210060d47e48fcaf"
@@ -148,6 +156,34 @@ def _reject(conn: Any, reason: str) -> None:
     conn.disconnect()
 
 
+MESSAGE_COMPRESSIONS = ("none", "zlib")
+_ZLIB_LEVEL = 3  # pysyncobj's
+_PICKLE_PROTO_OPCODE = b"\x80"  # first byte of every pickle of protocol >= 2; never of a zlib stream (0x78)
+_compress_messages = True  # pysyncobj's behaviour until set_message_compression() is called
+
+
+def set_message_compression(mode: str) -> None:
+    """``"zlib"``: compress every Raft message per connection (pysyncobj's way); ``"none"``: send the
+    pickle as it is. Process-wide (pysyncobj's connections share one send function); either is read."""
+    global _compress_messages
+    if mode not in MESSAGE_COMPRESSIONS:
+        raise ValueError(f"message compression must be one of {', '.join(MESSAGE_COMPRESSIONS)}, not {mode!r}")
+    _compress_messages = mode == "zlib"
+
+
+def _send(self: Any, message: Any) -> None:
+    """Replaces ``TcpConnection.send``: the same frame, zlib only when compression is on."""
+    if self.sendRandKey:
+        message = (self.sendRandKey, message)
+    data = RESTRICTED_PICKLE.dumps(message)
+    if _compress_messages:
+        data = zlib.compress(data, _ZLIB_LEVEL)
+    if self.encryptor:
+        data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
+    self._TcpConnection__writeBuffer += struct.pack("i", len(data)) + data
+    self._TcpConnection__trySendBuffer()
+
+
 def _decompress(data: bytes) -> bytes:
     inflater = zlib.decompressobj()
     out = inflater.decompress(data, MESSAGE_BYTES_MAX)
@@ -176,7 +212,8 @@ def _parse_message(self: Any) -> Any:
                 raise RaftPortViolation("replayed or reordered encrypted frame")
             self.recvLastTimestamp = timestamp
             data = self.encryptor.decrypt(data)
-        message = restricted_loads(_decompress(data))
+        plain = data[:1] == _PICKLE_PROTO_OPCODE  # sent with compression off (FRAME_BYTES_MAX bounds it)
+        message = restricted_loads(data if plain else _decompress(data))
         if self.recvRandKey:
             rand_key, message = message
             if rand_key != self.recvRandKey:
@@ -259,9 +296,10 @@ def _install() -> None:
             raise PysyncobjPatchError(f"{module.__name__}.pickle is not pysyncobj.pickle; re-review transport.py")
         module.__dict__["pickle"] = RESTRICTED_PICKLE
     pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage = _parse_message
+    pysyncobj_tcp_connection.TcpConnection.send = _send
 
 
 _install()
 
-__all__ = ["ALLOWED_GLOBALS", "GuardedTransport", "RESTRICTED_PICKLE", "REJECTIONS", "RaftPortViolation",
-           "restricted_loads", "salted_password"]
+__all__ = ["ALLOWED_GLOBALS", "GuardedTransport", "MESSAGE_COMPRESSIONS", "RESTRICTED_PICKLE", "REJECTIONS",
+           "RaftPortViolation", "restricted_loads", "salted_password", "set_message_compression"]

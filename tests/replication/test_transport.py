@@ -64,3 +64,53 @@ def test_the_password_is_salted_per_cluster_and_the_bind_address_is_set(tmp_path
     assert conf.password == a and conf.bindAddress == "127.0.0.1:7"
     with pytest.raises(ValueError, match="password_salt"):
         raft.RaftOptions(password="pw", password_salt="")
+
+
+class _Connection:
+    """The attributes of pysyncobj's TcpConnection that its send and frame parser touch."""
+
+    def __init__(self) -> None:
+        self.sendRandKey: bytes | None = None
+        self.recvRandKey: bytes | None = None
+        self.encryptor = None
+        self._TcpConnection__writeBuffer = b""
+        self._TcpConnection__readBuffer = b""
+        self.disconnected = False
+
+    def _TcpConnection__trySendBuffer(self) -> None:  # noqa: N802 (pysyncobj's name)
+        pass
+
+    def disconnect(self) -> None:
+        self.disconnected = True
+
+    def _TcpConnection__getSocket(self) -> None:  # noqa: N802
+        return None
+
+
+@pytest.mark.parametrize("mode", ["none", "zlib"])
+def test_messages_are_sent_compressed_or_not_and_either_is_read(mode: str) -> None:
+    import zlib
+
+    message = {"type": "append_entries", "term": 3, "entries": [(b"\x00" + bytes(range(256)) * 40, 7, 3)]}
+    sender = _Connection()
+    try:
+        transport.set_message_compression(mode)
+        pysyncobj_tcp_connection.TcpConnection.send(sender, message)  # type: ignore[arg-type]
+    finally:
+        transport.set_message_compression("zlib")  # the default
+    frame = sender._TcpConnection__writeBuffer
+    body = frame[4:]
+    assert (body[:1] == b"\x80") == (mode == "none")
+    if mode == "zlib":
+        assert pickle.loads(zlib.decompress(body)) == message
+    receiver = _Connection()
+    receiver._TcpConnection__readBuffer = frame
+    assert transport._parse_message(receiver) == message and not receiver.disconnected
+
+
+def test_message_compression_is_validated_and_defaults_to_zlib() -> None:
+    with pytest.raises(ValueError, match="none, zlib"):
+        transport.set_message_compression("gzip")
+    assert raft.RaftOptions().raft_message_compression == "zlib"
+    with pytest.raises(ValueError, match="raft_message_compression is none or zlib"):
+        raft.RaftOptions(raft_message_compression="lz4")
