@@ -50,6 +50,7 @@ from broker.client.models import (
     TopicInfo,
     Watermark,
 )
+from broker.client.probe import NodeProbe
 from broker.client.routes import RouteInfo, RoutePartition
 from broker.client.security import CLIENT_CONFIG_ENV, ClientConfigError, ClientSecurity, load_client_config
 from broker.client.subscription import Subscription
@@ -82,6 +83,7 @@ __all__ = [
     "MemberNotFound",
     "Message",
     "NodeInfo",
+    "NodeProbe",
     "NotFound",
     "OutgoingRecord",
     "PartitionInfo",
