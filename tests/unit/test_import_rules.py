@@ -180,10 +180,6 @@ def test_only_the_rocks_store_imports_rocksdict() -> None:
                        lambda name: _within(name, ("rocksdict",))))
 
 
-@pytest.mark.xfail(strict=True, reason="broker.leader imports broker_pb2 (topic_log, reading, groups/delivery) "
-                                       "until `wire` lands (leader takes plain inputs, services/wire.py translates; "
-                                       "internal.proto stops importing admin.proto, so admin/routes/common_pb2 "
-                                       "count as public from then on)")
 def test_public_stubs_stay_out_of_the_server_side() -> None:
     assert_none(broken("the generated stubs of the public API are imported only by broker.services, "
                        "broker.client and broker.cli",
