@@ -31,6 +31,9 @@ TWINS: tuple[tuple[type[Message], type[Message]], ...] = (
     (common_pb2.GroupConfig, internal_pb2.GroupConfig),
     (common_pb2.Position, internal_pb2.Position),
     (routes_pb2.RouteConfig, internal_pb2.RouteConfig),
+    # what the leader side reads and delivers (Record, Event and RecordBatch are nested in these)
+    (broker_pb2.SubscribeResponse, internal_pb2.SubscribeResponse),
+    (admin_pb2.DeadLetter, internal_pb2.DeadLetter),
 )
 
 
