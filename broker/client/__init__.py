@@ -5,7 +5,8 @@ Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
 :class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`,
 :class:`Watermark`, :class:`RouteInfo`), the iterator :class:`Subscription`, typed topics
 (:class:`TypedTopic` from ``client.topic(name, PydanticModel)``, see :mod:`broker.client.typed`),
-and the error types rooted at :class:`BrokerError`.
+the error types rooted at :class:`BrokerError`, and :class:`NodeProbe` (asks exactly one node: no leader
+following, no retries; for tools and drills that watch single nodes).
 
 Delivery guarantees: publishing is exactly-once in effect, because every record carries an
 idempotency key that retries reuse (see :meth:`Client.publish_batch`); reading is at-least-once
