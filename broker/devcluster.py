@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import grpc
-
+from broker.client.errors import BrokerError
+from broker.client.models import NodeInfo
+from broker.client.probe import NodeProbe
+from broker.client.security import ClientSecurity
 from broker.security.devcerts import DevSecurity
-from broker.v1 import admin_pb2, admin_pb2_grpc
 
 RAFT_PORT_OFFSET = 100
 METRICS_PORT_OFFSET = 200
@@ -69,8 +70,8 @@ class DevCluster:
         self.http = http  # also run each node's HTTP gateway (--http, port base+300+i)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
         self.security = security
-        self._credentials: grpc.ChannelCredentials | None = None
-        self._channels: dict[str, grpc.Channel] = {}
+        self._probe_security: ClientSecurity | None = None
+        self._probes: dict[str, NodeProbe] = {}
 
     # -- addresses ---------------------------------------------------------------------------
     def node_id(self, i: int) -> str:
@@ -121,8 +122,8 @@ class DevCluster:
         if self.security is not None:
             self.security.ensure(self.addresses)
             cert, key = self.security.admin_cert()
-            self._credentials = grpc.ssl_channel_credentials(self.security.ca_file.read_bytes(), key.read_bytes(),
-                                                             cert.read_bytes())
+            self._probe_security = ClientSecurity(ca_pem=self.security.ca_file.read_bytes(),
+                                                  cert_pem=cert.read_bytes(), key_pem=key.read_bytes())
         for i in range(self.nodes):
             self.spawn(i)
         return self
@@ -184,9 +185,9 @@ class DevCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
+        for probe in self._probes.values():
+            probe.close()
+        self._probes.clear()
 
     def __enter__(self) -> DevCluster:
         return self.start()
@@ -196,19 +197,20 @@ class DevCluster:
         self.stop()
 
     # -- status ------------------------------------------------------------------------------
-    def node_status(self, i: int, timeout_s: float = 1.0) -> admin_pb2.NodeInfo | None:
-        """Node ``i``'s own view, or ``None`` when it does not answer."""
+    def probe(self, i: int) -> NodeProbe:
+        """A :class:`~broker.client.probe.NodeProbe` of node ``i`` (asks only it; made once, closed by
+        :meth:`stop`)."""
         address = self.grpc_address(i)
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = (
-                grpc.insecure_channel(address) if self._credentials is None
-                else grpc.secure_channel(address, self._credentials))
+        probe = self._probes.get(address)
+        if probe is None:
+            probe = self._probes[address] = NodeProbe(address, security=self._probe_security)
+        return probe
+
+    def node_status(self, i: int, timeout_s: float = 1.0) -> NodeInfo | None:
+        """Node ``i``'s own view, or ``None`` when it does not answer."""
         try:
-            info: admin_pb2.NodeInfo = admin_pb2_grpc.AdminStub(channel).NodeStatus(
-                admin_pb2.NodeStatusRequest(), timeout=timeout_s)
-            return info
-        except grpc.RpcError:
+            return self.probe(i).node_status(timeout_s=timeout_s)
+        except BrokerError:
             return None
 
     def leader(self) -> int | None:

@@ -17,11 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from broker.config import is_loopback
 from broker.devcluster import METRICS_PORT_OFFSET, RAFT_PORT_OFFSET, DevCluster, free_base_port
-from broker.v1 import admin_pb2, admin_pb2_grpc
 from chaos.net import Fabric
 
 NETNS_BASE_PORT = 7001  # inside its own namespace every port is free
@@ -56,7 +53,6 @@ class ChaosCluster(DevCluster):
         self.raft_password = secrets.token_hex(16)
         self.raft_password_salt = secrets.token_hex(16)
         self.paused: set[int] = set()
-        self._status_channels: dict[str, grpc.Channel] = {}
         fabric.prepare([self.raft_address(i) for i in range(nodes)])
 
     def _address(self, i: int, offset: int) -> str:
@@ -103,9 +99,6 @@ class ChaosCluster(DevCluster):
         for i in list(self.paused):
             self.resume(i)
         super().stop()
-        for channel in self._status_channels.values():
-            channel.close()
-        self._status_channels.clear()
 
     # -- node logs ---------------------------------------------------------------------------------
     def log_size(self, i: int) -> int:
@@ -127,13 +120,8 @@ class ChaosCluster(DevCluster):
         """Node ``i``'s own status, or ``None`` if it is down, paused or does not answer in time."""
         if not self.alive(i) or i in self.paused:
             return None
-        address = self.grpc_address(i)
-        channel = self._status_channels.get(address)
-        if channel is None:
-            channel = self._status_channels.setdefault(address, grpc.insecure_channel(address))
-        try:
-            info = admin_pb2_grpc.AdminStub(channel).NodeStatus(admin_pb2.NodeStatusRequest(), timeout=timeout_s)
-        except grpc.RpcError:
+        info = self.node_status(i, timeout_s)
+        if info is None:
             return None
         return NodeView(i, info.id, info.role, info.term, info.leader_id, info.commit_index, info.applied_index)
 

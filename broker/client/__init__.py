@@ -5,7 +5,8 @@ Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
 :class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`,
 :class:`Watermark`, :class:`RouteInfo`), the iterator :class:`Subscription`, typed topics
 (:class:`TypedTopic` from ``client.topic(name, PydanticModel)``, see :mod:`broker.client.typed`),
-and the error types rooted at :class:`BrokerError`.
+the error types rooted at :class:`BrokerError`, and :class:`NodeProbe` (asks exactly one node: no leader
+following, no retries; for tools and drills that watch single nodes).
 
 Delivery guarantees: publishing is exactly-once in effect, because every record carries an
 idempotency key that retries reuse (see :meth:`Client.publish_batch`); reading is at-least-once
@@ -50,6 +51,7 @@ from broker.client.models import (
     TopicInfo,
     Watermark,
 )
+from broker.client.probe import NodeProbe
 from broker.client.ranges import MissingRange
 from broker.client.routes import RouteInfo, RoutePartition
 from broker.client.security import CLIENT_CONFIG_ENV, ClientConfigError, ClientSecurity, load_client_config
@@ -84,6 +86,7 @@ __all__ = [
     "Message",
     "MissingRange",
     "NodeInfo",
+    "NodeProbe",
     "NotFound",
     "OutgoingRecord",
     "PartitionInfo",

@@ -277,21 +277,21 @@ def event(msg: common_pb2.Event) -> Event:
     )
 
 
-def cluster_status(msg: admin_pb2.ClusterStatusResponse) -> ClusterStatus:
-    nodes = tuple(
-        NodeInfo(
-            id=n.id,
-            grpc_address=n.grpc_address,
-            role=n.role,
-            term=n.term,
-            commit_index=n.commit_index,
-            applied_index=n.applied_index,
-            pid=n.pid,
-            reachable=n.reachable,
-            leader_id=n.leader_id,
-            raft_address=n.raft_address,
-            metrics_address=n.metrics_address,
-        )
-        for n in msg.nodes
+def node_info(n: admin_pb2.NodeInfo) -> NodeInfo:
+    return NodeInfo(
+        id=n.id,
+        grpc_address=n.grpc_address,
+        role=n.role,
+        term=n.term,
+        commit_index=n.commit_index,
+        applied_index=n.applied_index,
+        pid=n.pid,
+        reachable=n.reachable,
+        leader_id=n.leader_id,
+        raft_address=n.raft_address,
+        metrics_address=n.metrics_address,
     )
-    return ClusterStatus(leader_id=msg.leader_id, nodes=nodes)
+
+
+def cluster_status(msg: admin_pb2.ClusterStatusResponse) -> ClusterStatus:
+    return ClusterStatus(leader_id=msg.leader_id, nodes=tuple(node_info(n) for n in msg.nodes))

@@ -16,11 +16,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from broker.client import wire as client_wire
 from broker.client.aio import AsyncClient, AsyncSubscription
 from broker.client.errors import invalid_argument
 from broker.client.models import Event, Record
 from broker.http import codec
-from broker.v1 import common_pb2
 
 HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX = 100, 300_000
 
@@ -61,7 +61,7 @@ def subscription(client: AsyncClient, topic: str, places: dict[int, codec.Place]
         if isinstance(place, bytes):
             sub.positions[p] = place
         else:
-            sub.starts[p] = common_pb2.Position(offset=place)
+            sub.starts[p] = client_wire.position(place, None)
     return sub
 
 

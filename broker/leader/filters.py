@@ -23,14 +23,14 @@ import cel
 
 from broker.core.errors import InvalidArgument, shown
 from broker.leader import cel_check, cel_sandbox
-from broker.v1 import common_pb2
+from broker.v1 import internal_pb2
 
-_OPS = {v: k.removeprefix("OP_").lower() for k, v in common_pb2.Op.items()}
+_OPS = {v: k.removeprefix("OP_").lower() for k, v in internal_pb2.Op.items()}
 _VARIABLES = {"key", "headers", "op", "partition", "timestamp_ms", "value"}
 _TRIAL_ROW: cel_sandbox.Row = (b"k", {"h": "v"}, "insert", 0, 0, b'{"a": 1}')
 
 
-def _row(record: common_pb2.Record, needs_value: bool) -> cel_sandbox.Row:
+def _row(record: internal_pb2.Record, needs_value: bool) -> cel_sandbox.Row:
     key = record.key if record.HasField("key") else None
     op = _OPS.get(record.op, "insert")
     return key, dict(record.headers), op, record.partition, record.timestamp_ms, record.value if needs_value else b""
@@ -70,7 +70,7 @@ class RecordExpression:
             raise InvalidArgument(f"{self.what} must be true or false per record; on a sample record it "
                                   f"yields {type(payload).__name__ if kind == 'v' else payload}")
 
-    def evaluate_many(self, records: Sequence[common_pb2.Record]) -> list[tuple[str, Any]]:
+    def evaluate_many(self, records: Sequence[internal_pb2.Record]) -> list[tuple[str, Any]]:
         """``(kind, payload)`` per record (see :mod:`broker.leader.cel_worker`); raises
         ``ExpressionBudgetExceeded`` when the budget is broken."""
         return self._sandbox.evaluate(self.expression, [_row(r, self._needs_value) for r in records])
@@ -81,7 +81,7 @@ class RecordFilter(RecordExpression):
 
     boolean = True
 
-    def select(self, records: Sequence[common_pb2.Record]) -> list[bool]:
+    def select(self, records: Sequence[internal_pb2.Record]) -> list[bool]:
         """Whether each record matches; an evaluation error is no match, a non-boolean result raises
         :class:`InvalidArgument` (the filter is wrong, not the record)."""
         out = []

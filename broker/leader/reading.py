@@ -30,7 +30,7 @@ from broker.core.topics import validate_name
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.filters import RecordFilter
 from broker.storage import Column, StoreCorruption
-from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,10 @@ class Idle:
     timeout_s: float
 
 
-Step = broker_pb2.SubscribeResponse | Idle
+Step = internal_pb2.SubscribeResponse | Idle
 
 
-def blocking(steps: Iterator[Step], state: BrokerStateMachine) -> Iterator[broker_pb2.SubscribeResponse]:
+def blocking(steps: Iterator[Step], state: BrokerStateMachine) -> Iterator[internal_pb2.SubscribeResponse]:
     """The responses of a step generator, doing each :class:`Idle` wait in place (blocks the thread)."""
     for step in steps:
         if isinstance(step, Idle):
@@ -75,7 +75,7 @@ def fits(batch_bytes: int, record_bytes: int, records: int, bytes_max: int) -> b
     return records == 0 or batch_bytes + record_bytes + RECORD_FRAMING_BYTES <= bytes_max
 
 
-def _drop_unmatched(batch: broker_pb2.RecordBatch, record_filter: RecordFilter) -> None:
+def _drop_unmatched(batch: internal_pb2.RecordBatch, record_filter: RecordFilter) -> None:
     """Keep the matching records; a filter over its budget or yielding a non-boolean ends the stream
     with its error (RESOURCE_EXHAUSTED or INVALID_ARGUMENT), never a silent empty stream."""
     keep = [r for r, match in zip(batch.records, record_filter.select(batch.records), strict=True) if match]
@@ -92,11 +92,11 @@ class _Cursor:
 
 
 def _event(kind: int, topic: str, incarnation: int, partition: int, before: int, after: int,
-           detail: str) -> broker_pb2.SubscribeResponse:
+           detail: str) -> internal_pb2.SubscribeResponse:
     def token(offset: int) -> bytes:
         return records.PositionToken(incarnation, partition, offset).encode()
 
-    return broker_pb2.SubscribeResponse(event=common_pb2.Event(
+    return internal_pb2.SubscribeResponse(event=internal_pb2.Event(
         type=kind, topic=topic, partition=partition, offset_before=before, offset_after=after,  # type: ignore[arg-type]
         position_before=token(before), position_after=token(after), detail=detail))
 
@@ -134,7 +134,7 @@ class Reader:
         self._require_serving = require_serving or (lambda: None)
 
     def subscribe(self, request: Subscription,
-                  is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+                  is_active: Callable[[], bool]) -> Iterator[internal_pb2.SubscribeResponse]:
         """Validate ``request`` eagerly (raising before the first item), then stream (blocking waits)."""
         return blocking(self.subscribe_steps(request, is_active), self._state)
 
@@ -152,21 +152,21 @@ class Reader:
         record_filter = RecordFilter(request.filter) if request.filter else None
         if request.group:
             raise InvalidArgument("consumer groups are not available in this version")
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             self._require_leader()  # only the leader holds an ephemeral topic's live records
         cursors, first_events = self._start(request, meta)
         return self._stream(request, meta, cursors, first_events, is_active, record_filter)
 
     # -- start positions ---------------------------------------------------------------------
     def _start(self, request: Subscription, meta: internal_pb2.TopicMeta
-               ) -> tuple[list[_Cursor], list[broker_pb2.SubscribeResponse]]:
+               ) -> tuple[list[_Cursor], list[internal_pb2.SubscribeResponse]]:
         tid, count = meta.topic_id, meta.config.partitions
         if request.partition is not None and request.partition >= count:
             raise InvalidArgument(f"partition {request.partition} does not exist (topic has {count})")
         partitions = [request.partition] if request.partition is not None else list(range(count))
         position = request.start
         kind = position.WhichOneof("kind")
-        events: list[broker_pb2.SubscribeResponse] = []
+        events: list[internal_pb2.SubscribeResponse] = []
         if kind == "token":
             token = records.PositionToken.decode(position.token)
             if token.partition >= count or (request.partition is not None and token.partition != request.partition):
@@ -175,7 +175,7 @@ class Reader:
             partitions = [token.partition]
             start, end = self._bounds(meta, token.partition)
             if token.incarnation != tid:
-                events.append(_event(common_pb2.EVENT_TYPE_RESET, meta.config.name, tid, token.partition,
+                events.append(_event(internal_pb2.EVENT_TYPE_RESET, meta.config.name, tid, token.partition,
                                      token.next_offset, start,
                                      f"topic was re-created (incarnation {token.incarnation} -> {tid})"))
                 offsets = {token.partition: start}
@@ -194,7 +194,7 @@ class Reader:
 
     def _bounds(self, meta: internal_pb2.TopicMeta, partition: int) -> tuple[int, int]:
         """(start, end) offsets of one partition as this node holds it."""
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             start, end, _, _ = self._hub.bounds(meta.topic_id, partition)
             return start, end
         st = self._state.partition(meta.topic_id, partition)
@@ -217,14 +217,14 @@ class Reader:
                 return end
             return position.offset
         assert kind == "timestamp_ms"
-        if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL:
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             return self._hub.first_at_or_after(tid, partition, position.timestamp_ms)
         return records.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
                                        start, end)
 
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,
-                cursors: list[_Cursor], first: list[broker_pb2.SubscribeResponse],
+                cursors: list[_Cursor], first: list[internal_pb2.SubscribeResponse],
                 is_active: Callable[[], bool], record_filter: RecordFilter | None
                 ) -> Iterator[Step]:
         yield from first
@@ -237,7 +237,7 @@ class Reader:
             if current is None or current.topic_id != tid:
                 raise TopicNotFound(name)
             produced = False
-            read = self._read_ephemeral if meta.config.durability == common_pb2.DURABILITY_EPHEMERAL else self._read
+            read = self._read_ephemeral if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL else self._read
             for cursor in cursors:
                 before = cursor.offset
                 for item in read(name, tid, cursor, batch_size):
@@ -254,17 +254,17 @@ class Reader:
             yield Idle(seen, WAKE_S)
 
     def _read_ephemeral(self, name: str, tid: int, cursor: _Cursor,
-                        limit: int) -> Iterator[broker_pb2.SubscribeResponse]:
+                        limit: int) -> Iterator[internal_pb2.SubscribeResponse]:
         start, end, _, _ = self._hub.bounds(tid, cursor.partition)
         if cursor.offset < start:
-            yield _event(common_pb2.EVENT_TYPE_GAP, name, tid, cursor.partition, cursor.offset, start,
+            yield _event(internal_pb2.EVENT_TYPE_GAP, name, tid, cursor.partition, cursor.offset, start,
                          "records were dropped: this reader fell behind the ephemeral buffer (or the leader changed)")
             cursor.offset = start
         if cursor.end is not None:
             end = min(end, cursor.end)
         if cursor.offset >= end:
             return
-        response = broker_pb2.SubscribeResponse()
+        response = internal_pb2.SubscribeResponse()
         size = 0
         for item in self._hub.read(tid, cursor.partition, cursor.offset, min(limit, end - cursor.offset)):
             rec = response.batch.records.add()
@@ -281,11 +281,11 @@ class Reader:
         if response.batch.records:
             yield response
 
-    def _read(self, name: str, tid: int, cursor: _Cursor, limit: int) -> Iterator[broker_pb2.SubscribeResponse]:
+    def _read(self, name: str, tid: int, cursor: _Cursor, limit: int) -> Iterator[internal_pb2.SubscribeResponse]:
         st = self._state.partition(tid, cursor.partition)
         p = cursor.partition
         if cursor.offset < st.start_offset:
-            yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, st.start_offset,
+            yield _event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, st.start_offset,
                          "records before this position were pruned or expired")
             cursor.offset = st.start_offset
         end = st.end_offset if cursor.end is None else min(st.end_offset, cursor.end)
@@ -302,11 +302,11 @@ class Reader:
                            f"{cursor.offset} (damaged file: {exc}); read from another node") from None
 
     def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[tuple[bytes, bytes]]
-                   ) -> Iterator[broker_pb2.SubscribeResponse]:
+                   ) -> Iterator[internal_pb2.SubscribeResponse]:
         """Records (and BADMSG / SKIP_FORWARD events) of one scan, at most ``response_bytes_max``
         bytes of records per response (a lone record always goes); advances ``cursor``."""
         p = cursor.partition
-        response = broker_pb2.SubscribeResponse()
+        response = internal_pb2.SubscribeResponse()
         batch = response.batch
         size = 0
         try:
@@ -315,9 +315,9 @@ class Reader:
                 if offset != cursor.offset:  # pruned between our check and the scan
                     if batch.records:
                         yield response
-                        response = broker_pb2.SubscribeResponse()
+                        response = internal_pb2.SubscribeResponse()
                         batch, size = response.batch, 0
-                    yield _event(common_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, offset,
+                    yield _event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, offset,
                                  "records before this position were pruned or expired")
                     cursor.offset = offset
                 rec = batch.records.add()
@@ -328,9 +328,9 @@ class Reader:
                     del batch.records[-1]
                     if batch.records:
                         yield response
-                        response = broker_pb2.SubscribeResponse()
+                        response = internal_pb2.SubscribeResponse()
                         batch, size = response.batch, 0
-                    yield _event(common_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
+                    yield _event(internal_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
                                  f"record skipped: {exc}")
                     cursor.offset = offset + 1
                     continue

@@ -41,7 +41,7 @@ from broker.leader.routed_append import TrustedAppender
 from broker.leader.submitter import CommandSubmitter
 from broker.reasons import refused_records
 from broker.storage import Column
-from broker.v1 import common_pb2, internal_pb2, routes_internal_pb2
+from broker.v1 import internal_pb2, routes_internal_pb2
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ class RouteRunner:
         return work
 
     def _evaluate(self, route: _Compiled, source: internal_pb2.TopicMeta,
-                  judged: list[tuple[int, tuple[common_pb2.Record, bytes] | None]]
+                  judged: list[tuple[int, tuple[internal_pb2.Record, bytes] | None]]
                   ) -> list[tuple[int, Copy | None]]:
         """Run the filter and the partition key over the candidates of one scan, in one sandbox call
         each; ``_ExpressionRefused`` when an expression breaks its budget or a filter is not boolean."""
@@ -302,14 +302,14 @@ class RouteRunner:
         return out
 
     def _candidate(self, route: _Compiled, source: internal_pb2.TopicMeta, key: bytes, value: bytes,
-                   echo_cluster: str | None) -> tuple[common_pb2.Record, bytes] | None:
+                   echo_cluster: str | None) -> tuple[internal_pb2.Record, bytes] | None:
         """A stored record (and its stored body) that the op list and echo rule let through to the
         expressions, or None when the route does not copy it."""
         name = route.meta.config.name
         offset = records.RECORD_KEY.unpack(key)[2]
         try:
             stored = records.unframe(key, value)
-            record = common_pb2.Record.FromString(stored.body)
+            record = internal_pb2.Record.FromString(stored.body)
         except (records.CorruptRecord, DecodeError) as exc:
             log.warning("route %s: skipped the unreadable record %d of partition %d: %s", name, offset,
                         records.RECORD_KEY.unpack(key)[1], exc)
@@ -323,7 +323,7 @@ class RouteRunner:
         return record, stored.body
 
     @staticmethod
-    def _partition_keys(route: _Compiled, batch: list[common_pb2.Record]) -> list[bytes | None]:
+    def _partition_keys(route: _Compiled, batch: list[internal_pb2.Record]) -> list[bytes | None]:
         """Per record: the expression's string/bytes/int result (an int as its decimal text), else
         (no expression, an evaluation error, another type) the record key."""
         results = route.key.evaluate_many(batch) if route.key is not None and batch else [("e", None)] * len(batch)

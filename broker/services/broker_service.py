@@ -15,7 +15,7 @@ import grpc
 from broker.core.errors import BrokerError
 from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.service import GroupService
-from broker.leader.reading import Reader, Step
+from broker.leader.reading import Idle, Reader
 from broker.leader.topic_log import TopicLog
 from broker.security import current_principal
 from broker.services import errors, wire
@@ -71,10 +71,10 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
                         ) -> AsyncIterator[broker_pb2.SubscribeResponse]:
         subscription = wire.subscription(request)
 
-        def open_steps(is_active: Callable[[], bool]) -> Iterator[Step]:
+        def open_steps(is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse | Idle]:
             if subscription.group:
-                return self.group_subscribe(subscription, is_active)
-            return self._reader.subscribe_steps(subscription, is_active)
+                return wire.public_steps(self.group_subscribe(subscription, is_active))
+            return wire.public_steps(self._reader.subscribe_steps(subscription, is_active))
 
         # series are made at the first batch: a topic that does not exist (yet) gets none
         self._metrics.subscribers.inc()

@@ -135,7 +135,7 @@ class GroupAdminMethods:
         partition = request.partition if request.HasField("partition") else None
         after = request.after_offset if partition is not None and request.HasField("after_offset") else None
         dead = self._group_ops.dead_letters(request.topic, request.group, request.limit, partition, after)
-        return admin_pb2.ListDeadLettersResponse(dead_letters=dead)
+        return wire.dead_letters(dead)
 
     @errors.unary
     def RetryDeadLetters(self, request: admin_pb2.RetryDeadLettersRequest,

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from broker.core.errors import ResourceExhausted
 from broker.core.state_machine import BrokerStateMachine
-from broker.leader.reading import Idle, Step
+from broker.leader.reading import Idle
 
 log = logging.getLogger(__name__)
 
@@ -127,16 +127,16 @@ class StreamRuntime:
         """Run blocking ``fn`` (a publish, say) on the call pool."""
         return await asyncio.wrap_future(self.call_pool.submit(fn))
 
-    async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[Step]]) -> AsyncIterator[object]:
+    async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[object]]) -> AsyncIterator[object]:
         """Drive the step generator ``open_steps(is_active)`` (opened on the read pool, so its
         validation errors raise here before anything is sent): yield its responses, await its
         idles. The stream counts against :attr:`streams_max` while it is open."""
         self.admit()
         active = True
         running: Future[object] | None = None
-        steps: Iterator[Step] | None = None
+        steps: Iterator[object] | None = None
         try:
-            opened: Future[Iterator[Step]] = self.read_pool.submit(open_steps, lambda: active)
+            opened: Future[Iterator[object]] = self.read_pool.submit(open_steps, lambda: active)
             steps = await asyncio.wrap_future(opened)
             while True:
                 running = self.read_pool.submit(next, steps, _END)
@@ -153,7 +153,7 @@ class StreamRuntime:
             if steps is not None:
                 self._close_later(steps, running)
 
-    def _close_later(self, steps: Iterator[Step], running: Future[object] | None) -> None:
+    def _close_later(self, steps: Iterator[object], running: Future[object] | None) -> None:
         """Close ``steps`` (runs its ``finally`` blocks) once no step of it is running."""
         close = getattr(steps, "close", None)
         if close is None:

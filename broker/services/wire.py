@@ -11,12 +11,13 @@ newer public message might carry and the internal one does not know are dropped,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from broker.leader.groups.operations import GroupLag, GroupView
-from broker.leader.reading import Subscription
+from broker.leader.reading import Idle, Step, Subscription
 from broker.leader.route_admin import RouteView
 from broker.leader.topic_log import Placement, PublishBatch, PublishItem, TopicView
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_pb2
@@ -30,6 +31,9 @@ TWINS: tuple[tuple[type[Message], type[Message]], ...] = (
     (common_pb2.GroupConfig, internal_pb2.GroupConfig),
     (common_pb2.Position, internal_pb2.Position),
     (routes_pb2.RouteConfig, internal_pb2.RouteConfig),
+    # what the leader side reads and delivers (Record, Event and RecordBatch are nested in these)
+    (broker_pb2.SubscribeResponse, internal_pb2.SubscribeResponse),
+    (admin_pb2.DeadLetter, internal_pb2.DeadLetter),
 )
 
 
@@ -164,3 +168,29 @@ def route_info(view: RouteView) -> routes_pb2.RouteInfo:
     for partition, next_offset, end_offset in view.partitions:
         info.partitions.add(partition=partition, next_offset=next_offset, end_offset=end_offset)
     return info
+
+
+# -- internal -> public: the read path ------------------------------------------------------------
+def subscribe_response(response: internal_pb2.SubscribeResponse) -> broker_pb2.SubscribeResponse:
+    """The public twin of a leader-side response, by its bytes: one serialize and one parse per
+    response (not per record). Unknown fields of a stored body pass through as they always did."""
+    return broker_pb2.SubscribeResponse.FromString(response.SerializeToString())
+
+
+def public_steps(steps: Iterator[Step]) -> Iterator[broker_pb2.SubscribeResponse | Idle]:
+    """The steps of a leader-side stream with every response made public (on the thread that runs
+    the steps: the read pool, not the event loop); closing this closes ``steps``."""
+    try:
+        for step in steps:
+            yield step if isinstance(step, Idle) else subscribe_response(step)
+    finally:
+        close = getattr(steps, "close", None)
+        if close is not None:
+            close()
+
+
+def dead_letters(items: list[internal_pb2.DeadLetter]) -> admin_pb2.ListDeadLettersResponse:
+    """A ``ListDeadLetters`` answer (each dead letter and its record copied by its bytes, unknown
+    fields kept as the record was stored)."""
+    return admin_pb2.ListDeadLettersResponse(
+        dead_letters=[admin_pb2.DeadLetter.FromString(item.SerializeToString()) for item in items])

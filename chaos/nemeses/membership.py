@@ -15,10 +15,7 @@ import shutil
 import time
 from collections.abc import Callable
 
-import grpc
-
 from broker.client import BrokerError, Client, MemberNotFound
-from broker.v1 import admin_pb2, admin_pb2_grpc
 from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, NemesisError, Step
 
 CLIENT_TIMEOUT_S = 5.0
@@ -137,10 +134,8 @@ def _await_members(ctx: Ctx, via: int, ok: Callable[[set[str]], bool]) -> bool:
 
 def _members(ctx: Ctx, i: int) -> set[str] | None:
     """The node ids of node ``i``'s current configuration, or ``None`` when it does not answer."""
-    with grpc.insecure_channel(ctx.cluster.grpc_address(i)) as channel:
-        try:
-            status = admin_pb2_grpc.AdminStub(channel).ClusterStatus(admin_pb2.ClusterStatusRequest(),
-                                                                     timeout=CLIENT_TIMEOUT_S)
-        except grpc.RpcError:
-            return None
+    try:
+        status = ctx.cluster.probe(i).cluster_status(timeout_s=CLIENT_TIMEOUT_S)
+    except BrokerError:
+        return None
     return {n.id for n in status.nodes}

@@ -72,7 +72,7 @@ def test_skip_forward_when_records_were_pruned_below_the_watermark() -> None:
     again = drain(env, "t", "g")
     for items in (first, again):
         event = items[0]
-        assert isinstance(event, common_pb2.Event) and event.type == common_pb2.EVENT_TYPE_SKIP_FORWARD
+        assert isinstance(event, internal_pb2.Event) and event.type == common_pb2.EVENT_TYPE_SKIP_FORWARD
         assert (event.offset_before, event.offset_after) == (0, 4)
         assert records.PositionToken.decode(event.position_after).next_offset == 4
     assert [r.value for r in again[1:]] == [b"4", b"5"]  # type: ignore[attr-defined]
@@ -94,7 +94,7 @@ def test_reset_after_drop_and_recreate_then_the_new_records() -> None:
     env.publish("t", [b"x", b"y"])
     items = drain(env, "t", "g", ack=False)
     event = items[0]
-    assert isinstance(event, common_pb2.Event) and event.type == common_pb2.EVENT_TYPE_RESET
+    assert isinstance(event, internal_pb2.Event) and event.type == common_pb2.EVENT_TYPE_RESET
     before, after = (records.PositionToken.decode(event.position_before),
                      records.PositionToken.decode(event.position_after))
     assert (before.incarnation, before.next_offset) == (old.topic_id, 3)
@@ -122,9 +122,9 @@ def test_badmsg_for_a_flipped_byte_in_the_store_stateless_and_group() -> None:
              else ("batch", [r.value for r in i.batch.records]) for i in stateless]
     assert kinds == [("batch", [b"good0"]), ("event", common_pb2.EVENT_TYPE_BADMSG, 1, 2), ("batch", [b"good2"])]
     items = drain(env, "t", "g")
-    bad = [i for i in items if isinstance(i, common_pb2.Event)]
+    bad = [i for i in items if isinstance(i, internal_pb2.Event)]
     assert [(e.type, e.offset_before, e.offset_after) for e in bad] == [(common_pb2.EVENT_TYPE_BADMSG, 1, 2)]
-    assert sorted(r.value for r in items if not isinstance(r, common_pb2.Event)) == [b"good0", b"good2"]
+    assert sorted(r.value for r in items if not isinstance(r, internal_pb2.Event)) == [b"good0", b"good2"]
     [dead] = env.ops.dead_letters("t", "g", 0, None, None)
     assert dead.offset == 1 and dead.reason.startswith("badmsg")
     assert env.ops.lag("t", "g").partitions[0].committed == 3
@@ -165,4 +165,4 @@ def test_group_subscription_validates_before_streaming() -> None:
 
 
 def values_of(items: list[object]) -> list[bytes]:
-    return [r.value for r in items if not isinstance(r, common_pb2.Event)]  # type: ignore[attr-defined]
+    return [r.value for r in items if not isinstance(r, internal_pb2.Event)]  # type: ignore[attr-defined]

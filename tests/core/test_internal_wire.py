@@ -6,6 +6,8 @@ the public ``TopicConfig``, ``GroupConfig``, ``RouteConfig``) parse the same."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from google.protobuf.descriptor import Descriptor, EnumDescriptor
 from google.protobuf.internal.encoder import _VarintBytes
@@ -170,3 +172,63 @@ def test_results_are_translated_to_the_public_answers() -> None:
     listed = wire.topic_info(view, with_schema=False)
     assert listed.config.schema_json == "" and listed.has_schema
     assert view.config.schema_json, "the view is left alone"
+
+
+def test_a_stored_body_read_by_the_leader_side_reaches_the_client_as_the_public_record_did() -> None:
+    """The leader merges stored bodies into internal Records; wire makes the whole response public
+    by its bytes: the same response as merging the body into the public Record (the old path),
+    unknown fields of the body included, and events keep every field."""
+    body = internal_pb2.RecordBody(key=b"k", value=b"v", headers={"h": "1"}, producer="alice",
+                                   op=internal_pb2.OP_TOMBSTONE, origin="c1/r1", msg_id="7").SerializeToString()
+    body += length_delimited(99, b"from a later version")
+    response = internal_pb2.SubscribeResponse()
+    rec = response.batch.records.add()
+    rec.MergeFromString(body)
+    rec.topic, rec.partition, rec.offset, rec.timestamp_ms, rec.position = "t", 2, 41, 1234, b"tok"
+    rec.delivery_attempt = 3
+    old = broker_pb2.SubscribeResponse()
+    public_rec = old.batch.records.add()
+    public_rec.MergeFromString(body)
+    public_rec.topic, public_rec.partition, public_rec.offset, public_rec.timestamp_ms = "t", 2, 41, 1234
+    public_rec.position, public_rec.delivery_attempt = b"tok", 3
+    translated = wire.subscribe_response(response)
+    assert isinstance(translated, broker_pb2.SubscribeResponse)
+    assert translated == old and translated.SerializeToString() == old.SerializeToString()
+    assert translated.batch.records[0].op == common_pb2.OP_TOMBSTONE and unknown(translated.batch.records[0]) == 1
+    event = internal_pb2.SubscribeResponse(event=internal_pb2.Event(
+        type=internal_pb2.EVENT_TYPE_BADMSG, topic="t", partition=1, offset_before=5, offset_after=6,
+        position_before=b"a", position_after=b"b", detail="record skipped"))
+    assert wire.subscribe_response(event) == broker_pb2.SubscribeResponse(event=common_pb2.Event(
+        type=common_pb2.EVENT_TYPE_BADMSG, topic="t", partition=1, offset_before=5, offset_after=6,
+        position_before=b"a", position_after=b"b", detail="record skipped"))
+
+
+def test_dead_letters_are_translated_with_their_record() -> None:
+    dead = internal_pb2.DeadLetter(partition=1, offset=2, attempts=3, reason="max attempts", dead_ms=9,
+                                   dlq_partition=0, dlq_offset=4,
+                                   record=internal_pb2.Record(topic="t.dlq", value=b"v", op=internal_pb2.OP_UPDATE))
+    response = wire.dead_letters([dead, internal_pb2.DeadLetter(partition=0, offset=7)])
+    assert [d.SerializeToString() for d in response.dead_letters] == [
+        dead.SerializeToString(), internal_pb2.DeadLetter(partition=0, offset=7).SerializeToString()]
+    assert response.dead_letters[0].record.value == b"v" and not response.dead_letters[1].HasField("record")
+
+
+def test_public_steps_translate_responses_pass_idles_and_close_the_leader_stream() -> None:
+    from broker.leader.reading import Idle, Step
+
+    closed: list[bool] = []
+
+    def steps() -> Iterator[Step]:
+        try:
+            yield internal_pb2.SubscribeResponse(event=internal_pb2.Event(type=internal_pb2.EVENT_TYPE_GAP))
+            yield Idle(3, 0.5)
+            yield internal_pb2.SubscribeResponse()
+        finally:
+            closed.append(True)
+
+    public = wire.public_steps(steps())
+    first = next(public)
+    assert isinstance(first, broker_pb2.SubscribeResponse) and first.event.type == common_pb2.EVENT_TYPE_GAP
+    assert next(public) == Idle(3, 0.5)
+    public.close()  # type: ignore[attr-defined]
+    assert closed == [True]

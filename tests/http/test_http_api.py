@@ -49,9 +49,9 @@ def test_topic_endpoints_and_their_errors(http_cluster: DevCluster) -> None:
         assert "h-topic" in [t["name"] for t in h.get("/v1/topics").json()["topics"]]
         info = h.get("/v1/topics/h-topic").json()
         assert info["retention"]["max_records"] == 1000 and len(info["partitions"]) == 3
-        problem(h.get("/v1/topics/h-none"), 404, "NOT_FOUND")
+        problem(h.get("/v1/topics/h-none"), 404, "TOPIC_NOT_FOUND")
         assert h.delete("/v1/topics/h-topic").status_code == 204
-        problem(h.delete("/v1/topics/h-topic"), 404, "NOT_FOUND")
+        problem(h.delete("/v1/topics/h-topic"), 404, "TOPIC_NOT_FOUND")
         problem(h.get("/v1/nowhere"), 404, "NOT_FOUND")
     with Client(http_cluster.addresses) as sync:
         assert "h-x" not in [t.name for t in sync.list_topics()], "a rejected request changed nothing"
@@ -82,7 +82,7 @@ def test_publish_over_http_read_over_grpc_and_back(http_cluster: DevCluster) -> 
         problem(h.post("/v1/topics/h-rt/records", json={"records": []}), 400, "INVALID_ARGUMENT")
         problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value": 1, "partition": 9}]}),
                 400, "INVALID_ARGUMENT")
-        problem(h.post("/v1/topics/h-none/records", json={"records": [{"value": 1}]}), 404, "NOT_FOUND")
+        problem(h.post("/v1/topics/h-none/records", json={"records": [{"value": 1}]}), 404, "TOPIC_NOT_FOUND")
         problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value_b64": "***"}]}), 400, "INVALID_ARGUMENT")
         problem(h.post("/v1/topics/h-rt/records", json={"records": [{"value": "x" * ((1 << 20) + 1)}]}),
                 413, "INVALID_ARGUMENT")
@@ -121,7 +121,7 @@ def test_paging_with_cursors_neither_skips_nor_repeats(http_cluster: DevCluster)
                 assert event.event != "record", "from=latest: nothing old"
                 if "heartbeat" in event.comments:
                     break
-        problem(h.get("/v1/topics/h-none/watch"), 404, "NOT_FOUND")
+        problem(h.get("/v1/topics/h-none/watch"), 404, "TOPIC_NOT_FOUND")
         problem(h.get("/v1/topics/h-page/watch", headers={"Last-Event-ID": "nonsense"}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/watch", params={"heartbeat_ms": 1}), 400, "INVALID_ARGUMENT")
 
@@ -181,4 +181,4 @@ def test_a_queue_claimed_by_two_http_workers_no_overlap_and_redelivery(http_clus
         assert lag["lag"] == 20 and len(lag["partitions"]) == 2
         problem(a.post("/v1/topics/h-jobs/groups/w/ack", json={"receipts": ["%%%"]}), 400, "INVALID_ARGUMENT")
         problem(a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 0}), 400, "INVALID_ARGUMENT")
-        problem(a.get("/v1/topics/h-jobs/groups/nobody/lag"), 404, "NOT_FOUND")
+        problem(a.get("/v1/topics/h-jobs/groups/nobody/lag"), 404, "GROUP_NOT_FOUND")

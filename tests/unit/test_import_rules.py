@@ -180,10 +180,6 @@ def test_only_the_rocks_store_imports_rocksdict() -> None:
                        lambda name: _within(name, ("rocksdict",))))
 
 
-@pytest.mark.xfail(strict=True, reason="broker.leader imports broker_pb2 (topic_log, reading, groups/delivery) "
-                                       "until `wire` lands (leader takes plain inputs, services/wire.py translates; "
-                                       "internal.proto stops importing admin.proto, so admin/routes/common_pb2 "
-                                       "count as public from then on)")
 def test_public_stubs_stay_out_of_the_server_side() -> None:
     assert_none(broken("the generated stubs of the public API are imported only by broker.services, "
                        "broker.client and broker.cli",
@@ -192,9 +188,6 @@ def test_public_stubs_stay_out_of_the_server_side() -> None:
                        lambda name: name in public_stubs()))
 
 
-@pytest.mark.xfail(strict=True, reason="broker/devcluster.py, chaos/cluster.py, chaos/reads.py and "
-                                       "chaos/nemeses/membership.py probe single nodes with raw Admin/Broker stubs; "
-                                       "no branch moves them onto broker.client yet")
 def test_public_stubs_stay_out_of_the_tools() -> None:
     assert_none(broken("the generated stubs of the public API are imported only by broker.services, "
                        "broker.client and broker.cli (tools talk through broker.client)",

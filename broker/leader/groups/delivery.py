@@ -34,14 +34,14 @@ from broker.leader.reading import (
     blocking,
     fits,
 )
-from broker.v1 import broker_pb2, common_pb2
+from broker.v1 import internal_pb2
 
 
-def chunks(rows: list[common_pb2.Record], count_max: int, bytes_max: int) -> Iterator[list[common_pb2.Record]]:
+def chunks(rows: list[internal_pb2.Record], count_max: int, bytes_max: int) -> Iterator[list[internal_pb2.Record]]:
     """``rows`` in order, cut into lists of at most ``count_max`` records and ``bytes_max`` bytes
     (a record larger than ``bytes_max`` goes alone)."""
     assert count_max > 0 and bytes_max > 0
-    chunk: list[common_pb2.Record] = []
+    chunk: list[internal_pb2.Record] = []
     size = 0
     for row in rows:
         row_bytes = row.ByteSize()
@@ -72,7 +72,7 @@ class GroupDelivery:
         self._response_bytes_max = response_bytes_max
 
     def subscribe(self, request: Subscription,
-                  is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse]:
+                  is_active: Callable[[], bool]) -> Iterator[internal_pb2.SubscribeResponse]:
         """Validate ``request`` and create the group if needed (raising before the first item),
         then stream (waiting in place: blocks the thread)."""
         return blocking(self.subscribe_steps(request, is_active), self._service.state)
@@ -123,9 +123,9 @@ class GroupDelivery:
                 if delivery.bad:
                     service.settle(rt, delivery.bad)
                 for event in delivery.events:
-                    yield broker_pb2.SubscribeResponse(event=event)
+                    yield internal_pb2.SubscribeResponse(event=event)
                 for chunk in chunks(list(delivery.records), batch_size, self._response_bytes_max):
-                    yield broker_pb2.SubscribeResponse(batch=broker_pb2.RecordBatch(records=chunk))
+                    yield internal_pb2.SubscribeResponse(batch=internal_pb2.RecordBatch(records=chunk))
                 if delivery:
                     continue
                 if request.stop_at_end and room > 0:  # caught up: nothing deliverable now

@@ -21,7 +21,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.groups.service import GroupService, raise_rejected
 from broker.storage import Column
-from broker.v1 import admin_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 K = internal_pb2
 DEFAULT_DEAD_LIMIT = 100
@@ -41,7 +41,7 @@ class GroupView:
 
 @dataclass(frozen=True)
 class LagRow:
-    """One partition's figures (see ``admin_pb2.PartitionLag``)."""
+    """One partition's figures (the public ``PartitionLag``)."""
 
     partition: int
     start_offset: int
@@ -177,7 +177,7 @@ class GroupOperations:
 
     # -- dead letters --------------------------------------------------------------------------
     def dead_letters(self, topic: str, group: str, limit: int, partition: int | None,
-                     after_offset: int | None) -> list[admin_pb2.DeadLetter]:
+                     after_offset: int | None) -> list[K.DeadLetter]:
         """Up to ``limit`` dead letters in (partition, offset) order, each with a copy of its record
         while the copies total at most :data:`DEAD_RECORDS_BYTES_MAX` bytes (the rest without)."""
         self._service.read_barrier()
@@ -189,9 +189,8 @@ class GroupOperations:
         copied_bytes = 0
         for p, o, dead in layout.dead_letters(self._state.store, rt.gid, partition, after_offset,
                                               limit or DEFAULT_DEAD_LIMIT):
-            item = admin_pb2.DeadLetter(partition=p, offset=o, attempts=dead.attempts, reason=dead.reason,
-                                        dead_ms=dead.dead_ms, dlq_partition=dead.dlq_partition,
-                                        dlq_offset=dead.dlq_offset)
+            item = K.DeadLetter(partition=p, offset=o, attempts=dead.attempts, reason=dead.reason,
+                                dead_ms=dead.dead_ms, dlq_partition=dead.dlq_partition, dlq_offset=dead.dlq_offset)
             if dlq is not None and copied_bytes < DEAD_RECORDS_BYTES_MAX:
                 self._copy(dlq, dead, item)
                 if copied_bytes + item.record.ByteSize() > DEAD_RECORDS_BYTES_MAX:
@@ -202,7 +201,7 @@ class GroupOperations:
             out.append(item)
         return out
 
-    def _copy(self, dlq: K.TopicMeta, dead: K.DeadLetterState, item: admin_pb2.DeadLetter) -> None:
+    def _copy(self, dlq: K.TopicMeta, dead: K.DeadLetterState, item: K.DeadLetter) -> None:
         key = records.record_key(dlq.topic_id, dead.dlq_partition, dead.dlq_offset)
         raw = self._state.records_store(dlq.topic_id).get(Column.RECORDS, key)
         if raw is None:

@@ -30,7 +30,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.leases import Lease, LeaseTable, Position
 from broker.leader.groups.membership import Membership
 from broker.storage import Column
-from broker.v1 import common_pb2, internal_pb2
+from broker.v1 import internal_pb2
 
 SCAN_CHUNK = 256
 LEFT_MEMBERS_MAX = 10_000
@@ -41,8 +41,8 @@ class Delivery:
     """What one pick produced for a stream: events first, then records; ``bad`` are unreadable
     records the caller settles as BADMSG (their events are in ``events``)."""
 
-    events: list[common_pb2.Event] = field(default_factory=list)
-    records: list[common_pb2.Record] = field(default_factory=list)
+    events: list[internal_pb2.Event] = field(default_factory=list)
+    records: list[internal_pb2.Record] = field(default_factory=list)
     bad: list[internal_pb2.SettleEntry] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -248,8 +248,8 @@ class GroupRuntime:
             return
         self._lease(record, attempt, stream_id, member_id, now_ms, out, budget)
 
-    def _decode(self, p: int, o: int, key: bytes, value: bytes, out: Delivery) -> common_pb2.Record | None:
-        record = common_pb2.Record()
+    def _decode(self, p: int, o: int, key: bytes, value: bytes, out: Delivery) -> internal_pb2.Record | None:
+        record = internal_pb2.Record()
         try:
             stored = records.unframe(key, value)
             record.MergeFromString(stored.body)
@@ -262,11 +262,11 @@ class GroupRuntime:
         return record
 
     def _bad(self, p: int, o: int, detail: str, out: Delivery) -> None:
-        out.events.append(self.event(common_pb2.EVENT_TYPE_BADMSG, p, o, o + 1, detail))
+        out.events.append(self.event(internal_pb2.EVENT_TYPE_BADMSG, p, o, o + 1, detail))
         out.bad.append(internal_pb2.SettleEntry(kind=internal_pb2.SETTLE_BADMSG, partition=p, offset=o,
                                                 reason=f"badmsg: {detail}"))
 
-    def _lease(self, record: common_pb2.Record, attempt: int, stream_id: int, member_id: str, now_ms: int,
+    def _lease(self, record: internal_pb2.Record, attempt: int, stream_id: int, member_id: str, now_ms: int,
                out: Delivery, budget: list[int]) -> None:
         record.delivery_attempt = attempt
         key = record.key if record.HasField("key") and self.meta.config.ordered else None
@@ -277,10 +277,10 @@ class GroupRuntime:
 
     # -- events ----------------------------------------------------------------------------------
     def event(self, kind: int, p: int, before: int, after: int, detail: str,
-              before_incarnation: int | None = None) -> common_pb2.Event:
+              before_incarnation: int | None = None) -> internal_pb2.Event:
         tid = self.meta.topic_id
         old = tid if before_incarnation is None else before_incarnation
-        return common_pb2.Event(
+        return internal_pb2.Event(
             type=kind, topic=self.meta.topic, partition=p, offset_before=before, offset_after=after,  # type: ignore[arg-type]
             position_before=records.PositionToken(old, p, before).encode(),
             position_after=records.PositionToken(tid, p, after).encode(), detail=detail)
@@ -298,12 +298,12 @@ class GroupRuntime:
                 reported.add(("reset", p))
                 before = meta.reset_from_offsets[p] if p < len(meta.reset_from_offsets) else 0
                 out.events.append(self.event(
-                    common_pb2.EVENT_TYPE_RESET, p, before, meta.start_offsets[p],
+                    internal_pb2.EVENT_TYPE_RESET, p, before, meta.start_offsets[p],
                     f"topic was re-created (incarnation {meta.reset_from_topic_id} -> {meta.topic_id})",
                     before_incarnation=meta.reset_from_topic_id))
             if cursor.committed < start and (p, cursor.committed, start) not in reported:
                 reported.add((p, cursor.committed, start))
-                out.events.append(self.event(common_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
+                out.events.append(self.event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
                                              "records before this position were pruned or expired"))
 
     # -- lease changes -----------------------------------------------------------------------------
