@@ -8,6 +8,7 @@ option or an unknown topic fails there with a message naming it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -110,8 +111,11 @@ def compiled_spark_home() -> str:
     import pyspark
 
     package = Path(pyspark.__file__).resolve().parent
-    home = Path(tempfile.gettempdir()) / f"raftbroker-spark-home-{os.getuid()}-{pyspark.__version__}"
+    digest = hashlib.sha256(str(package).encode()).hexdigest()[:12]  # one per installation: links name it
+    home = Path(tempfile.gettempdir()) / f"raftbroker-spark-home-{os.getuid()}-{pyspark.__version__}-{digest}"
     if not (home / "jars").exists():
+        if home.is_dir():  # links left dangling (the installation moved or was removed): make them again
+            shutil.rmtree(home, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix="raftbroker-spark-home-"))
         for name in SPARK_HOME_LINKS:
             if (package / name).exists():

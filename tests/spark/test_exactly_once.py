@@ -66,8 +66,11 @@ def test_killed_query_restarts_from_checkpoint_without_duplicates(bootstrap: str
     checkpoint = tmp_path / "ck"
     first = job(bootstrap, "eo-kill-src", "eo-kill-dst", checkpoint)
     try:  # kill it while a batch is half written (the count is not a whole number of batches)
-        wait_until(lambda: first.poll() is None and stored(bootstrap, "eo-kill-dst") % BATCH_ROWS != 0,
-                   600, "the copy job to be in the middle of a batch", interval_s=0.02)
+        def mid_batch() -> bool:
+            assert first.poll() is None, f"the copy job exited with {first.returncode} before it was killed"
+            return stored(bootstrap, "eo-kill-dst") % BATCH_ROWS != 0
+
+        wait_until(mid_batch, 600, "the copy job to be in the middle of a batch", interval_s=0.02)
     finally:
         stop(first)
     at_kill = stored(bootstrap, "eo-kill-dst")
