@@ -232,7 +232,12 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         """Append queued commands when leader; otherwise, or while a leadership transfer holds writes,
         fail them (stock pysyncobj forwards them)."""
         if self._isLeader() and not self.transferring:
+            appended_after = self._SyncObj__getCurrentLogIndex()
             super()._checkCommandsToApply()
+            if self._SyncObj__getCurrentLogIndex() > appended_after and self._advance_leader_commit():
+                # A lone leader is its own majority: commit and apply now (the apply syncs the journal
+                # first, see _SyncObj__applyLogEntries) instead of at the next tick, after the poll.
+                self._SyncObj__applyLogEntries()
             return
         known = self._getLeader() is not None or self.transferring
         reason = FAIL_REASON.NOT_LEADER if known else FAIL_REASON.MISSING_LEADER
@@ -243,6 +248,32 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             except queue.Empty:
                 return
             self._SyncObj__callErrCallback(reason, callback)
+
+    def _advance_leader_commit(self) -> bool:
+        """Leader, right after appending: pysyncobj's commit rule (an entry of the current term held by
+        a majority, counting this node) as at the start of ``_onTick``. Only a lone leader can gain a
+        commit here (followers' acknowledgements arrive in the poll, and the next tick counts them).
+        True when the commit index moved."""
+        commit = self._SyncObj__raftCommitIndex
+        last = self._SyncObj__getCurrentLogIndex()
+        others = self._SyncObj__otherNodes
+        match = self._SyncObj__raftMatchIndex
+        majority = (len(others) + 1) / 2
+        new_commit = commit
+        index = commit
+        while index < last:
+            index += 1
+            if 1 + sum(1 for node in others if match[node] >= index) <= majority:
+                break
+            entries = self._SyncObj__getEntries(index, 1)
+            if entries and entries[0][2] == self._SyncObj__raftCurrentTerm:
+                new_commit = index
+        if new_commit == commit:
+            return False
+        self._SyncObj__raftCommitIndex = new_commit
+        self._SyncObj__raftLog.setRaftCommitIndex(new_commit)
+        self._SyncObj__leaderCommitIndex = new_commit
+        return True
 
     def status_fields(self, has_quorum: bool) -> tuple[Role, int, int, int, str | None, bool]:
         """(role, term, commit index, last applied, leader address, has quorum) from any thread: each

@@ -152,3 +152,37 @@ def test_a_single_node_fsyncs_synced_entries_before_it_applies_them(
     assert 1 <= synced <= 200, synced  # group commit: usually far fewer fsyncs than entries
     print(f"200 synced submits: {synced} fsyncs")
     sm.close()
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_lone_leader_commits_in_the_tick_that_appends_the_entry(single_node: Callable[..., Any],
+                                                                   sync: bool) -> None:
+    """A single node is its own majority: it commits and applies an entry in the replication tick that
+    appended it, not in the next one (which waits for the poll: up to ``auto_tick_period_s``). Counted
+    in ticks, not timed. Synced entries are still fsynced before they are applied (test above)."""
+    rep, _ = single_node()
+    node = rep._node
+    ticks = [0]  # ticks completed: the tick callbacks run after the tick's appends
+    node.addOnTickCallback(lambda: ticks.__setitem__(0, ticks[0] + 1))
+    journal = node.journal
+    appended_in: dict[int, int] = {}
+    stock_add = journal.add
+
+    def add(command: bytes, idx: int, term: int) -> None:
+        appended_in[idx] = ticks[0]
+        stock_add(command, idx, term)
+
+    journal.add = add  # observe the tick of every append (pysyncobj looks the method up per call)
+    committed_in: dict[int, int] = {}
+    for i in range(20):
+        done = threading.Event()
+
+        def callback(result: object, error: ReplicationError | None, done: threading.Event = done) -> None:
+            assert error is None and isinstance(result, dict)
+            committed_in[result["index"]] = ticks[0]
+            done.set()
+
+        rep.submit(b"c%d" % i, callback, sync=sync)
+        assert done.wait(10), f"command {i} not committed"
+    assert len(committed_in) == 20
+    assert {index: appended_in[index] for index in committed_in} == committed_in
