@@ -1,6 +1,8 @@
 """The router: on the leader, copies every route's matching records into its target (SPEC §3.4).
 
-One daemon thread per node; it works only while its node leads. A pass reads each route's
+One daemon thread per node; it works only while its node leads. While routes exist, every apply
+that changes the state wakes it; without any, applies do not (a route created on this node wakes
+it through :meth:`RouteRunner.wake`, any other within ``WAKE_S``). A pass reads each route's
 source partitions from the replicated cursor on (at most ``batch_records`` records per route),
 evaluates the op list, the CEL filter and the partition-key expression on every record, appends
 the copies to the target in source order (the local log through :class:`TrustedAppender`, or a
@@ -107,8 +109,9 @@ class RouteRunner:
     def __init__(self, state: BrokerStateMachine, table: RouteTable, appender: TrustedAppender,
                  submitter: CommandSubmitter, is_leader: Callable[[], bool],
                  remote: Callable[[list[str]], RemoteCluster], batch_records: int = BATCH_RECORDS,
-                 batch_bytes: int = BATCH_BYTES) -> None:
-        assert batch_records > 0 and batch_bytes > 0
+                 batch_bytes: int = BATCH_BYTES, wake_s: float = WAKE_S) -> None:
+        """``wake_s``: the longest an idle router waits before it looks at the routes again."""
+        assert batch_records > 0 and batch_bytes > 0 and wake_s > 0
         self._state = state
         self._table = table
         self._appender = appender
@@ -120,6 +123,10 @@ class RouteRunner:
         self._batch_bytes = batch_bytes
         self._compiled: dict[int, _Compiled] = {}
         self.stats: dict[str, RouteStats] = {}
+        self.passes = 0  # passes run by the thread (diagnostics; tests count wake-ups with it)
+        self._wake_s = wake_s
+        self._routes_seen = True  # the last pass found routes: applies wake the next one
+        self._poked = threading.Event()  # wake() and stop(): a pass now, whatever the state did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="router", daemon=True)
 
@@ -128,7 +135,7 @@ class RouteRunner:
 
     def stop(self) -> None:
         self._stop.set()
-        self._state.notify_change()
+        self.wake()
         if self._thread.is_alive():
             self._thread.join(10)
         for remote in self._remotes.values():
@@ -136,6 +143,7 @@ class RouteRunner:
 
     def wake(self) -> None:
         """Look at the routes now (e.g. one was just created)."""
+        self._poked.set()
         self._state.notify_change()
 
     # -- loop ----------------------------------------------------------------------------------
@@ -145,18 +153,25 @@ class RouteRunner:
                 self._stop.wait(0.2)
                 continue
             seen = self._state.version
+            self._poked.clear()
+            self.passes += 1
             try:
                 progressed = self.run_once()
             except Exception:  # noqa: BLE001 - a bug must not kill the router thread; it is logged
                 log.exception("router pass failed")
                 progressed = False
                 self._stop.wait(1.0)
-            if not progressed:
-                self._state.wait_for_change(seen, WAKE_S)
+            if progressed:
+                continue
+            if self._routes_seen:  # woken by the next apply that changes the state (or by wake())
+                self._state.wait_for_change(seen, self._wake_s)
+            else:  # no route: applies do not concern the router (a route created here calls wake())
+                self._poked.wait(self._wake_s)
 
     def run_once(self) -> bool:
         """One pass over every route; True when some cursor moved (more may be waiting)."""
         routes = self._table.all()
+        self._routes_seen = bool(routes)
         live = {m.config.name for m in routes}
         for name in [n for n in self.stats if n not in live]:
             del self.stats[name]

@@ -254,7 +254,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         a majority, counting this node) as at the start of ``_onTick``. Only a lone leader can gain a
         commit here (followers' acknowledgements arrive in the poll, and the next tick counts them).
         True when the commit index moved."""
-        commit = self._SyncObj__raftCommitIndex
+        commit: int = self.raftCommitIndex
         last = self._SyncObj__getCurrentLogIndex()
         others = self._SyncObj__otherNodes
         match = self._SyncObj__raftMatchIndex

@@ -5,6 +5,7 @@ echo prevention and poison records, over the in-memory replicator."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -266,3 +267,34 @@ def test_a_stored_route_with_a_refused_filter_is_paused_without_evaluating(env: 
     env.admin.create(route("new", "src", "dst", filter="value.n == 1"))
     env.drain()
     assert [json.loads(r.value) for r in read(env, "dst")] == [{"n": 1}]
+
+
+def test_without_routes_applies_do_not_wake_the_router_and_a_created_route_does(env: Env) -> None:
+    """The router thread runs a pass per state change only while routes exist: publishes on a cluster
+    without routes leave it asleep (its long idle wake is set far beyond the test); creating a route
+    wakes it at once and the records already stored are copied."""
+    runner = RouteRunner(env.state, env.table, env.appender, env.submitter, lambda: True,
+                         lambda addresses: env.remote, wake_s=600.0)
+    admin = RouteAdmin(env.state, env.table, env.submitter, NodeClock(), runner)
+    create(env, "src")
+    create(env, "dst")
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while runner.passes < 1:
+            assert time.monotonic() < deadline, "the router never ran its first pass"
+            time.sleep(0.01)
+        version = env.state.version
+        for i in range(30):
+            publish(env, "src", [{"n": i}])
+            time.sleep(0.005)  # not a wait for state: lets a woken router thread take the GIL
+        assert env.state.version >= version + 30  # every publish changed the state (and notified)
+        assert runner.passes == 1  # ...and none of them woke the router
+        admin.create(route("r", "src", "dst"))
+        deadline = time.monotonic() + 10
+        while len(read(env, "dst")) < 30:
+            assert time.monotonic() < deadline, "the created route copied nothing"
+            time.sleep(0.01)
+        assert [json.loads(r.value)["n"] for r in read(env, "dst")] == list(range(30))
+    finally:
+        runner.stop()
