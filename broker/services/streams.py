@@ -39,13 +39,15 @@ _END = object()
 
 class ChangeFeed:
     """The state machine's version, observable from the event loop: one thread waits on the
-    state's condition and wakes the loop with ``call_soon_threadsafe`` after every change."""
+    state's condition and wakes the loop with ``call_soon_threadsafe`` after a change, when a
+    stream waits for one."""
 
     def __init__(self, state: BrokerStateMachine) -> None:
         self._state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Future[None] | None = None
         self._stop = threading.Event()
+        self.pumped_version = 0  # the last version the pump thread handled (tests, diagnostics)
         self._thread = threading.Thread(target=self._pump, name="change-feed", daemon=True)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -62,12 +64,16 @@ class ChangeFeed:
         seen = self._state.version
         while not self._stop.is_set():
             now = self._state.wait_for_change(seen, PUMP_WAKE_S)
-            if now != seen:
-                seen = now
+            # Wake the loop only when a stream waits (every apply bumps the version; a node
+            # without idle streams, a follower say, would wake its event loop for nothing).
+            # ``wait`` arms the future before it reads the version, so a change it has not seen
+            # finds the future armed here.
+            if now != seen and self._changed is not None:
                 try:
                     self._loop.call_soon_threadsafe(self._wake)
                 except RuntimeError:  # the loop closed under us: the server is gone
                     return
+            seen = self.pumped_version = now
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, None
@@ -76,10 +82,10 @@ class ChangeFeed:
 
     async def wait(self, seen_version: int, timeout_s: float) -> None:
         """Return once the state's version differs from ``seen_version`` or after ``timeout_s``."""
+        if self._changed is None:  # armed before the version is read: see _pump
+            self._changed = asyncio.get_running_loop().create_future()
         if self._state.version != seen_version:
             return
-        if self._changed is None:
-            self._changed = asyncio.get_running_loop().create_future()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._changed), timeout_s)
 
