@@ -129,8 +129,9 @@ class _Call:
             except BaseException as exc:
                 self._end(started, context, exc)
                 raise
-            if isinstance(result, Iterator) and not isinstance(result, (bytes, str)) and self._labels[2] in (
-                    "server_stream", "bidi_stream"):
+            # The kind first: a unary call (every publish) skips the ABC isinstance check.
+            if self._labels[2] in ("server_stream", "bidi_stream") and isinstance(result, Iterator) \
+                    and not isinstance(result, (bytes, str)):
                 return self._drain(result, started, context)
             self._end(started, context, None)
             return result
