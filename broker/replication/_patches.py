@@ -104,7 +104,8 @@ _JOURNAL_RELIED_UPON_SHA256 = {
 # background (serialize() then leaves pid at -2, skips its rename, and defers to serializeChecker,
 # which alone resets pid on SUCCESS/FAILED); raft._RaftNode overrides __loadDumpFile,
 # __sendNextNodeIdx, __setState (compaction thresholds are read from the conf at every tick by
-# __tryLogCompaction), _onTick (the election check precedes the poll) and _checkCommandsToApply.
+# __tryLogCompaction), _onTick (the election check precedes the poll; its leader commit rule is
+# repeated by _RaftNode._advance_leader_commit right after appending) and _checkCommandsToApply.
 _RELIED_UPON_SHA256 = {
     (pysyncobj_syncobj.SyncObj, "_SyncObj__setState"): (
         "2c1f239f7bd79b3945b63418b4f564c40c07893d3cf747af2ddd5c6a045093a8"
