@@ -256,7 +256,8 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             return []
         if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
             raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
-        keys = self._idempotency_keys(batch) if dedup_id is not None or wire.has_keys(batch) else [""] * len(batch)
+        own_keys = dedup_id is not None or wire.has_keys(batch)
+        keys = self._idempotency_keys(batch) if own_keys else [""] * len(batch)
         request = broker_pb2.PublishRequest(
             topic=topic,
             dedup_id=dedup_id or "",
@@ -267,7 +268,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             return self._router.call(lambda addr, t: self._router.broker(addr).Publish(req, timeout=t),
                                      write=True, what=f"publish to {topic}")
 
-        response = send(request) if request.dedup_id else publish_in_session(self._sessions, topic, request, send)
+        response = send(request) if own_keys else publish_in_session(self._sessions, topic, request, send)
         if len(response.results) != len(batch):
             raise BrokerError(
                 "INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records"
