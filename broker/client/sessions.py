@@ -70,8 +70,9 @@ class SessionPool:
         """Settle a session after its call raised ``err``; True when the batch should be sent again
         in a new session (the cluster refused it as out of sequence: nothing was stored)."""
         if isinstance(err, BrokerError) and not err.after_unknown_outcome:
-            if isinstance(err, SessionOutOfSequence):
-                return True  # this session's numbers mean nothing to the cluster any more: dropped
+            if isinstance(err, SessionOutOfSequence):  # the topic's sessions were forgotten by the cluster
+                self.forget(topic)  # (a re-created topic, reset watermarks): drop this one and the free ones
+                return True
             self.give_back(topic, session)  # refused for good: nothing stored, the numbers are reused
         return False  # outcome unknown (or not a broker error): dropped, a new call opens a new one
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,17 +24,17 @@ pytestmark = pytest.mark.unit
 SESSION = "sdk-1"
 
 
-def create(name: str = "t", partitions: int = 3, **config: object) -> bytes:
+def create(name: str = "t", partitions: int = 3, **config: Any) -> bytes:
     return internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
         config=internal_pb2.TopicConfig(name=name, partitions=partitions, **config), now_ms=1000)
     ).SerializeToString()
 
 
 def batch(first: int, parts: list[int], *, dedup_id: str = SESSION, now_ms: int = 2000, tag: str = "",
-          **extra: object) -> bytes:
+          **extra: Any) -> bytes:
     bodies = [internal_pb2.RecordBody(value=b"%s%d" % (tag.encode(), first + i)).SerializeToString()
               for i in range(len(parts))]
-    fields: dict[str, object] = {"first_msg_id": first, **extra}
+    fields: dict[str, Any] = {"first_msg_id": first, **extra}
     return internal_pb2.Command(append=internal_pb2.AppendCommand(
         topic="t", topic_id=1, now_ms=now_ms, partitions=parts, bodies=bodies, dedup_id=dedup_id,
         **fields)).SerializeToString()
@@ -47,7 +48,7 @@ def reset(dedup_id: str = SESSION) -> bytes:
 class Machine:
     """A state machine with a topic ``t`` (3 partitions) and a Raft index that counts itself."""
 
-    def __init__(self, store: object | None = None, **config: object) -> None:
+    def __init__(self, store: object | None = None, **config: Any) -> None:
         self.sm = BrokerStateMachine(store if store is not None else MemoryStore(), Changes())  # type: ignore[arg-type]
         self.index = self.sm.applied_index()
         if self.sm.topic("t") is None:
@@ -193,7 +194,7 @@ def test_both_forms_share_one_watermark_per_dedup_id() -> None:
 def test_session_state_survives_a_restart_over_the_same_store(tmp_path: Path) -> None:
     m = Machine(RocksStore(tmp_path / "db"))
     first = m.places(batch(1, [0, 2, 1, 2]))
-    m.sm.store.close()  # type: ignore[attr-defined]
+    m.sm.store.close()
     again = Machine(RocksStore(tmp_path / "db"))
     assert again.index == m.index
     assert again.places(batch(1, [0, 0, 0, 0])) == [(p, o, ts, True) for p, o, ts, _ in first]
