@@ -48,8 +48,8 @@ def reset(dedup_id: str = SESSION) -> bytes:
 class Machine:
     """A state machine with a topic ``t`` (3 partitions) and a Raft index that counts itself."""
 
-    def __init__(self, store: object | None = None, **config: Any) -> None:
-        self.sm = BrokerStateMachine(store if store is not None else MemoryStore(), Changes())  # type: ignore[arg-type]
+    def __init__(self, store: object | None = None, sm: BrokerStateMachine | None = None, **config: Any) -> None:
+        self.sm = sm or BrokerStateMachine(store if store is not None else MemoryStore(), Changes())  # type: ignore[arg-type]
         self.index = self.sm.applied_index()
         if self.sm.topic("t") is None:
             self.apply(create(**config))
@@ -228,3 +228,15 @@ def test_the_stored_placement_round_trips(parts: list[int]) -> None:
 def test_a_malformed_stored_value_is_a_bare_watermark() -> None:
     raw = sessions.encode(9, 8, [0, 1], {0: (0, 1), 1: (0, 1)})
     assert sessions.decode(raw[:-1]) == sessions.SessionState(9, None)
+
+
+def test_session_state_travels_in_a_snapshot(tmp_path: Path) -> None:
+    m = Machine(RocksStore(tmp_path / "db"))
+    first = m.places(batch(1, [1, 0, 1]))
+    m.sm.write_snapshot(str(tmp_path / "snap"))
+    restored = BrokerStateMachine(RocksStore(tmp_path / "db2"), Changes())
+    restored.restore_snapshot(str(tmp_path / "snap"), m.index)
+    other = Machine(sm=restored)
+    assert other.index == m.index
+    assert other.places(batch(1, [2, 2, 2])) == [(p, o, ts, True) for p, o, ts, _ in first]
+    assert dedup.watermark(restored.store, 1, SESSION) == 3
