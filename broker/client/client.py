@@ -9,8 +9,9 @@ Publishing is exactly-once in effect (SPEC §4, §9). By default a batch is sent
 of messages of one of the client's producer sessions (a ``dedup_id`` of its own and a sequence,
 :mod:`broker.client.sessions`): the broker checks and stores it once per batch, and every retry of a
 call resends the same ``(dedup_id, first_msg_id)``, so a retry whose earlier attempt was applied
-unseen stores nothing new and answers the original places with ``duplicate=True``. Sessions have no
-window (a retry is recognised however late it comes). Records that bring their own
+unseen stores nothing new and answers the original places with ``duplicate=True``. The broker
+forgets a session idle for longer than the topic's dedup window (the client then opens a new one);
+keep ``retry_deadline_s`` below that window, as for keys. Records that bring their own
 ``idempotency_key`` are sent with per-record keys instead (a record without one in such a batch
 gets a random key), deduplicated within the topic's dedup window (``dedup_window_ms``, default 2
 minutes; keep ``retry_deadline_s`` below it). A call that finally raises leaves its outcome unknown

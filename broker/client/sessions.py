@@ -14,7 +14,8 @@ So a session is used by one call at a time and its batches reach the leader in o
 the number of threads (or asyncio tasks) publishing: concurrent calls use different sessions,
 never interleaved numbers of one. The broker keeps per session its watermark and the places of its
 last batch, so a retry answers the original places with ``duplicate=True``. A session out of
-sequence (its topic re-created, its watermark reset) is answered by a new session
+sequence (its topic re-created, its watermark reset, or forgotten after being idle for longer
+than the topic's dedup window) is answered by a new session
 (:class:`SessionOutOfSequence` says nothing was stored). Thread-safe.
 """
 

@@ -123,9 +123,14 @@ def reset_watermark(batch: Batch, tid: int, dedup_id: str) -> None:
     batch.delete(Column.DEDUP, watermark_key(tid, dedup_id))
 
 
+def watermarks_range(tid: int) -> tuple[bytes, bytes]:
+    """The keys of topic ``tid``'s watermarks (and sessions): ``[begin, end)``."""
+    return _TID.pack(tid) + b"w", _TID.pack(tid) + b"x"
+
+
 def watermarks(store: Store, tid: int) -> Iterator[tuple[str, int]]:
-    prefix = _TID.pack(tid) + b"w"
-    for key, value in store.scan(Column.DEDUP, prefix, _TID.pack(tid) + b"x"):
+    prefix, end = watermarks_range(tid)
+    for key, value in store.scan(Column.DEDUP, prefix, end):
         yield key[len(prefix):].decode(), _TS.unpack_from(value)[0]
 
 

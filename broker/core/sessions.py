@@ -21,6 +21,13 @@ Rules of :func:`check` (the state machine's apply): a batch starting past ``mark
 per-record watermark); the rest are stored and the watermark moves to the batch's last id.
 Everything here depends only on the command and the store, and never raises for a stored value it
 wrote itself (a malformed one is treated as a bare watermark).
+
+Expiry (:func:`expire`, run by the leader's dedup housekeeping): a session by range whose last batch
+is older than the topic's dedup window is forgotten, as an idempotency key is, so the sessions of
+short-lived clients do not pile up. A client that comes back later gets ``SESSION_OUT_OF_SEQUENCE``
+for its next batch (nothing stored; the SDK opens a new session); a retry later than the window
+would be stored again, the same bound as for keys (the SDK's retry deadline is far below it).
+Per-record watermarks (8-byte values) and topics whose window is ``forever`` never expire.
 """
 
 from __future__ import annotations
@@ -112,6 +119,27 @@ def encode(mark: int, first: int, partitions: Sequence[int], starts: dict[int, t
     if width:
         out.append(struct.pack(f">{count}{_WIDTHS[width]}", *partitions))
     return b"".join(out)
+
+
+def last_used_ms(raw: bytes) -> int | None:
+    """The newest timestamp of the last batch in a stored value (None: a bare watermark)."""
+    state = decode(raw)
+    return None if state.last is None else max(ts for _offset, ts in state.last.starts.values())
+
+
+def expire(store: Store, batch: Batch, tid: int, now_ms: int, window_ms: int) -> int:
+    """Forget topic ``tid``'s sessions by range idle for longer than ``window_ms`` at ``now_ms``
+    (a scan of its watermarks); returns how many."""
+    if window_ms == dedup.FOREVER:
+        return 0
+    begin, end = dedup.watermarks_range(tid)
+    forgotten = 0
+    for key, raw in store.scan(Column.DEDUP, begin, end):
+        used = last_used_ms(raw)
+        if used is not None and now_ms - used > window_ms:
+            batch.delete(Column.DEDUP, key)
+            forgotten += 1
+    return forgotten
 
 
 def check_batch(dedup_id: str, first: int, count: int) -> None:

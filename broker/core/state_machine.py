@@ -494,6 +494,7 @@ class BrokerStateMachine:
         for meta in self._topics.values():
             now_ms = dedup.window_now_ms(self._store, meta.topic_id, cmd.now_ms)
             dedup.expire_keys(batch, meta.topic_id, now_ms, meta.config.dedup_window_ms)
+            sessions.expire(self._store, batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
 
     def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
         meta = self._topics.get(cmd.topic)

@@ -240,3 +240,30 @@ def test_session_state_travels_in_a_snapshot(tmp_path: Path) -> None:
     assert other.index == m.index
     assert other.places(batch(1, [2, 2, 2])) == [(p, o, ts, True) for p, o, ts, _ in first]
     assert dedup.watermark(restored.store, 1, SESSION) == 3
+
+
+def expire(now_ms: int) -> bytes:
+    return internal_pb2.Command(expire_dedup=internal_pb2.ExpireDedupCommand(now_ms=now_ms)).SerializeToString()
+
+
+def test_sessions_by_range_idle_past_the_window_are_forgotten_and_watermarks_are_not() -> None:
+    m = Machine(dedup_window_ms=60_000)
+    m.places(batch(1, [0], dedup_id="idle", now_ms=10_000))
+    m.places(batch(1, [0], dedup_id="busy", now_ms=10_000))
+    m.places(batch(0, [0], dedup_id="standby", now_ms=10_000, first_msg_id=0, msg_ids=[1]))
+    m.apply(expire(70_000))  # 60 s after: still inside the window
+    assert dict(dedup.watermarks(m.sm.store, 1)) == {"busy": 1, "idle": 1, "standby": 1}
+    m.places(batch(2, [0], dedup_id="busy", now_ms=65_000))
+    m.apply(expire(70_001))
+    assert dict(dedup.watermarks(m.sm.store, 1)) == {"busy": 2, "standby": 1}, (
+        "the idle session by range is forgotten; a per-record watermark is permanent")
+    late = m.apply(batch(2, [0], dedup_id="idle", now_ms=80_000))
+    assert isinstance(late, Rejected) and isinstance(late.error, SessionOutOfSequence), (
+        "a forgotten session's next batch is refused (nothing stored); the SDK opens a new session")
+
+
+def test_sessions_of_a_forever_topic_never_expire() -> None:
+    m = Machine(dedup_window_ms=-1)
+    m.places(batch(1, [0], now_ms=10_000))
+    m.apply(expire(10**12))
+    assert dict(dedup.watermarks(m.sm.store, 1)) == {SESSION: 1}
