@@ -9,7 +9,9 @@ and recovers by itself when its session no longer fits (a reset watermark, a re-
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -22,6 +24,7 @@ from broker.reasons import Reason
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.digests import partition_contents, wait_converged
 from tests.cluster.stubs import Stubs, stubs
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -185,3 +188,22 @@ def test_session_places_survive_failover_and_a_whole_cluster_restart(fresh_clust
         assert sum(ends(s, "sessions-survive")) == 7
     finally:
         s.close()
+
+
+def test_an_idle_sdk_session_is_forgotten_after_the_window_and_the_client_carries_on(tmp_path: Path) -> None:
+    env = dict(os.environ, RAFTBROKER_HOUSEKEEPING_PERIOD_MS="200")
+    c = DevCluster(3, tmp_path, env=env).start()
+    try:
+        c.wait_ready(60)
+        with Client(c.addresses) as client:
+            client.create_topic("sessions-idle", 1, dedup_window_ms=1000)
+            client.publish_batch("sessions-idle", [b"a", b"b"])
+            (first,) = [m.dedup_id for m in client.get_watermarks("sessions-idle")]
+            wait_until(lambda: not client.get_watermarks("sessions-idle"), 60,
+                       "the housekeeping to forget the idle session")
+            results = client.publish_batch("sessions-idle", [b"c"])  # refused as out of sequence, then resent
+            assert not results[0].duplicate and results[0].offset == 2
+            (second,) = [m.dedup_id for m in client.get_watermarks("sessions-idle")]
+            assert second != first, "the client opened a new session"
+    finally:
+        c.stop()
