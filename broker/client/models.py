@@ -69,7 +69,9 @@ class OutgoingRecord:
 
     ``idempotency_key`` (at most 256 characters): a repeat of the key within the topic's dedup
     window stores nothing and answers the first copy's place with ``duplicate=True``. ``None``
-    lets the client choose a random key (the same one on every retry of one call).
+    on every record of a batch: the batch goes in the client's producer session (retries are
+    safe); ``None`` beside a keyed record: the client chooses a random key for it (the same one on
+    every retry of one call).
     ``msg_id``: this record's id in a producer session (``Client.publish_batch(dedup_id=...)``).
     """
 
