@@ -122,9 +122,16 @@ def encode(mark: int, first: int, partitions: Sequence[int], starts: dict[int, t
 
 
 def last_used_ms(raw: bytes) -> int | None:
-    """The newest timestamp of the last batch in a stored value (None: a bare watermark)."""
-    state = decode(raw)
-    return None if state.last is None else max(ts for _offset, ts in state.last.starts.values())
+    """The newest timestamp of the last batch in a stored value (None: a bare watermark). Reads
+    only the head and the per-partition starts, not the per-record partitions (expiry scans every
+    session of every topic)."""
+    if len(raw) < _MARK.size + _HEAD.size:
+        return None
+    _first, _count, _width, parts = _HEAD.unpack_from(raw, _MARK.size)
+    pos = _MARK.size + _HEAD.size
+    if not parts or len(raw) < pos + parts * _PART.size:
+        return None
+    return max(_PART.unpack_from(raw, pos + i * _PART.size)[2] for i in range(parts))
 
 
 def expire(store: Store, batch: Batch, tid: int, now_ms: int, window_ms: int) -> int:

@@ -267,3 +267,9 @@ def test_sessions_of_a_forever_topic_never_expire() -> None:
     m.places(batch(1, [0], now_ms=10_000))
     m.apply(expire(10**12))
     assert dict(dedup.watermarks(m.sm.store, 1)) == {SESSION: 1}
+
+
+def test_last_used_is_the_newest_partition_time_of_the_last_batch() -> None:
+    raw = sessions.encode(9, 8, [0, 1], {0: (0, 100), 1: (5, 250)})
+    assert sessions.last_used_ms(raw) == 250
+    assert sessions.last_used_ms(struct.pack(">q", 9)) is None
