@@ -26,7 +26,7 @@ from broker.v1 import broker_pb2
 from tests.cluster.digests import digest, partition_contents, wait_converged
 from tests.conftest import wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]  # ~4 min quiet; 7+ under a load of 13
 
 KILLS = 20
 PARTITIONS = 3
