@@ -20,6 +20,9 @@ class Reason(enum.StrEnum):
     """Why a request failed; the gRPC status code is coarser (several reasons share one)."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    # INVALID_ARGUMENT: a producer-session batch does not continue its session (its first_msg_id is
+    # past the session's watermark + 1, e.g. after a reset or a re-created topic); nothing was stored
+    SESSION_OUT_OF_SEQUENCE = "SESSION_OUT_OF_SEQUENCE"
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
     TOPIC_EXISTS = "TOPIC_EXISTS"
     GROUP_NOT_FOUND = "GROUP_NOT_FOUND"
@@ -45,7 +48,8 @@ class Reason(enum.StrEnum):
 # A definite refusal: nothing was changed and the same request would be refused again (a caller
 # records it as failed; retrying cannot help). Anything else may be transient or of unknown outcome.
 REFUSALS = frozenset({
-    Reason.INVALID_ARGUMENT, Reason.TOPIC_NOT_FOUND, Reason.TOPIC_EXISTS, Reason.GROUP_NOT_FOUND,
+    Reason.INVALID_ARGUMENT, Reason.SESSION_OUT_OF_SEQUENCE, Reason.TOPIC_NOT_FOUND, Reason.TOPIC_EXISTS,
+    Reason.GROUP_NOT_FOUND,
     Reason.GROUP_EXISTS, Reason.ROUTE_NOT_FOUND, Reason.ROUTE_EXISTS, Reason.MEMBER_NOT_FOUND, Reason.MEMBER_EXISTS,
     Reason.NOT_FOUND, Reason.ALREADY_EXISTS, Reason.DUPLICATE_MESSAGE, Reason.FAILED_PRECONDITION,
 })

@@ -2,8 +2,9 @@
 one durability class, driven through the public Python SDK (:class:`broker.client.Client`).
 
 The SDK is synchronous; the endpoint runs its calls on a thread pool so several batches are in
-flight at once (the SDK is thread-safe and shares one channel per node). Every record carries the
-SDK's idempotency key (exactly-once in effect), which the peers' fast paths do not do.
+flight at once (the SDK is thread-safe and shares one channel per node). Every batch goes as one
+range of an SDK producer session (exactly-once in effect: one check and one write per batch on
+every replica), which the peers' fast paths do not do.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class RaftbrokerDeployment(Deployment):
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
             guarantee=_GUARANTEE[durability], client="raftbroker SDK publish_batch(1000), 4 in flight",
             publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight",
-            exactly_once="SDK default: a uuid4 idempotency key per record, checked by the leader",
+            exactly_once="SDK default: a producer session, one (dedup_id, first_msg_id) range per batch",
         )
         self.cluster = DevCluster(nodes, self.workdir / "cluster")
         self._started = False

@@ -122,7 +122,8 @@ def publish(
         str | None,
         typer.Option("--idempotency-key", help="Idempotency key of the record (exactly one record): a repeat "
                      "within the topic's dedup window stores nothing and prints the first copy's place "
-                     "as a duplicate. Without it, each record gets a random key that makes retries safe.",
+                     "as a duplicate. Without it, the batch goes in the SDK's producer session, which makes "
+                     "retries safe.",
                      show_default=False),
     ] = None,
     dedup_id: Annotated[

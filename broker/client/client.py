@@ -5,13 +5,18 @@ for reads), so a caller reads its own writes; failover is retried transparently 
 ``retry_deadline_s`` (see :mod:`broker.client.routing`). Thread-safe: one client may be shared
 by many threads; channels are kept per node address and reused.
 
-Publishing is exactly-once in effect (SPEC §4, §9): every record carries an idempotency key (the
-caller's, or a random one the client chooses once per call) and every retry of a call resends
-the same keys, so a retry whose earlier attempt was applied unseen stores nothing new and
-answers the first copy's place with ``duplicate=True``. This holds while the retry comes within
-the topic's dedup window (``dedup_window_ms``, default 2 minutes; keep ``retry_deadline_s``
-below it). A call that finally raises leaves its outcome unknown (``after_unknown_outcome``); to
-repeat it without risking a second copy, publish again with your own keys (or a ``dedup_id``).
+Publishing is exactly-once in effect (SPEC §4, §9). By default a batch is sent as the next range
+of messages of one of the client's producer sessions (a ``dedup_id`` of its own and a sequence,
+:mod:`broker.client.sessions`): the broker checks and stores it once per batch, and every retry of a
+call resends the same ``(dedup_id, first_msg_id)``, so a retry whose earlier attempt was applied
+unseen stores nothing new and answers the original places with ``duplicate=True``. The broker
+forgets a session idle for longer than the topic's dedup window (the client then opens a new one);
+keep ``retry_deadline_s`` below that window, as for keys. Records that bring their own
+``idempotency_key`` are sent with per-record keys instead (a record without one in such a batch
+gets a random key), deduplicated within the topic's dedup window (``dedup_window_ms``, default 2
+minutes; keep ``retry_deadline_s`` below it). A call that finally raises leaves its outcome unknown
+(``after_unknown_outcome``); to repeat it without risking a second copy, publish again with your
+own keys (or a ``dedup_id``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from broker.client.ranges import RangesMixin
 from broker.client.routes import RoutesMixin
 from broker.client.routing import RetryPolicy, Router
 from broker.client.security import ClientSecurity, load_client_config
+from broker.client.sessions import SessionPool, publish_in_session
 from broker.client.subscription import Subscription
 from broker.client.typed import TypedTopicsMixin
 from broker.v1 import admin_pb2, broker_pb2
@@ -77,6 +83,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             raise ValueError("timeout_s must be positive and retry_deadline_s not negative")
         self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                                                      no_quorum_grace_s=no_quorum_grace_s), security)
+        self._sessions = SessionPool()
 
     def __enter__(self) -> Client:
         return self
@@ -204,9 +211,10 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
     ) -> PublishResult:
         """Publish one record; returns where it is stored once it is committed by a majority.
 
-        ``idempotency_key``: yours, to deduplicate repeats across calls (``None``: a random key
-        that deduplicates this call's own retries). ``dedup_id`` + ``msg_id``: a producer session
-        (see :meth:`publish_batch`). ``result.duplicate`` tells whether the broker had it already.
+        ``idempotency_key``: yours, to deduplicate repeats across calls (``None``: the client's
+        producer session deduplicates this call's own retries). ``dedup_id`` + ``msg_id``: your
+        own producer session (see :meth:`publish_batch`). ``result.duplicate`` tells whether the
+        broker had it already.
         """
         record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
                                 idempotency_key=idempotency_key, msg_id=msg_id)
@@ -225,12 +233,15 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         Records may be :class:`OutgoingRecord`, dicts of its fields (``value``, ``key``,
         ``partition``, ``headers``, ``op``, ``idempotency_key``, ``msg_id``), or bare values.
 
-        Exactly-once in effect: each record is sent with its ``idempotency_key``, or with a
-        random one (uuid4 hex) chosen once before the first attempt; retries on failover (a
-        redirect, no leader, a dropped connection, a deadline) resend the same keys, so the
-        broker stores each record once. ``PublishResult.duplicate`` marks a record the broker
-        already had; its place is the first copy's. Repeats of a key inside one batch are
-        deduplicated too.
+        Exactly-once in effect. Without caller keys (no ``idempotency_key`` on any record, no
+        ``dedup_id``) the batch is one range of one of the client's producer sessions (see the
+        module docstring): retries on failover (a redirect, no leader, a dropped connection, a
+        deadline) resend the same range, so the broker stores each record once, and a retry of
+        an attempt applied unseen answers the original places with ``duplicate=True``. Concurrent
+        calls from several threads use different sessions. With an ``idempotency_key`` on any
+        record, each record is sent with its key or a random one (uuid4 hex) chosen once before
+        the first attempt; ``duplicate`` then marks a record the broker already had, at the first
+        copy's place, and repeats of a key inside one batch are deduplicated too.
 
         Producer session (SPEC §4 watermarks): with ``dedup_id``, every record has a message id
         whose absolute value rises by exactly one per record, within the batch and from one
@@ -246,17 +257,19 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             return []
         if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
             raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
-        keys = self._idempotency_keys(batch)
+        own_keys = dedup_id is not None or wire.has_keys(batch)
+        keys = self._idempotency_keys(batch) if own_keys else [""] * len(batch)
         request = broker_pb2.PublishRequest(
             topic=topic,
             dedup_id=dedup_id or "",
             records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)],
         )
-        response = self._router.call(
-            lambda addr, t: self._router.broker(addr).Publish(request, timeout=t),
-            write=True,
-            what=f"publish to {topic}",
-        )
+
+        def send(req: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+            return self._router.call(lambda addr, t: self._router.broker(addr).Publish(req, timeout=t),
+                                     write=True, what=f"publish to {topic}")
+
+        response = send(request) if own_keys else publish_in_session(self._sessions, topic, request, send)
         if len(response.results) != len(batch):
             raise BrokerError(
                 "INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records"

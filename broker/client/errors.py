@@ -113,6 +113,13 @@ class FailedPrecondition(BrokerError):
     refuses or a route that would close a cycle; nothing was changed."""
 
 
+class SessionOutOfSequence(InvalidArgument):
+    """A producer-session batch does not continue its session (INVALID_ARGUMENT, reason
+    ``SESSION_OUT_OF_SEQUENCE``): its first message id is past the session's watermark + 1, e.g.
+    after ``reset_watermark`` or a re-created topic. Nothing was stored. The client's own
+    sessions recover from it by themselves (a new session, the same records)."""
+
+
 class DuplicateMessageError(AlreadyExists):
     """A published record repeats the dedup-field values of a stored one; nothing of its batch
     was stored (ALREADY_EXISTS, reason ``DUPLICATE_MESSAGE``, SPEC §4)."""
@@ -143,6 +150,7 @@ class PermissionDenied(BrokerError):
 # take the class of their code.
 _BY_REASON: dict[str, type[BrokerError]] = {
     Reason.INVALID_ARGUMENT: InvalidArgument,
+    Reason.SESSION_OUT_OF_SEQUENCE: SessionOutOfSequence,
     Reason.TOPIC_NOT_FOUND: TopicNotFound,
     Reason.TOPIC_EXISTS: TopicExists,
     Reason.GROUP_NOT_FOUND: GroupNotFound,

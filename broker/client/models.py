@@ -69,7 +69,9 @@ class OutgoingRecord:
 
     ``idempotency_key`` (at most 256 characters): a repeat of the key within the topic's dedup
     window stores nothing and answers the first copy's place with ``duplicate=True``. ``None``
-    lets the client choose a random key (the same one on every retry of one call).
+    on every record of a batch: the batch goes in the client's producer session (retries are
+    safe); ``None`` beside a keyed record: the client chooses a random key for it (the same one on
+    every retry of one call).
     ``msg_id``: this record's id in a producer session (``Client.publish_batch(dedup_id=...)``).
     """
 
@@ -88,11 +90,13 @@ class PublishResult:
 
     ``duplicate``: the broker already had this record and stored nothing new. For a repeated
     idempotency key, ``partition``/``offset``/``timestamp_ms`` are the first copy's (which may
-    have been stored by an earlier attempt of the same call whose answer was lost). For a
-    ``msg_id`` at or below its producer session's watermark, no original place is kept:
-    ``partition`` is where it would have gone and ``offset`` and ``timestamp_ms`` are 0
-    (:attr:`place_known` is False: do not read ``offset`` as a place, 0 is another record's).
-    ``idempotency_key`` is the key the record was sent with (the caller's or the generated one).
+    have been stored by an earlier attempt of the same call whose answer was lost); the same for
+    a retried batch of the SDK's producer session (the broker keeps its last batch's places). For
+    a ``msg_id`` at or below its producer session's watermark outside that last batch, no original
+    place is kept: ``partition`` is where it would have gone and ``offset`` and ``timestamp_ms`` are
+    0 (:attr:`place_known` is False: do not read ``offset`` as a place, 0 is another record's).
+    ``idempotency_key`` is the key the record was sent with (the caller's or the generated one;
+    "" when the batch went in the SDK's producer session, which sends no per-record key).
     """
 
     partition: int

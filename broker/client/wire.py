@@ -181,6 +181,12 @@ def msg_ids(batch: Sequence[OutgoingRecord], dedup_id: str | None, first_msg_id:
     return ids
 
 
+def has_keys(batch: Sequence[OutgoingRecord]) -> bool:
+    """True when a record of the batch brings its own idempotency key (the batch is then sent with
+    per-record keys, not in one of the client's producer sessions)."""
+    return any(r.idempotency_key is not None for r in batch)
+
+
 def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0) -> broker_pb2.PublishRecord:
     """The wire form of one record with the key and producer-session id it is sent with."""
     msg = broker_pb2.PublishRecord(

@@ -5,7 +5,8 @@ Layout in ``Column.DEDUP`` (topic id first, so dropping a topic range-deletes al
 where ``bucket = now_ms // window_ms`` when the key was stored (0 for ``forever``): a lookup reads
 the current and the previous bucket (one multi-get), and expiry is one range delete of older
 buckets, so a keyed record costs one write and expiry costs no scan;
-``>I tid + b"w" + dedup_id`` -> ``>q`` high watermark of ``|msg_id|``;
+``>I tid + b"w" + dedup_id`` -> ``>q`` high watermark of ``|msg_id|`` (a producer session by range
+appends its last batch's placement after it: ``broker.core.sessions``);
 ``>I tid + b"c"`` -> ``>q`` the window clock: the highest ``now_ms`` keys were remembered at.
 The window clock makes windows robust to a leader clock that goes back (or a forward jump that is
 healed): every lookup, remember and expiry runs at :func:`window_now_ms`, ``max(now_ms, window
@@ -54,7 +55,8 @@ def window_now_ms(store: Store, tid: int, now_ms: int) -> int:
     return max(now_ms, _TS.unpack(raw)[0]) if raw else now_ms
 
 
-def _watermark_key(tid: int, dedup_id: str) -> bytes:
+def watermark_key(tid: int, dedup_id: str) -> bytes:
+    """Where a ``dedup_id``'s watermark (and its session state, ``broker.core.sessions``) is stored."""
     return _TID.pack(tid) + b"w" + dedup_id.encode()
 
 
@@ -109,22 +111,27 @@ def expire_keys(batch: Batch, tid: int, now_ms: int, window_ms: int) -> None:
 
 
 def watermark(store: Store, tid: int, dedup_id: str) -> int:
-    raw = store.get(Column.DEDUP, _watermark_key(tid, dedup_id))
-    return _TS.unpack(raw)[0] if raw else 0
+    raw = store.get(Column.DEDUP, watermark_key(tid, dedup_id))
+    return _TS.unpack_from(raw)[0] if raw else 0  # a session's value carries its last batch after it
 
 
 def set_watermark(batch: Batch, tid: int, dedup_id: str, value: int) -> None:
-    batch.put(Column.DEDUP, _watermark_key(tid, dedup_id), _TS.pack(value))
+    batch.put(Column.DEDUP, watermark_key(tid, dedup_id), _TS.pack(value))
 
 
 def reset_watermark(batch: Batch, tid: int, dedup_id: str) -> None:
-    batch.delete(Column.DEDUP, _watermark_key(tid, dedup_id))
+    batch.delete(Column.DEDUP, watermark_key(tid, dedup_id))
+
+
+def watermarks_range(tid: int) -> tuple[bytes, bytes]:
+    """The keys of topic ``tid``'s watermarks (and sessions): ``[begin, end)``."""
+    return _TID.pack(tid) + b"w", _TID.pack(tid) + b"x"
 
 
 def watermarks(store: Store, tid: int) -> Iterator[tuple[str, int]]:
-    prefix = _TID.pack(tid) + b"w"
-    for key, value in store.scan(Column.DEDUP, prefix, _TID.pack(tid) + b"x"):
-        yield key[len(prefix):].decode(), _TS.unpack(value)[0]
+    prefix, end = watermarks_range(tid)
+    for key, value in store.scan(Column.DEDUP, prefix, end):
+        yield key[len(prefix):].decode(), _TS.unpack_from(value)[0]
 
 
 def _unique_key(tid: int, key: str) -> bytes:

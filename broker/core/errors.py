@@ -44,6 +44,14 @@ class InvalidArgument(BrokerError):
     reason = Reason.INVALID_ARGUMENT
 
 
+class SessionOutOfSequence(InvalidArgument):
+    """A producer-session batch starts past its session's watermark + 1 (SPEC §4); nothing was
+    stored. The SDK answers it by opening a new session (its own sessions are used one call at a
+    time, so only a reset watermark or a re-created topic causes it)."""
+
+    reason = Reason.SESSION_OUT_OF_SEQUENCE
+
+
 class TopicNotFound(BrokerError):
     reason = Reason.TOPIC_NOT_FOUND
 

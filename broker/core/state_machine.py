@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from broker.core import dedup, records
+from broker.core import dedup, records, sessions
 from broker.core.errors import (
     ApplyFailed,
     BrokerError,
@@ -361,9 +361,21 @@ class BrokerStateMachine:
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
         tid = meta.topic_id
-        fresh = self._check_watermark(cmd, tid, batch)
-        if isinstance(fresh, Rejected):
-            return fresh
+        session: sessions.Verdict | None = None
+        if cmd.first_msg_id:  # a producer-session batch: one check, one write (broker.core.sessions)
+            if cmd.msg_ids or cmd.idempotency_keys:
+                return Rejected(InvalidArgument("a first_msg_id batch takes no msg_id or idempotency_key per record"))
+            try:
+                session = sessions.check(self._store, tid, cmd.dedup_id, cmd.first_msg_id, len(cmd.bodies))
+            except InvalidArgument as err:
+                return Rejected(err)
+            fresh: list[bool] | None = None
+            mark = 0
+        else:
+            checked = self._check_watermark(cmd, tid)
+            if isinstance(checked, Rejected):
+                return checked
+            fresh, mark = checked
         # phase 1: decide duplicates and places without writing anything
         keys = cmd.idempotency_keys
         window = meta.config.dedup_window_ms
@@ -373,8 +385,15 @@ class BrokerStateMachine:
         growth: dict[int, list[int]] = {}  # partition -> [next offset, records added, bytes added, last ts]
         placements: list[tuple[int, int, int, bool]] = []
         writes: list[tuple[int, int, int, bytes, str, int]] = []  # partition, offset, ts, body, key, index
+        if session is not None and session.fresh_from:  # at or below the session's watermark
+            known_places = session.duplicate_places or [(p, 0, 0) for p in cmd.partitions[:session.fresh_from]]
+            placements.extend((*place, True) for place in known_places)
+        skip = session.fresh_from if session is not None else 0
+        starts: dict[int, tuple[int, int]] = {}  # partition -> its first new offset (for the session)
         for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True)):
-            if not fresh[i]:  # at or below its producer's watermark: discarded
+            if i < skip:
+                continue
+            if fresh is not None and not fresh[i]:  # at or below its producer's watermark: discarded
                 placements.append((partition, 0, 0, True))
                 continue
             key = keys[i] if keys else ""
@@ -387,6 +406,7 @@ class BrokerStateMachine:
             if acc is None:
                 base = self.partition(tid, partition)
                 acc = growth[partition] = [base.end_offset, 0, 0, base.last_timestamp_ms]
+                starts[partition] = (base.end_offset, 0)
             offset, ts = acc[0], max(cmd.now_ms, acc[3])
             acc[0], acc[1], acc[2], acc[3] = offset + 1, acc[1] + 1, acc[2] + len(body), ts
             placements.append((partition, offset, ts, False))
@@ -421,6 +441,11 @@ class BrokerStateMachine:
         if keys:
             dedup.remember_keys(batch, tid, window_now, window,
                                 [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
+        if session is not None and writes:  # every record of a session batch past fresh_from is written
+            starts = {p: (offset, growth[p][3]) for p, (offset, _) in starts.items()}
+            sessions.remember(batch, tid, cmd.dedup_id, cmd.first_msg_id + skip, cmd.partitions[skip:], starts)
+        elif fresh is not None and cmd.dedup_id and mark:
+            dedup.set_watermark(batch, tid, cmd.dedup_id, mark)
         for partition, state in touched.items():
             self.put_partition(tid, partition, state, batch, commit)
             if self._policy is not None:
@@ -443,11 +468,13 @@ class BrokerStateMachine:
             seen.add(key)
         return None
 
-    def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int, batch: Batch) -> list[bool] | Rejected:
-        """Which records are new for their producer session; the whole batch is rejected when an
-        id breaks the rule that ``|msg_id|`` rises by one per message."""
+    def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int) -> tuple[list[bool], int] | Rejected:
+        """Which records are new for their producer session, and the watermark to write once the
+        batch is stored (0: unchanged); the whole batch is rejected when an id breaks the rule that
+        ``|msg_id|`` rises by one per message. Nothing is written here: a batch refused later
+        (dedup fields, a full topic) must not move the watermark."""
         if not cmd.dedup_id:
-            return [True] * len(cmd.bodies)
+            return [True] * len(cmd.bodies), 0
         mark = start = dedup.watermark(self._store, tid, cmd.dedup_id)
         fresh: list[bool] = []
         for i, msg_id in enumerate(cmd.msg_ids):
@@ -461,14 +488,13 @@ class BrokerStateMachine:
                 return Rejected(InvalidArgument(
                     f"record {i}: msg_id {msg_id} breaks the sequence of dedup_id {cmd.dedup_id!r} "
                     f"(its watermark is {mark}: the next id must be {mark + 1} or {-(mark + 1)})"))
-        if mark != start:
-            dedup.set_watermark(batch, tid, cmd.dedup_id, mark)
-        return fresh
+        return fresh, (mark if mark != start else 0)
 
     def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> None:
         for meta in self._topics.values():
             now_ms = dedup.window_now_ms(self._store, meta.topic_id, cmd.now_ms)
             dedup.expire_keys(batch, meta.topic_id, now_ms, meta.config.dedup_window_ms)
+            sessions.expire(self._store, batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
 
     def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
         meta = self._topics.get(cmd.topic)

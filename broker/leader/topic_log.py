@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker.clock import Clock
-from broker.core import dedup, records
+from broker.core import dedup, records, sessions
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.topics import normalized_config, validate_name
@@ -50,6 +50,7 @@ class PublishBatch:
     topic: str
     records: Sequence[PublishItem]
     dedup_id: str = ""
+    first_msg_id: int = 0  # with dedup_id: a producer-session batch by range (no per-record ids)
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,10 @@ class TopicLog:
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
-        deduplicated: idempotency keys (the SDK sends one with every record) are accepted and
-        ignored; a producer session (dedup_id, msg_id), which promises deduplication, is refused."""
-        if append.dedup_id:
+        deduplicated: what the SDK sends by default (a producer-session batch by range,
+        ``first_msg_id``, or idempotency keys) is accepted and ignored; a per-record producer
+        session (dedup_id with msg_ids), which a caller chose for its deduplication, is refused."""
+        if append.dedup_id and not append.first_msg_id:
             raise InvalidArgument("ephemeral topics do not deduplicate: drop dedup_id and msg_id")
         term = self._submitter.leader_term()
         return Appended(self._hub.publish(meta.topic_id, term, list(append.partitions), list(append.bodies),
@@ -202,6 +204,9 @@ class TopicLog:
         for i, key in enumerate(keys):
             if len(key) > ID_CHARS_MAX:
                 raise InvalidArgument(f"record {i}: idempotency_key is longer than {ID_CHARS_MAX} characters")
+        if request.first_msg_id:
+            self._session_fields(request, append, keys)
+            return
         if any(keys):
             append.idempotency_keys.extend(keys)
         ids = [r.msg_id for r in request.records]
@@ -220,6 +225,23 @@ class TopicLog:
                     f"expected {abs(ids[i - 1]) + 1} or {-(abs(ids[i - 1]) + 1)})")
         append.dedup_id = request.dedup_id
         append.msg_ids.extend(ids)
+
+    @staticmethod
+    def _session_fields(request: PublishBatch, append: internal_pb2.AppendCommand, keys: list[str]) -> None:
+        """A producer-session batch by range (``broker.core.sessions``): its numbers, and no
+        per-record id beside them (the two forms do not mix within one batch)."""
+        if len(request.dedup_id) > ID_CHARS_MAX:
+            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
+        sessions.check_batch(request.dedup_id, request.first_msg_id, len(request.records))
+        for i, rec in enumerate(request.records):
+            if rec.msg_id:
+                raise InvalidArgument(f"record {i}: give first_msg_id on the request or a msg_id on every record, "
+                                      f"not both (record {i} has msg_id {rec.msg_id})")
+            if keys[i]:
+                raise InvalidArgument(f"record {i}: a first_msg_id batch takes no idempotency_key (the session "
+                                      "deduplicates it; publish keyed records in a batch of their own)")
+        append.dedup_id = request.dedup_id
+        append.first_msg_id = request.first_msg_id
 
     # -- retention, prune, clear ---------------------------------------------------------------
     def alter_topic(self, name: str, retention: internal_pb2.Retention, full_policy: int) -> TopicView:

@@ -122,7 +122,8 @@ def publish_batch(request: broker_pb2.PublishRequest) -> PublishBatch:
             r.ClearField("idempotency_key")
             r.ClearField("msg_id")
         items.append(PublishItem(r.SerializeToString(), r.value, key, r.op, partition, idempotency_key, msg_id))
-    return PublishBatch(topic=request.topic, records=items, dedup_id=request.dedup_id)
+    return PublishBatch(topic=request.topic, records=items, dedup_id=request.dedup_id,
+                        first_msg_id=request.first_msg_id)
 
 
 # -- internal -> public -----------------------------------------------------------------------

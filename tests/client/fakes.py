@@ -138,7 +138,11 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
             abort(context, TopicNotFound(request.topic))
         results = []
         with self._lock:
-            for rec in request.records:
+            for i, rec in enumerate(request.records):
+                if request.first_msg_id:  # a producer-session batch: message ids stand in for keys here
+                    rec = broker_pb2.PublishRecord()
+                    rec.CopyFrom(request.records[i])
+                    rec.idempotency_key = f"{request.dedup_id}#{request.first_msg_id + i}"
                 known = self.keys.get((request.topic, rec.idempotency_key)) if rec.idempotency_key else None
                 if known is not None:
                     results.append(broker_pb2.PublishResult(partition=known[0], offset=known[1], duplicate=True,

@@ -53,6 +53,7 @@ CASES: list[tuple[Exception, type[sdk.BrokerError], dict[str, str]]] = [
     (core.NotLeader("h:1", no_quorum=True), sdk.Unavailable, {"leader": "h:1", "no_quorum": "true"}),
     (core.NoQuorum("alone"), sdk.Unavailable, {}),
     (core.Unavailable("later"), sdk.Unavailable, {}),
+    (core.SessionOutOfSequence("gap"), sdk.SessionOutOfSequence, {}),
     (core.ResourceExhausted("full"), sdk.ResourceExhausted, {}),
     (core.Unimplemented("not yet"), sdk.Unimplemented, {}),
     (core.DataLoss("damaged"), sdk.BrokerError, {}),

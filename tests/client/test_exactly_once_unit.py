@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from broker.client import Client, InvalidArgument, OutgoingRecord
+from broker.client import Client, InvalidArgument, OutgoingRecord, TopicNotFound, Unavailable
 from broker.v1 import admin_pb2, broker_pb2
 from tests.client.fakes import FakeNode
 
@@ -40,22 +41,73 @@ def keys_of(request: broker_pb2.PublishRequest) -> list[str]:
     return [r.idempotency_key for r in request.records]
 
 
-def test_every_record_gets_its_own_generated_key_and_callers_keys_are_kept(nodes: tuple[FakeNode, FakeNode]) -> None:
+def test_a_batch_with_a_caller_key_gets_a_generated_key_for_every_other_record(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
     leader, _ = nodes
     with Client([leader.address]) as client:
         results = client.publish_batch(
             "t", ["a", {"value": "b", "idempotency_key": "mine-1"}, OutgoingRecord("c", idempotency_key="mine-2"), "d"]
         )
-        single = client.publish("t", "e")
         keyed = client.publish("t", "f", idempotency_key="mine-3")
-    batch = publishes(leader)[0]
+    batch, single = publishes(leader)
     keys = keys_of(batch)
     assert keys[1:3] == ["mine-1", "mine-2"]
     assert HEX32.match(keys[0]) and HEX32.match(keys[3]) and keys[0] != keys[3]
     assert [r.idempotency_key for r in results] == keys, "each result names the key it was sent with"
-    assert HEX32.match(single.idempotency_key) and single.idempotency_key not in keys, "a new key per call"
-    assert keyed.idempotency_key == "mine-3"
-    assert not any(r.duplicate for r in [*results, single, keyed])
+    assert (batch.dedup_id, batch.first_msg_id) == ("", 0), "keyed batches are not sent in a session"
+    assert keyed.idempotency_key == "mine-3" and keys_of(single) == ["mine-3"]
+    assert not any(r.duplicate for r in [*results, keyed])
+
+
+def test_batches_without_caller_keys_are_consecutive_ranges_of_one_session(nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    with Client([leader.address]) as client:
+        client.publish_batch("t", ["a", "b", "c"])
+        client.publish("t", "d")
+        client.publish_batch("t", ["e", "f"])
+    first, single, third = publishes(leader)
+    assert first.dedup_id.startswith("sdk-") and first.dedup_id == single.dedup_id == third.dedup_id
+    assert [r.first_msg_id for r in (first, single, third)] == [1, 4, 5]
+    assert all(not r.idempotency_key and not r.msg_id for req in (first, single, third) for r in req.records), (
+        "session records carry no per-record id")
+
+
+def test_concurrent_calls_from_many_threads_never_share_a_session_in_flight(nodes: tuple[FakeNode, FakeNode]) -> None:
+    """Each call holds its session until it returns, so a session's ranges reach the broker in
+    order and without gaps or overlaps whatever the number of threads."""
+    leader, _ = nodes
+    leader.script.publish_delays_s = [0.05] * 40  # keep calls in flight together
+    with Client([leader.address]) as client, ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: client.publish_batch("t", [b"%d-%d" % (i, j) for j in range(i % 3 + 1)]), range(40)))
+    by_session: dict[str, list[tuple[int, int]]] = {}
+    for req in publishes(leader):
+        by_session.setdefault(req.dedup_id, []).append((req.first_msg_id, len(req.records)))
+    assert len(by_session) > 1, "calls in flight together used several sessions"
+    for dedup_id, ranges in by_session.items():
+        expected = 1
+        for first, count in ranges:  # in arrival order
+            assert first == expected, f"session {dedup_id}: {ranges} is not one gapless sequence"
+            expected += count
+    assert sum(len(v) for v in leader.script.logs.values()) == sum(i % 3 + 1 for i in range(40))
+
+
+def test_a_refused_batch_gives_its_numbers_back_and_an_unknown_outcome_drops_the_session(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    leader, _ = nodes
+    with Client([leader.address], retry_deadline_s=0) as client:
+        client.publish_batch("t", ["a", "b"])
+        with pytest.raises(TopicNotFound):
+            client.publish_batch("missing", ["x"])  # refused for good: its session (of "missing") is reusable
+        leader.script.refuse_without_leader = 100
+        with pytest.raises(Unavailable):
+            client.publish_batch("t", ["c"])  # outcome unknown: that session is dropped
+        leader.script.refuse_without_leader = 0
+        client.publish_batch("t", ["d"])
+    sent = publishes(leader)
+    ok, missing, lost, after = sent[0], sent[1], sent[2], sent[-1]
+    assert (ok.first_msg_id, missing.first_msg_id, lost.first_msg_id) == (1, 1, 3)
+    assert lost.dedup_id == ok.dedup_id and after.dedup_id != ok.dedup_id and after.first_msg_id == 1, (
+        "after an unknown outcome the next call opens a new session")
 
 
 def test_a_redirect_resends_the_same_keys(nodes: tuple[FakeNode, FakeNode]) -> None:
@@ -112,7 +164,7 @@ def test_producer_session_ids_from_first_msg_id_or_per_record(nodes: tuple[FakeN
     assert session.dedup_id == "feed" and [r.msg_id for r in session.records] == [7, 8, 9]
     assert [r.msg_id for r in signed.records] == [10, -11]
     assert (single.dedup_id, [r.msg_id for r in single.records]) == ("feed", [12])
-    assert plain.dedup_id == "" and [r.msg_id for r in plain.records] == [0]
+    assert plain.dedup_id.startswith("sdk-") and plain.first_msg_id == 1 and [r.msg_id for r in plain.records] == [0]
     assert all(HEX32.match(k) for req in (session, signed, single) for k in keys_of(req)), (
         "session records carry idempotency keys too")
 

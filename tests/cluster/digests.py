@@ -16,7 +16,7 @@ def partition_contents(address: str, topic: str, partition: int) -> list[tuple[i
     try:
         req = broker_pb2.SubscribeRequest(topic=topic, partition=partition, stop_at_end=True, max_batch=5000)
         out: list[tuple[int, bytes]] = []
-        for item in s.broker.Subscribe(req, timeout=60):
+        for item in s.broker.Subscribe(req, timeout=300):  # a big partition from a busy node
             assert item.HasField("batch"), f"unexpected event {item.event}"
             out.extend((r.offset, r.value) for r in item.batch.records)
         return out

@@ -2,26 +2,31 @@
 
 One client publishes from one thread, batch after batch, while another thread kill -9s the
 current leader 20 times (each time: wait until a new leader is agreed, respawn the killed node,
-wait until all three agree again, let the publisher make progress, kill again). The SDK retries
-every interrupted publish with the same idempotency keys, so afterwards each acknowledged record
-is stored exactly once, in publish order per partition, at the place its result named, with
-contiguous offsets, and every node holds identical partitions.
+wait until all three agree again, let the publisher make progress, kill again). The SDK publishes
+as it does by default, in a producer session (one ``(dedup_id, first_msg_id)`` range per batch), and
+retries every interrupted publish with the same range, so afterwards each acknowledged record is
+stored exactly once, in publish order per partition, at the place its result named, with
+contiguous offsets, and every node holds identical partitions. The test watches the requests the
+SDK sends (the real stubs, observed) to prove the run did retry session batches.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from broker.client import Client, PublishResult
 from broker.devcluster import DevCluster
+from broker.v1 import broker_pb2
 from tests.cluster.digests import digest, partition_contents, wait_converged
 from tests.conftest import wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]  # ~4 min quiet; 7+ under a load of 13
 
 KILLS = 20
 PARTITIONS = 3
@@ -73,6 +78,7 @@ def test_twenty_leader_kills_during_one_publish_run_store_each_record_once(fresh
     started = time.monotonic()
     with Client(c.addresses, timeout_s=5, retry_deadline_s=90) as client:
         client.create_topic(TOPIC, PARTITIONS)
+        attempts = watch_publishes(client)
         killer.start()
         batch_no = 0
         while True:  # until the killer is done (then one more batch, published after its last respawn)
@@ -112,7 +118,39 @@ def test_twenty_leader_kills_during_one_publish_run_store_each_record_once(fresh
     wrong = [(r, v) for r, v in places if stored_at.get((r.partition, r.offset)) != v]
     assert not wrong, f"{len(wrong)} results name a place that holds another record, e.g. {wrong[0]}"
 
+    sent = collections.Counter((r.dedup_id, r.first_msg_id, len(r.records)) for r in attempts)
+    assert all(first > 0 and dedup_id.startswith("sdk-") for dedup_id, first, _ in sent), (
+        "every batch went as a range of an SDK producer session")
+    assert len(sent) == batch_no, "one session range per batch, resent unchanged by every retry"
+    retried = sum(1 for n in sent.values() if n > 1)
+    assert retried, "the leader kills made the SDK resend some session batches"
+    with Client(c.addresses) as reader:
+        marks = {m.dedup_id: m.msg_id for m in reader.get_watermarks(TOPIC)}
+    assert sum(marks.values()) == len(places), "the sessions' watermarks count every record once"
+
     duplicates = sum(r.duplicate for r, _ in places)
     elections = ", ".join(f"{node} {s:.1f}s" for node, s in killer.kills)
     print(f"\n{batch_no} batches ({len(places)} records) in {publish_s:.1f}s across {KILLS} leader kills; "
+          f"{retried} session batches sent more than once ({sum(sent.values())} attempts); "
           f"{duplicates} records answered as duplicates of a lost attempt; new leader after: {elections}")
+
+
+def watch_publishes(client: Client) -> list[broker_pb2.PublishRequest]:
+    """Every Publish request the client sends, in order (each attempt of each call), recorded on
+    its way to the real stub."""
+    sent: list[broker_pb2.PublishRequest] = []
+    router = client._router
+    real = router.broker
+
+    class Observed:
+        def __init__(self, stub: Any) -> None:
+            self._stub = stub
+
+        def Publish(self, request: broker_pb2.PublishRequest, **kwargs: Any) -> Any:  # noqa: N802 - gRPC's name
+            copy = broker_pb2.PublishRequest()
+            copy.CopyFrom(request)
+            sent.append(copy)
+            return self._stub.Publish(request, **kwargs)
+
+    router.broker = lambda address: Observed(real(address))  # type: ignore[method-assign]
+    return sent

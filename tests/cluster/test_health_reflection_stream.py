@@ -10,6 +10,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.stubs import stubs
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -19,8 +20,13 @@ def test_health_and_reflection_are_served_on_every_node(cluster: DevCluster) -> 
         with grpc.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             for service in ("", "broker.v1.Broker", "broker.v1.Admin"):
-                reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-                assert reply.status == health_pb2.HealthCheckResponse.SERVING, (address, service)
+                # NOT_SERVING is right while a node has no leader or catches up (an election on a
+                # busy machine): every node must come to SERVING, not be so at the first look
+                def serving(service: str = service, health: health_pb2_grpc.HealthStub = health) -> bool:
+                    reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+                wait_until(serving, 60, f"{address} to be SERVING for {service!r}")
             refl = reflection_pb2_grpc.ServerReflectionStub(channel)
             answers = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
                 list_services="")]), timeout=5))

@@ -3,10 +3,11 @@
 ``python -m tests.spark.eo_job BOOTSTRAP SOURCE TARGET CHECKPOINT MASTER [FAIL_MARKER]``: copies
 SOURCE to TARGET (same partition, the source offset in header ``src_offset``) with
 ``Trigger.AvailableNow`` in batches of at most 300 records, publishing 10 records per call. With
-FAIL_MARKER (one batch of 900), a UDF slows the first attempt of source partition 1's task and a
-thread SIGKILLs that task's Python worker once some of its rows are in the target: the task fails
+FAIL_MARKER (one batch of 900), the writer's Python worker SIGKILLs itself in the middle of the
+first attempt of source partition 1's task, with 140 of the task's rows stored: the task fails
 mid-write and Spark retries it. The marker file records how many rows were stored at the kill,
-and keeps the retry from failing again.
+and keeps the retry from failing again. (A UDF cannot stand in for the crash: a pickled UDF's
+results reach the writer only when its worker flushes, at the end of the task.)
 """
 
 from __future__ import annotations
@@ -14,54 +15,59 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pyspark import TaskContext
+from pyspark.sql import Row
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSourceStreamWriter
+from pyspark.sql.types import StructType
 
 from broker.client import Client
 from broker.pipeline.runner import RESTARTS_MAX, transient
-from broker.spark import session
+from broker.spark import RaftBrokerDataSource, session
+from broker.spark.options import WriterOptions
+from broker.spark.writer import StreamWriter, Written
 
-TARGET_RECORDS_BEFORE_FAILING = 10
-
-
-SLOW_ROW_S = 0.02  # partition 1's first attempt dawdles so it is still running when it is killed
-_started: set[tuple[int, int]] = set()  # (stage, partition) whose killer thread runs, per worker
-
-
-def _kill_when_stored(bootstrap: str, target: str, marker: str) -> None:
-    """Wait until some of partition 1's rows are in the target, note how many, then SIGKILL this
-    Python worker: its task fails in the middle of writing (Spark then retries it)."""
-    seen = 0
-    deadline = time.monotonic() + 300
-    with Client(bootstrap) as client:
-        while time.monotonic() < deadline:
-            seen = client.end_offsets(target)[1][1]
-            if seen >= TARGET_RECORDS_BEFORE_FAILING:
-                break
-            time.sleep(0.05)
-    Path(marker).write_text(str(seen))
-    os.kill(os.getpid(), signal.SIGKILL)
+CRASH_FORMAT = "raftbroker-crash-once"
+CRASH_AT_ROW = 150  # the writer publishes 10 rows per call: 140 of the task's rows are stored then
 
 
-def fail_once(bootstrap: str, target: str, marker: str):  # type: ignore[no-untyped-def]
-    """A UDF body: values pass through; on the first attempt of source partition 1's task a thread
-    kills the task's Python worker once the first rows of the task are stored in the target."""
+class CrashOnceStreamWriter(StreamWriter):
+    """The real stream writer, whose Python worker SIGKILLs itself on the first attempt of source
+    partition 1's task when the writer asks for row CRASH_AT_ROW: the task dies in the middle of
+    writing, with part of its rows stored, and Spark retries it (a crashed executor process)."""
 
-    def run(partition: int, value: bytes) -> bytes:
+    def __init__(self, options: WriterOptions, marker: str) -> None:
+        super().__init__(options)
+        self.marker = marker
+
+    def write(self, iterator: Iterator[Row]) -> Written:
+        return super().write(self._crash_once(iterator))
+
+    def _crash_once(self, rows: Iterator[Row]) -> Iterator[Row]:
         context = TaskContext.get()
-        if partition == 1 and context.attemptNumber() == 0 and not Path(marker).exists():
-            key = (context.stageId(), context.partitionId())
-            if key not in _started:
-                _started.add(key)
-                threading.Thread(target=_kill_when_stored, args=(bootstrap, target, marker), daemon=True).start()
-            time.sleep(SLOW_ROW_S)
-        return value
+        for index, row in enumerate(rows, 1):
+            if (index == CRASH_AT_ROW and row["partition"] == 1 and context is not None
+                    and context.attemptNumber() == 0 and not Path(self.marker).exists()):
+                with Client(self.options.bootstrap) as client:
+                    Path(self.marker).write_text(str(client.end_offsets(self.options.topic)[1][1]))
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield row
 
-    return run
+
+class CrashOnceDataSource(RaftBrokerDataSource):
+    """``raftbroker`` with :class:`CrashOnceStreamWriter` (option ``crashMarker``: the marker file)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return CRASH_FORMAT
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        writer = super().streamWriter(schema, overwrite)
+        assert isinstance(writer, StreamWriter)
+        return CrashOnceStreamWriter(writer.options, self.options["crashMarker"])
 
 
 def main(argv: list[str]) -> None:
@@ -72,11 +78,10 @@ def main(argv: list[str]) -> None:
           .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "900" if marker else "300").load()
           .select("value", "partition", F.create_map(F.lit("src_offset"), F.col("offset").cast("string"))
                   .alias("headers")))
-    if marker:
-        fail = F.udf(fail_once(bootstrap, target, marker), "binary")
-        df = df.select(fail(F.col("partition"), F.col("value")).alias("value"), "partition", "headers")
+    spark.dataSource.register(CrashOnceDataSource)
     for attempt in range(1, RESTARTS_MAX + 2):  # a slow Python worker start: restart from the checkpoint
-        query = (df.writeStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", target)
+        query = (df.writeStream.format(CRASH_FORMAT if marker else "raftbroker")
+                 .option("bootstrap", bootstrap).option("topic", target).option("crashMarker", marker or "")
                  .option("publishBatchRecords", "10").option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         try:

@@ -3,11 +3,12 @@
 The same surface and guarantees as the sync :class:`broker.client.Client`, on ``grpc.aio`` (no
 thread per call): every call goes to the leader, found by following ``x-leader`` redirects or by
 asking the nodes; failovers are retried within ``retry_deadline_s``. Publishing is exactly-once
-in effect: every record carries an idempotency key chosen once per call before the first
-attempt (the caller's or a random one, the sync client's own :meth:`Client._idempotency_keys`)
-and every retry resends the same request, so a retry of an attempt applied unseen stores
-nothing new and answers ``duplicate=True`` with the first copy's place. Back-pressure:
-``max_in_flight_batches`` publish calls run at once per client; more wait their turn.
+in effect, as with the sync client: a batch without caller keys is one range of one of the
+client's producer sessions (:mod:`broker.client.sessions`; each in-flight call holds its own
+session), records with caller keys are sent with per-record keys; every retry resends the same
+request, so a retry of an attempt applied unseen stores nothing new and answers ``duplicate=True``
+with the original places. Back-pressure: ``max_in_flight_batches`` publish calls run at once per
+client; more wait their turn.
 
 ``on_event(kind, item)`` observes what the broker committed: "published" (a list of
 :class:`PublishResult` after a publish returned), and, from subscriptions and consumers, "record",
@@ -32,6 +33,7 @@ from broker.client.groups import GroupLag, PartitionLag
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, TopicInfo, Watermark
 from broker.client.routing import RetryPolicy
 from broker.client.security import ClientSecurity
+from broker.client.sessions import SessionPool
 from broker.v1 import admin_pb2, broker_pb2
 
 AsyncHandler = Callable[[AsyncMessage], Awaitable[object]]
@@ -49,6 +51,7 @@ class AsyncClient:
         self._router = AsyncRouter(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                                                           no_quorum_grace_s=no_quorum_grace_s), security)
         self._in_flight = asyncio.Semaphore(max_in_flight_batches)
+        self._sessions = SessionPool()
         self._on_event = on_event
 
     async def __aenter__(self) -> AsyncClient:
@@ -155,22 +158,44 @@ class AsyncClient:
             return []
         if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
             raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
-        keys = Client._idempotency_keys(batch)
+        own_keys = dedup_id is not None or wire.has_keys(batch)
+        keys = Client._idempotency_keys(batch) if own_keys else [""] * len(batch)
         request = broker_pb2.PublishRequest(
             topic=topic, dedup_id=dedup_id or "",
             records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)])
         async with self._in_flight:
-            try:
-                response = await self._broker("Publish", request, write=True, what=f"publish to {topic}")
-            except TopicExists as err:  # ALREADY_EXISTS from a publish: a repeat of dedup fields
-                raise DuplicateMessageError(err.code, err.message,
-                                            after_unknown_outcome=err.after_unknown_outcome) from None
+            response = await (self._send(request) if own_keys else self._send_in_session(topic, request))
         if len(response.results) != len(batch):
             raise BrokerError("INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records")
         results = [wire.publish_result(r, k) for r, k in zip(response.results, keys, strict=True)]
         if self._on_event is not None:
             self._on_event("published", results)
         return results
+
+    async def _send(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+        try:
+            response: broker_pb2.PublishResponse = await self._broker("Publish", request, write=True,
+                                                                       what=f"publish to {request.topic}")
+        except TopicExists as err:  # ALREADY_EXISTS from a publish: a repeat of dedup fields
+            raise DuplicateMessageError(err.code, err.message,
+                                        after_unknown_outcome=err.after_unknown_outcome) from None
+        return response
+
+    async def _send_in_session(self, topic: str, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+        """The asyncio twin of :func:`broker.client.sessions.publish_in_session`: each in-flight call
+        holds its own session, so concurrent tasks never interleave one session's numbers."""
+        for attempt in range(2):
+            session = self._sessions.take(topic)
+            request.dedup_id, request.first_msg_id = session.dedup_id, session.next_msg_id
+            try:
+                response = await self._send(request)
+            except BaseException as err:
+                if self._sessions.failed(topic, session, err) and attempt == 0:
+                    continue
+                raise
+            self._sessions.stored(topic, session, len(request.records))
+            return response
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def get_watermarks(self, topic: str) -> list[Watermark]:
         response = await self._admin("GetWatermarks", admin_pb2.GetWatermarksRequest(topic=topic), write=False,
