@@ -36,7 +36,7 @@ test: $(STAMP) bench-deps metrics-deps spark-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker chaos bench
 	$(MAKE) alerts
-	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider
+	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider --durations=25
 	$(MAKE) spark
 	$(BIN)/pytest -m fuzz -p no:cacheprovider
 	$(MAKE) helm-lint
