@@ -97,7 +97,7 @@ def test_messages_are_sent_compressed_or_not_and_either_is_read(mode: str) -> No
         transport.set_message_compression(mode)
         pysyncobj_tcp_connection.TcpConnection.send(sender, message)  # type: ignore[arg-type]
     finally:
-        transport.set_message_compression("zlib")  # the default
+        transport.set_message_compression("zlib")  # the module's initial state (pysyncobj's)
     frame = sender._TcpConnection__writeBuffer
     body = frame[4:]
     assert (body[:1] == b"\x80") == (mode == "none")
@@ -108,9 +108,9 @@ def test_messages_are_sent_compressed_or_not_and_either_is_read(mode: str) -> No
     assert transport._parse_message(receiver) == message and not receiver.disconnected
 
 
-def test_message_compression_is_validated_and_defaults_to_zlib() -> None:
+def test_message_compression_is_validated_and_defaults_to_none() -> None:
     with pytest.raises(ValueError, match="none, zlib"):
         transport.set_message_compression("gzip")
-    assert raft.RaftOptions().raft_message_compression == "zlib"
+    assert raft.RaftOptions().raft_message_compression == "none"
     with pytest.raises(ValueError, match="raft_message_compression is none or zlib"):
         raft.RaftOptions(raft_message_compression="lz4")
