@@ -129,12 +129,12 @@ container: $(HELM)
 chaos: $(STAMP)
 	@command -v iptables >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null 2>&1 || echo "chaos: no iptables; drills use the TCP-proxy network"
 	$(BIN)/ruff check chaos tests/chaos
-	$(BIN)/pytest -m chaos tests/chaos -p no:cacheprovider
+	RAFTBROKER_CHAOS_STRICT=1 $(BIN)/pytest -m chaos tests/chaos -p no:cacheprovider
 
 # The mixed drill (every kind of fault in one run) on 3 and 5 nodes, seeds 1-8, 45 s runs (about
 # 25 minutes); `make soak-all` runs every scenario that way (about 90 minutes).
 soak: $(STAMP)
-	RAFTBROKER_CHAOS_SEEDS=$${RAFTBROKER_CHAOS_SEEDS:-1,2,3,4,5,6,7,8} RAFTBROKER_CHAOS_DURATION_S=$${RAFTBROKER_CHAOS_DURATION_S:-45} $(BIN)/pytest -m chaos -k mixed tests/chaos/test_drills.py -p no:cacheprovider
+	RAFTBROKER_CHAOS_STRICT=1 RAFTBROKER_CHAOS_SEEDS=$${RAFTBROKER_CHAOS_SEEDS:-1,2,3,4,5,6,7,8} RAFTBROKER_CHAOS_DURATION_S=$${RAFTBROKER_CHAOS_DURATION_S:-45} $(BIN)/pytest -m chaos -k mixed tests/chaos/test_drills.py -p no:cacheprovider
 
 soak-all: $(STAMP)
-	RAFTBROKER_CHAOS_SEEDS=$${RAFTBROKER_CHAOS_SEEDS:-1,2,3,4,5,6,7,8} RAFTBROKER_CHAOS_DURATION_S=$${RAFTBROKER_CHAOS_DURATION_S:-45} $(BIN)/pytest -m chaos tests/chaos/test_drills.py -p no:cacheprovider
+	RAFTBROKER_CHAOS_STRICT=1 RAFTBROKER_CHAOS_SEEDS=$${RAFTBROKER_CHAOS_SEEDS:-1,2,3,4,5,6,7,8} RAFTBROKER_CHAOS_DURATION_S=$${RAFTBROKER_CHAOS_DURATION_S:-45} $(BIN)/pytest -m chaos tests/chaos/test_drills.py -p no:cacheprovider

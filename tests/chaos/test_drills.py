@@ -1,7 +1,8 @@
 """Every drill scenario with fixed seeds against a real local cluster: zero violations (SPEC §9).
 
 `make chaos` runs this file (``pytest -m chaos``). A scenario whose broker feature does not exist
-yet is skipped with the drill's own "not available" reason, never passed. ``mixed`` (every kind of
+yet is skipped with the drill's own "not available" reason, never passed; under `make chaos`
+(``RAFTBROKER_CHAOS_STRICT=1``) it fails instead (``tests/chaos/availability.py``). ``mixed`` (every kind of
 fault in one run) also runs on a 5-node cluster. Soak: set ``RAFTBROKER_CHAOS_SEEDS`` (e.g.
 ``1,2,3,4,5``) and ``RAFTBROKER_CHAOS_DURATION_S``; ``make soak`` runs ``mixed`` on 3 and 5 nodes
 with seeds 1-8.
@@ -16,6 +17,7 @@ import pytest
 
 from chaos.drill import DrillOptions, run_drill
 from chaos.scenarios import SCENARIOS
+from tests.chaos.availability import unavailable
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -40,7 +42,7 @@ def _drill(options: DrillOptions) -> None:
     report = run_drill(options, lines.append)
     print("\n".join(lines))
     if not report.available:
-        pytest.skip(f"{scenario}: not available: {report.reason}")
+        unavailable(f"{scenario}: not available: {report.reason}")
     print(report.table())
     doc = report.to_json()
     assert doc["violations"] == 0, report.table()

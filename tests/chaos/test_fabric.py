@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from chaos.net import netns_unavailable
 from chaos.net.netns import NetnsFabric, cleanup_all, leftovers
 from chaos.net.proxy import ProxyFabric
+from tests.chaos.availability import require_netns
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
@@ -60,8 +60,8 @@ def test_proxy_links_forward_and_a_cut_refuses_until_healed() -> None:
         server.close()
 
 
-@pytest.mark.skipif(netns_unavailable() is not None, reason=f"network namespaces: {netns_unavailable()}")
 def test_netns_cut_drops_node_traffic_not_client_traffic_and_close_removes_everything() -> None:
+    require_netns()
     fabric = NetnsFabric(2, "bbbbbb")
     try:
         assert "rbchaos-bbbbbb-n1" in leftovers()
@@ -91,8 +91,8 @@ def test_netns_cut_drops_node_traffic_not_client_traffic_and_close_removes_every
     assert not [n for n in leftovers() if "bbbbbb" in n]
 
 
-@pytest.mark.skipif(netns_unavailable() is not None, reason=f"network namespaces: {netns_unavailable()}")
 def test_cleanup_from_a_fresh_process_removes_what_a_killed_drill_left() -> None:
+    require_netns()
     fabric = NetnsFabric(1, "cccccc")
     fabric._created.clear()  # as if the drill died before closing it
     assert [n for n in leftovers() if "cccccc" in n]

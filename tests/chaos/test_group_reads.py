@@ -18,18 +18,18 @@ import pytest
 from broker.client import Client
 from broker.v1 import admin_pb2, admin_pb2_grpc
 from chaos.cluster import ChaosCluster
-from chaos.net import make_fabric, netns_unavailable
+from chaos.net import make_fabric
+from tests.chaos.availability import require_netns
 from tests.conftest import wait_until
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240),
-              pytest.mark.skipif(netns_unavailable() is not None,
-                                 reason=f"network namespaces: {netns_unavailable()}")]
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 STALE_WINDOW_ENV = {"RAFTBROKER_RAFT_LEADER_FALLBACK_TIMEOUT_S": "60", "RAFTBROKER_RAFT_CONNECTION_TIMEOUT_S": "60"}
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
+    require_netns()
     fabric = make_fabric("netns", 3, secrets.token_hex(3))
     c = ChaosCluster(3, tmp_path / "cluster", fabric, node_env=STALE_WINDOW_ENV)
     try:
