@@ -130,7 +130,8 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
             admin.create_topic(TOPIC, partitions=opts.partitions, dedup_window_ms=-1, durability=scenario.durability)
         poller = StatusPoller(cluster, history).start()
         producers = [Producer(f"p{k}", make_client, TOPIC, opts.partitions, history,
-                              random.Random(rng.getrandbits(64)), stop) for k in range(opts.producers)]
+                              random.Random(rng.getrandbits(64)), stop, session=k % 2 == 1)
+                     for k in range(opts.producers)]
         readers = [Reader(f"r{p}", make_client, TOPIC, p, history) for p in range(opts.partitions)] \
             if opts.readers else []
         for t in [*producers, *readers]:

@@ -74,8 +74,8 @@ def _duplicates(where: dict[str, list[Position]]) -> list[Violation]:
     if not dups:
         return []
     named = [f"{rid}@{','.join(f'{p}:{o}' for p, o in ps)}" for rid, ps in dups]
-    return [violation("duplicate", f"{len(dups)} record(s) stored more than once despite their idempotency keys",
-                      named)]
+    return [violation("duplicate", f"{len(dups)} record(s) stored more than once despite their idempotency keys "
+                      "or producer session", named)]
 
 
 def _phantoms(model: Model, where: dict[str, list[Position]]) -> list[Violation]:

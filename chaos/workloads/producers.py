@@ -1,11 +1,17 @@
-"""Producers: batches of records with idempotency keys, to several partitions.
+"""Producers: exactly-once batches of records to several partitions, by key or by producer session.
 
-A record's id (``<producer>-<seq>``) is its value and its idempotency key, so the checker can
-follow it into the log. A producer has one batch in flight at a time. A batch whose outcome is
-unknown (the SDK gave up retrying, or the server could not tell) is sent again with the same keys
-until it is acknowledged or definitely refused; if the drill stops the producer first, the batch
-is kept and :meth:`Producer.settle` resends it after the faults heal, so that every record ends
-with a definite outcome whenever the cluster recovers.
+A record's id (``<producer>-<seq>``) is its value, so the checker can follow it into the log. Every
+other producer (``p1``, ``p3``, ...) publishes as a service author would by default: no key of its
+own, so the SDK sends each batch as the next range of one of its producer sessions (SPEC §4,
+``broker.client.sessions``) and retries it as that same range through failovers; a duplicate from
+those retries is a ``duplicate`` violation. The others give every record its id as idempotency key.
+
+A producer has one batch in flight at a time. A batch whose outcome is unknown (the SDK gave up
+retrying, or the server could not tell) is sent again with the same keys until it is acknowledged or
+definitely refused (a session producer leaves it unknown: resent outside the session it would be a
+new batch, and the SDK has dropped that session); if the drill stops the producer first, the batch
+is kept and :meth:`Producer.settle` resends it after the faults heal, so that every record ends with
+a definite outcome whenever the cluster recovers.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ class Producer(threading.Thread):
     """Publishes until ``stop`` is set; see the module docstring."""
 
     def __init__(self, name: str, make_client: Callable[[], Client], topic: str, partitions: int, history: History,
-                 rng: random.Random, stop: threading.Event, max_batch: int = 8, think_s: float = 0.01) -> None:
+                 rng: random.Random, stop: threading.Event, max_batch: int = 8, think_s: float = 0.01,
+                 session: bool = False) -> None:
         super().__init__(name=name, daemon=True)
         self.process = name
         self.client = make_client()
@@ -39,6 +46,7 @@ class Producer(threading.Thread):
         self.unsettled: Batch | None = None
         self.acked = 0
         self.last_ok_invoke = -1.0  # history time of the invoke of the latest acknowledged publish
+        self.session = session  # publish without keys: the SDK's producer sessions (module docstring)
 
     def next_batch(self) -> Batch:
         n = self.rng.randint(1, self.max_batch)
@@ -55,9 +63,10 @@ class Producer(threading.Thread):
         """One publish call; returns its outcome: ok, fail or info."""
         invoke = self.history.invoke(self.process, "publish",
                                      {"topic": self.topic, "records": [[r, p] for r, p in batch]})
-        records = [OutgoingRecord(value=rid, partition=p, idempotency_key=rid) for rid, p in batch]
         try:
-            results = self.client.publish_batch(self.topic, records)
+            results = self.client.publish_batch(self.topic, [
+                OutgoingRecord(value=rid, partition=p, idempotency_key=None if self.session else rid)
+                for rid, p in batch])
         except BrokerError as err:
             definite = err.refused  # the server refused: nothing was stored, retrying cannot help
             kind = "fail" if definite else "info"
@@ -75,7 +84,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             batch = self.unsettled or self.next_batch()
-            self.unsettled = batch if self.publish(batch) == "info" else None
+            self.unsettled = batch if self.publish(batch) == "info" and not self.session else None
             if self.think_s:
                 self.stop_event.wait(self.rng.uniform(0, self.think_s))
 
