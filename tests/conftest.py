@@ -23,11 +23,16 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
-def start_cluster(tmp: Path, nodes: int = 3, extra_args: tuple[str, ...] = ()) -> DevCluster:
-    cluster = DevCluster(nodes, tmp, extra_args=extra_args)
+def start_cluster(tmp: Path, nodes: int = 3, extra_args: tuple[str, ...] = (), *, http: bool = False,
+                  ready: Callable[[DevCluster], object] | None = None) -> DevCluster:
+    """A started cluster (``http``: its nodes also serve the HTTP gateway), ready to serve, and
+    ``ready(cluster)`` done; stopped again if starting fails."""
+    cluster = DevCluster(nodes, tmp, extra_args=extra_args, http=http)
     cluster.start()
     try:
         cluster.wait_ready(60)
+        if ready is not None:
+            ready(cluster)
     except BaseException:
         cluster.stop()
         raise

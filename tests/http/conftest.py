@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from broker.devcluster import DevCluster
-from tests.conftest import wait_until
+from tests.conftest import start_cluster, wait_until
 
 
 def gateway_up(address: str) -> bool:
@@ -20,17 +20,13 @@ def gateway_up(address: str) -> bool:
         return False
 
 
+def gateways_up(cluster: DevCluster) -> None:
+    for i in range(cluster.nodes):
+        wait_until(lambda i=i: gateway_up(cluster.http_address(i)), 60, f"the HTTP gateway of node {i}")
+
+
 def start_http_cluster(tmp: Path) -> DevCluster:
-    cluster = DevCluster(3, tmp, http=True)
-    cluster.start()
-    try:
-        cluster.wait_ready(60)
-        for i in range(cluster.nodes):
-            wait_until(lambda i=i: gateway_up(cluster.http_address(i)), 60, f"the HTTP gateway of node {i}")
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    return start_cluster(tmp, http=True, ready=gateways_up)
 
 
 @pytest.fixture(scope="module")
