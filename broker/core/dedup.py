@@ -13,7 +13,8 @@ healed): every lookup, remember and expiry runs at :func:`window_now_ms`, ``max(
 clock)``, so a key is always looked for in the bucket it was stored in or the next one, until its
 window has passed on the window clock. (The price: after a healed forward jump, keys stay live for
 the size of the jump longer: duplicates are refused longer, never accepted early.)
-Everything here runs inside ``apply`` and depends only on the command and the store.
+Everything here runs inside ``apply`` and depends only on the command and the store; the checks an
+append makes before it writes anything (:func:`check_unique`, :func:`check_watermark`) are here too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+from broker.core.errors import DuplicateMessage, InvalidArgument
 from broker.storage import Batch, Column, Store
+from broker.v1 import internal_pb2
 
 _TID = struct.Struct(">I")
 _PLACE = struct.Struct(">IQq")
@@ -147,3 +150,47 @@ def existing_unique_keys(store: Store, tid: int, keys: list[str]) -> set[str]:
 
 def take_unique_key(batch: Batch, tid: int, key: str) -> None:
     batch.put(Column.DEDUP, _unique_key(tid, key), b"")
+
+
+# -- the checks of an append (state machine, phase 1: nothing is written here) ------------------
+def check_unique(store: Store, cmd: internal_pb2.AppendCommand, tid: int, meta: internal_pb2.TopicMeta,
+                 indexes: list[int]) -> DuplicateMessage | None:
+    """Dedup fields: the error refusing the whole batch if a record to store (``indexes`` into the
+    command) repeats a taken key, else None."""
+    if not cmd.unique_keys:
+        return None
+    keys = [cmd.unique_keys[i] for i in indexes]
+    taken = existing_unique_keys(store, tid, keys)
+    seen: set[str] = set()
+    for i, key in zip(indexes, keys, strict=True):
+        if key in taken or key in seen:
+            fields = ", ".join(meta.config.dedup_fields)
+            return DuplicateMessage(
+                f"record {i}: a record with the same dedup fields ({fields}) = {key} already exists")
+        seen.add(key)
+    return None
+
+
+def check_watermark(store: Store, cmd: internal_pb2.AppendCommand, tid: int
+                    ) -> tuple[list[bool], int] | InvalidArgument:
+    """Which records are new for their producer session, and the watermark to write once the
+    batch is stored (0: unchanged); or the error refusing the whole batch when an id breaks the rule that
+    ``|msg_id|`` rises by one per message. Nothing is written here: a batch refused later
+    (dedup fields, a full topic) must not move the watermark."""
+    if not cmd.dedup_id:
+        return [True] * len(cmd.bodies), 0
+    mark = start = watermark(store, tid, cmd.dedup_id)
+    fresh: list[bool] = []
+    for i, msg_id in enumerate(cmd.msg_ids):
+        size = abs(msg_id)
+        if size <= mark:
+            fresh.append(False)
+        elif size == mark + 1:
+            fresh.append(True)
+            mark = size
+        else:
+            return InvalidArgument(
+                f"record {i}: msg_id {msg_id} breaks the sequence of dedup_id {cmd.dedup_id!r} "
+                f"(its watermark is {mark}: the next id must be {mark + 1} or {-(mark + 1)})")
+    return fresh, (mark if mark != start else 0)
+

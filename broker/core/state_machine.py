@@ -17,18 +17,19 @@ import logging
 import shutil
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
 
 from broker.core import dedup, records, sessions
-from broker.core.errors import (
-    ApplyFailed,
-    BrokerError,
-    DuplicateMessage,
-    InvalidArgument,
-    TopicExists,
-    TopicNotFound,
+from broker.core.applied import (
+    Appended,
+    AppendPolicy,
+    CacheChanges,
+    ChangeSignal,
+    Handler,
+    PartitionState,
+    Rejected,
 )
+from broker.core.errors import ApplyFailed, BrokerError, InvalidArgument, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, StorageFailure, Store
 from broker.storage.memory import MemoryStore
 from broker.v1 import internal_pb2
@@ -40,92 +41,6 @@ _NEXT_TOPIC_ID = b"next_topic_id"
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _PART = struct.Struct(">II")
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionState:
-    """Counters of one partition; replaced, never mutated, so readers see consistent values.
-    ``last_timestamp_ms``: the newest record's timestamp, the floor of the next one's (0 in stores
-    written before it existed: the first append sets it)."""
-
-    start_offset: int = 0
-    end_offset: int = 0
-    records: int = 0
-    bytes: int = 0
-    last_timestamp_ms: int = 0
-
-    def to_proto(self) -> internal_pb2.PartitionMeta:
-        return internal_pb2.PartitionMeta(
-            start_offset=self.start_offset, end_offset=self.end_offset, records=self.records,
-            bytes=self.bytes, last_timestamp_ms=self.last_timestamp_ms,
-        )
-
-    @staticmethod
-    def from_proto(m: internal_pb2.PartitionMeta) -> PartitionState:
-        return PartitionState(m.start_offset, m.end_offset, m.records, m.bytes, m.last_timestamp_ms)
-
-
-@dataclass
-class CacheChanges:
-    """What an apply changes in the read caches, published only after its batch is written."""
-
-    partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
-    created: list[internal_pb2.TopicMeta] = field(default_factory=list)
-    dropped: list[internal_pb2.TopicMeta] = field(default_factory=list)
-    # feature caches to update once the batch is written (e.g. consumer-group versions); readers are woken
-    after_write: list[Callable[[], None]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.partitions or self.created or self.dropped or self.after_write)
-
-
-Handler = Callable[[Any, Batch, CacheChanges], object]
-
-
-class ChangeSignal(Protocol):
-    """Wakes readers after an apply that changed topics or records (``broker.leader.changes.Changes``).
-
-    The apply side only calls :meth:`notify`; waiting is the business of whoever reads. It is
-    injected so that this module stays free of threads and clocks."""
-
-    @property
-    def version(self) -> int:
-        """Increases with every :meth:`notify`."""
-        ...
-
-    def notify(self) -> None:
-        """Increase :attr:`version` and wake every waiter."""
-        ...
-
-    def wait(self, seen_version: int, timeout_s: float) -> int:
-        """Block until :attr:`version` differs from ``seen_version`` or ``timeout_s`` passes; the version."""
-        ...
-
-
-class AppendPolicy(Protocol):
-    """What the retention module decides around each append (see ``broker.core.retention``)."""
-
-    def check(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, new_records: int,
-              new_bytes: int) -> BrokerError | None: ...
-
-    def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """The deterministic result of a command that was not applied."""
-
-    error: BrokerError
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Per-record (partition, offset, timestamp_ms, duplicate), in command order. A duplicate of
-    an idempotency key carries the first copy's place; one below its producer's watermark carries
-    offset 0 and timestamp 0 (it was discarded and its original place is not kept)."""
-
-    placements: list[tuple[int, int, int, bool]]
 
 
 def _topic_key(name: str) -> bytes:
@@ -372,9 +287,9 @@ class BrokerStateMachine:
             fresh: list[bool] | None = None
             mark = 0
         else:
-            checked = self._check_watermark(cmd, tid)
-            if isinstance(checked, Rejected):
-                return checked
+            checked = dedup.check_watermark(self._store, cmd, tid)
+            if isinstance(checked, BrokerError):
+                return Rejected(checked)
             fresh, mark = checked
         # phase 1: decide duplicates and places without writing anything
         keys = cmd.idempotency_keys
@@ -418,9 +333,9 @@ class BrokerStateMachine:
             base = self.partition(tid, partition)
             touched[partition] = replace(base, end_offset=end, records=base.records + added,
                                          bytes=base.bytes + added_bytes, last_timestamp_ms=ts)
-        rejected = self._check_unique(cmd, tid, meta, [w[5] for w in writes])
-        if rejected is not None:
-            return rejected
+        taken = dedup.check_unique(self._store, cmd, tid, meta, [w[5] for w in writes])
+        if taken is not None:
+            return Rejected(taken)
         if self._policy is not None:
             for partition, state in touched.items():
                 old = self.partition(tid, partition)
@@ -451,44 +366,6 @@ class BrokerStateMachine:
             if self._policy is not None:
                 self._policy.after_append(meta, partition, state, batch, commit, pending[partition])
         return Appended(placements)
-
-    def _check_unique(self, cmd: internal_pb2.AppendCommand, tid: int, meta: internal_pb2.TopicMeta,
-                      indexes: list[int]) -> Rejected | None:
-        """Dedup fields: the whole batch is refused if a record to store repeats a taken key."""
-        if not cmd.unique_keys:
-            return None
-        keys = [cmd.unique_keys[i] for i in indexes]
-        taken = dedup.existing_unique_keys(self._store, tid, keys)
-        seen: set[str] = set()
-        for i, key in zip(indexes, keys, strict=True):
-            if key in taken or key in seen:
-                fields = ", ".join(meta.config.dedup_fields)
-                return Rejected(DuplicateMessage(
-                    f"record {i}: a record with the same dedup fields ({fields}) = {key} already exists"))
-            seen.add(key)
-        return None
-
-    def _check_watermark(self, cmd: internal_pb2.AppendCommand, tid: int) -> tuple[list[bool], int] | Rejected:
-        """Which records are new for their producer session, and the watermark to write once the
-        batch is stored (0: unchanged); the whole batch is rejected when an id breaks the rule that
-        ``|msg_id|`` rises by one per message. Nothing is written here: a batch refused later
-        (dedup fields, a full topic) must not move the watermark."""
-        if not cmd.dedup_id:
-            return [True] * len(cmd.bodies), 0
-        mark = start = dedup.watermark(self._store, tid, cmd.dedup_id)
-        fresh: list[bool] = []
-        for i, msg_id in enumerate(cmd.msg_ids):
-            size = abs(msg_id)
-            if size <= mark:
-                fresh.append(False)
-            elif size == mark + 1:
-                fresh.append(True)
-                mark = size
-            else:
-                return Rejected(InvalidArgument(
-                    f"record {i}: msg_id {msg_id} breaks the sequence of dedup_id {cmd.dedup_id!r} "
-                    f"(its watermark is {mark}: the next id must be {mark + 1} or {-(mark + 1)})"))
-        return fresh, (mark if mark != start else 0)
 
     def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> None:
         for meta in self._topics.values():

@@ -1,0 +1,103 @@
+"""What an apply works with and answers: partition counters, cache changes, results, and the two
+protocols the state machine is given (the change signal and the append policy).
+
+Kept apart from ``broker.core.state_machine`` so the command handlers of every feature module
+(retention, groups, routes, members) and the leader can name them; they import them from the state
+machine module, which uses each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.core.errors import BrokerError
+from broker.storage import Batch
+from broker.v1 import internal_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Counters of one partition; replaced, never mutated, so readers see consistent values.
+    ``last_timestamp_ms``: the newest record's timestamp, the floor of the next one's (0 in stores
+    written before it existed: the first append sets it)."""
+
+    start_offset: int = 0
+    end_offset: int = 0
+    records: int = 0
+    bytes: int = 0
+    last_timestamp_ms: int = 0
+
+    def to_proto(self) -> internal_pb2.PartitionMeta:
+        return internal_pb2.PartitionMeta(
+            start_offset=self.start_offset, end_offset=self.end_offset, records=self.records,
+            bytes=self.bytes, last_timestamp_ms=self.last_timestamp_ms,
+        )
+
+    @staticmethod
+    def from_proto(m: internal_pb2.PartitionMeta) -> PartitionState:
+        return PartitionState(m.start_offset, m.end_offset, m.records, m.bytes, m.last_timestamp_ms)
+
+
+@dataclass
+class CacheChanges:
+    """What an apply changes in the read caches, published only after its batch is written."""
+
+    partitions: dict[tuple[int, int], PartitionState] = field(default_factory=dict)
+    created: list[internal_pb2.TopicMeta] = field(default_factory=list)
+    dropped: list[internal_pb2.TopicMeta] = field(default_factory=list)
+    # feature caches to update once the batch is written (e.g. consumer-group versions); readers are woken
+    after_write: list[Callable[[], None]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.partitions or self.created or self.dropped or self.after_write)
+
+
+Handler = Callable[[Any, Batch, CacheChanges], object]
+
+
+class ChangeSignal(Protocol):
+    """Wakes readers after an apply that changed topics or records (``broker.leader.changes.Changes``).
+
+    The apply side only calls :meth:`notify`; waiting is the business of whoever reads. It is
+    injected so that this module stays free of threads and clocks."""
+
+    @property
+    def version(self) -> int:
+        """Increases with every :meth:`notify`."""
+        ...
+
+    def notify(self) -> None:
+        """Increase :attr:`version` and wake every waiter."""
+        ...
+
+    def wait(self, seen_version: int, timeout_s: float) -> int:
+        """Block until :attr:`version` differs from ``seen_version`` or ``timeout_s`` passes; the version."""
+        ...
+
+
+class AppendPolicy(Protocol):
+    """What the retention module decides around each append (see ``broker.core.retention``)."""
+
+    def check(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, new_records: int,
+              new_bytes: int) -> BrokerError | None: ...
+
+    def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
+                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The deterministic result of a command that was not applied."""
+
+    error: BrokerError
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Per-record (partition, offset, timestamp_ms, duplicate), in command order. A duplicate of
+    an idempotency key carries the first copy's place; one below its producer's watermark carries
+    offset 0 and timestamp 0 (it was discarded and its original place is not kept)."""
+
+    placements: list[tuple[int, int, int, bool]]
