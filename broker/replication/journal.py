@@ -78,8 +78,15 @@ def fsync_path(path: Path) -> None:
 
 
 def _record(kind: int, payload: bytes) -> bytes:
-    body = bytes((kind,)) + payload
-    return _REC.pack(len(body), zlib.crc32(body), kind) + payload
+    return b"".join(_record_parts(kind, payload))
+
+
+def _record_parts(kind: int, payload: bytes, tail: bytes = b"") -> tuple[bytes, bytes]:
+    """A record whose payload is ``payload + tail``, as (record head + ``payload``, ``tail``),
+    without copying ``tail``: a command is written as it came (``os.pwritev``), its CRC computed
+    over it in place."""
+    crc = zlib.crc32(tail, zlib.crc32(payload, zlib.crc32(bytes((kind,)))))
+    return _REC.pack(1 + len(payload) + len(tail), crc, kind) + payload, tail
 
 
 def _header(generation: int, synced_bytes: int) -> bytes:
@@ -241,12 +248,14 @@ class DurableJournal(Journal):
         self._commit_written = self._commit
         self.fsyncs += 1
 
-    def _append(self, kind: int, payload: bytes, needs_sync: bool) -> None:
-        data = _record(kind, payload)
+    def _append(self, kind: int, payload: bytes, needs_sync: bool, tail: bytes = b"") -> None:
+        """Write a record of ``payload + tail`` at the end (``tail``, a command, is not copied)."""
+        head, body = _record_parts(kind, payload, tail)
+        size = len(head) + len(body)
         try:
-            written = os.pwrite(self._fd, data, self._size)
-            if written != len(data):
-                raise OSError(f"short write to the raft journal ({written} of {len(data)} bytes)")
+            written = os.pwritev(self._fd, (head, body), self._size) if body else os.pwrite(self._fd, head, self._size)
+            if written != size:
+                raise OSError(f"short write to the raft journal ({written} of {size} bytes)")
         except OSError as exc:
             self._fail(exc)
             raise
@@ -308,7 +317,7 @@ class DurableJournal(Journal):
     # -- pysyncobj's Journal interface -------------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._entries.append((command, idx, term))
-        self._append(ENTRY, _ENTRY.pack(idx, term) + command, self._entry_needs_sync(command))
+        self._append(ENTRY, _ENTRY.pack(idx, term), self._entry_needs_sync(command), command)
 
     def clear(self) -> None:
         self._entries = []

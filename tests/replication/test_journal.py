@@ -14,7 +14,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from broker.replication import raft
-from broker.replication.journal import HEADER_BYTES, DurableJournal, JournalError
+from broker.replication.journal import ENTRY, HEADER_BYTES, DurableJournal, JournalError
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port
@@ -301,3 +301,35 @@ def test_a_failed_fsync_is_final(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(OSError):
         journal.sync()
     journal._destroy()  # closes without trying again
+
+
+
+def _entry_records(data: bytes) -> list[bytes]:
+    """The raw ENTRY records of a journal file: length(4) crc32(4) type(1) payload, after the header."""
+    out, pos = [], HEADER_BYTES
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "little")
+        end = pos + 8 + length
+        if data[pos + 8] == ENTRY:
+            out.append(data[pos:end])
+        pos = end
+    return out
+
+
+def test_an_appended_entry_and_the_same_entry_rewritten_are_the_same_bytes(tmp_path: Path) -> None:
+    """``add`` writes a command without copying it (the record head and the command through
+    ``pwritev``, the CRC computed over both in place); a compaction rewrites entries the plain way.
+    Both give the same record bytes, and the appended file reopens with the very commands."""
+    big, small = command(PLAIN_ID, os.urandom(200_000)), command(SYNCED_ID, b"x")
+    journal = open_journal(tmp_path / "j")
+    for index, cmd in enumerate([big, small, big], start=2):
+        journal.add(cmd, index, 1)
+    appended = _entry_records((tmp_path / "j").read_bytes())
+    crash(journal)
+    journal = open_journal(tmp_path / "j")
+    assert [journal[i][0] for i in range(len(journal))] == [big, small, big]
+    assert entries(journal) == [(2, 1), (3, 1), (4, 1)]
+    journal._rewrite()  # what a compaction does with the entries it keeps
+    rewritten = _entry_records((tmp_path / "j").read_bytes())
+    crash(journal)
+    assert len(appended) == 3 and appended == rewritten
