@@ -54,10 +54,19 @@ def _partition_key(topic_id: int, partition: int) -> bytes:
 class BrokerStateMachine:
     """Applies :class:`internal_pb2.Command` bytes to a :class:`Store` and keeps read caches."""
 
-    def __init__(self, store: Store, changes: ChangeSignal, volatile: Store | None = None) -> None:
+    def __init__(self, store: Store, changes: ChangeSignal, volatile: Store | None = None, *,
+                 journaled: bool = False) -> None:
         """``changes`` is told after every apply that changed topics or records (and after a
-        restore); readers wait on it through :meth:`wait_for_change`."""
+        restore); readers wait on it through :meth:`wait_for_change`.
+
+        ``journaled``: a Raft journal keeps every applied command until a snapshot covering it is
+        durable, so applies are written without the store's write-ahead log (``Store.write(wal=
+        False)``): the journal is the WAL. After a crash the store is at its last flush (every
+        snapshot flushes it first); its applied index says where the replay starts, and the journal
+        holds every command since the last snapshot, or the snapshot is newer and is restored. Off
+        for a state machine whose commands nobody replays (in-memory replicators in tests)."""
         self._store = store
+        self._store_wal = not journaled
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
         self._volatile = volatile if volatile is not None else MemoryStore()
         self._volatile_batch: Batch | None = None
@@ -196,7 +205,7 @@ class BrokerStateMachine:
         try:
             if self._volatile_batch is not None:
                 self._volatile.write(self._volatile_batch)
-            self._store.write(batch)
+            self._store.write(batch, wal=self._store_wal)
         except Exception:
             log.critical("storage failure while writing index %d: stopping rather than diverging", index)
             raise

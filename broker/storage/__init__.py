@@ -49,8 +49,14 @@ class Store(Protocol):
 
     def batch(self) -> Batch: ...
 
-    def write(self, batch: Batch, *, sync: bool = False) -> None:
-        """Apply ``batch`` atomically; with ``sync`` it is on stable storage when this returns."""
+    def write(self, batch: Batch, *, sync: bool = False, wal: bool = True) -> None:
+        """Apply ``batch`` atomically; with ``sync`` it is on stable storage when this returns.
+
+        ``wal=False`` skips the store's write-ahead log: the write then survives a process crash only
+        once the store has flushed it (every :meth:`checkpoint` flushes first, and all column
+        families flush together, so a crash leaves the state of one earlier write, never a mix).
+        Only for writes the caller can replay after a crash: the state machine's applies, whose
+        commands the Raft journal keeps until a checkpoint covering them is durable."""
         ...
 
     def get(self, column: Column, key: bytes) -> bytes | None: ...

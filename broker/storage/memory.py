@@ -63,7 +63,7 @@ class MemoryStore:
     def batch(self) -> MemoryBatch:
         return MemoryBatch()
 
-    def write(self, batch: Batch, *, sync: bool = False) -> None:
+    def write(self, batch: Batch, *, sync: bool = False, wal: bool = True) -> None:
         assert isinstance(batch, MemoryBatch), "a batch from another store"
         with self._lock:
             for op, column, a, b in batch.ops:

@@ -95,6 +95,8 @@ class RocksStore:
                                   f"{_RECOVERY_HINT.format(root=self._root)}") from None
         self._sync_opts = WriteOptions()
         self._sync_opts.sync = True
+        self._no_wal_opts = WriteOptions()
+        self._no_wal_opts.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _db_path(self, generation: int) -> Path:
@@ -149,11 +151,14 @@ class RocksStore:
     def batch(self) -> RocksBatch:
         return RocksBatch(self._handles)
 
-    def write(self, batch: Batch, *, sync: bool = False) -> None:
+    def write(self, batch: Batch, *, sync: bool = False, wal: bool = True) -> None:
         assert isinstance(batch, RocksBatch), "a batch from another store"
+        assert wal or not sync, "a synced write goes through the write-ahead log"
         try:
             if sync:
                 self._db.write(batch.write_batch, self._sync_opts)
+            elif not wal:
+                self._db.write(batch.write_batch, self._no_wal_opts)
             else:
                 self._db.write(batch.write_batch)
         except Exception as exc:
