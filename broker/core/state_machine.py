@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from broker.core import dedup, records, sessions
+from broker.core import dedup, record_log, records, sessions
 from broker.core.errors import (
     ApplyFailed,
     BrokerError,
@@ -154,6 +154,7 @@ class BrokerStateMachine:
 
     # -- caches ------------------------------------------------------------------------------
     def _load_caches(self) -> None:
+        record_log.upgrade(self._store)  # stores written before one value per batch (a no-op after)
         raw = self._store.get(Column.META, _APPLIED)
         self._applied = _U64.unpack(raw)[0] if raw else 0
         raw = self._store.get(Column.META, _NEXT_TOPIC_ID)
@@ -355,7 +356,7 @@ class BrokerStateMachine:
         """Store a batch. Log-append time: a record's timestamp is ``max(cmd.now_ms, the partition's
         last timestamp)``, so timestamps never decrease in a partition whatever the leaders' clocks do;
         the floor is ``PartitionState.last_timestamp_ms``, written in the same batch as the records
-        and read from the cache (no extra store read). ``records.offset_for_time`` (subscribe from a
+        and read from the cache (no extra store read). ``record_log.offset_for_time`` (subscribe from a
         timestamp, retention by age) relies on it."""
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
@@ -430,14 +431,15 @@ class BrokerStateMachine:
         # phase 2: write
         record_batch = self.records_batch(tid, batch)
         pending: dict[int, dict[int, int]] = {p: {} for p in touched}
+        items: dict[int, list[tuple[int, bytes]]] = {p: [] for p in touched}
         unique = cmd.unique_keys
-        frame, record_key, put = records.frame, records.record_key, record_batch.put
         for partition, offset, ts, body, _key, i in writes:
             if unique:
                 dedup.take_unique_key(batch, tid, unique[i])
-            rkey = record_key(tid, partition, offset)
-            put(Column.RECORDS, rkey, frame(rkey, ts, body))
+            items[partition].append((ts, body))
             pending[partition][offset] = len(body)
+        for partition, stored in items.items():  # a partition's offsets of this apply are consecutive
+            record_log.append(record_batch, tid, partition, starts[partition][0], stored)
         if keys:
             dedup.remember_keys(batch, tid, window_now, window,
                                 [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import TopicExists, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.leader.changes import Changes
@@ -14,6 +14,7 @@ from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.storage.rocks import RocksStore
 from broker.v1 import internal_pb2
+from tests.record_store import flip_record_byte
 
 pytestmark = pytest.mark.unit
 
@@ -90,8 +91,7 @@ def test_timestamps_never_decrease_within_a_partition() -> None:
 
 
 def stored_timestamps(sm: BrokerStateMachine, topic_id: int, partition: int) -> list[int]:
-    begin, end = records.record_key(topic_id, partition, 0), records.record_key(topic_id, partition + 1, 0)
-    return [records.unframe(k, v).timestamp_ms for k, v in sm.store.scan(Column.RECORDS, begin, end)]
+    return [e.timestamp_ms for e in record_log.read(sm.store, topic_id, partition, 0, records.MAX_OFFSET)]
 
 
 def test_a_command_with_an_older_now_ms_gets_the_previous_timestamp() -> None:
@@ -176,10 +176,15 @@ def test_stored_records_carry_a_checked_crc() -> None:
     sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 1))
     sm.apply(2, append("t", 1, [0]))
+    [entry] = record_log.read(sm.store, 1, 0, 0, 10)
+    assert entry.offset == 0 and entry.error is None
+    flip_record_byte(sm.store, 1, 0, 0)
+    [entry] = record_log.read(sm.store, 1, 0, 0, 10)
+    assert entry.error == "checksum mismatch" and entry.body == b""
     key, value = next(iter(sm.store.scan(Column.RECORDS, b"", b"\xff" * 16)))
-    assert records.unframe(key, value).offset == 0
-    corrupted = value[:-1] + bytes([value[-1] ^ 1])
-    with pytest.raises(records.CorruptRecord):
-        records.unframe(key, corrupted)
-    with pytest.raises(records.CorruptRecord):
-        records.unframe(records.record_key(1, 0, 7), value)  # right bytes, wrong place
+    batch = sm.store.batch()
+    batch.delete(Column.RECORDS, key)
+    batch.put(Column.RECORDS, records.record_key(1, 0, 7), value)  # right bytes, wrong place
+    sm.store.write(batch)
+    assert [e.error for e in record_log.read(sm.store, 1, 0, 0, 10)] == [
+        "batch header checksum mismatch"] * 8, "offsets 0..7: the damaged value stands for all of them"
