@@ -21,7 +21,7 @@ from typing import Protocol
 
 from broker.core import record_log
 from broker.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TopicNotFound
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
+from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, PendingRecords, Rejected
 from broker.storage import Batch
 from broker.v1 import internal_pb2
 
@@ -77,11 +77,11 @@ class Retention:
         return check_reject(meta.config, partition, state, new_records, new_bytes)
 
     def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState:
-        return self.trim_to_caps(meta, partition, state, batch, changes, pending_sizes)
+                     changes: CacheChanges, pending: PendingRecords) -> PartitionState:
+        return self.trim_to_caps(meta, partition, state, batch, changes, pending)
 
     def delete_before(self, tid: int, partition: int, state: PartitionState, before: int, batch: Batch,
-                      changes: CacheChanges, reason: str, pending_sizes: dict[int, int] | None = None
+                      changes: CacheChanges, reason: str, pending: PendingRecords | None = None
                       ) -> PartitionState:
         """Delete ``[start, before)``; returns the new counters (also written to ``batch``)."""
         before = min(before, state.end_offset)
@@ -92,7 +92,7 @@ class Retention:
         for _offset, size in record_log.sizes(store, tid, partition, state.start_offset, before):
             removed += 1
             removed_bytes += size
-        for offset, size in (pending_sizes or {}).items():  # written by this same apply
+        for offset, size in pending.sizes() if pending is not None else ():  # written by this same apply
             if state.start_offset <= offset < before:
                 removed += 1
                 removed_bytes += size
@@ -105,23 +105,23 @@ class Retention:
         return new
 
     def trim_to_caps(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int] | None = None) -> PartitionState:
+                     changes: CacheChanges, pending: PendingRecords | None = None) -> PartitionState:
         """``discard_old``: delete the oldest records until the partition fits its caps."""
         max_records, max_bytes = _caps(meta.config)
         if meta.config.full_policy == internal_pb2.FULL_POLICY_REJECT:
             return state
         if (max_records is None or state.records <= max_records) and (max_bytes is None or state.bytes <= max_bytes):
             return state
-        tid, pending = meta.topic_id, pending_sizes or {}
+        tid = meta.topic_id
         stored = record_log.sizes(self._state.records_store(tid), tid, partition, state.start_offset,
                                   state.end_offset)
-        sizes = itertools.chain(stored, sorted(pending.items()))
+        sizes = itertools.chain(stored, pending.sizes() if pending is not None else ())
         count, size, before = state.records, state.bytes, state.start_offset
         for offset, record_bytes in sizes:  # oldest first; stop as soon as the partition fits
             if (max_records is None or count <= max_records) and (max_bytes is None or size <= max_bytes):
                 break
             count, size, before = count - 1, size - record_bytes, offset + 1
-        return self.delete_before(tid, partition, state, before, batch, changes, "retention", pending_sizes)
+        return self.delete_before(tid, partition, state, before, batch, changes, "retention", pending)
 
     def _apply_prune(self, cmd: internal_pb2.PruneCommand, batch: Batch, changes: CacheChanges) -> object:
         meta = self._state.topic(cmd.topic)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -102,6 +102,19 @@ class ChangeSignal(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class PendingRecords:
+    """The records of one partition written by the apply in progress (in its batch, not yet in
+    the store): offsets ``first``, ``first + 1``…"""
+
+    first: int
+    items: Sequence[tuple[int, bytes]]  # (timestamp_ms, body)
+
+    def sizes(self) -> Iterator[tuple[int, int]]:
+        """(offset, body bytes) of each, oldest first."""
+        return ((self.first + i, len(body)) for i, (_, body) in enumerate(self.items))
+
+
 class AppendPolicy(Protocol):
     """What the retention module decides around each append (see ``broker.core.retention``)."""
 
@@ -109,7 +122,7 @@ class AppendPolicy(Protocol):
               new_bytes: int) -> BrokerError | None: ...
 
     def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState: ...
+                     changes: CacheChanges, pending: PendingRecords) -> PartitionState: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,16 +443,15 @@ class BrokerStateMachine:
                     return Rejected(error)
         # phase 2: write
         record_batch = self.records_batch(tid, batch)
-        pending: dict[int, dict[int, int]] = {p: {} for p in touched}
         items: dict[int, list[tuple[int, bytes]]] = {p: [] for p in touched}
         unique = cmd.unique_keys
-        for partition, offset, ts, body, _key, i in writes:
+        for partition, _offset, ts, body, _key, i in writes:
             if unique:
                 dedup.take_unique_key(batch, tid, unique[i])
             items[partition].append((ts, body))
-            pending[partition][offset] = len(body)
-        for partition, stored in items.items():  # a partition's offsets of this apply are consecutive
-            record_log.append(record_batch, tid, partition, starts[partition][0], stored)
+        pending = {p: PendingRecords(starts[p][0], stored) for p, stored in items.items()}
+        for partition, written in pending.items():  # a partition's offsets of this apply are consecutive
+            record_log.append(record_batch, tid, partition, written.first, written.items)
         if keys:
             dedup.remember_keys(batch, tid, window_now, window,
                                 [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
