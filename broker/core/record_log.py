@@ -169,9 +169,9 @@ def append(batch: Batch, tid: int, partition: int, first: int, items: Sequence[t
         batch.put(Column.RECORDS, *_encode(tid, partition, chunk_first, ends, parts))
 
 
-def _values(store: Store, tid: int, partition: int, begin: int, limit: int | None = None
-            ) -> Iterator[tuple[bytes, bytes]]:
-    """Stored values of a partition from the one holding ``begin`` on."""
+def _values(store: Store, tid: int, partition: int, begin: int, limit: int) -> Iterator[tuple[bytes, bytes]]:
+    """Stored values of a partition from the one holding ``begin`` on, at most ``limit`` (every value
+    holds at least one offset, so ``limit`` = the offsets wanted bounds what a store may copy)."""
     return store.scan(Column.RECORDS, _KEY.pack(tid, partition, begin), _KEY.pack(tid, partition + 1, 0)
                       if partition < 0xFFFFFFFF else _KEY.pack(tid + 1, 0, 0), limit)
 
@@ -186,7 +186,7 @@ def read(store: Store, tid: int, partition: int, begin: int, end: int, limit: in
         return
     prefix = _KEY.pack(tid, partition, 0)[:8]
     expected = begin  # the first offset a damaged value may stand for
-    for key, raw in _values(store, tid, partition, begin):
+    for key, raw in _values(store, tid, partition, begin, left):
         try:
             value = _decode(key, raw)
         except _Damaged as exc:
@@ -254,8 +254,10 @@ def offset_for_time(store: Store, tid: int, partition: int, timestamp_ms: int, l
 def sizes(store: Store, tid: int, partition: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
     """(offset, body bytes) of the stored records in ``[begin, end)``, oldest first, from the
     tables (no record CRC is checked); offsets of a damaged batch count with 0 bytes (logged)."""
+    if end <= begin:
+        return
     expected = begin
-    for key, raw in _values(store, tid, partition, begin):
+    for key, raw in _values(store, tid, partition, begin, end - begin):
         try:
             value = _decode(key, raw)
         except _Damaged as exc:
