@@ -188,3 +188,22 @@ def test_stored_records_carry_a_checked_crc() -> None:
     sm.store.write(batch)
     assert [e.error for e in record_log.read(sm.store, 1, 0, 0, 10)] == [
         "batch header checksum mismatch"] * 8, "offsets 0..7: the damaged value stands for all of them"
+
+
+@pytest.mark.parametrize("parts", [[0, 0, 0], [1, 0, 1, 1, 0]])
+def test_batches_without_keys_are_placed_and_stored_like_batches_with_keys(parts: list[int]) -> None:
+    """The per-partition path (no keys: every record stored) and the per-record one (keys) agree."""
+    plain, keyed = BrokerStateMachine(MemoryStore(), Changes()), BrokerStateMachine(MemoryStore(), Changes())
+    config = internal_pb2.TopicConfig(name="t", partitions=2, dedup_window_ms=60_000)
+    for sm in (plain, keyed):
+        sm.apply(1, internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(config=config, now_ms=1000)
+                                         ).SerializeToString())
+        sm.apply(2, append("t", 1, [1, 0], now_ms=9000))  # a timestamp floor above the next now_ms
+    with_keys = internal_pb2.Command.FromString(append("t", 1, parts, now_ms=4000))
+    with_keys.append.idempotency_keys.extend(f"k{i}" for i in range(len(parts)))
+    a, b = plain.apply(3, append("t", 1, parts, now_ms=4000)), keyed.apply(3, with_keys.SerializeToString())
+    assert isinstance(a, Appended) and isinstance(b, Appended) and a.placements == b.placements
+    assert a.placements[0][2] == 9000
+    for p in (0, 1):
+        assert plain.partition(1, p) == keyed.partition(1, p)
+        assert list(record_log.read(plain.store, 1, p, 0, 10)) == list(record_log.read(keyed.store, 1, p, 0, 10))
