@@ -8,7 +8,7 @@ machine module, which uses each of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,6 +77,19 @@ class ChangeSignal(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class PendingRecords:
+    """The records of one partition written by the apply in progress (in its batch, not yet in
+    the store): offsets ``first``, ``first + 1``…"""
+
+    first: int
+    items: Sequence[tuple[int, bytes]]  # (timestamp_ms, body)
+
+    def sizes(self) -> Iterator[tuple[int, int]]:
+        """(offset, body bytes) of each, oldest first."""
+        return ((self.first + i, len(body)) for i, (_, body) in enumerate(self.items))
+
+
 class AppendPolicy(Protocol):
     """What the retention module decides around each append (see ``broker.core.retention``)."""
 
@@ -84,7 +97,7 @@ class AppendPolicy(Protocol):
               new_bytes: int) -> BrokerError | None: ...
 
     def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState: ...
+                     changes: CacheChanges, pending: PendingRecords) -> PartitionState: ...
 
 
 @dataclass(frozen=True, slots=True)

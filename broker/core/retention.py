@@ -4,11 +4,13 @@ Caps hold per partition: ``max_records`` and ``max_bytes`` (record bodies) are c
 append — ``reject`` refuses the whole batch with RESOURCE_EXHAUSTED, ``discard_old`` deletes the
 oldest records in the same apply — and ``max_age_ms`` by the leader's periodic
 ``EnforceRetentionCommand`` (which also re-applies count and byte caps, e.g. after they were
-lowered). Deleting a prefix is one range delete; the byte counter is kept exact by reading the
-sizes of the deleted records. Every decision depends only on the command (its ``now_ms``) and
-the store, so every node deletes the same prefix. Age is a binary search for the first young
-enough record (``records.offset_for_time``): it relies on timestamps never decreasing in a
-partition, which the state machine guarantees (log-append time, ``BrokerStateMachine._append``).
+lowered). Deleting a prefix is one range delete of the stored batches wholly before the cut (a
+batch straddling it stays, filtered on read: ``broker.core.record_log``); the byte counter is kept
+exact by reading the sizes of the deleted records from the batches' tables. Every decision
+depends only on the command (its ``now_ms``) and the store, so every node deletes the same prefix.
+Age is a binary search for the first young enough record (``record_log.offset_for_time``): it
+relies on timestamps never decreasing in a partition, which the state machine guarantees
+(log-append time, ``BrokerStateMachine._append``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import itertools
 from dataclasses import replace
 from typing import Protocol
 
-from broker.core import records
+from broker.core import record_log
 from broker.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TopicNotFound
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
-from broker.storage import Batch, Column
+from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, PendingRecords, Rejected
+from broker.storage import Batch
 from broker.v1 import internal_pb2
 
 
@@ -75,27 +77,27 @@ class Retention:
         return check_reject(meta.config, partition, state, new_records, new_bytes)
 
     def after_append(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int]) -> PartitionState:
-        return self.trim_to_caps(meta, partition, state, batch, changes, pending_sizes)
+                     changes: CacheChanges, pending: PendingRecords) -> PartitionState:
+        return self.trim_to_caps(meta, partition, state, batch, changes, pending)
 
     def delete_before(self, tid: int, partition: int, state: PartitionState, before: int, batch: Batch,
-                      changes: CacheChanges, reason: str, pending_sizes: dict[int, int] | None = None
+                      changes: CacheChanges, reason: str, pending: PendingRecords | None = None
                       ) -> PartitionState:
         """Delete ``[start, before)``; returns the new counters (also written to ``batch``)."""
         before = min(before, state.end_offset)
         if before <= state.start_offset:
             return state
         store = self._state.records_store(tid)
-        begin, end = records.record_key(tid, partition, state.start_offset), records.record_key(tid, partition, before)
         removed, removed_bytes = 0, 0
-        for _key, value in store.scan(Column.RECORDS, begin, end):
+        for _offset, size in record_log.sizes(store, tid, partition, state.start_offset, before):
             removed += 1
-            removed_bytes += len(value) - records.FRAME_BYTES
-        for offset, size in (pending_sizes or {}).items():  # written by this same apply
+            removed_bytes += size
+        for offset, size in pending.sizes() if pending is not None else ():  # written by this same apply
             if state.start_offset <= offset < before:
                 removed += 1
                 removed_bytes += size
-        self._state.records_batch(tid, batch).delete_range(Column.RECORDS, begin, end)
+        # batches wholly before the cut go; one straddling it stays and is filtered on read
+        record_log.delete_before(self._state.records_batch(tid, batch), tid, partition, state.start_offset, before)
         new = replace(state, start_offset=before, records=max(state.records - removed, 0),
                       bytes=max(state.bytes - removed_bytes, 0))
         self._state.put_partition(tid, partition, new, batch, changes)
@@ -103,25 +105,23 @@ class Retention:
         return new
 
     def trim_to_caps(self, meta: internal_pb2.TopicMeta, partition: int, state: PartitionState, batch: Batch,
-                     changes: CacheChanges, pending_sizes: dict[int, int] | None = None) -> PartitionState:
+                     changes: CacheChanges, pending: PendingRecords | None = None) -> PartitionState:
         """``discard_old``: delete the oldest records until the partition fits its caps."""
         max_records, max_bytes = _caps(meta.config)
         if meta.config.full_policy == internal_pb2.FULL_POLICY_REJECT:
             return state
         if (max_records is None or state.records <= max_records) and (max_bytes is None or state.bytes <= max_bytes):
             return state
-        tid, pending = meta.topic_id, pending_sizes or {}
-        stored = self._state.records_store(tid).scan(
-            Column.RECORDS, records.record_key(tid, partition, state.start_offset),
-            records.record_key(tid, partition, state.end_offset))
-        sizes = itertools.chain(((records.RECORD_KEY.unpack(k)[2], len(v) - records.FRAME_BYTES) for k, v in stored),
-                                sorted(pending.items()))
+        tid = meta.topic_id
+        stored = record_log.sizes(self._state.records_store(tid), tid, partition, state.start_offset,
+                                  state.end_offset)
+        sizes = itertools.chain(stored, pending.sizes() if pending is not None else ())
         count, size, before = state.records, state.bytes, state.start_offset
         for offset, record_bytes in sizes:  # oldest first; stop as soon as the partition fits
             if (max_records is None or count <= max_records) and (max_bytes is None or size <= max_bytes):
                 break
             count, size, before = count - 1, size - record_bytes, offset + 1
-        return self.delete_before(tid, partition, state, before, batch, changes, "retention", pending_sizes)
+        return self.delete_before(tid, partition, state, before, batch, changes, "retention", pending)
 
     def _apply_prune(self, cmd: internal_pb2.PruneCommand, batch: Batch, changes: CacheChanges) -> object:
         meta = self._state.topic(cmd.topic)
@@ -152,7 +152,7 @@ class Retention:
             for partition in range(meta.config.partitions):
                 state = self._state.partition(meta.topic_id, partition)
                 if retention.HasField("max_age_ms") and state.records:
-                    cutoff = records.offset_for_time(self._state.records_store(meta.topic_id), meta.topic_id,
+                    cutoff = record_log.offset_for_time(self._state.records_store(meta.topic_id), meta.topic_id,
                                                      partition, cmd.now_ms - retention.max_age_ms,
                                                      state.start_offset, state.end_offset)
                     state = self.delete_before(meta.topic_id, partition, state, cutoff, batch, changes, "retention")

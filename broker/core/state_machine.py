@@ -18,8 +18,9 @@ import shutil
 import struct
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import repeat
 
-from broker.core import dedup, records, sessions
+from broker.core import dedup, record_log, records, sessions
 from broker.core.applied import (
     Appended,
     AppendPolicy,
@@ -27,6 +28,7 @@ from broker.core.applied import (
     ChangeSignal,
     Handler,
     PartitionState,
+    PendingRecords,
     Rejected,
 )
 from broker.core.errors import ApplyFailed, BrokerError, InvalidArgument, TopicExists, TopicNotFound
@@ -78,6 +80,7 @@ class BrokerStateMachine:
 
     # -- caches ------------------------------------------------------------------------------
     def _load_caches(self) -> None:
+        record_log.upgrade(self._store)  # stores written before one value per batch (a no-op after)
         raw = self._store.get(Column.META, _APPLIED)
         self._applied = _U64.unpack(raw)[0] if raw else 0
         raw = self._store.get(Column.META, _NEXT_TOPIC_ID)
@@ -279,7 +282,7 @@ class BrokerStateMachine:
         """Store a batch. Log-append time: a record's timestamp is ``max(cmd.now_ms, the partition's
         last timestamp)``, so timestamps never decrease in a partition whatever the leaders' clocks do;
         the floor is ``PartitionState.last_timestamp_ms``, written in the same batch as the records
-        and read from the cache (no extra store read). ``records.offset_for_time`` (subscribe from a
+        and read from the cache (no extra store read). ``record_log.offset_for_time`` (subscribe from a
         timestamp, retention by age) relies on it."""
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
@@ -314,7 +317,10 @@ class BrokerStateMachine:
             placements.extend((*place, True) for place in known_places)
         skip = session.fresh_from if session is not None else 0
         starts: dict[int, tuple[int, int]] = {}  # partition -> its first new offset (for the session)
-        for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True)):
+        items: dict[int, list[tuple[int, bytes]]] = {}  # partition -> (timestamp, body) to store, in offset order
+        if not keys and not cmd.unique_keys and (fresh is None or all(fresh)):
+            self._place_all(cmd, tid, skip, growth, starts, placements, items)
+        for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True) if not items else ()):
             if i < skip:
                 continue
             if fresh is not None and not fresh[i]:  # at or below its producer's watermark: discarded
@@ -353,19 +359,20 @@ class BrokerStateMachine:
                     return Rejected(error)
         # phase 2: write
         record_batch = self.records_batch(tid, batch)
-        pending: dict[int, dict[int, int]] = {p: {} for p in touched}
-        unique = cmd.unique_keys
-        frame, record_key, put = records.frame, records.record_key, record_batch.put
-        for partition, offset, ts, body, _key, i in writes:
-            if unique:
-                dedup.take_unique_key(batch, tid, unique[i])
-            rkey = record_key(tid, partition, offset)
-            put(Column.RECORDS, rkey, frame(rkey, ts, body))
-            pending[partition][offset] = len(body)
+        if writes:  # the general path (keys, dedup fields, discarded records)
+            items = {p: [] for p in touched}
+            unique = cmd.unique_keys
+            for partition, _offset, ts, body, _key, i in writes:
+                if unique:
+                    dedup.take_unique_key(batch, tid, unique[i])
+                items[partition].append((ts, body))
+        pending = {p: PendingRecords(starts[p][0], stored) for p, stored in items.items()}
+        for partition, written in pending.items():  # a partition's offsets of this apply are consecutive
+            record_log.append(record_batch, tid, partition, written.first, written.items)
         if keys:
             dedup.remember_keys(batch, tid, window_now, window,
                                 [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
-        if session is not None and writes:  # every record of a session batch past fresh_from is written
+        if session is not None and items:  # every record of a session batch past fresh_from is written
             starts = {p: (offset, growth[p][3]) for p, (offset, _) in starts.items()}
             sessions.remember(batch, tid, cmd.dedup_id, cmd.first_msg_id + skip, cmd.partitions[skip:], starts)
         elif fresh is not None and cmd.dedup_id and mark:
@@ -375,6 +382,40 @@ class BrokerStateMachine:
             if self._policy is not None:
                 self._policy.after_append(meta, partition, state, batch, commit, pending[partition])
         return Appended(placements)
+
+    def _place_all(self, cmd: internal_pb2.AppendCommand, tid: int, skip: int, growth: dict[int, list[int]],
+                   starts: dict[int, tuple[int, int]], placements: list[tuple[int, int, int, bool]],
+                   items: dict[int, list[tuple[int, bytes]]]) -> None:
+        """Phase 1 of ``_append`` when every record from ``skip`` on is stored (no idempotency keys,
+        no dedup fields, none below a watermark), the common batch: the same places as the
+        per-record loop (offsets from each partition's end, one timestamp per partition: the
+        floor only rises with the first record), decided per partition instead of per record."""
+        partitions, bodies = cmd.partitions[skip:], cmd.bodies[skip:]
+        n = len(bodies)
+        if not n:
+            return
+        if len(set(partitions)) == 1:  # one partition: no per-record Python step at all
+            partition = partitions[0]
+            base = self.partition(tid, partition)
+            ts, first = max(cmd.now_ms, base.last_timestamp_ms), base.end_offset
+            placements.extend(zip(repeat(partition, n), range(first, first + n), repeat(ts, n), repeat(False, n),
+                                  strict=True))
+            items[partition] = list(zip(repeat(ts, n), bodies, strict=True))
+            growth[partition] = [first + n, n, sum(map(len, bodies)), ts]
+            starts[partition] = (first, 0)
+            return
+        for partition, body in zip(partitions, bodies, strict=True):
+            acc = growth.get(partition)
+            if acc is None:
+                base = self.partition(tid, partition)
+                ts = max(cmd.now_ms, base.last_timestamp_ms)
+                acc = growth[partition] = [base.end_offset, 0, 0, ts]
+                starts[partition] = (base.end_offset, 0)
+                items[partition] = []
+            offset, ts = acc[0], acc[3]
+            acc[0], acc[1], acc[2] = offset + 1, acc[1] + 1, acc[2] + len(body)
+            placements.append((partition, offset, ts, False))
+            items[partition].append((ts, body))
 
     def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> None:
         for meta in self._topics.values():

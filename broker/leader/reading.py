@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import DataLoss, InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.filters import RecordFilter
-from broker.storage import Column, StoreCorruption
+from broker.storage import StoreCorruption
 from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
@@ -219,8 +219,8 @@ class Reader:
         assert kind == "timestamp_ms"
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             return self._hub.first_at_or_after(tid, partition, position.timestamp_ms)
-        return records.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
-                                       start, end)
+        return record_log.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
+                                          start, end)
 
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,
@@ -291,8 +291,7 @@ class Reader:
         end = st.end_offset if cursor.end is None else min(st.end_offset, cursor.end)
         if cursor.offset >= end:
             return
-        scan = self._state.records_store(tid).scan(Column.RECORDS, records.record_key(tid, p, cursor.offset),
-                                      records.record_key(tid, p, end), limit)
+        scan = record_log.read(self._state.records_store(tid), tid, p, cursor.offset, end, limit)
         try:
             yield from self._read_scan(name, tid, cursor, scan)
         except StoreCorruption as exc:
@@ -301,17 +300,17 @@ class Reader:
             raise DataLoss(f"topic {name} partition {p}: this node's store cannot read records from offset "
                            f"{cursor.offset} (damaged file: {exc}); read from another node") from None
 
-    def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[tuple[bytes, bytes]]
+    def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[record_log.Entry]
                    ) -> Iterator[internal_pb2.SubscribeResponse]:
-        """Records (and BADMSG / SKIP_FORWARD events) of one scan, at most ``response_bytes_max``
+        """Records (and BADMSG / SKIP_FORWARD events) of one read, at most ``response_bytes_max``
         bytes of records per response (a lone record always goes); advances ``cursor``."""
         p = cursor.partition
         response = internal_pb2.SubscribeResponse()
         batch = response.batch
         size = 0
         try:
-            for key, value in scan:
-                offset = records.RECORD_KEY.unpack(key)[2]
+            for stored in scan:
+                offset = stored.offset
                 if offset != cursor.offset:  # pruned between our check and the scan
                     if batch.records:
                         yield response
@@ -321,17 +320,20 @@ class Reader:
                                  "records before this position were pruned or expired")
                     cursor.offset = offset
                 rec = batch.records.add()
-                try:
-                    stored = records.unframe(key, value)
-                    rec.MergeFromString(stored.body)
-                except (records.CorruptRecord, DecodeError) as exc:
+                problem = stored.error
+                if problem is None:
+                    try:
+                        rec.MergeFromString(stored.body)
+                    except DecodeError as exc:
+                        problem = str(exc)
+                if problem is not None:
                     del batch.records[-1]
                     if batch.records:
                         yield response
                         response = internal_pb2.SubscribeResponse()
                         batch, size = response.batch, 0
                     yield _event(internal_pb2.EVENT_TYPE_BADMSG, name, tid, p, offset, offset + 1,
-                                 f"record skipped: {exc}")
+                                 f"record skipped: {problem}")
                     cursor.offset = offset + 1
                     continue
                 rec.topic = name

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from broker.core import records
+from broker.core import record_log
 from broker.core.errors import InvalidArgument, ResourceExhausted
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine, Rejected
@@ -42,7 +42,6 @@ from broker.leader.route_copies import Copy, idempotency_key, origin_cluster
 from broker.leader.routed_append import TrustedAppender
 from broker.leader.submitter import CommandSubmitter
 from broker.reasons import refused_records
-from broker.storage import Column
 from broker.v1 import internal_pb2, routes_internal_pb2
 
 log = logging.getLogger(__name__)
@@ -272,11 +271,8 @@ class RouteRunner:
                 work.skipped += st.start_offset - start
                 start = st.start_offset
             next_offset = start
-            scan = self._state.records_store(tid).scan(
-                Column.RECORDS, records.record_key(tid, p, start), records.record_key(tid, p, st.end_offset),
-                budget_records)
-            judged = [(records.RECORD_KEY.unpack(key)[2], self._candidate(route, source, key, value, echo_cluster))
-                      for key, value in scan]
+            scan = record_log.read(self._state.records_store(tid), tid, p, start, st.end_offset, budget_records)
+            judged = [(entry.offset, self._candidate(route, source, p, entry, echo_cluster)) for entry in scan]
             for offset, copy in self._evaluate(route, source, judged):
                 if copy is None:
                     work.skipped += 1
@@ -316,20 +312,23 @@ class RouteRunner:
                                                      source.topic_id, record.partition, offset))))
         return out
 
-    def _candidate(self, route: _Compiled, source: internal_pb2.TopicMeta, key: bytes, value: bytes,
+    def _candidate(self, route: _Compiled, source: internal_pb2.TopicMeta, partition: int, stored: record_log.Entry,
                    echo_cluster: str | None) -> tuple[internal_pb2.Record, bytes] | None:
         """A stored record (and its stored body) that the op list and echo rule let through to the
         expressions, or None when the route does not copy it."""
         name = route.meta.config.name
-        offset = records.RECORD_KEY.unpack(key)[2]
-        try:
-            stored = records.unframe(key, value)
-            record = internal_pb2.Record.FromString(stored.body)
-        except (records.CorruptRecord, DecodeError) as exc:
+        offset = stored.offset
+        problem = stored.error
+        if problem is None:
+            try:
+                record = internal_pb2.Record.FromString(stored.body)
+            except DecodeError as exc:
+                problem = str(exc)
+        if problem is not None:
             log.warning("route %s: skipped the unreadable record %d of partition %d: %s", name, offset,
-                        records.RECORD_KEY.unpack(key)[1], exc)
+                        partition, problem)
             return None
-        record.topic, record.partition, record.offset = source.config.name, stored.partition, offset
+        record.topic, record.partition, record.offset = source.config.name, partition, offset
         record.timestamp_ms = stored.timestamp_ms
         if route.ops and record.op not in route.ops:
             return None

@@ -12,9 +12,9 @@ import pytest
 from broker.client import Client, Event, GroupNotFound, Message, Unavailable
 from broker.core import records
 from broker.devcluster import DevCluster
-from broker.storage import Column
 from broker.storage.rocks import RocksStore
 from tests.conftest import wait_until
+from tests.record_store import flip_record_byte
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 TOTAL = 3000
@@ -108,15 +108,10 @@ def test_badmsg_for_a_byte_flipped_in_every_store(killable: DevCluster) -> None:
                 break
             time.sleep(0.1)
     killable.stop()
-    key = records.record_key(tid, 0, 1)
     for i in range(killable.nodes):
         store = RocksStore(Path(killable.node_data_dir(i)) / "store")
         try:
-            value = store.get(Column.RECORDS, key)
-            assert value is not None, f"node {i} has the record"
-            batch = store.batch()
-            batch.put(Column.RECORDS, key, value[:20] + bytes([value[20] ^ 0x40]) + value[21:])
-            store.write(batch, sync=True)
+            flip_record_byte(store, tid, 0, 1)  # the middle record of the stored batch, on every node
         finally:
             store.close()
     killable.start()

@@ -87,9 +87,10 @@ def test_retries_back_off_then_dead_letter_with_headers() -> None:
     assert (p, o, dead.attempts, dead.dlq_partition, dead.dlq_offset) == (0, 1, 3, 0, 0)
     dlq = sm.topic("t.g.dlq")
     assert dlq is not None and sm.partition(dlq.topic_id, 0).end_offset == 1
-    from broker.core import records
-    key = records.record_key(dlq.topic_id, 0, 0)
-    copy = K.RecordBody.FromString(records.unframe(key, sm.store.get(Column.RECORDS, key) or b"").body)
+    from broker.core import record_log
+    stored = record_log.get(sm.store, dlq.topic_id, 0, 0, 0)
+    assert stored is not None and stored.error is None
+    copy = K.RecordBody.FromString(stored.body)
     assert copy.value == b"v2" and copy.key == b"k0"
     assert copy.headers["dlq.topic"] == "t" and copy.headers["dlq.offset"] == "1"
     assert copy.headers["dlq.attempts"] == "3" and "attempt 3 of 3" in copy.headers["dlq.reason"]

@@ -9,9 +9,9 @@ from broker.core import records
 from broker.core.errors import GroupNotFound
 from broker.leader.reading import Reader
 from broker.services import wire
-from broker.storage import Column
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env, positions, values
+from tests.record_store import flip_record_byte
 
 pytestmark = pytest.mark.unit
 
@@ -110,12 +110,7 @@ def test_badmsg_for_a_flipped_byte_in_the_store_stateless_and_group() -> None:
     env.topic("t")
     env.publish("t", [b"good0", b"evil", b"good2"])
     tid = env.state.topic("t").topic_id  # type: ignore[union-attr]
-    key = records.record_key(tid, 0, 1)
-    value = env.state.store.get(Column.RECORDS, key)
-    assert value is not None
-    batch = env.state.store.batch()
-    batch.put(Column.RECORDS, key, value[:-2] + bytes([value[-2] ^ 0x01]) + value[-1:])
-    env.state.store.write(batch)
+    flip_record_byte(env.state.store, tid, 0, 1)  # the middle record of the stored batch
     request = wire.subscription(broker_pb2.SubscribeRequest(topic="t", stop_at_end=True))
     stateless = list(Reader(env.state).subscribe(request, lambda: True))
     kinds = [("event", i.event.type, i.event.offset_before, i.event.offset_after) if i.HasField("event")

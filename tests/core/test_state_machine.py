@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import TopicExists, TopicNotFound
 from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.leader.changes import Changes
@@ -14,6 +14,7 @@ from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.storage.rocks import RocksStore
 from broker.v1 import internal_pb2
+from tests.record_store import flip_record_byte
 
 pytestmark = pytest.mark.unit
 
@@ -90,8 +91,7 @@ def test_timestamps_never_decrease_within_a_partition() -> None:
 
 
 def stored_timestamps(sm: BrokerStateMachine, topic_id: int, partition: int) -> list[int]:
-    begin, end = records.record_key(topic_id, partition, 0), records.record_key(topic_id, partition + 1, 0)
-    return [records.unframe(k, v).timestamp_ms for k, v in sm.store.scan(Column.RECORDS, begin, end)]
+    return [e.timestamp_ms for e in record_log.read(sm.store, topic_id, partition, 0, records.MAX_OFFSET)]
 
 
 def test_a_command_with_an_older_now_ms_gets_the_previous_timestamp() -> None:
@@ -176,10 +176,34 @@ def test_stored_records_carry_a_checked_crc() -> None:
     sm = BrokerStateMachine(MemoryStore(), Changes())
     sm.apply(1, create("t", 1))
     sm.apply(2, append("t", 1, [0]))
+    [entry] = record_log.read(sm.store, 1, 0, 0, 10)
+    assert entry.offset == 0 and entry.error is None
+    flip_record_byte(sm.store, 1, 0, 0)
+    [entry] = record_log.read(sm.store, 1, 0, 0, 10)
+    assert entry.error == "checksum mismatch" and entry.body == b""
     key, value = next(iter(sm.store.scan(Column.RECORDS, b"", b"\xff" * 16)))
-    assert records.unframe(key, value).offset == 0
-    corrupted = value[:-1] + bytes([value[-1] ^ 1])
-    with pytest.raises(records.CorruptRecord):
-        records.unframe(key, corrupted)
-    with pytest.raises(records.CorruptRecord):
-        records.unframe(records.record_key(1, 0, 7), value)  # right bytes, wrong place
+    batch = sm.store.batch()
+    batch.delete(Column.RECORDS, key)
+    batch.put(Column.RECORDS, records.record_key(1, 0, 7), value)  # right bytes, wrong place
+    sm.store.write(batch)
+    assert [e.error for e in record_log.read(sm.store, 1, 0, 0, 10)] == [
+        "batch header checksum mismatch"] * 8, "offsets 0..7: the damaged value stands for all of them"
+
+
+@pytest.mark.parametrize("parts", [[0, 0, 0], [1, 0, 1, 1, 0]])
+def test_batches_without_keys_are_placed_and_stored_like_batches_with_keys(parts: list[int]) -> None:
+    """The per-partition path (no keys: every record stored) and the per-record one (keys) agree."""
+    plain, keyed = BrokerStateMachine(MemoryStore(), Changes()), BrokerStateMachine(MemoryStore(), Changes())
+    config = internal_pb2.TopicConfig(name="t", partitions=2, dedup_window_ms=60_000)
+    for sm in (plain, keyed):
+        sm.apply(1, internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(config=config, now_ms=1000)
+                                         ).SerializeToString())
+        sm.apply(2, append("t", 1, [1, 0], now_ms=9000))  # a timestamp floor above the next now_ms
+    with_keys = internal_pb2.Command.FromString(append("t", 1, parts, now_ms=4000))
+    with_keys.append.idempotency_keys.extend(f"k{i}" for i in range(len(parts)))
+    a, b = plain.apply(3, append("t", 1, parts, now_ms=4000)), keyed.apply(3, with_keys.SerializeToString())
+    assert isinstance(a, Appended) and isinstance(b, Appended) and a.placements == b.placements
+    assert a.placements[0][2] == 9000
+    for p in (0, 1):
+        assert plain.partition(1, p) == keyed.partition(1, p)
+        assert list(record_log.read(plain.store, 1, p, 0, 10)) == list(record_log.read(keyed.store, 1, p, 0, 10))

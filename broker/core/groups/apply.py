@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import GroupExists, GroupNotFound, InvalidArgument, TopicNotFound
 from broker.core.groups import layout
 from broker.core.groups.config import dlq_topic_name, retry_delay_ms
@@ -118,8 +118,7 @@ class _Apply:
         tid, partition = meta.topic_id, entry.partition % meta.config.partitions
         state = self.dlq_parts.get((tid, partition)) or self.sm.partition(tid, partition)
         ts = max(now_ms, state.last_timestamp_ms)
-        key = records.record_key(tid, partition, state.end_offset)
-        self.sm.records_batch(tid, self.batch).put(Column.RECORDS, key, records.frame(key, ts, stored))
+        record_log.append(self.sm.records_batch(tid, self.batch), tid, partition, state.end_offset, [(ts, stored)])
         self.dlq_parts[(tid, partition)] = replace(state, end_offset=state.end_offset + 1, records=state.records + 1,
                                                    bytes=state.bytes + len(stored), last_timestamp_ms=ts)
         return partition, state.end_offset

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.groups import layout
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.groups.service import GroupService, raise_rejected
-from broker.storage import Column
 from broker.v1 import internal_pb2
 
 K = internal_pb2
@@ -80,8 +79,8 @@ def lag_rows(state: BrokerStateMachine, meta: K.GroupMeta, now_ms: int, rt: Grou
         lag_ms = 0
         if lag:
             first = cursor.next_unsettled(cursor.committed)
-            raw = state.records_store(meta.topic_id).get(Column.RECORDS, records.record_key(meta.topic_id, p, first))
-            lag_ms = max(0, now_ms - records.frame_timestamp(raw)) if raw is not None else 0
+            ts = record_log.timestamp_at(state.records_store(meta.topic_id), meta.topic_id, p, first)
+            lag_ms = max(0, now_ms - ts) if ts is not None else 0
         in_flight = rt.leases.in_partition(p) if rt is not None else 0
         rows.append(LagRow(p, start, end, committed, lag, in_flight, cursor.retrying, cursor.dead, lag_ms))
     return rows
@@ -202,14 +201,14 @@ class GroupOperations:
         return out
 
     def _copy(self, dlq: K.TopicMeta, dead: K.DeadLetterState, item: K.DeadLetter) -> None:
-        key = records.record_key(dlq.topic_id, dead.dlq_partition, dead.dlq_offset)
-        raw = self._state.records_store(dlq.topic_id).get(Column.RECORDS, key)
-        if raw is None:
+        start = self._state.partition(dlq.topic_id, dead.dlq_partition).start_offset
+        stored = record_log.get(self._state.records_store(dlq.topic_id), dlq.topic_id, dead.dlq_partition,
+                                dead.dlq_offset, start)
+        if stored is None or stored.error is not None:
             return
         try:
-            stored = records.unframe(key, raw)
             item.record.MergeFromString(stored.body)
-        except (records.CorruptRecord, DecodeError):
+        except DecodeError:
             return
         item.record.topic, item.record.partition, item.record.offset = dlq.config.name, dead.dlq_partition, \
             dead.dlq_offset

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import GroupNotFound
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier
@@ -29,7 +29,6 @@ from broker.core.groups.cursor import GroupCursor, retry_due_ms
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.leases import Lease, LeaseTable, Position
 from broker.leader.groups.membership import Membership
-from broker.storage import Column
 from broker.v1 import internal_pb2
 
 SCAN_CHUNK = 256
@@ -207,15 +206,14 @@ class GroupRuntime:
             nxt = cursor.next_unsettled(nxt)
             if nxt >= limit:
                 break
-            scan = store.scan(Column.RECORDS, records.record_key(tid, p, nxt), records.record_key(tid, p, limit),
-                              min(SCAN_CHUNK, limit - nxt))
+            scan = record_log.read(store, tid, p, nxt, limit, min(SCAN_CHUNK, limit - nxt))
             progressed = False
-            for key, value in scan:
-                o = records.RECORD_KEY.unpack(key)[2]
+            for stored in scan:
+                o = stored.offset
                 nxt, progressed = o + 1, True
                 if not self._pending((p, o)):
                     continue
-                record = self._decode(p, o, key, value, out)
+                record = self._decode(p, stored, out)
                 if record is None:
                     continue
                 rkey = record.key if record.HasField("key") else None
@@ -233,12 +231,11 @@ class GroupRuntime:
     def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                  budget: list[int]) -> None:
         tid = self.meta.topic_id
-        key = records.record_key(tid, p, o)
-        value = self._state.records_store(tid).get(Column.RECORDS, key)
-        if value is None:  # pruned while it waited: report the loss and settle it as unreadable
+        stored = record_log.get(self._state.records_store(tid), tid, p, o, self.bounds(p)[0])
+        if stored is None:  # pruned while it waited: report the loss and settle it as unreadable
             self._bad(p, o, "the record was pruned before it could be delivered again", out)
             return
-        record = self._decode(p, o, key, value, out)
+        record = self._decode(p, stored, out)
         if record is None:
             return
         rkey = record.key if record.HasField("key") else None
@@ -248,13 +245,16 @@ class GroupRuntime:
             return
         self._lease(record, attempt, stream_id, member_id, now_ms, out, budget)
 
-    def _decode(self, p: int, o: int, key: bytes, value: bytes, out: Delivery) -> internal_pb2.Record | None:
+    def _decode(self, p: int, stored: record_log.Entry, out: Delivery) -> internal_pb2.Record | None:
         record = internal_pb2.Record()
-        try:
-            stored = records.unframe(key, value)
-            record.MergeFromString(stored.body)
-        except (records.CorruptRecord, DecodeError) as exc:
-            self._bad(p, o, f"record skipped: {exc}", out)
+        o, problem = stored.offset, stored.error
+        if problem is None:
+            try:
+                record.MergeFromString(stored.body)
+            except DecodeError as exc:
+                problem = str(exc)
+        if problem is not None:
+            self._bad(p, o, f"record skipped: {problem}", out)
             return None
         record.topic, record.partition, record.offset = self.meta.topic, p, o
         record.timestamp_ms = stored.timestamp_ms

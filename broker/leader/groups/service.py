@@ -17,7 +17,7 @@ import threading
 import uuid
 
 from broker.clock import Clock
-from broker.core import records
+from broker.core import record_log, records
 from broker.core.errors import (
     BrokerError,
     GroupExists,
@@ -41,7 +41,6 @@ from broker.core.topics import validate_name
 from broker.leader.groups.leases import Lease, Position
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.submitter import CommandSubmitter
-from broker.storage import Column
 from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
@@ -208,8 +207,8 @@ class GroupService:
         if kind == "offset":
             return min(max(position.offset, st.start_offset), st.end_offset)
         if kind == "timestamp_ms":
-            return records.offset_for_time(self.state.records_store(topic.topic_id), topic.topic_id, partition,
-                                           position.timestamp_ms, st.start_offset, st.end_offset)
+            return record_log.offset_for_time(self.state.records_store(topic.topic_id), topic.topic_id, partition,
+                                              position.timestamp_ms, st.start_offset, st.end_offset)
         token = records.PositionToken.decode(position.token)
         if token.incarnation != topic.topic_id or token.partition != partition:
             return st.start_offset
@@ -240,13 +239,12 @@ class GroupService:
         if delay_ms is not None:
             entry.delay_ms = delay_ms
         if kind != K.SETTLE_ACK:
-            key = records.record_key(rt.meta.topic_id, p, o)
-            value = self.state.records_store(rt.meta.topic_id).get(Column.RECORDS, key)
-            if value is not None:
-                try:
-                    stored = records.unframe(key, value)
+            tid = rt.meta.topic_id
+            stored = record_log.get(self.state.records_store(tid), tid, p, o, self.state.partition(tid, p).start_offset)
+            if stored is not None:
+                if stored.error is None:
                     entry.body, entry.timestamp_ms = stored.body, stored.timestamp_ms
-                except records.CorruptRecord:
+                else:
                     entry.kind = K.SETTLE_BADMSG
         return entry
 

@@ -1,0 +1,420 @@
+"""One stored value per applied batch (``broker.core.record_log``), on MemoryStore and RocksStore:
+reads at every offset inside and across batches, cuts inside a batch (retention, prune, clear),
+damaged records and headers, snapshots, and the upgrade of a store written one value per record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.core import errors, record_log, records
+from broker.core.state_machine import BrokerStateMachine
+from broker.leader.changes import Changes
+from broker.leader.reading import Reader
+from broker.services import wire
+from broker.storage import Batch, Column, StorageFailure, Store
+from broker.storage.memory import MemoryStore
+from broker.storage.rocks import RocksStore
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from tests.core.groups_env import Env, make_env
+from tests.record_store import damage_table, flip_record_byte, put_format1, stored_values
+
+pytestmark = pytest.mark.unit
+CAP = record_log.STORED_BATCH_RECORDS_MAX
+SIZES = (1, 7, 1000, CAP + 1, 3)  # publishes of odd sizes, one above the stored-value cap
+Item = internal_pb2.Record | internal_pb2.Event
+
+
+def open_store(kind: str, path: Path) -> Store:
+    return RocksStore(path) if kind == "rocks" else MemoryStore()
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def env(kind: str, tmp_path: Path) -> Iterator[Env]:
+    store = open_store(kind, tmp_path / "db")
+    e = make_env(BrokerStateMachine(store, Changes()))
+    yield e
+    e.replicator.close()
+    store.close()
+
+
+def value_of(i: int) -> bytes:
+    return b"v%d-" % i + b"x" * (i % 37)  # bodies of different sizes
+
+
+def publish(env: Env, topic: str, first: int, n: int, partition: int = 0) -> None:
+    env.publish(topic, [value_of(first + i) for i in range(n)], partition=partition)
+
+
+def tid_of(env: Env, topic: str) -> int:
+    meta = env.state.topic(topic)
+    assert meta is not None
+    return meta.topic_id
+
+
+def value(entry: record_log.Entry) -> bytes:
+    assert entry.error is None, entry.error
+    return internal_pb2.RecordBody.FromString(entry.body).value
+
+
+def subscribe(env: Env, topic: str, start: int, max_batch: int = 0) -> list[list[Item]]:
+    """The responses of a stop-at-end subscription: each a list of records or one event."""
+    request = broker_pb2.SubscribeRequest(topic=topic, partition=0, stop_at_end=True, max_batch=max_batch,
+                                          **{"from": common_pb2.Position(offset=start)})  # type: ignore[arg-type]
+    out: list[list[Item]] = []
+    for item in Reader(env.state).subscribe(wire.subscription(request), lambda: True):
+        out.append(list(item.batch.records) if item.HasField("batch") else [item.event])
+    return out
+
+
+def flat(responses: list[list[Item]]) -> list[Item]:
+    return [item for response in responses for item in response]
+
+
+def check_counters(env: Env, tid: int, partition: int = 0) -> list[record_log.Entry]:
+    """The partition's records/bytes counters are exactly those of its readable records."""
+    st = env.state.partition(tid, partition)
+    live = list(record_log.read(env.state.store, tid, partition, st.start_offset, st.end_offset))
+    assert [e.offset for e in live] == list(range(st.start_offset, st.end_offset))
+    assert st.records == len(live) and st.bytes == sum(len(e.body) for e in live)
+    return live
+
+
+def test_reads_at_every_offset_inside_and_across_batches(env: Env) -> None:
+    env.topic("t")
+    first = 0
+    for n in SIZES:
+        publish(env, "t", first, n)
+        first += n
+    tid, store, end = tid_of(env, "t"), env.state.store, first
+    assert stored_values(store, tid, 0) == [(0, 1), (1, 7), (8, 1000), (1008, CAP), (1008 + CAP, 1),
+                                            (1009 + CAP, 3)], "one value per applied batch, split at the cap"
+    for o in range(end):
+        got = list(record_log.read(store, tid, 0, o, end, 3))  # a limit counted in records, across values
+        assert [e.offset for e in got] == list(range(o, min(o + 3, end)))
+        assert [value(e) for e in got] == [value_of(i) for i in range(o, min(o + 3, end))]
+        point = record_log.get(store, tid, 0, o, 0)
+        assert point is not None and value(point) == value_of(o)
+    assert record_log.get(store, tid, 0, end, 0) is None
+    assert [value(e) for e in record_log.read(store, tid, 0, 0, end)] == [value_of(i) for i in range(end)]
+    boundaries = {0, 1, 8, 1008, 1008 + CAP, 1009 + CAP}
+    for start in sorted({b + d for b in boundaries for d in (-1, 0, 1)} & set(range(end))):
+        responses = subscribe(env, "t", start, max_batch=7)
+        assert all(len(r) <= 7 for r in responses)
+        got_records = flat(responses)
+        assert [r.offset for r in got_records] == list(range(start, end))  # type: ignore[union-attr]
+        assert [r.value for r in got_records] == [value_of(i) for i in range(start, end)]  # type: ignore[union-attr]
+    check_counters(env, tid)
+
+
+def test_large_records_split_stored_values_by_bytes(env: Env) -> None:
+    env.topic("big")
+    big = record_log.STORED_BATCH_BYTES_MAX // 3
+    bodies = [bytes([i]) * big for i in range(5)] + [b"z" * (record_log.STORED_BATCH_BYTES_MAX + 10), b"tail"]
+    env.publish("big", bodies)
+    tid = tid_of(env, "big")
+    assert stored_values(env.state.store, tid, 0) == [(0, 2), (2, 2), (4, 1), (5, 1), (6, 1)]
+    assert [value(e) for e in record_log.read(env.state.store, tid, 0, 0, 7)] == bodies
+    check_counters(env, tid)
+
+
+def test_time_index_searches_batches(env: Env) -> None:
+    env.topic("t")
+    stamps = []
+    for i, n in enumerate((1, 7, 30, 2)):
+        env.clock.advance(1000 * (i + 1))
+        publish(env, "t", sum((1, 7, 30, 2)[:i]), n)
+        stamps.append(env.clock.now_ms())
+    tid = tid_of(env, "t")
+    firsts = [0, 1, 8, 38]
+    for ts, first in zip(stamps, firsts, strict=True):
+        assert record_log.offset_for_time(env.state.store, tid, 0, ts, 0, 40) == first
+        assert record_log.offset_for_time(env.state.store, tid, 0, ts - 1, 0, 40) == first
+        assert record_log.timestamp_at(env.state.store, tid, 0, first) == ts
+    assert record_log.offset_for_time(env.state.store, tid, 0, stamps[-1] + 1, 0, 40) == 40
+
+
+def cut_setup(env: Env, **retention: int) -> int:
+    env.log.create_topic(internal_pb2.TopicConfig(name="t", retention=internal_pb2.Retention(**retention)))
+    publish(env, "t", 0, 10)
+    return tid_of(env, "t")
+
+
+def expect_skip_then(env: Env, start: int, end: int) -> None:
+    items = flat(subscribe(env, "t", 0))
+    skip = items[0]
+    assert isinstance(skip, internal_pb2.Event) and skip.type == common_pb2.EVENT_TYPE_SKIP_FORWARD
+    assert (skip.offset_before, skip.offset_after) == (0, start)
+    assert [r.offset for r in items[1:]] == list(range(start, end))  # type: ignore[union-attr]
+    assert [r.value for r in items[1:]] == [value_of(i) for i in range(start, end)]  # type: ignore[union-attr]
+
+
+def test_retention_by_count_cuts_inside_a_batch(env: Env) -> None:
+    tid = cut_setup(env, max_records=15)
+    publish(env, "t", 10, 10)  # discard_old: the cut at 5 lies inside the first stored value
+    st = env.state.partition(tid, 0)
+    assert (st.start_offset, st.end_offset, st.records) == (5, 20, 15)
+    assert stored_values(env.state.store, tid, 0) == [(0, 10), (10, 10)], "the straddling value stays"
+    check_counters(env, tid)
+    expect_skip_then(env, 5, 20)
+    publish(env, "t", 20, 13)  # a cut inside the batch written by the same apply
+    st = env.state.partition(tid, 0)
+    assert (st.start_offset, st.records) == (18, 15)
+    assert stored_values(env.state.store, tid, 0) == [(10, 10), (20, 13)]
+    check_counters(env, tid)
+    expect_skip_then(env, 18, 33)
+
+
+def test_retention_by_bytes_cuts_inside_a_batch(env: Env) -> None:
+    tid = cut_setup(env)
+    sizes = [len(e.body) for e in record_log.read(env.state.store, tid, 0, 0, 10)]
+    cap = sum(sizes[3:]) + 5 * 1000  # keeps offsets 3.. once five more records of <1000 bytes come
+    env.log.alter_topic("t", internal_pb2.Retention(max_bytes=sum(sizes[3:])), internal_pb2.FULL_POLICY_UNSPECIFIED)
+    env.log.enforce_retention()
+    st = env.state.partition(tid, 0)
+    assert (st.start_offset, st.bytes) == (3, sum(sizes[3:]))
+    check_counters(env, tid)
+    expect_skip_then(env, 3, 10)
+    env.log.alter_topic("t", internal_pb2.Retention(max_bytes=cap), internal_pb2.FULL_POLICY_UNSPECIFIED)
+    publish(env, "t", 10, 5)
+    check_counters(env, tid)
+    assert env.state.partition(tid, 0).bytes <= cap
+
+
+def test_retention_by_age_removes_the_rest_of_a_straddling_batch(env: Env) -> None:
+    """An age cut falls between applies (one apply, one timestamp); it must count the records of
+    a value an earlier cut left straddling exactly."""
+    tid = cut_setup(env)
+    env.log.prune("t", 0, 4)
+    env.clock.advance(30_000)
+    publish(env, "t", 10, 5)
+    env.log.alter_topic("t", internal_pb2.Retention(max_age_ms=20_000), internal_pb2.FULL_POLICY_UNSPECIFIED)
+    env.clock.advance(10_000)
+    env.log.enforce_retention()
+    st = env.state.partition(tid, 0)
+    assert (st.start_offset, st.records) == (10, 5)
+    assert stored_values(env.state.store, tid, 0) == [(10, 5)]
+    check_counters(env, tid)
+    expect_skip_then(env, 10, 15)
+
+
+def test_prune_and_clear_cut_inside_batches(env: Env) -> None:
+    tid = cut_setup(env)
+    publish(env, "t", 10, 10)
+    assert env.log.prune("t", 0, 13) == 13
+    assert stored_values(env.state.store, tid, 0) == [(10, 10)]
+    check_counters(env, tid)
+    expect_skip_then(env, 13, 20)
+    assert record_log.get(env.state.store, tid, 0, 12, env.state.partition(tid, 0).start_offset) is None
+    assert env.log.prune("t", 0, 11) == 0, "never moves backwards"
+    assert env.log.clear_topic("t") == 7
+    st = env.state.partition(tid, 0)
+    assert (st.start_offset, st.end_offset, st.records, st.bytes) == (20, 20, 0, 0)
+    assert stored_values(env.state.store, tid, 0) == []
+    publish(env, "t", 20, 3)
+    check_counters(env, tid)
+    expect_skip_then(env, 20, 23)
+
+
+def test_protect_and_lead_groups_hold_a_cut_inside_a_batch(env: Env) -> None:
+    tid = cut_setup(env)
+    env.group("t", "guard")
+    env.group("t", "lead")
+    env.ops.mark("t", "guard", internal_pb2.PRUNE_ROLE_PROTECT)
+    env.ops.mark("t", "lead", internal_pb2.PRUNE_ROLE_LEAD)
+    env.ops.seek("t", "guard", internal_pb2.Position(offset=4), None)
+    env.ops.seek("t", "lead", internal_pb2.Position(offset=6), None)
+    with pytest.raises(errors.FailedPrecondition, match="protects partition 0 from offset 4"):
+        env.log.prune("t", 0, 0, group="lead")
+    assert env.state.partition(tid, 0).start_offset == 0, "nothing of a refused prune is deleted"
+    assert env.log.prune("t", 0, 4) == 4
+    check_counters(env, tid)
+    env.ops.mark("t", "guard", internal_pb2.PRUNE_ROLE_NONE)
+    assert env.log.prune("t", None, 0, group="lead") == 2
+    check_counters(env, tid)
+    rt = env.service.ensure("t", "guard", internal_pb2.GroupConfig())
+    delivery = env.pick(rt, rt.open_stream())
+    assert [r.offset for r in delivery.records] == list(range(6, 10))
+    assert [e.type for e in delivery.events] == [common_pb2.EVENT_TYPE_SKIP_FORWARD]
+
+
+def test_a_corrupt_record_inside_a_batch_is_badmsg_alone(env: Env) -> None:
+    env.topic("t")
+    publish(env, "t", 0, 7)
+    tid = tid_of(env, "t")
+    flip_record_byte(env.state.store, tid, 0, 3)
+    assert [e.error for e in record_log.read(env.state.store, tid, 0, 0, 7)] == [None] * 3 + ["checksum mismatch"] + [
+        None] * 3
+    responses = subscribe(env, "t", 0)
+    assert [[r.offset for r in resp] for resp in responses if isinstance(resp[0], internal_pb2.Record)] == [
+        [0, 1, 2], [4, 5, 6]]
+    [[bad]] = [resp for resp in responses if isinstance(resp[0], internal_pb2.Event)]
+    assert isinstance(bad, internal_pb2.Event) and bad.type == common_pb2.EVENT_TYPE_BADMSG
+    assert (bad.offset_before, bad.offset_after) == (3, 4) and "checksum mismatch" in bad.detail
+    rt = env.group("t", "g")
+    delivery = env.pick(rt, rt.open_stream())
+    assert sorted(r.offset for r in delivery.records) == [0, 1, 2, 4, 5, 6]
+    assert [(e.type, e.offset_before) for e in delivery.events] == [(common_pb2.EVENT_TYPE_BADMSG, 3)]
+
+
+def test_a_damaged_batch_header_reports_every_offset_of_that_batch(env: Env) -> None:
+    env.topic("t")
+    for first, n in ((0, 1), (1, 7), (8, 2)):
+        publish(env, "t", first, n)
+    tid = tid_of(env, "t")
+    damage_table(env.state.store, tid, 0, 4)
+    items = flat(subscribe(env, "t", 0))
+    assert [r.offset for r in items if isinstance(r, internal_pb2.Record)] == [0, 8, 9]
+    bad = [e for e in items if isinstance(e, internal_pb2.Event)]
+    assert [(e.type, e.offset_before, e.offset_after) for e in bad] == [
+        (common_pb2.EVENT_TYPE_BADMSG, o, o + 1) for o in range(1, 8)]
+    assert all("batch header checksum mismatch" in e.detail for e in bad)
+    assert [e.offset_before for e in flat(subscribe(env, "t", 5)) if isinstance(e, internal_pb2.Event)] == [5, 6, 7]
+    point = record_log.get(env.state.store, tid, 0, 4, 0)
+    assert point is not None and point.error == "batch header checksum mismatch"
+    assert record_log.timestamp_at(env.state.store, tid, 0, 4) is None
+    assert record_log.offset_for_time(env.state.store, tid, 0, 0, 0, 10) in (0, 8)
+    assert env.log.prune("t", 0, 5) == 5, "a cut inside the damaged value still works"
+    assert env.state.partition(tid, 0).records == 5
+
+
+def test_snapshot_and_restore_with_batched_values(kind: str, tmp_path: Path) -> None:
+    source = make_env(BrokerStateMachine(open_store(kind, tmp_path / "a"), Changes()))
+    source.topic("t", 2)
+    for p in (0, 1):
+        publish(source, "t", 0, 30, partition=p)
+        publish(source, "t", 30, CAP + 1, partition=p)
+    source.log.prune("t", 0, 17)
+    source.state.write_snapshot(str(tmp_path / "snap"))
+    target_store = open_store(kind, tmp_path / "b")
+    target = BrokerStateMachine(target_store, Changes())
+    target.restore_snapshot(str(tmp_path / "snap"), source.state.applied_index())
+    tid = tid_of(source, "t")
+    for p in (0, 1):
+        st = target.partition(tid, p)
+        assert st == source.state.partition(tid, p)
+        assert list(record_log.read(target_store, tid, p, st.start_offset, st.end_offset)) == list(
+            record_log.read(source.state.store, tid, p, st.start_offset, st.end_offset))
+    assert target.partition(tid, 0).start_offset == 17
+    source.replicator.close()
+    source.state.store.close()
+    target_store.close()
+
+
+# -- upgrade of a format-1 store ------------------------------------------------------------------
+def format1_copy(source: BrokerStateMachine, batch: Batch) -> None:
+    """What the code before format 2 would hold for the same state: META as is (no format key),
+    one value per readable record."""
+    for key, raw in source.store.scan(Column.META, b"", b"\xff" * 32):
+        if key != record_log.FORMAT_KEY:
+            batch.put(Column.META, key, raw)
+    for meta in source.topics():
+        for p in range(meta.config.partitions):
+            st = source.partition(meta.topic_id, p)
+            for e in record_log.read(source.store, meta.topic_id, p, st.start_offset, st.end_offset):
+                put_format1(batch, meta.topic_id, p, e.offset, e.timestamp_ms, e.body)
+
+
+def same_reads(a: Store, b: Store, tid: int, start: int, end: int) -> None:
+    """Identical reads from every offset the partition holds (``[start, end)``)."""
+    for o in range(start, end):
+        assert list(record_log.read(a, tid, 0, o, end, 4)) == list(record_log.read(b, tid, 0, o, end, 4))
+        assert record_log.get(a, tid, 0, o, start) == record_log.get(b, tid, 0, o, start)
+    assert len(list(record_log.read(b, tid, 0, start, end))) == end - start
+
+
+def reference(tmp_path: Path) -> Env:
+    env = make_env()
+    env.topic("t")
+    for first, n in ((0, 1), (1, 7), (8, 30), (38, 5)):
+        env.clock.advance(1000)
+        publish(env, "t", first, n)
+    env.log.prune("t", 0, 3)
+    return env
+
+
+def test_a_format1_store_is_upgraded_on_open_with_identical_reads(kind: str, tmp_path: Path) -> None:
+    ref = reference(tmp_path)
+    tid = tid_of(ref, "t")
+    old = open_store(kind, tmp_path / "old")
+    batch = old.batch()
+    format1_copy(ref.state, batch)
+    old.write(batch)
+    assert old.get(Column.META, record_log.FORMAT_KEY) is None
+    upgraded = make_env(BrokerStateMachine(old, Changes()))  # opening upgrades
+    assert old.get(Column.META, record_log.FORMAT_KEY) == bytes([record_log.FORMAT_V2])
+    assert stored_values(old, tid, 0) == [(o, 1) for o in range(3, 43)], "each old value: a batch of one"
+    same_reads(ref.state.store, old, tid, 3, 43)
+    third = record_log.timestamp_at(old, tid, 0, 8)  # the third publish's timestamp
+    assert third is not None and third == record_log.timestamp_at(ref.state.store, tid, 0, 8)
+    assert record_log.offset_for_time(old, tid, 0, third, 3, 43) == 8
+    assert record_log.upgrade(old) == 0, "a second open rewrites nothing"
+    publish(upgraded, "t", 43, 4)
+    check_counters(upgraded, tid)
+    expect_skip_then(upgraded, 3, 47)
+    upgraded.replicator.close()
+    old.close()
+
+
+class _FailingWrites(MemoryStore):
+    """A MemoryStore whose ``fail_at``-th write raises (a crash in the middle of an upgrade)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def write(self, batch: Batch, *, sync: bool = False) -> None:
+        self.fail_at -= 1
+        if self.fail_at == 0:
+            raise StorageFailure("injected failure")
+        super().write(batch, sync=sync)
+
+
+def test_an_interrupted_upgrade_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ref = reference(tmp_path)
+    tid = tid_of(ref, "t")
+    old = _FailingWrites(fail_at=4)  # the load, then two chunks, then the failure
+    batch = old.batch()
+    format1_copy(ref.state, batch)
+    old.write(batch)
+    monkeypatch.setattr(record_log, "UPGRADE_CHUNK_RECORDS", 7)
+    with pytest.raises(StorageFailure):
+        record_log.upgrade(old)
+    assert old.get(Column.META, record_log.FORMAT_KEY) is None
+    assert record_log.upgrade(old) == 40 - 14
+    same_reads(ref.state.store, old, tid, 3, 43)
+
+
+def test_a_format1_snapshot_is_upgraded_after_restore(kind: str, tmp_path: Path) -> None:
+    ref = reference(tmp_path)
+    tid = tid_of(ref, "t")
+    old = open_store(kind, tmp_path / "old")
+    batch = old.batch()
+    format1_copy(ref.state, batch)
+    old.write(batch)
+    old.checkpoint(str(tmp_path / "snap"))
+    target_store = open_store(kind, tmp_path / "new")
+    target = BrokerStateMachine(target_store, Changes())
+    target.restore_snapshot(str(tmp_path / "snap"), ref.state.applied_index())
+    assert target.partition(tid, 0) == ref.state.partition(tid, 0)
+    same_reads(ref.state.store, target_store, tid, 3, 43)
+    old.close()
+    target_store.close()
+
+
+def test_record_keys_of_a_value_are_its_last_offset() -> None:
+    key, raw = record_log.encode(3, 1, 10, [records.frame(records.record_key(3, 1, o), 5, b"b") for o in (10, 11)])
+    assert records.RECORD_KEY.unpack(key) == (3, 1, 11)
+    store = MemoryStore()
+    batch = store.batch()
+    batch.put(Column.RECORDS, key, raw)
+    store.write(batch)
+    assert [(e.offset, e.timestamp_ms, e.body) for e in record_log.read(store, 3, 1, 0, 100)] == [
+        (10, 5, b"b"), (11, 5, b"b")]
