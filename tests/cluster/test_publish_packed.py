@@ -35,7 +35,7 @@ def make_topic(s: Stubs, name: str) -> None:
 
 def stored(s: Stubs, topic: str) -> dict[tuple[int, int], common_pb2.Record]:
     """Every record of ``topic`` by (partition, offset), read back from the leader."""
-    out = {}
+    out: dict[tuple[int, int], common_pb2.Record] = {}
     for p in range(PARTITIONS):
         req = broker_pb2.SubscribeRequest(topic=topic, partition=p, stop_at_end=True, max_batch=5000)
         for item in s.broker.Subscribe(req, timeout=120):
@@ -125,7 +125,8 @@ def test_bad_packed_requests_are_refused_precisely_and_store_nothing(s: Stubs) -
     make_topic(s, "pk-bad")
     good = packed(broker_pb2.PublishRecord(value=b"ok"))[0]
     cases: list[tuple[broker_pb2.PublishRequest, str]] = [
-        (broker_pb2.PublishRequest(topic="pk-bad", packed_records=[good], records=[broker_pb2.PublishRecord(value=b"x")]),
+        (broker_pb2.PublishRequest(topic="pk-bad", packed_records=[good],
+                                   records=[broker_pb2.PublishRecord(value=b"x")]),
          "give either records or packed_records, not both"),
         (broker_pb2.PublishRequest(topic="pk-bad", packed_records=[good, good, b"\x2a\x05ab"]),
          "packed record 2 (4 bytes) is not a PublishRecord"),
@@ -163,15 +164,17 @@ def test_a_packed_record_cannot_forge_its_producer_origin_or_msg_id(s: Stubs) ->
 
 def test_the_sdks_send_the_packed_form_and_read_compact_answers(cluster: DevCluster, s: Stubs) -> None:
     make_topic(s, "pk-sdk")
-    batch = [b"a", "b", {"value": "c", "partition": 1, "headers": {"h": "1"}}, OutgoingRecord("d", key="k"),
-             OutgoingRecord("e", op="delete")] + [b"x%d" % i for i in range(40)]
+    batch: list[object] = [b"a", "b", {"value": "c", "partition": 1, "headers": {"h": "1"}},
+                           OutgoingRecord("d", key="k"), OutgoingRecord("e", op="delete")]
+    batch += [b"x%d" % i for i in range(40)]
     with Client(cluster.addresses) as client:
-        results = client.publish_batch("pk-sdk", batch)
+        results = client.publish_batch("pk-sdk", batch)  # type: ignore[arg-type]
         plain = client.publish_batch("pk-sdk", [b"p%d" % i for i in range(40)])
 
     async def aio() -> list[object]:
         async with AsyncClient(cluster.addresses) as c:
-            return list(await c.publish_batch("pk-sdk", [b"q%d" % i for i in range(40)] + [OutgoingRecord("kk", key="k")]))
+            more: list[bytes | OutgoingRecord] = [b"q%d" % i for i in range(40)]
+            return list(await c.publish_batch("pk-sdk", [*more, OutgoingRecord("kk", key="k")]))
 
     aio_results = asyncio.run(aio())
     found = stored(s, "pk-sdk")

@@ -21,7 +21,7 @@ from broker.leader.topic_log import Limits, Published, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.services import packed, wire
 from broker.storage.memory import MemoryStore
-from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from broker.v1 import broker_pb2, internal_pb2
 
 pytestmark = pytest.mark.unit
 R = broker_pb2.PublishRecord
@@ -33,9 +33,9 @@ def request(*records: R, **fields: object) -> broker_pb2.PublishRequest:
 
 
 def test_plain_keyed_and_other_records_take_their_path() -> None:
-    plain = packed.packed_batch(request(R(value=b"a"), R(value=b"b", op=common_pb2.OP_DELETE), R()))
+    plain = packed.packed_batch(request(R(value=b"a"), R(value=b"b", op="OP_DELETE"), R()))
     assert plain.bodies is not None and plain.keys is None and not plain.records
-    assert plain.bodies == [R(value=b"a").SerializeToString(), R(value=b"b", op=2).SerializeToString(), b""]
+    assert plain.bodies == [R(value=b"a").SerializeToString(), R(value=b"b", op="OP_DELETE").SerializeToString(), b""]
     assert list(plain.record_values()) == [b"a", b"b", b""]
     keyed = packed.packed_batch(request(R(value=b"a", key=b"k"), R(value=b"b"), R(value=b"c", key=b"")))
     assert keyed.keys == [b"k", None, b""] and keyed.bodies is not None
@@ -119,7 +119,8 @@ def test_compact_ranges_and_the_fall_back_to_per_record_results() -> None:
     fresh = Published([(1, 5, 70, False), (0, 9, 71, False), (1, 6, 70, False)], [1, 0, 1])
     compact = wire.publish_response(fresh, broker_pb2.PublishRequest(results=broker_pb2.RESULT_FORM_COMPACT))
     assert not compact.results and list(compact.partitions) == [1, 0, 1]
-    assert [(r.partition, r.base_offset, r.count, r.timestamp_ms) for r in compact.ranges] == [(1, 5, 2, 70), (0, 9, 1, 71)]
+    assert [(r.partition, r.base_offset, r.count, r.timestamp_ms) for r in compact.ranges] == [
+        (1, 5, 2, 70), (0, 9, 1, 71)]
     assert [(r.partition, r.offset, r.timestamp_ms) for r in client_wire.publish_results(compact, 3, None)] == [
         (1, 5, 70), (0, 9, 71), (1, 6, 70)]
     per_record = wire.publish_response(fresh, broker_pb2.PublishRequest())
