@@ -10,7 +10,6 @@ API to them and back; gRPC specifics (status codes, metadata, streams) stay in `
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from broker.clock import Clock
@@ -20,78 +19,14 @@ from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.topics import normalized_config, validate_name
 from broker.leader import partitioning, schemas
 from broker.leader.ephemeral import EphemeralHub
+from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
 from broker.leader.submitter import CommandSubmitter
 from broker.limits import ID_CHARS_MAX, Limits
 from broker.v1 import internal_pb2
 
+__all__ = ["Limits", "Placement", "PublishBatch", "Published", "PublishItem", "TopicLog", "TopicView"]
+
 _OPS = frozenset(internal_pb2.Op.values())
-
-
-@dataclass(slots=True)
-class PublishItem:
-    """One record to publish: its stored body, a serialized ``RecordBody`` with ``key``, ``value``,
-    headers and ``op`` (the leader appends ``origin`` and ``msg_id``), and where and how it is
-    placed and deduplicated (SPEC §4). Not frozen: a publish builds up to 100,000 of them, and a
-    frozen dataclass takes about five times as long to build (treat it as read-only)."""
-
-    body: bytes
-    value: bytes
-    key: bytes | None = None
-    op: int = 0
-    partition: int | None = None  # explicit partition; else hash of key; else round-robin
-    idempotency_key: str = ""
-    msg_id: int = 0  # with PublishBatch.dedup_id
-
-
-@dataclass(frozen=True)
-class PublishBatch:
-    """A publish: all of its records are appended to ``topic``, or none.
-
-    The records come in one of two forms. ``records``: one :class:`PublishItem` each. Or the lean
-    form (``bodies`` set, ``records`` empty; ``broker.services.packed``): each record's stored body
-    as it came, checked to carry only ``key``, ``value`` and ``op`` (a valid one), so no partition,
-    idempotency key, msg_id or forged field; ``keys`` gives each record's key (``None``: no record
-    has one, all are placed round-robin) and ``values`` the values, read only for topics with a
-    schema or dedup fields."""
-
-    topic: str
-    records: Sequence[PublishItem] = ()
-    dedup_id: str = ""
-    first_msg_id: int = 0  # with dedup_id: a producer-session batch by range (no per-record ids)
-    bodies: list[bytes] | None = None
-    keys: list[bytes | None] | None = None
-    values: Callable[[], Iterable[bytes]] | None = None
-
-    @property
-    def count(self) -> int:
-        return len(self.bodies) if self.bodies is not None else len(self.records)
-
-    def record_values(self) -> Iterable[bytes]:
-        if self.bodies is None:
-            return (r.value for r in self.records)
-        assert self.values is not None, "a lean batch brings its values"
-        return self.values()
-
-
-@dataclass(frozen=True)
-class Published:
-    """Where a publish went: ``placements`` holds (partition, offset, timestamp_ms, duplicate) per
-    record in request order (``broker.core.state_machine.Appended``: the records of one partition
-    that are not duplicates got consecutive offsets in request order and one timestamp);
-    ``partitions`` each record's partition as placed."""
-
-    placements: list[tuple[int, int, int, bool]]
-    partitions: list[int]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one published record went (in request order)."""
-
-    partition: int
-    offset: int
-    timestamp_ms: int
-    duplicate: bool
 
 
 @dataclass(frozen=True)

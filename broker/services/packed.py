@@ -24,7 +24,7 @@ from collections import Counter
 from google.protobuf.message import DecodeError
 
 from broker.core.errors import InvalidArgument
-from broker.leader.topic_log import PublishBatch, Published, PublishItem
+from broker.leader.publishing import PublishBatch, Published, PublishItem
 from broker.v1 import broker_pb2, publish_view_pb2
 
 _DUPLICATE = operator.itemgetter(3)

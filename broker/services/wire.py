@@ -17,9 +17,10 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from broker.leader.groups.operations import GroupLag, GroupView
+from broker.leader.publishing import PublishBatch, Published, PublishItem
 from broker.leader.reading import Idle, Step, Subscription
 from broker.leader.route_admin import RouteView
-from broker.leader.topic_log import PublishBatch, Published, PublishItem, TopicView
+from broker.leader.topic_log import TopicView
 from broker.services import packed
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_pb2
 
