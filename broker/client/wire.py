@@ -326,15 +326,20 @@ def publish_results(response: broker_pb2.PublishResponse, count: int, keys: list
     if len(partitions) != count or sum(r.count for r in ranges.values()) != count:
         raise BrokerError("INTERNAL", f"server answered places for {len(partitions)} records "
                                       f"({sum(r.count for r in ranges.values())} in ranges) for {count} records")
+    missing = set(partitions) - ranges.keys()
+    if missing:
+        raise BrokerError("INTERNAL", f"server answered no range for partitions {sorted(missing)}")
     following = {p: r.base_offset for p, r in ranges.items()}
     stamps = {p: r.timestamp_ms for p, r in ranges.items()}
-    results = []
-    for partition, key in zip(partitions, sent, strict=True):
-        offset = following.get(partition)
-        if offset is None:
-            raise BrokerError("INTERNAL", f"server answered no range for partition {partition}")
+    results: list[PublishResult] = []
+    append, new, set_dict = results.append, _new, _set
+    for partition, key in zip(partitions, sent, strict=True):  # _result inlined: the SDK's per-record cost
+        offset = following[partition]
         following[partition] = offset + 1
-        results.append(_result(partition, offset, False, stamps[partition], key))
+        result = new(PublishResult)
+        set_dict(result, "__dict__", {"partition": partition, "offset": offset, "duplicate": False,
+                                      "timestamp_ms": stamps[partition], "idempotency_key": key})
+        append(result)
     return results
 
 
