@@ -47,7 +47,7 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
             raise
         self._metrics.publish_latency.observe(time.perf_counter() - started)
         self._metrics.publish_records.labels(request.topic).inc(batch.count)
-        self._metrics.publish_bytes.labels(request.topic).inc(sum(map(len, batch.record_values())))
+        self._metrics.publish_bytes.labels(request.topic).inc(batch.value_bytes())
         return response
 
     @errors.unary

@@ -51,14 +51,19 @@ def packed_batch(request: broker_pb2.PublishRequest) -> PublishBatch:
     data = request.SerializeToString()
     plain = _view(request, data, keyed=False)
     if plain is not None:
+        fields = publish_view_pb2.BodyFields.FromString(b"".join(bodies))
         return PublishBatch(topic=request.topic, bodies=bodies, dedup_id=request.dedup_id,
-                            first_msg_id=request.first_msg_id,
+                            first_msg_id=request.first_msg_id, value_bytes_total=sum(map(len, fields.value)),
                             values=lambda: (r.value for r in plain.packed_records))
     keyed = _view(request, data, keyed=True)
     if keyed is not None:
-        keys = [r.key if r.HasField("key") else None for r in keyed.packed_records]
+        fields = publish_view_pb2.BodyFields.FromString(b"".join(bodies))
+        if len(fields.key) == len(bodies):  # every record has a key: they are in order, no object per record
+            keys: list[bytes | None] = list(fields.key)
+        else:
+            keys = [r.key if r.HasField("key") else None for r in keyed.packed_records]
         return PublishBatch(topic=request.topic, bodies=bodies, dedup_id=request.dedup_id,
-                            first_msg_id=request.first_msg_id, keys=keys,
+                            first_msg_id=request.first_msg_id, keys=keys, value_bytes_total=sum(map(len, fields.value)),
                             values=lambda: (r.value for r in keyed.packed_records))
     return PublishBatch(topic=request.topic, records=_items(bodies), dedup_id=request.dedup_id,
                         first_msg_id=request.first_msg_id)
