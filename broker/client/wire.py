@@ -230,10 +230,28 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+_VALUE_HEADS = [_VALUE_TAG + length for length in _SHORT_LENGTHS]  # tag and length of a value below 128 bytes
+
+
 def _pack_value(value: bytes | str) -> bytes:
     """The serialized ``PublishRecord`` holding only ``value`` (the SDK's most common record)."""
     data = value.encode() if isinstance(value, str) else to_bytes(value, "value")
     return _VALUE_TAG + _varint(len(data)) + data if data else b""
+
+
+def _pack_values(values: Sequence[bytes | str]) -> list[bytes]:
+    """:func:`_pack_value` of each of ``values`` (one concatenation per value below 128 bytes)."""
+    heads = _VALUE_HEADS
+    packed = []
+    for value in values:
+        if type(value) is not bytes:
+            value = value.encode() if isinstance(value, str) else to_bytes(value, "value")
+        size = len(value)
+        if size < 128:
+            packed.append(heads[size] + value if size else b"")
+        else:
+            packed.append(_VALUE_TAG + _varint(size) + value)
+    return packed
 
 
 def pack_record(record: OutgoingRecord, idempotency_key: str = "", msg_id: int = 0) -> bytes:
@@ -271,7 +289,7 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
     request = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "",
                                         results=broker_pb2.RESULT_FORM_COMPACT)
     if dedup_id is None and first_msg_id is None and all(isinstance(r, bytes | str) for r in records):
-        request.packed_records.extend([_pack_value(r) for r in records])
+        request.packed_records.extend(_pack_values(records))
         count, keys = len(records), None
     else:
         batch = [outgoing(r) for r in records]

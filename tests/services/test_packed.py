@@ -146,6 +146,10 @@ def test_the_sdk_packs_each_record_as_its_message() -> None:
         assert client_wire.pack_record(record) == client_wire.publish_record(record, "").SerializeToString()
     assert client_wire.pack_record(records[0], "idem", 5) == client_wire.publish_record(records[0], "idem",
                                                                                         5).SerializeToString()
+    values: list[bytes | str] = [b"", "", b"v", "ü", b"x" * 127, b"x" * 128, "y" * 20000]
+    bare = client_wire.publish_request("t", values, None, None)
+    assert bare is not None and list(bare.request.packed_records) == [
+        client_wire.publish_record(OutgoingRecord(v), "").SerializeToString() for v in values]
     call = client_wire.publish_request("t", [b"a", "b"], None, None)
     assert call is not None and call.keys is None and call.count == 2
     assert call.request.results == broker_pb2.RESULT_FORM_COMPACT and not call.request.records
