@@ -203,12 +203,12 @@ class TopicLog:
 
     @staticmethod
     def _lean_dedup_fields(request: PublishBatch, append: internal_pb2.AppendCommand) -> None:
-        """:meth:`_dedup_fields` for a batch in the lean form, with today's refusals."""
-        if not request.dedup_id:
+        """:meth:`_dedup_fields` for a batch in the lean form, with the same refusals in the same order."""
+        if not request.first_msg_id and not request.dedup_id:
             return
         if len(request.dedup_id) > ID_CHARS_MAX:
             raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
-        if not request.first_msg_id:
+        if not request.first_msg_id:  # a per-record session without its msg_ids
             raise InvalidArgument("record 0: a msg_id (non-zero) is required with dedup_id")
         sessions.check_batch(request.dedup_id, request.first_msg_id, request.count)
         append.dedup_id = request.dedup_id

@@ -105,6 +105,9 @@ def test_the_lean_paths_refuse_with_the_old_messages(log: TopicLog) -> None:
         ([R(value=b"a")], {"dedup_id": "d"}),
         ([R(value=b"a")], {"dedup_id": "x" * 300, "first_msg_id": 1}),
         ([R(value=b"a", key=b"k")], {"dedup_id": "d", "first_msg_id": -1}),
+        ([R(value=b"a")], {"first_msg_id": 1}),
+        ([R(value=b"a", key=b"k")], {"first_msg_id": 5}),
+        ([R(value=b"a")], {"dedup_id": "d", "first_msg_id": 2**63 - 1}),
         ([], {}),
     ]
     for records, fields in cases:
