@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.client.errors import BrokerError, invalid_argument
+from broker.client import packing
+from broker.client.errors import invalid_argument
 from broker.client.models import (
     DURABILITIES,
     EVENT_TYPES,
@@ -211,63 +212,22 @@ def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0
     return msg
 
 
-# -- the packed publish form (PublishRequest.packed_records; issue 15 item 3) -----------------------
-_SHORT_LENGTHS = [bytes((n,)) for n in range(128)]  # a varint below 128 is one byte
-_VALUE_TAG = b"\x2a"  # PublishRecord.value: field 5, length-delimited
-_KEY_TAG = b"\x22"  # PublishRecord.key: field 4, length-delimited
-_OP_TAG = b"\x48"  # PublishRecord.op: field 9, varint
-_OP_NUMBERS = {name: i for i, name in enumerate(OPS)}
-
-
-def _varint(n: int) -> bytes:
-    if n < 128:
-        return _SHORT_LENGTHS[n]
-    out = bytearray()
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_VALUE_HEADS = [_VALUE_TAG + length for length in _SHORT_LENGTHS]  # tag and length of a value below 128 bytes
-
-
-def _pack_value(value: bytes | str) -> bytes:
-    """The serialized ``PublishRecord`` holding only ``value`` (the SDK's most common record)."""
-    data = value.encode() if isinstance(value, str) else to_bytes(value, "value")
-    return _VALUE_TAG + _varint(len(data)) + data if data else b""
-
-
-def _pack_values(values: Sequence[bytes | str]) -> list[bytes]:
-    """:func:`_pack_value` of each of ``values`` (one concatenation per value below 128 bytes)."""
-    heads = _VALUE_HEADS
-    packed = []
-    for value in values:
-        if type(value) is not bytes:
-            value = value.encode() if isinstance(value, str) else to_bytes(value, "value")
-        size = len(value)
-        if size < 128:
-            packed.append(heads[size] + value if size else b"")
-        else:
-            packed.append(_VALUE_TAG + _varint(size) + value)
-    return packed
-
+# -- the packed publish form (PublishRequest.packed_records; issue 15 item 3; helpers: packing.py) ---
 
 def pack_record(record: OutgoingRecord, idempotency_key: str = "", msg_id: int = 0) -> bytes:
     """One packed record: the bytes of :func:`publish_record`'s message, in field order, built
     directly when the record has no partition, headers, idempotency key or msg_id."""
     if record.partition is not None or record.headers or idempotency_key or msg_id:
         return publish_record(record, idempotency_key, msg_id).SerializeToString()
-    op = _OP_NUMBERS.get(record.op)
+    op = packing.OP_NUMBERS.get(record.op)
     if op is None:
         raise invalid_argument(f"unknown op {record.op!r}; use one of {', '.join(OPS)}")
     data = b""
     if record.key is not None:
         key = to_bytes(record.key, "key")
-        data = _KEY_TAG + _varint(len(key)) + key
-    data += _pack_value(record.value)
-    return data + _OP_TAG + _SHORT_LENGTHS[op] if op else data
+        data = packing.KEY_TAG + packing.varint(len(key)) + key
+    data += packing.pack_value(to_bytes(record.value, "value"))
+    return data + packing.OP_TAG + packing.varint(op) if op else data
 
 
 @dataclass(frozen=True)
@@ -289,7 +249,7 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
     request = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "",
                                         results=broker_pb2.RESULT_FORM_COMPACT)
     if dedup_id is None and first_msg_id is None and all(isinstance(r, bytes | str) for r in records):
-        request.packed_records.extend(_pack_values(records))
+        request.packed_records.extend(packing.pack_values(records))
         count, keys = len(records), None
     else:
         batch = [outgoing(r) for r in records]
@@ -317,50 +277,6 @@ def idempotency_keys(batch: Sequence[OutgoingRecord]) -> list[str]:
     ]
 
 
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _result(partition: int, offset: int, duplicate: bool, timestamp_ms: int, key: str) -> PublishResult:
-    """A :class:`PublishResult` without its frozen ``__init__`` (one attribute write, not five:
-    about half the time, measured), for the thousands of results of one batch."""
-    result = _new(PublishResult)
-    _set(result, "__dict__", {"partition": partition, "offset": offset, "duplicate": duplicate,
-                              "timestamp_ms": timestamp_ms, "idempotency_key": key})
-    return result
-
-
-def publish_results(response: broker_pb2.PublishResponse, count: int, keys: list[str] | None) -> list[PublishResult]:
-    """One result per record from either answer form: per record, or compact (each record's
-    partition and one range per partition: offsets counted from the range's base in order)."""
-    sent = keys or [""] * count
-    if response.results or not response.ranges:
-        if len(response.results) != count:
-            raise BrokerError("INTERNAL", f"server answered {len(response.results)} results for {count} records")
-        return [_result(r.partition, r.offset, r.duplicate, r.timestamp_ms, k)
-                for r, k in zip(response.results, sent, strict=True)]
-    partitions = list(response.partitions)
-    ranges = {r.partition: r for r in response.ranges}
-    if len(partitions) != count or sum(r.count for r in ranges.values()) != count:
-        raise BrokerError("INTERNAL", f"server answered places for {len(partitions)} records "
-                                      f"({sum(r.count for r in ranges.values())} in ranges) for {count} records")
-    missing = set(partitions) - ranges.keys()
-    if missing:
-        raise BrokerError("INTERNAL", f"server answered no range for partitions {sorted(missing)}")
-    following = {p: r.base_offset for p, r in ranges.items()}
-    stamps = {p: r.timestamp_ms for p, r in ranges.items()}
-    results: list[PublishResult] = []
-    append, new, set_dict = results.append, _new, _set
-    for partition, key in zip(partitions, sent, strict=True):  # _result inlined: the SDK's per-record cost
-        offset = following[partition]
-        following[partition] = offset + 1
-        result = new(PublishResult)
-        set_dict(result, "__dict__", {"partition": partition, "offset": offset, "duplicate": False,
-                                      "timestamp_ms": stamps[partition], "idempotency_key": key})
-        append(result)
-    return results
-
-
 def config_differences(wanted: admin_pb2.TopicConfig, existing: TopicInfo) -> list[str]:
     """How ``existing`` differs from the create request ``wanted`` (fields left unset in ``wanted``,
     and retention, are not compared); empty when it is the topic the request would have made."""
@@ -379,6 +295,9 @@ def config_differences(wanted: admin_pb2.TopicConfig, existing: TopicInfo) -> li
     if wanted.dedup_fields:
         pairs.append(("dedup_fields", True, found.dedup_fields, existing.dedup_fields))
     return [f"{name} is {have!r}, not {want!r}" for name, given, want, have in pairs if given and want != have]
+
+
+publish_results = packing.publish_results  # the SDKs' reading of either answer form
 
 
 def publish_result(msg: broker_pb2.PublishResult, idempotency_key: str = "") -> PublishResult:
