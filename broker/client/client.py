@@ -22,14 +22,13 @@ own keys (or a ``dedup_id``).
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
 from broker.client import wire
 from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
-from broker.client.errors import BrokerError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.errors import TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
 from broker.client.log_admin import LogAdminMixin
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
@@ -43,7 +42,7 @@ from broker.client.typed import TypedTopicsMixin
 from broker.v1 import admin_pb2, broker_pb2
 
 RecordLike = OutgoingRecord | Mapping[str, Any] | bytes | str
-PUBLISH_BATCH_RECORDS_MAX = 100_000  # a copy of broker.limits.Limits.batch_records_max (pinned by a test)
+PUBLISH_BATCH_RECORDS_MAX = wire.PUBLISH_BATCH_RECORDS_MAX
 
 
 class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMixin):
@@ -251,41 +250,20 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         discarded and reported ``duplicate=True`` with ``offset`` 0 (no original place is kept);
         a gap or a repeat inside the batch raises :class:`InvalidArgument` before sending.
         """
-        batch = [wire.outgoing(r) for r in records]
-        ids = wire.msg_ids(batch, dedup_id, first_msg_id)
-        if not batch:
+        call = wire.publish_request(topic, records, dedup_id, first_msg_id)
+        if call is None:
             return []
-        if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
-            raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
-        own_keys = dedup_id is not None or wire.has_keys(batch)
-        keys = self._idempotency_keys(batch) if own_keys else [""] * len(batch)
-        request = broker_pb2.PublishRequest(
-            topic=topic,
-            dedup_id=dedup_id or "",
-            records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)],
-        )
 
         def send(req: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
             return self._router.call(lambda addr, t: self._router.broker(addr).Publish(req, timeout=t),
                                      write=True, what=f"publish to {topic}")
 
-        response = send(request) if own_keys else publish_in_session(self._sessions, topic, request, send)
-        if len(response.results) != len(batch):
-            raise BrokerError(
-                "INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records"
-            )
-        return [wire.publish_result(r, k) for r, k in zip(response.results, keys, strict=True)]
-
-    @staticmethod
-    def _idempotency_keys(batch: Sequence[OutgoingRecord]) -> list[str]:
-        """One key per record (SPEC §4): the caller's, else a random uuid4 hex. Chosen once per
-        call, before the first attempt, so every retry resends the same keys."""
-        return [
-            uuid.uuid4().hex
-            if r.idempotency_key is None
-            else wire.check_id(r.idempotency_key, f"record {i}: idempotency_key")
-            for i, r in enumerate(batch)
-        ]
+        request = call.request
+        if call.keys is not None:
+            response = send(request)
+        else:
+            response = publish_in_session(self._sessions, topic, request, send, call.count)
+        return wire.publish_results(response, call.count, call.keys)
 
     # -- producer-session watermarks --------------------------------------------------------------
 

@@ -87,9 +87,12 @@ Send = Callable[[broker_pb2.PublishRequest], broker_pb2.PublishResponse]
 
 
 def publish_in_session(pool: SessionPool, topic: str, request: broker_pb2.PublishRequest,
-                       send: Send) -> broker_pb2.PublishResponse:
-    """Send ``request`` (a batch without caller keys) as the next range of a session of ``pool``;
-    ``send`` makes one call with its retries. A session out of sequence is replaced once."""
+                       send: Send, count: int | None = None) -> broker_pb2.PublishResponse:
+    """Send ``request`` (a batch of ``count`` records without caller keys; ``None``: as many as
+    ``request.records``) as the next range of a session of ``pool``; ``send`` makes one call with
+    its retries. A session out of sequence is replaced once."""
+    if count is None:
+        count = len(request.records)
     for attempt in range(2):
         session = pool.take(topic)
         request.dedup_id, request.first_msg_id = session.dedup_id, session.next_msg_id
@@ -99,6 +102,6 @@ def publish_in_session(pool: SessionPool, topic: str, request: broker_pb2.Publis
             if pool.failed(topic, session, err) and attempt == 0:
                 continue
             raise
-        pool.stored(topic, session, len(request.records))
+        pool.stored(topic, session, count)
         return response
     raise AssertionError("unreachable: the second attempt returns or raises")

@@ -7,9 +7,12 @@ start position) raise :class:`~broker.client.errors.InvalidArgument` here, befor
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from broker.client import packing
 from broker.client.errors import invalid_argument
 from broker.client.models import (
     DURABILITIES,
@@ -32,6 +35,7 @@ from broker.v1 import admin_pb2, broker_pb2, common_pb2
 Start = str | int | bytes
 _RETENTION_FIELDS = ("max_age_ms", "max_records", "max_bytes")
 _RECORD_FIELDS = ("value", "key", "partition", "headers", "op", "idempotency_key", "msg_id")
+PUBLISH_BATCH_RECORDS_MAX = 100_000  # a copy of broker.limits.Limits.batch_records_max (pinned by a test)
 ID_CHARS_MAX = 256  # idempotency keys and dedup ids: a copy of broker.limits.ID_CHARS_MAX (pinned by a test)
 DEDUP_FOREVER = -1
 
@@ -208,6 +212,71 @@ def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0
     return msg
 
 
+# -- the packed publish form (PublishRequest.packed_records; issue 15 item 3; helpers: packing.py) ---
+
+def pack_record(record: OutgoingRecord, idempotency_key: str = "", msg_id: int = 0) -> bytes:
+    """One packed record: the bytes of :func:`publish_record`'s message, in field order, built
+    directly when the record has no partition, headers, idempotency key or msg_id."""
+    if record.partition is not None or record.headers or idempotency_key or msg_id:
+        return publish_record(record, idempotency_key, msg_id).SerializeToString()
+    op = packing.OP_NUMBERS.get(record.op)
+    if op is None:
+        raise invalid_argument(f"unknown op {record.op!r}; use one of {', '.join(OPS)}")
+    data = b""
+    if record.key is not None:
+        key = to_bytes(record.key, "key")
+        data = packing.KEY_TAG + packing.varint(len(key)) + key
+    data += packing.pack_value(to_bytes(record.value, "value"))
+    return data + packing.OP_TAG + packing.varint(op) if op else data
+
+
+@dataclass(frozen=True)
+class PublishCall:
+    """A ``publish_batch`` ready to send: its request and each record's idempotency key (``None``:
+    the batch goes in one of the client's producer sessions, which sets ``dedup_id`` and
+    ``first_msg_id`` on the request)."""
+
+    request: broker_pb2.PublishRequest
+    count: int
+    keys: list[str] | None
+
+
+def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
+                    first_msg_id: int | None) -> PublishCall | None:
+    """The one request builder of the sync and asyncio clients (``None`` for an empty batch): the
+    records packed, compact results asked for. Bare values (bytes or str, the common case) are
+    packed without an :class:`OutgoingRecord` each. Raises InvalidArgument before anything is sent."""
+    request = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "",
+                                        results=broker_pb2.RESULT_FORM_COMPACT)
+    if dedup_id is None and first_msg_id is None and all(isinstance(r, bytes | str) for r in records):
+        request.packed_records.extend(packing.pack_values(records))
+        count, keys = len(records), None
+    else:
+        batch = [outgoing(r) for r in records]
+        ids = msg_ids(batch, dedup_id, first_msg_id)
+        own_keys = dedup_id is not None or has_keys(batch)
+        keys = idempotency_keys(batch) if own_keys else None
+        sent = keys or [""] * len(batch)
+        request.packed_records.extend([pack_record(r, k, m) for r, k, m in zip(batch, sent, ids, strict=True)])
+        count = len(batch)
+    if not count:
+        return None
+    if count > PUBLISH_BATCH_RECORDS_MAX:
+        raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {count}")
+    return PublishCall(request, count, keys)
+
+
+def idempotency_keys(batch: Sequence[OutgoingRecord]) -> list[str]:
+    """One key per record (SPEC §4): the caller's, else a random uuid4 hex. Chosen once per
+    call, before the first attempt, so every retry resends the same keys."""
+    return [
+        uuid.uuid4().hex
+        if r.idempotency_key is None
+        else check_id(r.idempotency_key, f"record {i}: idempotency_key")
+        for i, r in enumerate(batch)
+    ]
+
+
 def config_differences(wanted: admin_pb2.TopicConfig, existing: TopicInfo) -> list[str]:
     """How ``existing`` differs from the create request ``wanted`` (fields left unset in ``wanted``,
     and retention, are not compared); empty when it is the topic the request would have made."""
@@ -226,6 +295,9 @@ def config_differences(wanted: admin_pb2.TopicConfig, existing: TopicInfo) -> li
     if wanted.dedup_fields:
         pairs.append(("dedup_fields", True, found.dedup_fields, existing.dedup_fields))
     return [f"{name} is {have!r}, not {want!r}" for name, given, want, have in pairs if given and want != have]
+
+
+publish_results = packing.publish_results  # the SDKs' reading of either answer form
 
 
 def publish_result(msg: broker_pb2.PublishResult, idempotency_key: str = "") -> PublishResult:

@@ -10,7 +10,6 @@ API to them and back; gRPC specifics (status codes, metadata, streams) stay in `
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker.clock import Clock
@@ -20,47 +19,14 @@ from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
 from broker.core.topics import normalized_config, validate_name
 from broker.leader import partitioning, schemas
 from broker.leader.ephemeral import EphemeralHub
+from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
 from broker.leader.submitter import CommandSubmitter
 from broker.limits import ID_CHARS_MAX, Limits
 from broker.v1 import internal_pb2
 
+__all__ = ["Limits", "Placement", "PublishBatch", "Published", "PublishItem", "TopicLog", "TopicView"]
+
 _OPS = frozenset(internal_pb2.Op.values())
-
-
-@dataclass(slots=True)
-class PublishItem:
-    """One record to publish: its stored body, a serialized ``RecordBody`` with ``key``, ``value``,
-    headers and ``op`` (the leader appends ``origin`` and ``msg_id``), and where and how it is
-    placed and deduplicated (SPEC §4). Not frozen: a publish builds up to 100,000 of them, and a
-    frozen dataclass takes about five times as long to build (treat it as read-only)."""
-
-    body: bytes
-    value: bytes
-    key: bytes | None = None
-    op: int = 0
-    partition: int | None = None  # explicit partition; else hash of key; else round-robin
-    idempotency_key: str = ""
-    msg_id: int = 0  # with PublishBatch.dedup_id
-
-
-@dataclass(frozen=True)
-class PublishBatch:
-    """A publish: all of ``records`` are appended to ``topic``, or none."""
-
-    topic: str
-    records: Sequence[PublishItem]
-    dedup_id: str = ""
-    first_msg_id: int = 0  # with dedup_id: a producer-session batch by range (no per-record ids)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one published record went (in request order)."""
-
-    partition: int
-    offset: int
-    timestamp_ms: int
-    duplicate: bool
 
 
 @dataclass(frozen=True)
@@ -163,9 +129,14 @@ class TopicLog:
 
     # -- publish -----------------------------------------------------------------------------
     def publish(self, request: PublishBatch, producer: str = "") -> list[Placement]:
+        """:meth:`publish_placed` with one :class:`Placement` per record."""
+        return [Placement(*placed) for placed in self.publish_placed(request, producer).placements]
+
+    def publish_placed(self, request: PublishBatch, producer: str = "") -> Published:
         """Append a batch, all or nothing; answers after it is committed and applied here.
         ``producer``: the authenticated principal, stamped on every record ("" without
-        authentication); a client cannot set it (``services/wire.py`` drops unknown fields)."""
+        authentication); a client cannot set it (``services/wire.py`` drops unknown fields, and
+        ``services/packed.py`` takes no packed record with a field beyond key, value and op)."""
         self._submitter.ensure_leader()
         meta = self._meta(request.topic)
         cmd = internal_pb2.Command()
@@ -175,8 +146,9 @@ class TopicLog:
         append.partitions.extend(self._place(request, meta.config.partitions))
         self._dedup_fields(request, append)
         config = meta.config
-        append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
-                                                                (r.value for r in request.records)))
+        if config.schema_json or config.dedup_fields:
+            append.unique_keys.extend(self._schemas.check_documents(
+                meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))
         append.bodies.extend(self._bodies(request, producer))
         append.now_ms = self._clock.now_ms()
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
@@ -184,8 +156,8 @@ class TopicLog:
         else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
             result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
         self._raise_rejected(result)
-        assert isinstance(result, Appended) and len(result.placements) == len(request.records)
-        return [Placement(*placed) for placed in result.placements]
+        assert isinstance(result, Appended) and len(result.placements) == request.count
+        return Published(result.placements, list(append.partitions))
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
@@ -200,6 +172,9 @@ class TopicLog:
 
     def _dedup_fields(self, request: PublishBatch, append: internal_pb2.AppendCommand) -> None:
         """Idempotency keys and producer-session ids, checked before anything is replicated."""
+        if request.bodies is not None:  # the lean form: no per-record key or msg_id (see PublishBatch)
+            self._lean_dedup_fields(request, append)
+            return
         keys = [r.idempotency_key for r in request.records]
         for i, key in enumerate(keys):
             if len(key) > ID_CHARS_MAX:
@@ -225,6 +200,19 @@ class TopicLog:
                     f"expected {abs(ids[i - 1]) + 1} or {-(abs(ids[i - 1]) + 1)})")
         append.dedup_id = request.dedup_id
         append.msg_ids.extend(ids)
+
+    @staticmethod
+    def _lean_dedup_fields(request: PublishBatch, append: internal_pb2.AppendCommand) -> None:
+        """:meth:`_dedup_fields` for a batch in the lean form, with the same refusals in the same order."""
+        if not request.first_msg_id and not request.dedup_id:
+            return
+        if len(request.dedup_id) > ID_CHARS_MAX:
+            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
+        if not request.first_msg_id:  # a per-record session without its msg_ids
+            raise InvalidArgument("record 0: a msg_id (non-zero) is required with dedup_id")
+        sessions.check_batch(request.dedup_id, request.first_msg_id, request.count)
+        append.dedup_id = request.dedup_id
+        append.first_msg_id = request.first_msg_id
 
     @staticmethod
     def _session_fields(request: PublishBatch, append: internal_pb2.AppendCommand, keys: list[str]) -> None:
@@ -314,11 +302,14 @@ class TopicLog:
 
     def _place(self, request: PublishBatch, partitions: int) -> list[int]:
         records = request.records
-        if not records:
+        count = request.count
+        if not count:
             raise InvalidArgument("a publish needs at least one record")
-        if len(records) > self._limits.batch_records_max:
+        if count > self._limits.batch_records_max:
             raise InvalidArgument(
-                f"batch of {len(records)} records is over the limit of {self._limits.batch_records_max}")
+                f"batch of {count} records is over the limit of {self._limits.batch_records_max}")
+        if request.bodies is not None:
+            return self._place_lean(request, partitions)
         placed: list[int] = []
         spread = 0  # records with neither partition nor key: round-robin, one counter claim per batch
         for i, rec in enumerate(records):
@@ -341,11 +332,28 @@ class TopicLog:
             placed = [p if p >= 0 else next(turn) % partitions for p in placed]
         return placed
 
+    def _place_lean(self, request: PublishBatch, partitions: int) -> list[int]:
+        """:meth:`_place` for the lean form (ops and the absence of explicit partitions are checked
+        by ``services/packed``): by key where there is one, else round-robin, as for records."""
+        count = request.count
+        if request.keys is None:  # all round-robin: one claim, no per-record Python work
+            first = self._round_robin.claim(request.topic, count) % partitions
+            return list(itertools.islice(itertools.cycle(range(partitions)), first, first + count))
+        for_key = partitioning.partition_for_key
+        placed = [-1 if key is None else for_key(key, partitions) for key in request.keys]
+        spread = placed.count(-1)
+        if spread:
+            turn = itertools.count(self._round_robin.claim(request.topic, spread))
+            placed = [p if p >= 0 else next(turn) % partitions for p in placed]
+        return placed
+
     def _bodies(self, request: PublishBatch, producer: str = "") -> list[bytes]:
+        origin = self._origin_bytes + (internal_pb2.RecordBody(producer=producer).SerializeToString())
+        if request.bodies is not None:
+            return self._lean_bodies(request.bodies, origin)
         limit = self._limits.record_bytes_max
         total = 0
         bodies: list[bytes] = []
-        origin = self._origin_bytes + (internal_pb2.RecordBody(producer=producer).SerializeToString())
         for i, rec in enumerate(request.records):
             msg_id = rec.msg_id
             body = rec.body + origin
@@ -355,6 +363,19 @@ class TopicLog:
                 raise InvalidArgument(f"record {i} is {len(body)} bytes, over the limit of {limit} bytes")
             total += len(body)
             bodies.append(body)
+        if total > self._limits.batch_bytes_max:
+            raise InvalidArgument(
+                f"batch of {total} bytes is over the limit of {self._limits.batch_bytes_max} bytes")
+        return bodies
+
+    def _lean_bodies(self, given: list[bytes], origin: bytes) -> list[bytes]:
+        """:meth:`_bodies` for the lean form (no msg_id to append), with the same limits."""
+        bodies = [body + origin for body in given]
+        limit = self._limits.record_bytes_max
+        if max(map(len, bodies)) > limit:
+            i, body = next((i, b) for i, b in enumerate(bodies) if len(b) > limit)
+            raise InvalidArgument(f"record {i} is {len(body)} bytes, over the limit of {limit} bytes")
+        total = sum(map(len, bodies))
         if total > self._limits.batch_bytes_max:
             raise InvalidArgument(
                 f"batch of {total} bytes is over the limit of {self._limits.batch_bytes_max} bytes")

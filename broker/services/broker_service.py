@@ -40,13 +40,14 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     def _publish(self, request: broker_pb2.PublishRequest, producer: str) -> broker_pb2.PublishResponse:
         started = time.perf_counter()
         try:
-            response = wire.publish_response(self._log.publish(wire.publish_batch(request), producer))
+            batch = wire.publish_batch(request)
+            response = wire.publish_response(self._log.publish_placed(batch, producer), request)
         except BrokerError as exc:
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
         self._metrics.publish_latency.observe(time.perf_counter() - started)
-        self._metrics.publish_records.labels(request.topic).inc(len(request.records))
-        self._metrics.publish_bytes.labels(request.topic).inc(sum(len(r.value) for r in request.records))
+        self._metrics.publish_records.labels(request.topic).inc(batch.count)
+        self._metrics.publish_bytes.labels(request.topic).inc(batch.value_bytes())
         return response
 
     @errors.unary

@@ -39,6 +39,17 @@ class Script:
     publish_then_drop_connection: int = 0  # apply this many next Publishes, then answer UNAVAILABLE
 
 
+def unpacked(request: broker_pb2.PublishRequest) -> broker_pb2.PublishRequest:
+    """``request`` with its packed records (if any) as ``records``, so tests read either form alike."""
+    if not request.packed_records:
+        return request
+    copy = broker_pb2.PublishRequest()
+    copy.CopyFrom(request)
+    del copy.packed_records[:]
+    copy.records.extend(broker_pb2.PublishRecord.FromString(data) for data in request.packed_records)
+    return copy
+
+
 def _token(partition: int, next_offset: int) -> bytes:
     return PositionToken(1, partition, next_offset).encode()
 
@@ -51,6 +62,7 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self.script = Script()
         self.requests: list[tuple[str, object]] = []
         self.publishes_applied = 0
+        self.packed_publishes = 0  # Publish calls that came in the packed form
         self.keys: dict[tuple[str, str], tuple[int, int, int]] = {}  # (topic, key) -> partition, offset, ts
         self._lock = threading.Lock()
         self._server = grpc.server(ThreadPoolExecutor(max_workers=8))
@@ -131,6 +143,10 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
     def Publish(
         self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext
     ) -> broker_pb2.PublishResponse:
+        """Records what was sent with the packed records unpacked (``unpacked``) and answers one
+        result per record whatever form was asked for (as a server may: the SDK reads both)."""
+        self.packed_publishes += bool(request.packed_records)
+        request = unpacked(request)
         self._enter("Publish", request, context, write=True)
         if self.script.publish_delays_s:
             time.sleep(self.script.publish_delays_s.pop(0))

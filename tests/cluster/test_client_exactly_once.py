@@ -118,7 +118,8 @@ def test_twenty_leader_kills_during_one_publish_run_store_each_record_once(fresh
     wrong = [(r, v) for r, v in places if stored_at.get((r.partition, r.offset)) != v]
     assert not wrong, f"{len(wrong)} results name a place that holds another record, e.g. {wrong[0]}"
 
-    sent = collections.Counter((r.dedup_id, r.first_msg_id, len(r.records)) for r in attempts)
+    sent = collections.Counter((r.dedup_id, r.first_msg_id, len(r.records) + len(r.packed_records))
+                               for r in attempts)
     assert all(first > 0 and dedup_id.startswith("sdk-") for dedup_id, first, _ in sent), (
         "every batch went as a range of an SDK producer session")
     assert len(sent) == batch_no, "one session range per batch, resent unchanged by every retry"

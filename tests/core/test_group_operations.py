@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.core import records
-from broker.core.errors import GroupNotFound
+from broker.core.errors import GroupNotFound, InvalidArgument
 from broker.leader.reading import Reader
 from broker.services import wire
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
@@ -122,6 +122,10 @@ def test_badmsg_for_a_flipped_byte_in_the_store_stateless_and_group() -> None:
     assert sorted(r.value for r in items if not isinstance(r, internal_pb2.Event)) == [b"good0", b"good2"]
     [dead] = env.ops.dead_letters("t", "g", 0, None, None)
     assert dead.offset == 1 and dead.reason.startswith("badmsg")
+    assert env.ops.dead_letters("t", "g", 0, 0, None) == [dead]
+    for partition in (1, 2**32 - 1):  # the last one used to fail the key's 32-bit packing (INTERNAL)
+        with pytest.raises(InvalidArgument, match=f"partition {partition} does not exist"):
+            env.ops.dead_letters("t", "g", 0, partition, None)
     assert env.ops.lag("t", "g").partitions[0].committed == 3
 
 

@@ -27,8 +27,8 @@ from typing import Any
 from broker.client import wire
 from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.aio.streams import AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
-from broker.client.client import PUBLISH_BATCH_RECORDS_MAX, Client, RecordLike
-from broker.client.errors import BrokerError, DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.client import RecordLike
+from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.groups import GroupLag, PartitionLag
 from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, TopicInfo, Watermark
 from broker.client.routing import RetryPolicy
@@ -152,22 +152,15 @@ class AsyncClient:
     async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
                             first_msg_id: int | None = None) -> list[PublishResult]:
         """Publish records all-or-nothing; one result per record, in order (see :meth:`Client.publish_batch`)."""
-        batch = [wire.outgoing(r) for r in records]
-        ids = wire.msg_ids(batch, dedup_id, first_msg_id)
-        if not batch:
+        call = wire.publish_request(topic, records, dedup_id, first_msg_id)
+        if call is None:
             return []
-        if len(batch) > PUBLISH_BATCH_RECORDS_MAX:
-            raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {len(batch)}")
-        own_keys = dedup_id is not None or wire.has_keys(batch)
-        keys = Client._idempotency_keys(batch) if own_keys else [""] * len(batch)
-        request = broker_pb2.PublishRequest(
-            topic=topic, dedup_id=dedup_id or "",
-            records=[wire.publish_record(r, k, m) for r, k, m in zip(batch, keys, ids, strict=True)])
         async with self._in_flight:
-            response = await (self._send(request) if own_keys else self._send_in_session(topic, request))
-        if len(response.results) != len(batch):
-            raise BrokerError("INTERNAL", f"server answered {len(response.results)} results for {len(batch)} records")
-        results = [wire.publish_result(r, k) for r, k in zip(response.results, keys, strict=True)]
+            if call.keys is not None:
+                response = await self._send(call.request)
+            else:
+                response = await self._send_in_session(topic, call.request, call.count)
+        results = wire.publish_results(response, call.count, call.keys)
         if self._on_event is not None:
             self._on_event("published", results)
         return results
@@ -181,7 +174,8 @@ class AsyncClient:
                                         after_unknown_outcome=err.after_unknown_outcome) from None
         return response
 
-    async def _send_in_session(self, topic: str, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+    async def _send_in_session(self, topic: str, request: broker_pb2.PublishRequest,
+                               count: int) -> broker_pb2.PublishResponse:
         """The asyncio twin of :func:`broker.client.sessions.publish_in_session`: each in-flight call
         holds its own session, so concurrent tasks never interleave one session's numbers."""
         for attempt in range(2):
@@ -193,7 +187,7 @@ class AsyncClient:
                 if self._sessions.failed(topic, session, err) and attempt == 0:
                     continue
                 raise
-            self._sessions.stored(topic, session, len(request.records))
+            self._sessions.stored(topic, session, count)
             return response
         raise AssertionError("unreachable: the second attempt returns or raises")
 

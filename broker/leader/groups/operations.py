@@ -183,6 +183,10 @@ class GroupOperations:
         rt = self._service.runtime(topic, group)
         if limit > DEAD_LIMIT_MAX:
             raise InvalidArgument(f"limit must be at most {DEAD_LIMIT_MAX}, got {limit}")
+        topic_meta = self._state.topic(topic)
+        count = topic_meta.config.partitions if topic_meta is not None else 0
+        if partition is not None and partition >= count:  # (and the range scan's end fits its 32 bits)
+            raise InvalidArgument(f"partition {partition} does not exist (topic {topic!r} has {count})")
         out = []
         dlq = self._state.topic(rt.meta.dlq_topic)
         copied_bytes = 0
