@@ -248,7 +248,9 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         get ``first_msg_id``, ``first_msg_id + 1``, ...) or a ``msg_id`` on every record (to choose
         signs). A record whose ``|msg_id|`` is at or below the session's replicated watermark is
         discarded and reported ``duplicate=True`` with ``offset`` 0 (no original place is kept);
-        a gap or a repeat inside the batch raises :class:`InvalidArgument` before sending.
+        a gap or a repeat inside the batch raises :class:`InvalidArgument` before sending. The
+        watermark is what deduplicates such a batch: its records get no generated key (unless one
+        of them brings its own ``idempotency_key``).
         """
         call = wire.publish_request(topic, records, dedup_id, first_msg_id)
         if call is None:
@@ -259,7 +261,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
                                      write=True, what=f"publish to {topic}")
 
         request = call.request
-        if call.keys is not None:
+        if not call.in_session:
             response = send(request)
         else:
             response = publish_in_session(self._sessions, topic, request, send, call.count)

@@ -232,13 +232,14 @@ def pack_record(record: OutgoingRecord, idempotency_key: str = "", msg_id: int =
 
 @dataclass(frozen=True)
 class PublishCall:
-    """A ``publish_batch`` ready to send: its request and each record's idempotency key (``None``:
-    the batch goes in one of the client's producer sessions, which sets ``dedup_id`` and
-    ``first_msg_id`` on the request)."""
+    """A ``publish_batch`` ready to send: its request, each record's idempotency key (``None``: no
+    per-record keys), and whether it goes in one of the client's producer sessions (which sets
+    ``dedup_id`` and ``first_msg_id`` on the request) rather than as it is."""
 
     request: broker_pb2.PublishRequest
     count: int
     keys: list[str] | None
+    in_session: bool
 
 
 def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
@@ -254,8 +255,9 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
     else:
         batch = [outgoing(r) for r in records]
         ids = msg_ids(batch, dedup_id, first_msg_id)
-        own_keys = dedup_id is not None or has_keys(batch)
-        keys = idempotency_keys(batch) if own_keys else None
+        # a caller's own producer session (dedup_id) is deduplicated by its watermark: its records get
+        # no generated key (a key would cost a lookup and a write per record on every node for nothing)
+        keys = idempotency_keys(batch) if has_keys(batch) else None
         sent = keys or [""] * len(batch)
         request.packed_records.extend([pack_record(r, k, m) for r, k, m in zip(batch, sent, ids, strict=True)])
         count = len(batch)
@@ -263,7 +265,7 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
         return None
     if count > PUBLISH_BATCH_RECORDS_MAX:
         raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {count}")
-    return PublishCall(request, count, keys)
+    return PublishCall(request, count, keys, in_session=dedup_id is None and keys is None)
 
 
 def idempotency_keys(batch: Sequence[OutgoingRecord]) -> list[str]:

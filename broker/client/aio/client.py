@@ -156,7 +156,7 @@ class AsyncClient:
         if call is None:
             return []
         async with self._in_flight:
-            if call.keys is not None:
+            if not call.in_session:
                 response = await self._send(call.request)
             else:
                 response = await self._send_in_session(topic, call.request, call.count)
