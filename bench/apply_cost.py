@@ -11,17 +11,23 @@ same period.
 
     .venv/bin/python -m bench.apply_cost                       # 1000 records of 100 B, 200 applies
     .venv/bin/python -m bench.apply_cost --records 1000 --size 1024 --rounds 100
+    .venv/bin/python -m bench.apply_cost --store-wal           # applies through RocksDB's WAL too
+
+By default the store is written as a node writes it: without RocksDB's write-ahead log when the
+state machine supports it (``journaled=True``: the Raft journal is the WAL), with it on older commits.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
@@ -42,12 +48,14 @@ def append_command(topic_id: int, records: int, size_bytes: int, rng: random.Ran
     return internal_pb2.Command(append=append).SerializeToString()
 
 
-def measure(records: int, size_bytes: int, rounds: int, seed: int) -> dict[str, float]:
+def measure(records: int, size_bytes: int, rounds: int, seed: int, store_wal: bool = False) -> dict[str, float]:
     """Median and minimum wall and CPU µs per record of ``rounds`` applies (commands built beforehand)."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp:
         store = RocksStore(Path(tmp) / "db")
-        sm = BrokerStateMachine(store, Changes())
+        journaled = "journaled" in inspect.signature(BrokerStateMachine).parameters and not store_wal
+        options: dict[str, Any] = {"journaled": True} if journaled else {}  # older commits have no journaled
+        sm = BrokerStateMachine(store, Changes(), **options)
         create = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=internal_pb2.TopicConfig(name="bench", partitions=1), now_ms=1000)).SerializeToString()
         meta = sm.apply(1, create)
@@ -75,11 +83,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--store-wal", action="store_true", help="write applies through RocksDB's WAL")
     args = parser.parse_args()
     if not (1 <= args.records <= 100_000 and 1 <= args.size <= 1 << 20 and 1 <= args.rounds <= 10_000):
         parser.error("need 1 <= records <= 100000, 1 <= size <= 1 MiB, 1 <= rounds <= 10000")
-    print(json.dumps({"records": args.records, "size": args.size} | measure(args.records, args.size, args.rounds,
-                                                                              args.seed)))
+    figures = measure(args.records, args.size, args.rounds, args.seed, args.store_wal)
+    print(json.dumps({"records": args.records, "size": args.size, "store_wal": args.store_wal} | figures))
 
 
 if __name__ == "__main__":
