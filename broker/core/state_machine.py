@@ -392,6 +392,8 @@ class BrokerStateMachine:
         floor only rises with the first record), decided per partition instead of per record."""
         partitions, bodies = cmd.partitions[skip:], cmd.bodies[skip:]
         n = len(bodies)
+        if len(partitions) != n:  # a command no leader builds: the apply wall records it as failed
+            raise ValueError(f"append command with {len(cmd.partitions)} partitions for {len(cmd.bodies)} bodies")
         if not n:
             return
         if len(set(partitions)) == 1:  # one partition: no per-record Python step at all
