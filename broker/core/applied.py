@@ -2,8 +2,8 @@
 protocols the state machine is given (the change signal and the append policy).
 
 Kept apart from ``broker.core.state_machine`` so the command handlers of every feature module
-(retention, groups, routes, members) and the leader can name them; they import them from the state
-machine module, which uses each of them.
+(append, retention, groups, routes, members) and the leader can name them without the state
+machine itself.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.core.applied import CacheChanges, Rejected
 from broker.core.errors import InvalidArgument
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.storage import Batch, Column
 from broker.v1 import internal_pb2
 

@@ -20,8 +20,9 @@ from dataclasses import replace
 from typing import Protocol
 
 from broker.core import record_log
+from broker.core.applied import CacheChanges, PartitionState, PendingRecords, Rejected
 from broker.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TopicNotFound
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, PendingRecords, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.storage import Batch
 from broker.v1 import internal_pb2
 

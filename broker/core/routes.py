@@ -17,8 +17,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
+from broker.core.applied import CacheChanges, Rejected
 from broker.core.errors import FailedPrecondition, RouteExists, RouteNotFound
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.storage import Batch, Column
 from broker.v1 import internal_pb2, routes_internal_pb2
 

@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any, NoReturn
 
+from broker.core.applied import Rejected
 from broker.core.errors import InvalidArgument, MemberExists, MemberNotFound, NotLeader, Unavailable, shown
 from broker.core.members import MemberRegistry
-from broker.core.state_machine import Rejected
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication import FailReason, Membership, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker.clock import Clock
+from broker.core.applied import Rejected
 from broker.core.errors import InvalidArgument, RouteExists, RouteNotFound, TopicNotFound, shown
 from broker.core.routes import RouteTable, cycle_error, find_cycle
-from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import NAME_RE, validate_name
 from broker.leader.filters import RecordExpression, RecordFilter
 from broker.leader.router import RouteRunner

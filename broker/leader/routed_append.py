@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from google.protobuf.message import DecodeError
 
 from broker.clock import Clock
+from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
-from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader import schemas
 from broker.leader.route_copies import Copy, origin_cluster, place

@@ -33,9 +33,10 @@ from typing import Protocol
 from google.protobuf.message import DecodeError
 
 from broker.core import record_log
+from broker.core.applied import Rejected
 from broker.core.errors import InvalidArgument, ResourceExhausted
 from broker.core.routes import RouteTable
-from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.leader.cel_sandbox import ExpressionBudgetExceeded
 from broker.leader.filters import RecordExpression, RecordFilter
 from broker.leader.route_copies import Copy, idempotency_key, origin_cluster

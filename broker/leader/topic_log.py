@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from broker.clock import Clock
 from broker.core import dedup, records, sessions
+from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
-from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import normalized_config, validate_name
 from broker.leader import partitioning, schemas
 from broker.leader.ephemeral import EphemeralHub

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from broker.config import NodeConfig, PeerConfig
+from broker.core.applied import Rejected
 from broker.core.errors import ApplyFailed, InvalidArgument
 from broker.core.groups.config import normalized_group_config
-from broker.core.state_machine import Rejected
 from broker.devcluster import DevCluster
 from broker.node import Node
 from broker.replication import ReplicationError

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 from broker.core import records
+from broker.core.applied import CacheChanges, Rejected
 from broker.core.errors import ApplyFailed, InvalidArgument
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, SettleResult
 from broker.core.groups.config import EXTEND_MAX_MS, NACK_DELAY_MAX_MS
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.storage import Batch, Column, StorageFailure
 from broker.storage.memory import MemoryStore

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from broker.core.applied import Rejected
 from broker.core.errors import GroupExists, GroupNotFound
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, Outcome, SettleResult
-from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore

@@ -13,10 +13,11 @@ import pytest
 
 from broker.clock import NodeClock
 from broker.core import errors
+from broker.core.applied import Rejected
 from broker.core.members import Peer
 from broker.core.retention import Retention
 from broker.core.routes import RouteTable, find_cycle
-from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.partitioning import partition_for_key
 from broker.leader.reading import Reader

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from broker.core import dedup, sessions
+from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, ResourceExhausted, SessionOutOfSequence
 from broker.core.retention import Retention
-from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from broker.core import record_log, records
+from broker.core.applied import Appended, Rejected
 from broker.core.errors import TopicExists, TopicNotFound
-from broker.core.state_machine import Appended, BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.storage import Column
 from broker.storage.memory import MemoryStore

@@ -19,12 +19,13 @@ import enum
 from dataclasses import dataclass, replace
 
 from broker.core import record_log, records
+from broker.core.applied import CacheChanges, PartitionState, Rejected
 from broker.core.errors import GroupExists, GroupNotFound, InvalidArgument, TopicNotFound
 from broker.core.groups import layout
 from broker.core.groups.config import dlq_topic_name, retry_delay_ms
 from broker.core.groups.cursor import GroupCursor
 from broker.core.groups.prune_roles import PruneRoles
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, PartitionState, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import normalized_config
 from broker.storage import Batch, Column
 from broker.v1 import internal_pb2

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from broker.core.applied import CacheChanges, Rejected
 from broker.core.errors import FailedPrecondition, GroupNotFound, InvalidArgument
 from broker.core.groups import layout
-from broker.core.state_machine import BrokerStateMachine, CacheChanges, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.storage import Batch, Column
 from broker.v1 import internal_pb2
 

@@ -18,6 +18,7 @@ import uuid
 
 from broker.clock import Clock
 from broker.core import record_log, records
+from broker.core.applied import Rejected
 from broker.core.errors import (
     BrokerError,
     GroupExists,
@@ -36,7 +37,7 @@ from broker.core.groups.config import (
     validate_delay_ms,
     validate_group_name,
 )
-from broker.core.state_machine import BrokerStateMachine, Rejected
+from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader.groups.leases import Lease, Position
 from broker.leader.groups.runtime import GroupRuntime
