@@ -11,10 +11,10 @@ same period.
 
     .venv/bin/python -m bench.apply_cost                       # 1000 records of 100 B, 200 applies
     .venv/bin/python -m bench.apply_cost --records 1000 --size 1024 --rounds 100
-    .venv/bin/python -m bench.apply_cost --store-wal           # applies through RocksDB's WAL too
+    .venv/bin/python -m bench.apply_cost --no-store-wal        # applies without RocksDB's WAL
 
-By default the store is written as a node writes it: without RocksDB's write-ahead log when the
-state machine supports it (``journaled=True``: the Raft journal is the WAL), with it on older commits.
+By default the store is written as a node writes it, through RocksDB's write-ahead log;
+``--no-store-wal`` measures ``journaled=True`` (the Raft journal as the WAL, not on in nodes yet).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def append_command(topic_id: int, records: int, size_bytes: int, rng: random.Ran
     return internal_pb2.Command(append=append).SerializeToString()
 
 
-def measure(records: int, size_bytes: int, rounds: int, seed: int, store_wal: bool = False) -> dict[str, float]:
+def measure(records: int, size_bytes: int, rounds: int, seed: int, store_wal: bool = True) -> dict[str, float]:
     """Median and minimum wall and CPU µs per record of ``rounds`` applies (commands built beforehand)."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp:
@@ -83,7 +83,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seed", type=int, default=15)
-    parser.add_argument("--store-wal", action="store_true", help="write applies through RocksDB's WAL")
+    parser.add_argument("--no-store-wal", dest="store_wal", action="store_false",
+                        help="write applies without RocksDB's WAL (journaled=True)")
     args = parser.parse_args()
     if not (1 <= args.records <= 100_000 and 1 <= args.size <= 1 << 20 and 1 <= args.rounds <= 10_000):
         parser.error("need 1 <= records <= 100000, 1 <= size <= 1 MiB, 1 <= rounds <= 10000")

@@ -63,7 +63,13 @@ class BrokerStateMachine:
         False)``): the journal is the WAL. After a crash the store is at its last flush (every
         snapshot flushes it first); its applied index says where the replay starts, and the journal
         holds every command since the last snapshot, or the snapshot is newer and is restored. Off
-        for a state machine whose commands nobody replays (in-memory replicators in tests)."""
+        for a state machine whose commands nobody replays (in-memory replicators in tests).
+
+        Not used by nodes yet: the replay after a crash starts at the store's last flush, so it
+        re-applies the appends of `memory` topics since then and brings their records back, while
+        a restart must lose them (SPEC §2.1; ``tests/cluster/test_durability.py`` fails with it on).
+        Turning it on needs the replay bound (the journal's last index at start) so that replayed
+        appends keep no volatile records."""
         self._store = store
         self._store_wal = not journaled
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)

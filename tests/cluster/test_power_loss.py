@@ -199,12 +199,12 @@ def _journal_inode(c: DevCluster, i: int) -> int:
 
 @pytest.mark.timeout(300)
 def test_kill9_of_every_node_right_after_a_log_compaction_loses_nothing(tmp_path: Path) -> None:
-    """Applies are written without RocksDB's write-ahead log: the Raft journal is their WAL, so a
-    crash loses the store's unflushed writes and the restart replays them from the journal. That is
-    only safe because a compaction drops the journal's prefix after the snapshot covering it, which
-    flushed the store, is durable. The riskiest moment is the one right after the prefix is gone:
-    each round kills every node the moment one of them has rewritten its journal, then checks that
-    every acknowledged record is there once, in order, on every node."""
+    """A compaction drops the journal's prefix once the snapshot covering it is durable; a node that
+    restarts then needs the store or that snapshot for everything before it (and, were applies
+    written without RocksDB's WAL, ``journaled=True``, the snapshot's flush of the store). The
+    riskiest moment is the one right after the prefix is gone: each round kills every node the
+    moment one of them has rewritten its journal, then checks that every acknowledged record is
+    there once, in order, on every node."""
     c = DevCluster(3, tmp_path, env={**os.environ, "RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "300"}).start()
     outcome = Outcome()
     try:
