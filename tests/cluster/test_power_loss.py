@@ -14,6 +14,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,11 +117,25 @@ def check(c: DevCluster, outcome: Outcome) -> None:
     outcome.restores_logged = sum(text.count("restored snapshot at index") for text in logs)
 
 
-def drill(tmp_path: Path, durability: str, rounds: int, env: dict[str, str]) -> Outcome:
-    """Publish to a ``durability`` topic through ``rounds`` whole-cluster crashes; check the result."""
+CrashRound = Callable[[DevCluster, "Publisher", int], None]
+
+
+def drill(tmp_path: Path, durability: str, rounds: int, env: dict[str, str],
+          crash_round: CrashRound | None = None) -> Outcome:
+    """Publish to a ``durability`` topic through ``rounds`` whole-cluster crashes; check the result.
+    ``crash_round(cluster, publisher, round)`` waits for its moment, kills every node and starts
+    them again (default: each node killed at its own seeded random point, :func:`crash_everything`)."""
     seed = int(os.environ.get("RAFTBROKER_CRASH_SEED", random.randrange(1 << 32)))
     print(f"crash schedule seed {seed} (RAFTBROKER_CRASH_SEED={seed} replays it)")
     rng = random.Random(seed)
+
+    def at_random_points(c: DevCluster, publisher: Publisher, round_: int) -> None:
+        target = publisher.count + rng.randrange(200, 3000, BATCH)
+        wait_until(lambda t=target: publisher.count >= t or publisher.error, 60,
+                   "the publisher to reach the crash point")
+        crash_everything(c, rng, publisher, round_)
+
+    crash = crash_round or at_random_points
     c = DevCluster(3, tmp_path, env={**os.environ, **env}).start()
     outcome = Outcome()
     try:
@@ -131,10 +146,7 @@ def drill(tmp_path: Path, durability: str, rounds: int, env: dict[str, str]) -> 
             publisher.start()
             try:
                 for round_ in range(1, rounds + 1):
-                    target = publisher.count + rng.randrange(200, 3000, BATCH)
-                    wait_until(lambda t=target: publisher.count >= t or publisher.error, 60,
-                               "the publisher to reach the crash point")
-                    crash_everything(c, rng, publisher, round_)
+                    crash(c, publisher, round_)
                     c.wait_ready(60)
                 after = publisher.count
                 wait_until(lambda: publisher.count >= after + 200 or publisher.error, 120,
@@ -205,35 +217,18 @@ def test_kill9_of_every_node_right_after_a_log_compaction_loses_nothing(tmp_path
     riskiest moment is the one right after the prefix is gone: each round kills every node the
     moment one of them has rewritten its journal, then checks that every acknowledged record is
     there once, in order, on every node."""
-    c = DevCluster(3, tmp_path, env={**os.environ, "RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "300"}).start()
-    outcome = Outcome()
-    try:
-        c.wait_ready(60)
-        with Client(c.addresses, retry_deadline_s=120, no_quorum_grace_s=60) as client:
-            client.create_topic(TOPIC, partitions=PARTITIONS, durability="disk")
-            publisher = Publisher(client, outcome, "disk")
-            publisher.start()
-            try:
-                for round_ in range(1, 4):
-                    before = [_journal_inode(c, i) for i in range(c.nodes)]
-                    compacted = wait_until(
-                        lambda b=before: [i for i in range(c.nodes) if _journal_inode(c, i) != b[i]] or publisher.error,
-                        120, "a node to compact its log")
-                    for i in range(c.nodes):
-                        c.kill(i)
-                    names = [c.node_id(i) for i in compacted] if isinstance(compacted, list) else compacted
-                    print(f"round {round_}: {publisher.count} acked; {names} compacted: killed every node")
-                    for i in range(c.nodes):
-                        c.spawn(i)
-                    c.wait_ready(60)
-                after = publisher.count
-                wait_until(lambda: publisher.count >= after + 200 or publisher.error, 120,
-                           "the publisher to go on after the last crash")
-            finally:
-                publisher.stop()
-            assert publisher.error is None, f"publisher failed: {publisher.error!r}"
-        check(c, outcome)
-    finally:
-        c.stop()
+    def right_after_a_compaction(c: DevCluster, publisher: Publisher, round_: int) -> None:
+        before = [_journal_inode(c, i) for i in range(c.nodes)]
+        compacted = wait_until(
+            lambda: [c.node_id(i) for i in range(c.nodes) if _journal_inode(c, i) != before[i]] or publisher.error,
+            120, "a node to compact its log")
+        for i in range(c.nodes):
+            c.kill(i)
+        print(f"round {round_}: {publisher.count} acked; {compacted} compacted: killed every node")
+        for i in range(c.nodes):
+            c.spawn(i)
+
+    outcome = drill(tmp_path, "disk", rounds=3, env={"RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "300"},
+                    crash_round=right_after_a_compaction)
     assert sum(len(v) for v in outcome.acked.values()) > 0
     assert_nothing_lost(outcome)
