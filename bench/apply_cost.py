@@ -14,7 +14,7 @@ same period.
     .venv/bin/python -m bench.apply_cost --no-store-wal        # applies without RocksDB's WAL
 
 By default the store is written as a node writes it, through RocksDB's write-ahead log;
-``--no-store-wal`` measures ``journaled=True`` (the Raft journal as the WAL, not on in nodes yet).
+``--no-store-wal`` measures ``journaled=True`` (the Raft journal as the WAL, as nodes run).
 """
 
 from __future__ import annotations

@@ -72,9 +72,8 @@ class Node:
         self.clock.start()  # a test hook's file is followed from here on (no-op in production)
         # 1. store, state machine and every applier (registered before the replicator applies anything)
         self.store = RocksStore(config.data_dir / "store")
-        # journaled=True (applies without RocksDB's WAL) stays off: a replay after a crash would bring
-        # back `memory` topics' records that a restart must lose (SPEC §2.1; see BrokerStateMachine)
-        self.state = BrokerStateMachine(self.store, Changes())
+        # journaled: applies are written without RocksDB's WAL, the Raft journal is the WAL (docs/design/log.md)
+        self.state = BrokerStateMachine(self.store, Changes(), journaled=True)
         self.retention = Retention(self.state)
         self.member_registry = MemberRegistry(self.state)  # members added at run time
         group_applier = node_groups.group_applier(self.state, self.retention)  # consumer groups

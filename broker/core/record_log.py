@@ -34,9 +34,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import google_crc32c
+from google.protobuf.message import DecodeError
 
 from broker.core import records
 from broker.storage import Batch, Column, Store
+from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,25 @@ class Entry:
     timestamp_ms: int
     body: bytes  # serialized RecordBody (empty when ``error``)
     error: str | None = None
+
+
+def parse_into(entry: Entry, record: internal_pb2.Record, topic: str, topic_id: int, partition: int) -> str | None:
+    """Fill ``record`` from ``entry``: the stored body, then where it is (topic, partition, offset,
+    timestamp and the position token after it). Returns why it cannot be read instead (a reader's
+    BADMSG), leaving ``record`` partly filled."""
+    if entry.error is not None:
+        return entry.error
+    try:
+        record.MergeFromString(entry.body)
+    except DecodeError as exc:
+        return str(exc)
+    offset = entry.offset
+    record.topic = topic
+    record.partition = partition
+    record.offset = offset
+    record.timestamp_ms = entry.timestamp_ms
+    record.position = records.PositionToken(topic_id, partition, offset + 1).encode()
+    return None
 
 
 class _Damaged(Exception):

@@ -50,6 +50,11 @@ def _partition_key(topic_id: int, partition: int) -> bytes:
     return b"p/" + _PART.pack(topic_id, partition)
 
 
+def _view_from_end(st: PartitionState) -> PartitionState:
+    """A `memory` partition whose records this node lost (a restart): its view starts at its end."""
+    return replace(st, start_offset=st.end_offset, records=0, bytes=0)
+
+
 class BrokerStateMachine:
     """Applies :class:`internal_pb2.Command` bytes to a :class:`Store` and keeps read caches."""
 
@@ -65,11 +70,8 @@ class BrokerStateMachine:
         holds every command since the last snapshot, or the snapshot is newer and is restored. Off
         for a state machine whose commands nobody replays (in-memory replicators in tests).
 
-        Not used by nodes yet: the replay after a crash starts at the store's last flush, so it
-        re-applies the appends of `memory` topics since then and brings their records back, while
-        a restart must lose them (SPEC §2.1; ``tests/cluster/test_durability.py`` fails with it on).
-        Turning it on needs the replay bound (the journal's last index at start) so that replayed
-        appends keep no volatile records."""
+        A replay re-applies `memory` topics' appends too; :meth:`journal_opened` bounds it, so that
+        a restart loses their records whatever the store had flushed (SPEC §2.1)."""
         self._store = store
         self._store_wal = not journaled
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
@@ -79,6 +81,8 @@ class BrokerStateMachine:
         self._policy: AppendPolicy | None = None
         self._drop_listeners: list[Callable[[str], None]] = []
         self._changes = changes
+        # commands at or below this index were in the journal before this start (journal_opened)
+        self._replay_until = 0
         self._load_caches()
 
     # -- caches ------------------------------------------------------------------------------
@@ -110,7 +114,18 @@ class BrokerStateMachine:
         self._volatile.write(batch)
         for key, st in partitions.items():
             if key[0] in self._volatile_ids:
-                partitions[key] = replace(st, start_offset=st.end_offset, records=0, bytes=0)
+                partitions[key] = _view_from_end(st)
+
+    def _forget_volatile_records(self, commit: CacheChanges) -> None:
+        """A replayed apply (see :meth:`journal_opened`): drop its writes to the volatile store and
+        start its `memory` partitions' view at their end, as after a load. Their counters in the
+        store stay what every node writes; only this node's view and memory differ."""
+        self._volatile_batch = None
+        memory = internal_pb2.DURABILITY_MEMORY
+        volatile = self._volatile_ids | {m.topic_id for m in commit.created if m.config.durability == memory}
+        for key, st in commit.partitions.items():
+            if key[0] in volatile:
+                commit.partitions[key] = _view_from_end(st)
 
     def topic(self, name: str) -> internal_pb2.TopicMeta | None:
         """The applied metadata of ``name`` (treat as read-only)."""
@@ -188,6 +203,12 @@ class BrokerStateMachine:
     def applied_index(self) -> int:
         return self._applied
 
+    def journal_opened(self, last_index: int) -> None:
+        """The replicator's journal held commands up to ``last_index`` at start. Their applies keep
+        no records of `memory` topics (the restart loses them, as :meth:`_load_caches` does for
+        what the store held): the partitions' offsets move on and their view starts at the end."""
+        self._replay_until = last_index
+
     def apply(self, index: int, command: bytes) -> object:
         """Apply the command at Raft ``index``; never raises for a command it cannot carry out.
 
@@ -211,6 +232,8 @@ class BrokerStateMachine:
         except Exception as exc:  # noqa: BLE001 - the wall: one command must never stop the log
             result = self._failed(index, command, exc)
             batch, commit, self._volatile_batch = self._store.batch(), CacheChanges(), None
+        if index <= self._replay_until:
+            self._forget_volatile_records(commit)
         batch.put(Column.META, _APPLIED, _U64.pack(index))
         try:
             if self._volatile_batch is not None:

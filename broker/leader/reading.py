@@ -21,8 +21,6 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from google.protobuf.message import DecodeError
-
 from broker.core import record_log, records
 from broker.core.errors import DataLoss, InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
@@ -320,12 +318,7 @@ class Reader:
                                  "records before this position were pruned or expired")
                     cursor.offset = offset
                 rec = batch.records.add()
-                problem = stored.error
-                if problem is None:
-                    try:
-                        rec.MergeFromString(stored.body)
-                    except DecodeError as exc:
-                        problem = str(exc)
+                problem = record_log.parse_into(stored, rec, name, tid, p)
                 if problem is not None:
                     del batch.records[-1]
                     if batch.records:
@@ -336,11 +329,6 @@ class Reader:
                                  f"record skipped: {problem}")
                     cursor.offset = offset + 1
                     continue
-                rec.topic = name
-                rec.partition = p
-                rec.offset = offset
-                rec.timestamp_ms = stored.timestamp_ms
-                rec.position = records.PositionToken(tid, p, offset + 1).encode()
                 rec_bytes = rec.ByteSize()
                 if not fits(size, rec_bytes, len(batch.records) - 1, self._response_bytes_max):
                     del batch.records[-1]  # over the byte bound: the next read starts with it

@@ -34,6 +34,15 @@ class StateMachine(Protocol):
         """The highest Raft index whose effects are in the store (0 when empty)."""
         ...
 
+    def journal_opened(self, last_index: int) -> None:
+        """Called once by a replicator that keeps a journal, before its first apply: ``last_index``
+        is the highest index the journal held when this process opened it (0: none).
+
+        Commands up to it were in the log before this start, so their applies are replays (or the
+        first applies of entries received before a crash): the state machine applies them as usual
+        but keeps none of their effects that a restart must lose (records of `memory` topics)."""
+        ...
+
     def write_snapshot(self, directory: str) -> None:
         """Write a consistent copy of the whole state into ``directory`` (which must not exist)."""
         ...

@@ -101,11 +101,17 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         if conf.bindAddress is None:  # pysyncobj would bind 0.0.0.0 (every interface) with the port
             conf.bindAddress = self_address
         journal_path = str(conf.journalFile)
-        _patches.register_journal(journal_path, lambda: DurableJournal(
-            Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
-            sync_entries=journal_sync if "journal_sync" in active else "never",
-            snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
-            fsync_latency=self.counters.fsync))
+
+        def open_journal() -> DurableJournal:  # pysyncobj calls it in SyncObj.__init__, before any apply
+            journal = DurableJournal(
+                Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
+                sync_entries=journal_sync if "journal_sync" in active else "never",
+                snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
+                fsync_latency=self.counters.fsync)
+            state_machine.journal_opened(journal[-1][1] if len(journal) else 0)
+            return journal
+
+        _patches.register_journal(journal_path, open_journal)
         # Nodes reach the same entry count together; spread their compactions (each stalls its tick
         # thread while the state machine snapshots) so that at most one node pauses at a time.
         spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000

@@ -212,7 +212,7 @@ def _journal_inode(c: DevCluster, i: int) -> int:
 @pytest.mark.timeout(300)
 def test_kill9_of_every_node_right_after_a_log_compaction_loses_nothing(tmp_path: Path) -> None:
     """A compaction drops the journal's prefix once the snapshot covering it is durable; a node that
-    restarts then needs the store or that snapshot for everything before it (and, were applies
+    restarts then needs the store or that snapshot for everything before it (and, as applies are
     written without RocksDB's WAL, ``journaled=True``, the snapshot's flush of the store). The
     riskiest moment is the one right after the prefix is gone: each round kills every node the
     moment one of them has rewritten its journal, then checks that every acknowledged record is

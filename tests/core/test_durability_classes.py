@@ -60,14 +60,14 @@ def test_memory_topic_keeps_offsets_but_not_records_across_a_reload(store: Memor
     publish(log, "d", 5)
     first = read(reader, "m")
     assert len(first) == 5
-    token = first[1].position  # type: ignore[union-attr]
+    token = first[1].position
     rep.close()
     log, reader, rep = make(store)  # a restart: same durable store, new process memory
     assert log.describe_topic("m").partitions[0].end_offset == 5  # metadata survives
     assert read(reader, "m") == []
     events = read(reader, "m", **{"from": common_pb2.Position(token=token)})
-    assert len(events) == 1 and events[0].type == common_pb2.EVENT_TYPE_SKIP_FORWARD  # type: ignore[union-attr]
-    assert (events[0].offset_before, events[0].offset_after) == (2, 5)  # type: ignore[union-attr]
+    assert len(events) == 1 and events[0].type == common_pb2.EVENT_TYPE_SKIP_FORWARD
+    assert (events[0].offset_before, events[0].offset_after) == (2, 5)
     assert [r.offset for r in publish(log, "m", 2)] == [5, 6]  # offsets are never reused
     assert len(read(reader, "d")) == 5  # disk topics are untouched
     rep.close()
@@ -81,9 +81,9 @@ def test_ephemeral_topic_fans_out_from_a_bounded_buffer_and_signals_gaps(store: 
     assert [r.offset for r in results] == list(range(base, base + 25))
     items = read(reader, "e", partition=0, **{"from": common_pb2.Position(offset=base)})
     gap = items[0]
-    assert gap.type == common_pb2.EVENT_TYPE_GAP  # type: ignore[union-attr]
-    assert (gap.offset_before, gap.offset_after) == (base, base + 15)  # type: ignore[union-attr]
-    assert [r.value for r in items[1:]] == [b"%d" % i for i in range(15, 25)]  # type: ignore[union-attr]
+    assert gap.type == common_pb2.EVENT_TYPE_GAP
+    assert (gap.offset_before, gap.offset_after) == (base, base + 15)
+    assert [r.value for r in items[1:]] == [b"%d" % i for i in range(15, 25)]
     assert list(store.scan(Column.RECORDS, b"", b"\xff" * 16)) == []
     keyed = publish_request(topic="e", records=[broker_pb2.PublishRecord(value=b"x", idempotency_key="k")])
     first, again = log.publish(keyed)[0], log.publish(keyed)[0]
@@ -100,3 +100,49 @@ def test_ephemeral_timestamps_do_not_go_back_when_the_leader_clock_does() -> Non
     placed = hub.publish(1, 1, [0, 1], [b"b", b"c"], now_ms=4000)
     assert [ts for _, _, ts, _ in placed] == [5000, 4000]  # partition 1 has no floor of its own yet
     assert [r.timestamp_ms for r in hub.read(1, 0, 0, 10)] == [5000, 5000]
+
+
+class _Tap:
+    """The real state machine, with every applied (index, command) kept: the log of a first life."""
+
+    def __init__(self, state: BrokerStateMachine) -> None:
+        self.state = state
+        self.log: list[tuple[int, bytes]] = []
+
+    def apply(self, index: int, command: bytes) -> object:
+        self.log.append((index, command))
+        return self.state.apply(index, command)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.state, name)
+
+
+def test_replayed_appends_of_memory_topics_keep_no_records(store: MemoryStore) -> None:
+    """A restart whose store lost its unflushed applies (no RocksDB WAL: the Raft journal replays them)
+    must still lose `memory` records: the commands the journal held at start keep none (SPEC §2.1)."""
+    tap = _Tap(BrokerStateMachine(MemoryStore(), Changes()))
+    replicator = InMemoryReplicator(tap)  # type: ignore[arg-type]
+    replicator.start()
+    submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
+    first = TopicLog(tap.state, submitter, Limits(), "c/n1", NodeClock(), hub=EphemeralHub(tap.state.notify_change))
+    first.create_topic(internal_pb2.TopicConfig(name="m", durability=internal_pb2.DURABILITY_MEMORY))
+    first.create_topic(internal_pb2.TopicConfig(name="d"))
+    publish(first, "m", 3)
+    publish(first, "d", 3)
+    publish(first, "m", 2)  # applied after the restart: the journal did not hold it yet
+    replicator.close()
+    *journaled, (live_index, live_command) = tap.log
+
+    state = BrokerStateMachine(store, Changes())  # the second life: nothing of the first was flushed
+    state.journal_opened(journaled[-1][0])
+    for index, command in journaled:
+        state.apply(index, command)
+    hub = EphemeralHub(state.notify_change)
+    reader = Reader(state, hub, lambda: None)
+    m, d = state.topic("m"), state.topic("d")
+    assert m is not None and d is not None
+    assert (state.partition(m.topic_id, 0).start_offset, state.partition(m.topic_id, 0).end_offset) == (3, 3)
+    assert read(reader, "m") == []
+    assert [r.value for r in read(reader, "d")] == [b"0", b"1", b"2"]
+    state.apply(live_index, live_command)
+    assert [(r.offset, r.value) for r in read(reader, "m")] == [(3, b"0"), (4, b"1")]

@@ -67,7 +67,7 @@ def value(entry: record_log.Entry) -> bytes:
 def subscribe(env: Env, topic: str, start: int, max_batch: int = 0) -> list[list[Item]]:
     """The responses of a stop-at-end subscription: each a list of records or one event."""
     request = broker_pb2.SubscribeRequest(topic=topic, partition=0, stop_at_end=True, max_batch=max_batch,
-                                          **{"from": common_pb2.Position(offset=start)})  # type: ignore[arg-type]
+                                          **{"from": common_pb2.Position(offset=start)})
     out: list[list[Item]] = []
     for item in Reader(env.state).subscribe(wire.subscription(request), lambda: True):
         out.append(list(item.batch.records) if item.HasField("batch") else [item.event])
@@ -109,8 +109,8 @@ def test_reads_at_every_offset_inside_and_across_batches(env: Env) -> None:
         responses = subscribe(env, "t", start, max_batch=7)
         assert all(len(r) <= 7 for r in responses)
         got_records = flat(responses)
-        assert [r.offset for r in got_records] == list(range(start, end))  # type: ignore[union-attr]
-        assert [r.value for r in got_records] == [value_of(i) for i in range(start, end)]  # type: ignore[union-attr]
+        assert [r.offset for r in got_records] == list(range(start, end))
+        assert [r.value for r in got_records] == [value_of(i) for i in range(start, end)]
     check_counters(env, tid)
 
 
@@ -152,8 +152,8 @@ def expect_skip_then(env: Env, start: int, end: int) -> None:
     skip = items[0]
     assert isinstance(skip, internal_pb2.Event) and skip.type == common_pb2.EVENT_TYPE_SKIP_FORWARD
     assert (skip.offset_before, skip.offset_after) == (0, start)
-    assert [r.offset for r in items[1:]] == list(range(start, end))  # type: ignore[union-attr]
-    assert [r.value for r in items[1:]] == [value_of(i) for i in range(start, end)]  # type: ignore[union-attr]
+    assert [r.offset for r in items[1:]] == list(range(start, end))
+    assert [r.value for r in items[1:]] == [value_of(i) for i in range(start, end)]
 
 
 def test_retention_by_count_cuts_inside_a_batch(env: Env) -> None:
@@ -309,9 +309,10 @@ def test_snapshot_and_restore_with_batched_values(kind: str, tmp_path: Path) -> 
 
 
 # -- upgrade of a format-1 store ------------------------------------------------------------------
-def format1_copy(source: BrokerStateMachine, batch: Batch) -> None:
-    """What the code before format 2 would hold for the same state: META as is (no format key),
-    one value per readable record."""
+def format1_copy(source: BrokerStateMachine, store: Store) -> None:
+    """Write into ``store`` what the code before format 2 would hold for the same state: META as is
+    (no format key), one value per readable record."""
+    batch = store.batch()
     for key, raw in source.store.scan(Column.META, b"", b"\xff" * 32):
         if key != record_log.FORMAT_KEY:
             batch.put(Column.META, key, raw)
@@ -320,6 +321,7 @@ def format1_copy(source: BrokerStateMachine, batch: Batch) -> None:
             st = source.partition(meta.topic_id, p)
             for e in record_log.read(source.store, meta.topic_id, p, st.start_offset, st.end_offset):
                 put_format1(batch, meta.topic_id, p, e.offset, e.timestamp_ms, e.body)
+    store.write(batch)
 
 
 def same_reads(a: Store, b: Store, tid: int, start: int, end: int) -> None:
@@ -344,9 +346,7 @@ def test_a_format1_store_is_upgraded_on_open_with_identical_reads(kind: str, tmp
     ref = reference(tmp_path)
     tid = tid_of(ref, "t")
     old = open_store(kind, tmp_path / "old")
-    batch = old.batch()
-    format1_copy(ref.state, batch)
-    old.write(batch)
+    format1_copy(ref.state, old)
     assert old.get(Column.META, record_log.FORMAT_KEY) is None
     upgraded = make_env(BrokerStateMachine(old, Changes()))  # opening upgrades
     assert old.get(Column.META, record_log.FORMAT_KEY) == bytes([record_log.FORMAT_V2])
@@ -370,20 +370,18 @@ class _FailingWrites(MemoryStore):
         super().__init__()
         self.fail_at = fail_at
 
-    def write(self, batch: Batch, *, sync: bool = False) -> None:
+    def write(self, batch: Batch, *, sync: bool = False, wal: bool = True) -> None:
         self.fail_at -= 1
         if self.fail_at == 0:
             raise StorageFailure("injected failure")
-        super().write(batch, sync=sync)
+        super().write(batch, sync=sync, wal=wal)
 
 
 def test_an_interrupted_upgrade_resumes_where_it_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     ref = reference(tmp_path)
     tid = tid_of(ref, "t")
     old = _FailingWrites(fail_at=4)  # the load, then two chunks, then the failure
-    batch = old.batch()
-    format1_copy(ref.state, batch)
-    old.write(batch)
+    format1_copy(ref.state, old)
     monkeypatch.setattr(record_log, "UPGRADE_CHUNK_RECORDS", 7)
     with pytest.raises(StorageFailure):
         record_log.upgrade(old)
@@ -396,9 +394,7 @@ def test_a_format1_snapshot_is_upgraded_after_restore(kind: str, tmp_path: Path)
     ref = reference(tmp_path)
     tid = tid_of(ref, "t")
     old = open_store(kind, tmp_path / "old")
-    batch = old.batch()
-    format1_copy(ref.state, batch)
-    old.write(batch)
+    format1_copy(ref.state, old)
     old.checkpoint(str(tmp_path / "snap"))
     target_store = open_store(kind, tmp_path / "new")
     target = BrokerStateMachine(target_store, Changes())

@@ -51,6 +51,7 @@ class ChainStateMachine:
         self._directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.skipped = 0  # apply calls at or below the applied index (legal: replays)
+        self.journal_last_index: int | None = None  # set by journal_opened (None: never called)
         self._open()
 
     @property
@@ -85,6 +86,9 @@ class ChainStateMachine:
 
     def applied_index(self) -> int:
         return self._applied
+
+    def journal_opened(self, last_index: int) -> None:
+        self.journal_last_index = last_index  # what the replicator said (tests read it)
 
     def chain(self) -> str:
         return self._chain

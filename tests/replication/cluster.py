@@ -164,7 +164,7 @@ class Cluster:
             if len(leaders) == 1 and all(st["leader"] == leaders[0] for st in sts.values()):
                 return self.node(leaders[0])
             return None
-        return wait_until(find, timeout_s, "a leader all live nodes agree on")  # type: ignore[no-any-return]
+        return wait_until(find, timeout_s, "a leader all live nodes agree on")
 
     def wait_applied(self, index: int, timeout_s: float, nodes: list[NodeProcess] | None = None) -> None:
         targets = nodes or [n for n in self.nodes if n.alive]

@@ -12,8 +12,8 @@ from broker.replication import FailReason, ReplicationError, Role, raft
 from broker.replication.raft import RaftOptions, map_fail_reason
 
 from .chain_sm import ChainStateMachine
-from .cluster import wait_until
-from .conftest import Outcomes
+from .cluster import free_port, wait_until
+from .conftest import FAST_OPTIONS, Outcomes
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -186,3 +186,47 @@ def test_a_lone_leader_commits_in_the_tick_that_appends_the_entry(single_node: C
         assert done.wait(10), f"command {i} not committed"
     assert len(committed_in) == 20
     assert {index: appended_in[index] for index in committed_in} == committed_in
+
+
+def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_applied(tmp_path: Any) -> None:
+    """``journal_opened`` (the replay bound of BrokerStateMachine's `memory` topics): 0 for a new
+    journal; after a restart, the last index the journal held, told before the first apply."""
+    address = f"127.0.0.1:{free_port()}"
+
+    def start() -> tuple[raft.PysyncobjReplicator, ChainStateMachine, list[int | None]]:
+        sm = ChainStateMachine(tmp_path / "sm")
+        told_at_first_apply: list[int | None] = []
+        stock_apply = sm.apply
+
+        def apply(index: int, command: bytes) -> object:
+            if not told_at_first_apply:
+                told_at_first_apply.append(sm.journal_last_index)
+            return stock_apply(index, command)
+
+        sm.apply = apply  # type: ignore[method-assign]
+        rep = raft.PysyncobjReplicator(address, [], tmp_path / "raft", sm, FAST_OPTIONS)
+        rep.start()
+        wait_until(lambda: rep.status().role == "leader", 5, "single-node election")
+        return rep, sm, told_at_first_apply
+
+    rep, sm, _ = start()
+    assert sm.journal_last_index == 0
+    outcomes = Outcomes()
+    for i in range(5):
+        rep.submit(b"c%d" % i, outcomes.callback(i))
+    outcomes.wait(5)
+    assert rep._node is not None
+    journal = rep._node.journal
+    assert journal is not None
+    last = journal[-1][1]
+    assert last >= 5 and rep.status().applied_index == last
+    rep.close()
+    sm.close()
+    rep, sm, told_at_first_apply = start()
+    try:
+        assert sm.journal_last_index == last
+        wait_until(lambda: bool(told_at_first_apply), 5, "an apply after the restart")
+        assert told_at_first_apply == [last]
+    finally:
+        rep.close()
+        sm.close()

@@ -18,8 +18,6 @@ import heapq
 import threading
 from dataclasses import dataclass, field
 
-from google.protobuf.message import DecodeError
-
 from broker.core import record_log, records
 from broker.core.errors import GroupNotFound
 from broker.core.groups import layout
@@ -247,18 +245,10 @@ class GroupRuntime:
 
     def _decode(self, p: int, stored: record_log.Entry, out: Delivery) -> internal_pb2.Record | None:
         record = internal_pb2.Record()
-        o, problem = stored.offset, stored.error
-        if problem is None:
-            try:
-                record.MergeFromString(stored.body)
-            except DecodeError as exc:
-                problem = str(exc)
+        problem = record_log.parse_into(stored, record, self.meta.topic, self.meta.topic_id, p)
         if problem is not None:
-            self._bad(p, o, f"record skipped: {problem}", out)
+            self._bad(p, stored.offset, f"record skipped: {problem}", out)
             return None
-        record.topic, record.partition, record.offset = self.meta.topic, p, o
-        record.timestamp_ms = stored.timestamp_ms
-        record.position = records.PositionToken(self.meta.topic_id, p, o + 1).encode()
         return record
 
     def _bad(self, p: int, o: int, detail: str, out: Delivery) -> None:
