@@ -9,8 +9,11 @@ API to them and back; gRPC specifics (status codes, metadata, streams) stay in `
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from broker.clock import Clock
 from broker.core import dedup, records, sessions
@@ -25,9 +28,31 @@ from broker.leader.submitter import CommandSubmitter
 from broker.limits import ID_CHARS_MAX, Limits
 from broker.v1 import internal_pb2
 
-__all__ = ["Limits", "Placement", "PublishBatch", "Published", "PublishItem", "TopicLog", "TopicView"]
+__all__ = ["Limits", "Placement", "PreparedPublish", "PublishBatch", "Published", "PublishItem", "TopicLog",
+           "TopicView"]
 
 _OPS = frozenset(internal_pb2.Op.values())
+
+
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]  # runs a blocking function off the event loop
+
+
+@dataclass(frozen=True)
+class PreparedPublish:
+    """A checked publish, ready to submit (:meth:`TopicLog.prepare_publish`)."""
+
+    meta: internal_pb2.TopicMeta
+    command: internal_pb2.Command
+    count: int  # records in the batch
+
+    @property
+    def ephemeral(self) -> bool:  # published by the leader's hub, without Raft
+        return self.meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL
+
+    @property
+    def sync(self) -> bool:  # `fsync` topics: acknowledged once a majority has it on stable storage
+        return self.meta.config.durability == internal_pb2.DURABILITY_FSYNC
 
 
 @dataclass(frozen=True)
@@ -138,6 +163,40 @@ class TopicLog:
         ``producer``: the authenticated principal, stamped on every record ("" without
         authentication); a client cannot set it (``services/wire.py`` drops unknown fields, and
         ``services/packed.py`` takes no packed record with a field beyond key, value and op)."""
+        prepared = self.prepare_publish(request, producer)
+        result: object
+        if prepared.ephemeral:
+            result = self._publish_ephemeral(prepared.meta, prepared.command.append)
+        else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
+            result = self._submitter.submit(prepared.command, sync=prepared.sync)
+        return self.finish_publish(prepared, result)
+
+    async def publish_placed_async(self, request: PublishBatch, producer: str = "",
+                                   offload: Offload | None = None) -> Published:
+        """:meth:`publish_placed` for a coroutine: the same checks, results and errors, and no
+        thread waits for the commit (:meth:`CommandSubmitter.submit_async`). :meth:`prepare_publish`
+        runs on the caller's loop, except for topics that check records against a JSON schema or
+        dedup fields (``check_documents`` may take long for a big batch): ``offload`` (a runner of
+        blocking functions, the call pool) runs it there when given."""
+        if offload is not None and self.checks_documents(request.topic):
+            prepared = await offload(functools.partial(self.prepare_publish, request, producer))
+        else:
+            prepared = self.prepare_publish(request, producer)
+        result: object
+        if prepared.ephemeral:
+            result = self._publish_ephemeral(prepared.meta, prepared.command.append)
+        else:
+            result = await self._submitter.submit_async(prepared.command, sync=prepared.sync)
+        return self.finish_publish(prepared, result)
+
+    def checks_documents(self, topic: str) -> bool:
+        """Whether ``topic`` (if it exists) checks published records against a schema or dedup fields."""
+        meta = self._state.topic(topic) if topic else None
+        return meta is not None and bool(meta.config.schema_json or meta.config.dedup_fields)
+
+    def prepare_publish(self, request: PublishBatch, producer: str = "") -> PreparedPublish:
+        """Everything a publish does before it submits: checks (leader, topic, records, dedup
+        fields, schema), placement, bodies and the time stamp; raises on any bad input."""
         self._submitter.ensure_leader()
         meta = self._meta(request.topic)
         cmd = internal_pb2.Command()
@@ -152,13 +211,13 @@ class TopicLog:
                 meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))
         append.bodies.extend(self._bodies(request, producer))
         append.now_ms = self._clock.now_ms()
-        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
-            result: object = self._publish_ephemeral(meta, append)
-        else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
-            result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
+        return PreparedPublish(meta, cmd, request.count)
+
+    def finish_publish(self, prepared: PreparedPublish, result: object) -> Published:
+        """The answer to a prepared publish once submitted: its placements, or the rejection it met."""
         self._raise_rejected(result)
-        assert isinstance(result, Appended) and len(result.placements) == request.count
-        return Published(result.placements, list(append.partitions))
+        assert isinstance(result, Appended) and len(result.placements) == prepared.count
+        return Published(result.placements, list(prepared.command.append.partitions))
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
