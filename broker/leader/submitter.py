@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -117,13 +119,42 @@ class CommandSubmitter:
         waiter = _Waiter()
         self._replicator.submit(command.SerializeToString(), waiter, sync=sync)
         if not waiter.done.wait(self._timeout_s):
-            raise Unavailable(
-                f"not committed within {self._timeout_s:g} s (quorum lost or overloaded); "
-                "the write may or may not be applied"
-            )
-        if waiter.error is not None:
-            raise self._map(waiter.error)
-        return waiter.result
+            raise self._not_committed()
+        return self._outcome(waiter.result, waiter.error)
+
+    async def submit_async(self, command: internal_pb2.Command, *, sync: bool = False) -> object:
+        """:meth:`submit` for a coroutine on an event loop: the same checks, bound, errors and
+        messages, and no thread waits. The replicator's callback (its thread) hands the outcome to
+        the loop with ``call_soon_threadsafe``; a caller cancelled meanwhile (client gone, or the
+        bound passed) leaves nothing that raises later: a late outcome for a finished future is
+        dropped, and so is one that finds the loop closed (the server stopped)."""
+        self.ensure_leader()
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[tuple[object, ReplicationError | None]] = loop.create_future()
+
+        def settle(result: object, error: ReplicationError | None) -> None:  # on the loop
+            if not outcome.done():
+                outcome.set_result((result, error))
+
+        def callback(result: object, error: ReplicationError | None) -> None:  # replication thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, result, error)
+
+        self._replicator.submit(command.SerializeToString(), callback, sync=sync)
+        try:
+            result, error = await asyncio.wait_for(outcome, self._timeout_s)
+        except TimeoutError:
+            raise self._not_committed() from None
+        return self._outcome(result, error)
+
+    def _not_committed(self) -> Unavailable:
+        return Unavailable(f"not committed within {self._timeout_s:g} s (quorum lost or overloaded); "
+                           "the write may or may not be applied")
+
+    def _outcome(self, result: object, error: ReplicationError | None) -> object:
+        if error is not None:
+            raise self._map(error)
+        return result
 
     def _map(self, error: ReplicationError) -> Exception:
         reason = error.reason

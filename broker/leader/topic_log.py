@@ -9,25 +9,50 @@ API to them and back; gRPC specifics (status codes, metadata, streams) stay in `
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from broker.clock import Clock
-from broker.core import dedup, records, sessions
+from broker.core import dedup, records
 from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import normalized_config, validate_name
-from broker.leader import partitioning, schemas
+from broker.leader import partitioning, publish_ids, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
 from broker.leader.submitter import CommandSubmitter
-from broker.limits import ID_CHARS_MAX, Limits
+from broker.limits import Limits
 from broker.v1 import internal_pb2
 
-__all__ = ["Limits", "Placement", "PublishBatch", "Published", "PublishItem", "TopicLog", "TopicView"]
+__all__ = ["Limits", "Placement", "PreparedPublish", "PublishBatch", "Published", "PublishItem", "TopicLog",
+           "TopicView"]
 
 _OPS = frozenset(internal_pb2.Op.values())
+
+
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]  # runs a blocking function off the event loop
+
+
+@dataclass(frozen=True)
+class PreparedPublish:
+    """A checked publish, ready to submit (:meth:`TopicLog.prepare_publish`)."""
+
+    meta: internal_pb2.TopicMeta
+    command: internal_pb2.Command
+    count: int  # records in the batch
+
+    @property
+    def ephemeral(self) -> bool:  # published by the leader's hub, without Raft
+        return self.meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL
+
+    @property
+    def sync(self) -> bool:  # `fsync` topics: acknowledged once a majority has it on stable storage
+        return self.meta.config.durability == internal_pb2.DURABILITY_FSYNC
 
 
 @dataclass(frozen=True)
@@ -138,6 +163,40 @@ class TopicLog:
         ``producer``: the authenticated principal, stamped on every record ("" without
         authentication); a client cannot set it (``services/wire.py`` drops unknown fields, and
         ``services/packed.py`` takes no packed record with a field beyond key, value and op)."""
+        prepared = self.prepare_publish(request, producer)
+        result: object
+        if prepared.ephemeral:
+            result = self._publish_ephemeral(prepared.meta, prepared.command.append)
+        else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
+            result = self._submitter.submit(prepared.command, sync=prepared.sync)
+        return self.finish_publish(prepared, result)
+
+    async def publish_placed_async(self, request: PublishBatch, producer: str = "",
+                                   offload: Offload | None = None) -> Published:
+        """:meth:`publish_placed` for a coroutine: the same checks, results and errors, and no
+        thread waits for the commit (:meth:`CommandSubmitter.submit_async`). :meth:`prepare_publish`
+        runs on the caller's loop, except for topics that check records against a JSON schema or
+        dedup fields (``check_documents`` may take long for a big batch): ``offload`` (a runner of
+        blocking functions, the call pool) runs it there when given."""
+        if offload is not None and self.checks_documents(request.topic):
+            prepared = await offload(functools.partial(self.prepare_publish, request, producer))
+        else:
+            prepared = self.prepare_publish(request, producer)
+        result: object
+        if prepared.ephemeral:
+            result = self._publish_ephemeral(prepared.meta, prepared.command.append)
+        else:
+            result = await self._submitter.submit_async(prepared.command, sync=prepared.sync)
+        return self.finish_publish(prepared, result)
+
+    def checks_documents(self, topic: str) -> bool:
+        """Whether ``topic`` (if it exists) checks published records against a schema or dedup fields."""
+        meta = self._state.topic(topic) if topic else None
+        return meta is not None and bool(meta.config.schema_json or meta.config.dedup_fields)
+
+    def prepare_publish(self, request: PublishBatch, producer: str = "") -> PreparedPublish:
+        """Everything a publish does before it submits: checks (leader, topic, records, dedup
+        fields, schema), placement, bodies and the time stamp; raises on any bad input."""
         self._submitter.ensure_leader()
         meta = self._meta(request.topic)
         cmd = internal_pb2.Command()
@@ -145,20 +204,20 @@ class TopicLog:
         append.topic = request.topic
         append.topic_id = meta.topic_id
         append.partitions.extend(self._place(request, meta.config.partitions))
-        self._dedup_fields(request, append)
+        publish_ids.check_into(request, append)
         config = meta.config
         if config.schema_json or config.dedup_fields:
             append.unique_keys.extend(self._schemas.check_documents(
                 meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))
         append.bodies.extend(self._bodies(request, producer))
         append.now_ms = self._clock.now_ms()
-        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
-            result: object = self._publish_ephemeral(meta, append)
-        else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
-            result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
+        return PreparedPublish(meta, cmd, request.count)
+
+    def finish_publish(self, prepared: PreparedPublish, result: object) -> Published:
+        """The answer to a prepared publish once submitted: its placements, or the rejection it met."""
         self._raise_rejected(result)
-        assert isinstance(result, Appended) and len(result.placements) == request.count
-        return Published(result.placements, list(append.partitions))
+        assert isinstance(result, Appended) and len(result.placements) == prepared.count
+        return Published(result.placements, list(prepared.command.append.partitions))
 
     def _publish_ephemeral(self, meta: internal_pb2.TopicMeta, append: internal_pb2.AppendCommand) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
@@ -170,67 +229,6 @@ class TopicLog:
         term = self._submitter.leader_term()
         return Appended(self._hub.publish(meta.topic_id, term, list(append.partitions), list(append.bodies),
                                           append.now_ms))
-
-    def _dedup_fields(self, request: PublishBatch, append: internal_pb2.AppendCommand) -> None:
-        """Idempotency keys and producer-session ids, checked before anything is replicated."""
-        if request.bodies is not None:  # the lean form: no per-record key or msg_id (see PublishBatch)
-            self._lean_dedup_fields(request, append)
-            return
-        keys = [r.idempotency_key for r in request.records]
-        for i, key in enumerate(keys):
-            if len(key) > ID_CHARS_MAX:
-                raise InvalidArgument(f"record {i}: idempotency_key is longer than {ID_CHARS_MAX} characters")
-        if request.first_msg_id:
-            self._session_fields(request, append, keys)
-            return
-        if any(keys):
-            append.idempotency_keys.extend(keys)
-        ids = [r.msg_id for r in request.records]
-        if not request.dedup_id:
-            if any(ids):
-                raise InvalidArgument("msg_id needs a dedup_id on the request")
-            return
-        if len(request.dedup_id) > ID_CHARS_MAX:
-            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
-        for i, msg_id in enumerate(ids):
-            if msg_id == 0:
-                raise InvalidArgument(f"record {i}: a msg_id (non-zero) is required with dedup_id")
-            if i and abs(msg_id) != abs(ids[i - 1]) + 1:
-                raise InvalidArgument(
-                    f"record {i}: msg_id {msg_id} breaks the sequence (|msg_id| must rise by one per message: "
-                    f"expected {abs(ids[i - 1]) + 1} or {-(abs(ids[i - 1]) + 1)})")
-        append.dedup_id = request.dedup_id
-        append.msg_ids.extend(ids)
-
-    @staticmethod
-    def _lean_dedup_fields(request: PublishBatch, append: internal_pb2.AppendCommand) -> None:
-        """:meth:`_dedup_fields` for a batch in the lean form, with the same refusals in the same order."""
-        if not request.first_msg_id and not request.dedup_id:
-            return
-        if len(request.dedup_id) > ID_CHARS_MAX:
-            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
-        if not request.first_msg_id:  # a per-record session without its msg_ids
-            raise InvalidArgument("record 0: a msg_id (non-zero) is required with dedup_id")
-        sessions.check_batch(request.dedup_id, request.first_msg_id, request.count)
-        append.dedup_id = request.dedup_id
-        append.first_msg_id = request.first_msg_id
-
-    @staticmethod
-    def _session_fields(request: PublishBatch, append: internal_pb2.AppendCommand, keys: list[str]) -> None:
-        """A producer-session batch by range (``broker.core.sessions``): its numbers, and no
-        per-record id beside them (the two forms do not mix within one batch)."""
-        if len(request.dedup_id) > ID_CHARS_MAX:
-            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
-        sessions.check_batch(request.dedup_id, request.first_msg_id, len(request.records))
-        for i, rec in enumerate(request.records):
-            if rec.msg_id:
-                raise InvalidArgument(f"record {i}: give first_msg_id on the request or a msg_id on every record, "
-                                      f"not both (record {i} has msg_id {rec.msg_id})")
-            if keys[i]:
-                raise InvalidArgument(f"record {i}: a first_msg_id batch takes no idempotency_key (the session "
-                                      "deduplicates it; publish keyed records in a batch of their own)")
-        append.dedup_id = request.dedup_id
-        append.first_msg_id = request.first_msg_id
 
     # -- retention, prune, clear ---------------------------------------------------------------
     def alter_topic(self, name: str, retention: internal_pb2.Retention, full_policy: int) -> TopicView:

@@ -185,6 +185,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return principal, resource
 
     def _unary(self, behavior: Behavior, method: str, rule: Rule) -> Behavior:
+        if inspect.iscoroutinefunction(behavior):  # an async servicer (Publish): stays async
+            return self._unary_async(behavior, method, rule)
         guard = self
 
         def wrapper(request: Any, context: Any) -> Any:
@@ -198,6 +200,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 return behavior(request, context)
             try:
                 response = behavior(request, context)
+            except BaseException:
+                audit(principal, method, resource, f"failed: {_code_name(context)}", context.peer())
+                raise
+            audit(principal, method, resource, "ok", context.peer())
+            return response
+
+        return wrapper
+
+    def _unary_async(self, behavior: Behavior, method: str, rule: Rule) -> Behavior:
+        guard = self
+
+        async def wrapper(request: Any, context: Any) -> Any:
+            try:
+                principal, resource = guard._check(context, method, rule, request)
+            except Denied as denied:
+                await context.abort(denied.code, str(denied))
+                raise AssertionError("unreachable") from None
+            set_principal(principal)  # in this call's task: the servicer reads it there
+            if not rule.audited:
+                return await behavior(request, context)
+            try:
+                response = await behavior(request, context)
             except BaseException:
                 audit(principal, method, resource, f"failed: {_code_name(context)}", context.peer())
                 raise

@@ -1,12 +1,13 @@
 """``broker.v1.Broker``: publish and subscribe, delegated to ``broker.core``.
 
-Unary methods are sync (they run on the server's call pool); the streaming methods are coroutines
-on the asyncio server that hold no thread while they wait (``broker.services.streams``).
+``Publish`` and ``PublishStream`` are coroutines on the asyncio server: a publish is prepared on the
+event loop (on the call pool for topics with a schema or dedup fields) and awaits its commit without
+a thread. The other unary methods are sync (they run on the server's call pool); the other
+streaming methods are coroutines that hold no thread while they wait (``broker.services.streams``).
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -37,11 +38,15 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         self._metrics = metrics
         self._streams = streams
 
-    def _publish(self, request: broker_pb2.PublishRequest, producer: str) -> broker_pb2.PublishResponse:
+    async def _publish(self, request: broker_pb2.PublishRequest, producer: str) -> broker_pb2.PublishResponse:
+        """One publish on the event loop: prepared here (on the call pool for topics that check
+        records against a schema or dedup fields), submitted, and answered once applied, with no
+        thread waiting for the commit."""
         started = time.perf_counter()
         try:
             batch = wire.publish_batch(request)
-            response = wire.publish_response(self._log.publish_placed(batch, producer), request)
+            published = await self._log.publish_placed_async(batch, producer, offload=self._streams.call)
+            response = wire.publish_response(published, request)
         except BrokerError as exc:
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
@@ -50,19 +55,22 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         self._metrics.publish_bytes.labels(request.topic).inc(batch.value_bytes())
         return response
 
-    @errors.unary
-    def Publish(self, request: broker_pb2.PublishRequest, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:
-        return self._publish(request, current_principal())
+    @errors.unary_async
+    async def Publish(self, request: broker_pb2.PublishRequest,
+                      context: grpc.aio.ServicerContext) -> broker_pb2.PublishResponse:
+        return await self._publish(request, current_principal())  # set by the auth interceptor in this task
 
     @errors.streaming_async
     async def PublishStream(self, request_iterator: AsyncIterator[broker_pb2.PublishRequest],
                             context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[broker_pb2.PublishResponse]:
+        """One request at a time, in order (no pipelining: request N+1 must not commit after N
+        failed, or a client's per-record msg_id watermark would skip N's records on retry)."""
         self._streams.admit()
         producer = current_principal()  # set by the auth interceptor in this call's task
         try:
             async for request in request_iterator:
-                yield await self._streams.call(functools.partial(self._publish, request, producer))
+                yield await self._publish(request, producer)
         finally:
             self._streams.release()
 

@@ -140,6 +140,19 @@ async def abort_async(context: grpc.aio.ServicerContext, exc: Exception) -> NoRe
     raise AssertionError("unreachable: context.abort raises")
 
 
+def unary_async(method: F) -> F:
+    """:func:`unary` for an async unary servicer method on the asyncio server."""
+
+    @functools.wraps(method)
+    async def wrapper(self: object, request: object, context: grpc.aio.ServicerContext) -> object:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in abort_async()
+            await abort_async(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def streaming_async(method: F) -> F:
     """Wrap an async response-streaming servicer method so core errors become statuses."""
 

@@ -1,7 +1,8 @@
 """The gRPC server of one node: Broker, Admin, health checking and reflection.
 
 A ``grpc.aio`` server on an event loop of its own thread. Unary handlers are sync and run on the
-call pool (``migration_thread_pool``, :attr:`StreamRuntime.call_pool`); streaming handlers are
+call pool (``migration_thread_pool``, :attr:`StreamRuntime.call_pool`), except ``Publish``, a
+coroutine that awaits its commit without a thread; streaming handlers are
 coroutines that hold no thread while idle (``broker.services.streams``), so streams cannot starve
 unary calls or health checks.
 

@@ -1,12 +1,12 @@
 """Server streams that hold no thread while idle (issue 11 item 5).
 
 The gRPC server is a ``grpc.aio`` server. Unary handlers keep their sync code and run on the
-server's call pool (``migration_thread_pool``). A streaming handler is a coroutine that drives a
-core *step generator* (``broker.leader.reading``): each step (one bounded read) runs on the small
-read pool; when the generator yields :class:`~broker.leader.reading.Idle`, the coroutine awaits
-:class:`ChangeFeed` (the state machine's change signal carried into the event loop) without any
-thread. So 1,000 idle subscribers cost 1,000 coroutines, not 1,000 threads, and unary calls and
-health checks keep their own pool.
+server's call pool (``migration_thread_pool``), except ``Publish`` (a coroutine). A streaming
+handler is a coroutine that drives a core *step generator* (``broker.leader.reading``): each step
+(one bounded read) runs on the small read pool; when the generator yields
+:class:`~broker.leader.reading.Idle`, the coroutine awaits :class:`ChangeFeed` (the state machine's
+change signal carried into the event loop) without any thread. So 1,000 idle subscribers cost 1,000
+coroutines, not 1,000 threads, and unary calls and health checks keep their own pool.
 
 Limits: at most ``streams_max`` streams (``Subscribe`` and ``PublishStream``) are open on a node at
 once; one more is refused with RESOURCE_EXHAUSTED before it does anything. Stream reads share
@@ -130,7 +130,7 @@ class StreamRuntime:
         self._open -= 1
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` (a publish, say) on the call pool."""
+        """Run blocking ``fn`` (a publish's checks against a schema, say) on the call pool."""
         return await asyncio.wrap_future(self.call_pool.submit(fn))
 
     async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[object]]) -> AsyncIterator[object]:
