@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import TypedDict
 
 import pytest
 
@@ -87,11 +88,20 @@ def test_queue_members_never_process_one_message_at_once(client: Client) -> None
     assert len({name for name, _, _ in log.deliveries}) == 3, "the work was shared"
 
 
+class OrderOptions(TypedDict, total=False):
+    """The subscribe options the per-key order test varies between its groups."""
+
+    mode: str
+    session_timeout_ms: int
+    ordered: bool
+
+
 def test_per_key_order_holds_in_stream_mode_and_with_ordered_queue(client: Client) -> None:
     client.create_topic("g-order", 4)
     publish(client, "g-order", 400, key_count=8)
-    for group, options in (("streamers", {"mode": "stream", "session_timeout_ms": 3000}),
-                           ("ordered", {"mode": "queue", "ordered": True})):
+    cases: list[tuple[str, OrderOptions]] = [("streamers", {"mode": "stream", "session_timeout_ms": 3000}),
+                                             ("ordered", {"mode": "queue", "ordered": True})]
+    for group, options in cases:
         log, stop = Log(), threading.Event()
         members = [run_member(client, "g-order", group, f"{group}{i}", log, stop, max_in_flight=16, **options)
                    for i in range(3)]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
 
+from broker.client import Event, Record
 from broker.devcluster import DevCluster
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -28,6 +29,15 @@ def pytest_configure(config: pytest.Config) -> None:
     wanted = "spark" in (config.option.markexpr or "") or any("tests/spark" in str(a) for a in config.args)
     if pyspark is None and wanted:
         raise pytest.UsageError("the spark tier needs pyspark and pyarrow: pip install -e '.[spark]' (make spark)")
+
+
+def records_only(items: Iterable[Record | Event]) -> list[Record]:
+    """The items of a read that must hold records only: an event fails the test."""
+    records: list[Record] = []
+    for item in items:
+        assert isinstance(item, Record), f"an event among the records: {item!r}"
+        records.append(item)
+    return records
 
 
 @pytest.fixture(scope="module")
