@@ -34,7 +34,7 @@ run: $(STAMP)
 # then the seeded chaos drills.
 test: $(STAMP) bench-deps metrics-deps spark-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
-	$(BIN)/mypy broker chaos bench
+	$(BIN)/mypy broker tests chaos bench
 	$(MAKE) alerts
 	$(BIN)/pytest -m "unit or cluster" -p no:cacheprovider --durations=25
 	$(MAKE) spark
@@ -69,9 +69,10 @@ fuzz: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check broker tests
+	$(BIN)/mypy broker tests chaos bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy broker
+	$(BIN)/mypy broker tests chaos bench
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

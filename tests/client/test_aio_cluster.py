@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 import pytest
 
 from broker.client import Client, Record, TopicExists, TopicNotFound
 from broker.client.aio import AsyncClient, AsyncMessage
+from broker.client.aio.routing import AsyncCall
 from broker.client.errors import InvalidArgument
 from broker.devcluster import DevCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+T = TypeVar("T")
 
 
 def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster) -> None:
@@ -151,12 +154,12 @@ def test_publish_batch_back_pressure_bounds_the_calls_in_flight(cluster: DevClus
             real_call = router.call
             active = peak = 0
 
-            async def counting(*args: object, **kwargs: object) -> object:
+            async def counting(fn: AsyncCall[T], *, write: bool, what: str) -> T:
                 nonlocal active, peak
                 active += 1
                 peak = max(peak, active)
                 try:
-                    return await real_call(*args, **kwargs)  # type: ignore[arg-type]
+                    return await real_call(fn, write=write, what=what)
                 finally:
                     active -= 1
 

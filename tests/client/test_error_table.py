@@ -15,7 +15,7 @@ from broker.services.errors import status_for
 pytestmark = pytest.mark.unit
 
 
-class Failed(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class Failed(grpc.RpcError, grpc.Call):
     """A finished call's error as a channel hands it over: code, details, trailers."""
 
     def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple[tuple[str, str | bytes], ...]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -23,10 +24,10 @@ MODES = {"queue": common_pb2.DELIVERY_MODE_QUEUE, "stream": common_pb2.DELIVERY_
 
 
 @pytest.fixture(scope="module")
-def client(cluster: DevCluster) -> Client:
+def client(cluster: DevCluster) -> Iterator[Client]:
     cluster.wait_ready()
     with Client(cluster.addresses) as c:
-        yield c  # type: ignore[misc]
+        yield c
 
 
 def _leader_address(client: Client) -> str:

@@ -68,8 +68,13 @@ def run_member(client: Client, topic: str, group: str, name: str, log: Log, stop
                handle: Callable[[Message], None] | None = None, **options: object) -> threading.Thread:
     """A member in a thread: every message is logged, then ``handle``d (default: ack)."""
     def loop() -> None:
-        consumer: Consumer = client.subscribe(topic, group=group, on_event=log.events.append, **options)  # type: ignore[arg-type]
-        threading.Thread(target=lambda: (stop.wait(), consumer.close()), daemon=True).start()
+        consumer: Consumer = client.subscribe(topic, group=group, on_event=log.events.append, **options)
+
+        def close_on_stop() -> None:
+            stop.wait()
+            consumer.close()
+
+        threading.Thread(target=close_on_stop, daemon=True).start()
         with consumer:
             for item in consumer:
                 assert isinstance(item, Message)

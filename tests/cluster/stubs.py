@@ -32,4 +32,4 @@ def refused(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         call()
     err = info.value
-    return err.code(), err.details()  # type: ignore[attr-defined]
+    return err.code(), err.details()

@@ -175,7 +175,11 @@ def test_commands_that_cannot_be_applied_are_recorded_as_failed_and_the_cluster_
             # the log moves on: a canary commits and every node applies past the failed command
             offset = publish_canary(leader, "t", b"after %s" % words.encode())
             target = max(mixed.applied())
-            wait_until(lambda t=target: min(mixed.applied()) >= t, 60, "every node to apply past the command")
+
+            def applied_past(t: int = target) -> bool:
+                return min(mixed.applied()) >= t
+
+            wait_until(applied_past, 60, "every node to apply past the command")
         # every node holds the same records, and no group or topic came out of the failed commands
         for i in range(3):
             values = contents(mixed.cluster.grpc_address(i), "t")

@@ -108,11 +108,17 @@ def test_a_busy_leader_hands_over_twenty_times_within_two_election_timeouts(tmp_
                     assert old is not None
                     started = time.monotonic()
                     c.kill(old, signal.SIGTERM)
-                    wait_until(lambda old=old: new_leader_seen(c, old), 30, "a new leader")
+
+                    def handed_over(old: int = old) -> bool:
+                        return new_leader_seen(c, old)
+
+                    def rejoined(old: int = old) -> bool:
+                        return c.leader() is not None and caught_up(c, old)
+
+                    wait_until(handed_over, 30, "a new leader")
                     handovers.append(time.monotonic() - started)
                     c.spawn(old)
-                    wait_until(lambda old=old: c.leader() is not None and caught_up(c, old), 60,
-                               "the old leader to rejoin")
+                    wait_until(rejoined, 60, "the old leader to rejoin")
                     publisher.wait_for_more(100)
             assert publisher.error is None and second.error is None, publisher.error or second.error
         logs = [c.log_path(i).read_text(errors="replace") for i in range(3)]

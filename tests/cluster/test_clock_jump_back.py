@@ -42,8 +42,10 @@ def jump(cluster: DevCluster, clock_file: Path, offset_ms: int) -> None:
     clock_file.write_text(str(offset_ms))
     line = f"clock offset now {offset_ms:+d} ms"
     for i in range(3):
-        wait_until(lambda i=i: line in cluster.log_path(i).read_text(errors="replace"), 30,
-                   f"node {i} to take the offset {offset_ms}")
+        def taken(i: int = i) -> bool:
+            return line in cluster.log_path(i).read_text(errors="replace")
+
+        wait_until(taken, 30, f"node {i} to take the offset {offset_ms}")
 
 
 def test_lease_retry_and_dedup_keep_their_times_when_the_clock_goes_back(

@@ -29,7 +29,7 @@ def publish(c: DevCluster, req: broker_pb2.PublishRequest) -> broker_pb2.Publish
             resp: broker_pb2.PublishResponse = s.broker.Publish(req, timeout=10)
             return resp
         except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
                 return None
             raise
         finally:
@@ -56,7 +56,7 @@ PAGE = broker_pb2.PublishRequest(topic="u", records=[broker_pb2.PublishRecord(va
 def refused(c: DevCluster, req: broker_pb2.PublishRequest) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as info:
         publish(c, req)
-    return info.value.code()  # type: ignore[attr-defined, no-any-return]
+    return info.value.code()
 
 
 def test_dedup_state_survives_failover_restart_and_snapshots(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_whole_cluster_kill_keeps_disk_and_metadata_and_tells_readers(tmp_path: 
         for name in CLASSES:
             got = read(c.wait_ready(), name)
             assert len(got) == 100, name
-            tokens[name] = got[49].position  # type: ignore[union-attr]
+            tokens[name] = got[49].position
         s.close()
 
         for i in range(c.nodes):
@@ -55,7 +55,7 @@ def test_whole_cluster_kill_keeps_disk_and_metadata_and_tells_readers(tmp_path: 
             c.spawn(i)
         leader = c.wait_ready(60)
 
-        assert [r.value for r in read(leader, "disk")] == [b"disk-%d" % i for i in range(100)]  # type: ignore[union-attr]
+        assert [r.value for r in read(leader, "disk")] == [b"disk-%d" % i for i in range(100)]
         s = stubs(leader)
         names = [t.config.name for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest()).topics]
         assert sorted(names) == sorted(CLASSES)  # metadata of every class survives
@@ -64,9 +64,9 @@ def test_whole_cluster_kill_keeps_disk_and_metadata_and_tells_readers(tmp_path: 
             assert [x for x in read(leader, name) if isinstance(x, common_pb2.Record)] == [], name
         # a reader resuming inside lost data is told, never silently moved on
         told = read(leader, "memory", **{"from": common_pb2.Position(token=tokens["memory"])})
-        assert [e.type for e in told] == [common_pb2.EVENT_TYPE_SKIP_FORWARD]  # type: ignore[union-attr]
+        assert [e.type for e in told] == [common_pb2.EVENT_TYPE_SKIP_FORWARD]
         resumed = read(leader, "disk", **{"from": common_pb2.Position(token=tokens["disk"])})
-        assert [r.offset for r in resumed] == list(range(50, 100))  # type: ignore[union-attr]
+        assert [r.offset for r in resumed] == list(range(50, 100))
     finally:
         c.stop()
 
@@ -85,14 +85,14 @@ def test_large_batches_replicate(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as info:
             s.broker.Publish(broker_pb2.PublishRequest(topic="big", records=[
                 broker_pb2.PublishRecord(value=b"x" * ((1 << 20) + 1))]))
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         s.close()
         wait_converged(c)
         for i in range(c.nodes):
             got = read(c.grpc_address(i), "big", max_batch=4)
             assert len(got) == 65, f"node {i} has {len(got)} records"
-            assert all(r.value == bytes([j % 256]) * (64 << 10) for j, r in enumerate(got[:64]))  # type: ignore[union-attr]
-            assert got[64].value == one_mib.value  # type: ignore[union-attr]
+            assert all(r.value == bytes([j % 256]) * (64 << 10) for j, r in enumerate(got[:64]))
+            assert got[64].value == one_mib.value
     finally:
         c.stop()
 

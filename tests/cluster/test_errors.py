@@ -29,7 +29,7 @@ def code_of(call: object) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         call()  # type: ignore[operator]
     err = info.value
-    return err.code(), err.details()  # type: ignore[attr-defined]
+    return err.code(), err.details()
 
 
 def describe(s: Stubs, name: str = "errs") -> admin_pb2.TopicInfo:
@@ -77,7 +77,7 @@ def test_bad_records_are_invalid_and_store_nothing(leader: Stubs) -> None:
         broker_pb2.PublishRequest(topic="errs", records=[broker_pb2.PublishRecord(value=b"x" * ((1 << 20) + 1))]),
         broker_pb2.PublishRequest(topic="errs", records=[broker_pb2.PublishRecord(value=b"ok"),
                                                          broker_pb2.PublishRecord(value=b"x", partition=7)]),
-        broker_pb2.PublishRequest(topic="errs", records=[broker_pb2.PublishRecord(value=b"x", op=42)]),
+        broker_pb2.PublishRequest(topic="errs", records=[broker_pb2.PublishRecord(value=b"x", op=42)]),  # type: ignore[arg-type]
     ]
     for req in cases:
         code, _ = code_of(lambda req=req: leader.broker.Publish(req))
@@ -120,8 +120,8 @@ def test_follower_redirects_writes_with_leader_metadata(cluster: DevCluster, lea
         with pytest.raises(grpc.RpcError) as info:
             follower.broker.Publish(req)
         err = info.value
-        assert err.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-        metadata = dict(err.trailing_metadata())  # type: ignore[attr-defined]
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        metadata = dict(err.trailing_metadata())
         assert metadata["x-leader"] == cluster.grpc_address(leader_index)
     finally:
         follower.close()

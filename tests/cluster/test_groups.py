@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import TypedDict
 
 import pytest
 
@@ -42,8 +43,11 @@ def test_two_groups_on_one_topic_each_receive_every_message(client: Client) -> N
     got: dict[str, list[bytes]] = {}
     for group in ("billing", "analytics"):
         seen: list[bytes] = []
-        handled = client.run("g-two", group=group, handler=lambda m, seen=seen: seen.append(m.value),  # type: ignore[misc]
-                             concurrency=4, batch_size=50, stop_at_end=True)
+
+        def handler(m: Message, seen: list[bytes] = seen) -> None:
+            seen.append(m.value)
+
+        handled = client.run("g-two", group=group, handler=handler, concurrency=4, batch_size=50, stop_at_end=True)
         got[group] = seen
         assert handled == 300
     for group, seen in got.items():
@@ -87,15 +91,28 @@ def test_queue_members_never_process_one_message_at_once(client: Client) -> None
     assert len({name for name, _, _ in log.deliveries}) == 3, "the work was shared"
 
 
+class OrderOptions(TypedDict, total=False):
+    """The subscribe options the per-key order test varies between its groups."""
+
+    mode: str
+    session_timeout_ms: int
+    ordered: bool
+
+
 def test_per_key_order_holds_in_stream_mode_and_with_ordered_queue(client: Client) -> None:
     client.create_topic("g-order", 4)
     publish(client, "g-order", 400, key_count=8)
-    for group, options in (("streamers", {"mode": "stream", "session_timeout_ms": 3000}),
-                           ("ordered", {"mode": "queue", "ordered": True})):
+    cases: list[tuple[str, OrderOptions]] = [("streamers", {"mode": "stream", "session_timeout_ms": 3000}),
+                                             ("ordered", {"mode": "queue", "ordered": True})]
+    for group, options in cases:
         log, stop = Log(), threading.Event()
         members = [run_member(client, "g-order", group, f"{group}{i}", log, stop, max_in_flight=16, **options)
                    for i in range(3)]
-        wait_until(lambda log=log: len(set(log.values())) == 400, 60, f"{group}: every message")  # type: ignore[misc]
+
+        def every_message(log: Log = log) -> bool:
+            return len(set(log.values())) == 400
+
+        wait_until(every_message, 60, f"{group}: every message")
         stop.set()
         for m in members:
             m.join(10)

@@ -35,7 +35,12 @@ class Ledger:
 def member(addresses: list[str], ledger: Ledger, stop: threading.Event) -> None:
     with Client(addresses, retry_deadline_s=60) as client:
         consumer = client.subscribe("fo", group="heavy", max_in_flight=IN_FLIGHT, visibility_timeout_ms=5000)
-        threading.Thread(target=lambda: (stop.wait(), consumer.close()), daemon=True).start()
+
+        def close_on_stop() -> None:
+            stop.wait()
+            consumer.close()
+
+        threading.Thread(target=close_on_stop, daemon=True).start()
         for item in consumer:
             if not isinstance(item, Message):
                 continue

@@ -47,6 +47,6 @@ def test_publish_stream_answers_each_request_in_order(cluster: DevCluster) -> No
         bad = iter([requests[0], broker_pb2.PublishRequest(topic="missing", records=requests[0].records)])
         with pytest.raises(grpc.RpcError) as info:
             list(s.broker.PublishStream(bad, timeout=30))
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         s.close()

@@ -34,7 +34,10 @@ def test_a_follower_cut_off_from_the_others_is_not_serving_until_they_return(fre
     others = [i for i in range(c.nodes) if i != follower]
     address = c.grpc_address(follower)
     for i in range(c.nodes):
-        wait_until(lambda i=i: health(c.grpc_address(i)) == SERVING, 30, f"node {i} to be SERVING")  # type: ignore[misc]
+        def serving(i: int = i) -> bool:
+            return health(c.grpc_address(i)) == SERVING
+
+        wait_until(serving, 30, f"node {i} to be SERVING")
     for i in others:
         c.kill(i)
     wait_until(lambda: health(address) == NOT_SERVING, 60, "the isolated follower to say NOT_SERVING")

@@ -146,7 +146,7 @@ def test_a_thousand_idle_subscribers_do_not_starve_unary_calls_or_health(capped:
             try:
                 s.broker.Publish(request, timeout=UNARY_TIMEOUT_S)
             except grpc.RpcError as exc:  # leadership moved (a busy machine): an answer all the same
-                assert exc.code() in (grpc.StatusCode.UNAVAILABLE,  # type: ignore[attr-defined]
+                assert exc.code() in (grpc.StatusCode.UNAVAILABLE,
                                       grpc.StatusCode.FAILED_PRECONDITION), exc
                 client.publish("idle", b"m%d" % i)
             info = admin.NodeStatus(admin_pb2.NodeStatusRequest(), timeout=UNARY_TIMEOUT_S)
@@ -165,8 +165,8 @@ def test_a_thousand_idle_subscribers_do_not_starve_unary_calls_or_health(capped:
         wait_until(lambda: open_subscribers(capped, node) == STREAMS_MAX, 60, "the extra streams to open")
         with pytest.raises(grpc.RpcError) as info:
             next(iter(s.broker.Subscribe(broker_pb2.SubscribeRequest(topic="idle"), timeout=UNARY_TIMEOUT_S)))
-        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-        assert f"at most {STREAMS_MAX} streams" in info.value.details()  # type: ignore[attr-defined]
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"at most {STREAMS_MAX} streams" in info.value.details()
         for call in extra:
             call.cancel()
         # closed streams give their places back

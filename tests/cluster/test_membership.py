@@ -95,9 +95,16 @@ def lead_from(c: DevCluster, candidates: set[int]) -> int:
             return leader
         assert leader is not None
         c.kill(leader, signal.SIGTERM)
-        wait_until(lambda old=leader: c.leader() not in (None, old), 30, "the handover")
+
+        def handed_over(old: int = leader) -> bool:
+            return c.leader() not in (None, old)
+
+        def rejoined(old: int = leader) -> bool:
+            return c.leader() is not None and caught_up(c, old)
+
+        wait_until(handed_over, 30, "the handover")
         c.spawn(leader)
-        wait_until(lambda old=leader: c.leader() is not None and caught_up(c, old), 60, "the old leader to rejoin")
+        wait_until(rejoined, 60, "the old leader to rejoin")
     raise AssertionError(f"none of {candidates} came to lead")
 
 
@@ -129,7 +136,11 @@ def test_grow_to_five_and_shrink_to_three_while_publishing(tmp_path: Path) -> No
                     i = c.add_node()
                     client.add_node(c.node_id(i), c.raft_address(i), c.grpc_address(i))
                     client.add_node(c.node_id(i), c.raft_address(i), c.grpc_address(i))  # idempotent
-                    wait_until(lambda i=i: caught_up(c, i), 60, f"{c.node_id(i)} to catch up")
+
+                    def joined(i: int = i) -> bool:
+                        return caught_up(c, i)
+
+                    wait_until(joined, 60, f"{c.node_id(i)} to catch up")
                     added.append(i)
                     publisher.wait_for_more()
                 expected = {c.node_id(i): c.grpc_address(i) for i in range(5)}

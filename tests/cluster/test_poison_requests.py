@@ -31,8 +31,8 @@ def leader(cluster: DevCluster) -> Iterator[Stubs]:
 def refused(call: object) -> str:
     with pytest.raises(grpc.RpcError) as info:
         call()  # type: ignore[operator]
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value  # type: ignore[attr-defined]
-    return str(info.value.details())  # type: ignore[attr-defined]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    return str(info.value.details())
 
 
 def still_serving(cluster: DevCluster, s: Stubs, before: int) -> None:
@@ -76,7 +76,7 @@ def test_a_nack_delay_beyond_the_maximum_with_a_forged_token_is_invalid(cluster:
     forged = records.PositionToken(incarnation, 0, 1).encode()  # record 0, never delivered: no lease
     before = wait_converged(cluster)
     for delay in (2**63 - 1, 12 * 3600 * 1000 + 1, -1):
-        message = refused(lambda d=delay: leader.broker.Nack(  # type: ignore[misc]
+        message = refused(lambda d=delay: leader.broker.Nack(
             broker_pb2.NackRequest(topic="poison", group="g", positions=[forged], delay_ms=d), timeout=30))
         assert "delay_ms" in message
     lag = leader.admin.GroupLag(admin_pb2.GroupLagRequest(topic="poison", group="g"), timeout=30)
@@ -88,6 +88,6 @@ def test_extend_beyond_the_maximum_is_invalid(cluster: DevCluster, leader: Stubs
     incarnation = leader.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="poison"), timeout=30).incarnation
     token = records.PositionToken(incarnation, 0, 1).encode()
     for length in (10 * 365 * 24 * 3600 * 1000, 2**63 - 1, -5):
-        message = refused(lambda n=length: leader.broker.Extend(  # type: ignore[misc]
+        message = refused(lambda n=length: leader.broker.Extend(
             broker_pb2.ExtendRequest(topic="poison", group="g", positions=[token], extend_ms=n), timeout=30))
         assert "extend_ms" in message

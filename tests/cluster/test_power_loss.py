@@ -131,7 +131,7 @@ def drill(tmp_path: Path, durability: str, rounds: int, env: dict[str, str],
 
     def at_random_points(c: DevCluster, publisher: Publisher, round_: int) -> None:
         target = publisher.count + rng.randrange(200, 3000, BATCH)
-        wait_until(lambda t=target: publisher.count >= t or publisher.error, 60,
+        wait_until(lambda: publisher.count >= target or publisher.error, 60,
                    "the publisher to reach the crash point")
         crash_everything(c, rng, publisher, round_)
 

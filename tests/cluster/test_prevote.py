@@ -68,9 +68,15 @@ def lead_from_the_top(c: DevCluster) -> None:
         if leader == top:
             return
         c.kill(leader, signal.SIGTERM)  # a stopping leader hands leadership over
-        wait_until(lambda old=leader: c.leader() not in (None, old), 30, "another node to lead")
+        def handed_over(old: int = leader) -> bool:
+            return c.leader() not in (None, old)
+
+        def back(old: int = leader) -> bool:
+            return c.node_status(old) is not None
+
+        wait_until(handed_over, 30, "another node to lead")
         c.spawn(leader)
-        wait_until(lambda old=leader: c.node_status(old) is not None, 30, "the old leader to come back")
+        wait_until(back, 30, "the old leader to come back")
     raise AssertionError("could not move leadership to the top address")
 
 

@@ -107,8 +107,10 @@ def test_junk_pickles_and_utility_commands_run_nothing_and_are_logged(raft_clust
             assert _send_and_wait_closed(address, _frame(utility)) == b"", f"{utility} got an answer"
     assert not marker.exists(), "a pickle sent to the Raft port ran code"
     for i in range(3):
-        wait_until(lambda i=i: _REJECTED in raft_cluster.log_path(i).read_text(errors="replace"), 30,
-                   f"node {i} to log the rejected peer")
+        def rejected(i: int = i) -> bool:
+            return _REJECTED in raft_cluster.log_path(i).read_text(errors="replace")
+
+        wait_until(rejected, 30, f"node {i} to log the rejected peer")
         assert raft_cluster.alive(i)
     log = raft_cluster.log_path(0).read_text(errors="replace")
     assert "Traceback" not in log

@@ -73,14 +73,21 @@ def test_a_follower_removed_wiped_and_readded_in_a_loop_keeps_every_journal_whol
                     target = [i for i in range(3) if i != leader][round_ % 2]
                     name = c.node_id(target)
                     client.remove_node(name)
-                    wait_until(lambda t=target, n=name: (lead := c.leader()) is not None and lead != t
-                               and n not in members(c, lead), 60, f"{name} out of the configuration")
+
+                    def removed(t: int = target, n: str = name) -> bool:
+                        return (lead := c.leader()) is not None and lead != t and n not in members(c, lead)
+
+                    wait_until(removed, 60, f"{name} out of the configuration")
                     c.kill(target)
                     watch.forget(target)
                     shutil.rmtree(c.node_data_dir(target))
                     c.spawn(target)
                     client.add_node(name, c.raft_address(target), c.grpc_address(target))
-                    wait_until(lambda t=target: caught_up(c, t), 90, f"{name} to catch up")
+
+                    def rejoined(t: int = target) -> bool:
+                        return caught_up(c, t)
+
+                    wait_until(rejoined, 90, f"{name} to catch up")
                     publisher.wait_for_more(300)
             assert publisher.error is None, publisher.error
         assert not watch.regressions, f"commit indexes went back: {watch.regressions[:5]}"

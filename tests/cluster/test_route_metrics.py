@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 
 def scrape(address: str) -> str:
-    return urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()  # type: ignore[no-any-return]
+    return urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:

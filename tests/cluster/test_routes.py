@@ -99,7 +99,7 @@ def test_two_clusters_mirror_both_ways_without_echo(tmp_path: Path) -> None:
     for name, records in contents.items():
         docs = sorted((json.loads(r.value)["from"], json.loads(r.value)["n"]) for r in records)
         assert docs == sorted(union), f"{name} must hold the union, each record once"
-        by_origin = {}
+        by_origin: dict[str, int] = {}
         for r in records:
             cluster = r.origin.split("/")[0]
             by_origin[cluster] = by_origin.get(cluster, 0) + 1

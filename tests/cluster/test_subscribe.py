@@ -51,14 +51,14 @@ def test_positions_earliest_latest_offset_and_token(leader: Stubs) -> None:
     create(leader, "pos")
     publish(leader, "pos", [b"a", b"b", b"c", b"d"])
     recs = read_all(leader, "pos")
-    assert [r.value for r in recs] == [b"a", b"b", b"c", b"d"]  # type: ignore[union-attr]
-    assert [r.offset for r in recs] == [0, 1, 2, 3]  # type: ignore[union-attr]
+    assert [r.value for r in recs] == [b"a", b"b", b"c", b"d"]
+    assert [r.offset for r in recs] == [0, 1, 2, 3]
     assert read_all(leader, "pos", **{"from": common_pb2.Position(start=common_pb2.START_POSITION_LATEST)}) == []
     from_2 = read_all(leader, "pos", partition=0, **{"from": common_pb2.Position(offset=2)})
-    assert [r.value for r in from_2] == [b"c", b"d"]  # type: ignore[union-attr]
-    token = recs[1].position  # type: ignore[union-attr]
+    assert [r.value for r in from_2] == [b"c", b"d"]
+    token = recs[1].position
     resumed = read_all(leader, "pos", **{"from": common_pb2.Position(token=token)})
-    assert [r.value for r in resumed] == [b"c", b"d"]  # type: ignore[union-attr]
+    assert [r.value for r in resumed] == [b"c", b"d"]
 
 
 def test_subscribe_from_timestamp_starts_at_first_record_at_or_after_it(leader: Stubs) -> None:
@@ -68,8 +68,8 @@ def test_subscribe_from_timestamp_starts_at_first_record_at_or_after_it(leader: 
     cut = publish(leader, "times", [b"new1", b"new2"]).results[0].timestamp_ms
     assert cut > publish(leader, "times", [b"probe"]).results[0].timestamp_ms - 10_000
     got = read_all(leader, "times", **{"from": common_pb2.Position(timestamp_ms=cut)})
-    assert [r.value for r in got][:2] == [b"new1", b"new2"]  # type: ignore[union-attr]
-    assert all(r.timestamp_ms >= cut for r in got)  # type: ignore[union-attr]
+    assert [r.value for r in got][:2] == [b"new1", b"new2"]
+    assert all(r.timestamp_ms >= cut for r in got)
     assert read_all(leader, "times", **{"from": common_pb2.Position(timestamp_ms=cut + 3_600_000)}) == []
 
 
@@ -126,9 +126,9 @@ def test_all_partitions_in_order_per_partition(leader: Stubs) -> None:
     recs = read_all(leader, "multi", max_batch=7)
     assert len(recs) == 150
     for p in range(3):
-        mine = [r for r in recs if r.partition == p]  # type: ignore[union-attr]
-        assert [r.offset for r in mine] == list(range(50))  # type: ignore[union-attr]
-        assert [r.value for r in mine] == [b"%d-%d" % (p, i) for i in range(50)]  # type: ignore[union-attr]
+        mine = [r for r in recs if r.partition == p]
+        assert [r.offset for r in mine] == list(range(50))
+        assert [r.value for r in mine] == [b"%d-%d" % (p, i) for i in range(50)]
 
 
 def test_keyed_records_land_on_the_documented_partition(leader: Stubs) -> None:

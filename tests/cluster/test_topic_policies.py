@@ -27,7 +27,7 @@ def leader_stubs(c: DevCluster) -> Stubs:
 def code(call: object) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as info:
         call()  # type: ignore[operator]
-    return info.value.code()  # type: ignore[attr-defined, no-any-return]
+    return info.value.code()
 
 
 def items(s: Stubs, topic: str, **kw: object) -> list[common_pb2.Record | common_pb2.Event]:
@@ -62,13 +62,13 @@ def test_policies_prune_and_drop(tmp_path: Path) -> None:
         assert items(s, "typed") == []  # nothing of the refused batch
         pub(broker_pb2.PublishRequest(topic="typed", records=[good, broker_pb2.PublishRecord(value=b'{"n": 2}')]))
         filtered = items(s, "typed", filter='headers.src == "a" && value.n == 1')
-        assert [r.value for r in filtered] == [b'{"n": 1}']  # type: ignore[union-attr]
+        assert [r.value for r in filtered] == [b'{"n": 1}']
         assert code(lambda: items(s, "typed", filter="value.n ==")) == grpc.StatusCode.INVALID_ARGUMENT
 
         create(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="log")))
         pub(broker_pb2.PublishRequest(topic="log", records=[broker_pb2.PublishRecord(value=b"%d" % i)
                                                             for i in range(10)]))
-        token = items(s, "log")[2].position  # type: ignore[union-attr]
+        token = items(s, "log")[2].position
         assert s.admin.Prune(admin_pb2.PruneRequest(topic="log", before_offset=6)).records_pruned == 6
         s.close()
 
@@ -78,9 +78,9 @@ def test_policies_prune_and_drop(tmp_path: Path) -> None:
         wait_until(lambda: c.leader() is not None, 30, "a new leader")
         s = leader_stubs(c)
         got = items(s, "log", **{"from": common_pb2.Position(token=token)})
-        assert got[0].type == common_pb2.EVENT_TYPE_SKIP_FORWARD  # type: ignore[union-attr]
-        assert (got[0].offset_before, got[0].offset_after) == (3, 6)  # type: ignore[union-attr]
-        assert [r.offset for r in got[1:]] == [6, 7, 8, 9]  # type: ignore[union-attr]
+        assert got[0].type == common_pb2.EVENT_TYPE_SKIP_FORWARD
+        assert (got[0].offset_before, got[0].offset_after) == (3, 6)
+        assert [r.offset for r in got[1:]] == [6, 7, 8, 9]
         # dedup fields hold across the failover
         assert code(lambda: s.broker.Publish(broker_pb2.PublishRequest(
             topic="typed", records=[broker_pb2.PublishRecord(value=b'{"n": 2}')]))) == grpc.StatusCode.ALREADY_EXISTS

@@ -16,10 +16,11 @@ from tests.record_store import flip_record_byte
 pytestmark = pytest.mark.unit
 
 
-def drain(env: Env, topic: str, group: str, ack: bool = True, **request: object) -> list[object]:
+def drain(env: Env, topic: str, group: str, ack: bool = True,
+          **request: object) -> list[common_pb2.Record | internal_pb2.Event]:
     """Everything one group stream delivers until it has nothing more (acking as it goes)."""
     req = broker_pb2.SubscribeRequest(topic=topic, group=group, stop_at_end=True, **request)  # type: ignore[arg-type]
-    out: list[object] = []
+    out: list[common_pb2.Record | internal_pb2.Event] = []
     for item in env.delivery.subscribe(wire.subscription(req), lambda: True):
         if item.HasField("event"):
             out.append(item.event)
@@ -48,16 +49,16 @@ def test_seek_to_a_timestamp_replays_and_lag_matches_a_hand_count() -> None:
     replayed = drain(env, "t", "g", ack=False, max_in_flight=3)
     assert len(replayed) == 3
     lag = env.ops.lag("t", "g")
-    by_hand = [sum(1 for r in replayed if r.partition == p) for p in (0, 1)]  # type: ignore[attr-defined]
+    by_hand = [sum(1 for r in replayed if r.partition == p) for p in (0, 1)]
     assert [p.lag for p in lag.partitions] == [3, 3]
     assert [p.in_flight for p in lag.partitions] == [0, 0], "released on the way out"
     assert sum(by_hand) == 3
-    assert {v.value[:3] for v in replayed} == {b"new"}  # type: ignore[attr-defined]
+    assert {v.value[:3] for v in replayed} == {b"new"}
     env.clock.advance(500)
     lag = env.ops.lag("t", "g")
     assert all(p.lag_ms == 500 for p in lag.partitions), "age of the oldest unsettled record"
     rest = drain(env, "t", "g")
-    assert sorted(r.value for r in rest) == sorted(b"new%d" % i for i in range(6))  # type: ignore[attr-defined]
+    assert sorted(r.value for r in rest) == sorted(b"new%d" % i for i in range(6))
     env.ops.seek("t", "g", internal_pb2.Position(start=internal_pb2.START_POSITION_LATEST), None)
     assert drain(env, "t", "g") == []
 
@@ -75,7 +76,7 @@ def test_skip_forward_when_records_were_pruned_below_the_watermark() -> None:
         assert isinstance(event, internal_pb2.Event) and event.type == common_pb2.EVENT_TYPE_SKIP_FORWARD
         assert (event.offset_before, event.offset_after) == (0, 4)
         assert records.PositionToken.decode(event.position_after).next_offset == 4
-    assert [r.value for r in again[1:]] == [b"4", b"5"]  # type: ignore[attr-defined]
+    assert [r.value for r in again[1:]] == [b"4", b"5"]
     assert drain(env, "t", "g") == [], "reported until the group settled records after the gap"
     assert env.ops.lag("t", "g").partitions[0].committed == 6
 
@@ -101,7 +102,7 @@ def test_reset_after_drop_and_recreate_then_the_new_records() -> None:
     assert after.incarnation != old.topic_id and after.next_offset == 0
     replay = drain(env, "t", "g")
     assert replay[0] == event, "re-subscribing from the same position reports the same event"
-    assert [r.value for r in replay[1:]] == [b"x", b"y"]  # type: ignore[attr-defined]
+    assert [r.value for r in replay[1:]] == [b"x", b"y"]
     assert drain(env, "t", "g") == []
 
 
@@ -163,5 +164,5 @@ def test_group_subscription_validates_before_streaming() -> None:
     assert not positions(env.pick(rt, rt.open_stream())) and not values(env.pick(rt, rt.open_stream()))
 
 
-def values_of(items: list[object]) -> list[bytes]:
-    return [r.value for r in items if not isinstance(r, internal_pb2.Event)]  # type: ignore[attr-defined]
+def values_of(items: list[common_pb2.Record | internal_pb2.Event]) -> list[bytes]:
+    return [r.value for r in items if not isinstance(r, internal_pb2.Event)]

@@ -89,8 +89,8 @@ def call(channel: grpc.Channel, method: MethodDescriptor, request: Message) -> g
         else:
             channel.unary_unary(path, **kwargs)(request, timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
-        code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-        note(f"status {code.name}: {exc.details()}")  # type: ignore[attr-defined]
+        code: grpc.StatusCode = exc.code()
+        note(f"status {code.name}: {exc.details()}")
         return code
     return grpc.StatusCode.OK
 

@@ -22,7 +22,10 @@ def gateway_up(address: str) -> bool:
 
 def gateways_up(cluster: DevCluster) -> None:
     for i in range(cluster.nodes):
-        wait_until(lambda i=i: gateway_up(cluster.http_address(i)), 60, f"the HTTP gateway of node {i}")
+        def up(i: int = i) -> bool:
+            return gateway_up(cluster.http_address(i))
+
+        wait_until(up, 60, f"the HTTP gateway of node {i}")
 
 
 def start_http_cluster(tmp: Path) -> DevCluster:

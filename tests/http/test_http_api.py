@@ -141,7 +141,7 @@ def test_admin_endpoints(http_cluster: DevCluster) -> None:
         assert {"/v1/topics/{topic}/records", "/v1/topics/{topic}/watch",
                 "/v1/topics/{topic}/groups/{group}/claim"} <= set(doc["paths"])
         assert h.get("/v1/cluster", headers={"Authorization": "Bearer some-token"}).status_code == 200
-        problem(h.get("/v1/cluster", headers={"Authorization": "Bearer caf\u00e9".encode()}), 400,
+        problem(h.get("/v1/cluster", headers={b"Authorization": "Bearer caf\u00e9".encode()}), 400,
                 "INVALID_ARGUMENT")
 
 

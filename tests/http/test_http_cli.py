@@ -26,7 +26,12 @@ def test_dev_prints_and_serves_the_http_gateway_of_each_node(tmp_path: Path) -> 
                              str(tmp_path), "--base-port", str(base)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+
+    def forward() -> None:
+        for line in proc.stdout or ():
+            lines.put(line)
+
+    threading.Thread(target=forward, daemon=True).start()
     try:
         seen: list[str] = []
         deadline = time.monotonic() + 90

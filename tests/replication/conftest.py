@@ -59,6 +59,12 @@ class Outcomes:
                 self.results[key] = (result, error)
         return done
 
+    def index(self, key: int) -> int:
+        """The log index a successful submit ``key`` reported (ChainStateMachine's result)."""
+        result, _ = self.results[key]
+        assert isinstance(result, dict), result
+        return int(result["index"])
+
     def wait(self, count: int, timeout_s: float = 10.0) -> None:
         wait_until(lambda: len(self.results) >= count, timeout_s, f"{count} callbacks")
 

@@ -55,7 +55,7 @@ def instrument() -> None:
             counters["acked_entries_truncated"] += acked["index"] - from_index + 1
         return original_delete(self, from_index)
 
-    node_class._SyncObj__sendNextNodeIdx = send
+    node_class._SyncObj__sendNextNodeIdx = send  # type: ignore[method-assign]
     node_class._SyncObj__deleteEntriesFrom = delete
 
 
@@ -131,8 +131,11 @@ def run_latency(rep: raft.PysyncobjReplicator, req: dict[str, Any]) -> None:
     for seq in range(req["count"]):
         done = threading.Event()
         started = time.monotonic()
-        rep.submit(make_command(req["prefix"], seq, req["size"]), lambda _r, _e, done=done: done.set(),
-                   sync=req.get("sync", False))
+
+        def committed(_result: object, _error: ReplicationError | None, done: threading.Event = done) -> None:
+            done.set()
+
+        rep.submit(make_command(req["prefix"], seq, req["size"]), committed, sync=req.get("sync", False))
         if not done.wait(5):
             break
         latencies.append(time.monotonic() - started)

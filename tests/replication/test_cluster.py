@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,13 @@ FOUR_MIB = 4 * 1024 * 1024
 # ~24: for this payload the entry's last 64 KiB chunk starts after the command's end, which is
 # exactly what stock pysyncobj's "finish" check gets wrong (protocol 2 bloats every such command).
 MISFRAMED_PAYLOAD = FOUR_MIB - 40
+
+
+def status_of(node: NodeProcess) -> dict[str, Any]:
+    """The status of a node that must be running."""
+    status = node.status()
+    assert status is not None, f"{node.address} is not running"
+    return status
 
 
 def followers(cluster: Cluster, leader: NodeProcess) -> list[NodeProcess]:
@@ -64,7 +72,7 @@ def check_large_commands_replicate_cleanly(cluster: Cluster) -> None:
         reply = leader.request("submit", timeout_s=15, count=1, size=size, prefix=f"big{size}")
         assert reply["ok"] == 1, reply
     assert_converged(cluster, leader, timeout_s=15)
-    errors = {n.address: n.status()["counters"] for n in cluster.nodes}  # type: ignore[index]
+    errors = {n.address: status_of(n)["counters"] for n in cluster.nodes}
     assert not any(c.get("tick_errors") for c in errors.values()), f"tick thread errors: {errors}"
 
 
@@ -87,7 +95,7 @@ def check_no_acknowledged_entry_is_truncated(cluster: Cluster) -> None:
     leader = cluster.leader()
     reply = leader.request("load", timeout_s=40, seconds=4, size=10_000, inflight=64, prefix="load")
     assert reply["outcome"].get("ok", 0) >= 500, f"too little load to test anything: {reply}"
-    counters = {n.address: n.status()["counters"] for n in followers(cluster, leader)}  # type: ignore[index]
+    counters = {n.address: status_of(n)["counters"] for n in followers(cluster, leader)}
     truncated = {a: c.get("acked_truncations", 0) for a, c in counters.items()}
     assert not any(truncated.values()), f"followers truncated acknowledged entries: {counters}"
     assert_converged(cluster, leader)
@@ -139,9 +147,9 @@ def test_node_killed_under_load_restarts_without_applying_anything_twice(cluster
     wait_until(lambda: all(n.request("entry_size", index=5)["size"] is None for n in cluster.nodes),
                10, "every node to compact its log")
     victim = followers(cluster, leader)[0]
-    start = victim.status()["applied_index"]  # type: ignore[index]
+    start = status_of(victim)["applied_index"]
     load = leader.send("load", seconds=3, size=2000, inflight=32, prefix="during")
-    wait_until(lambda: victim.status()["applied_index"] > start + 300, 10, "the victim to apply more")  # type: ignore[index]
+    wait_until(lambda: status_of(victim)["applied_index"] > start + 300, 10, "the victim to apply more")
     victim.kill()
     victim.start()
     reply = leader.wait_reply(load, 40)
@@ -193,7 +201,7 @@ def test_a_node_joins_through_a_snapshot_and_a_member_leaves(cluster_factory: Cl
     cluster.nodes.append(joiner)  # killed with the others at teardown
     joiner.start()
     time.sleep(1.0)  # not a member yet: it must not disturb anyone (PreVote, refused connections)
-    term = leader.status()["term"]  # type: ignore[index]
+    term = status_of(leader)["term"]
     assert leader.request("add_member", address=address)["ok"]
     assert leader.request("add_member", address=address)["ok"] is False  # already a member
     wait_until(lambda: len(leader.request("members")["members"]) == 4, 5, "a 4-node configuration")
@@ -207,4 +215,4 @@ def test_a_node_joins_through_a_snapshot_and_a_member_leaves(cluster_factory: Cl
     assert leader.request("submit", count=50, size=1000, prefix="shrunk")["ok"] == 50
     assert_converged(cluster, leader)
     assert leader.request("remove_member", address=leader.address)["ok"] is False  # never itself
-    assert leader.status()["term"] == term, "a membership change caused an election"  # type: ignore[index]
+    assert status_of(leader)["term"] == term, "a membership change caused an election"

@@ -41,7 +41,7 @@ def test_submits_apply_in_order_with_increasing_indexes(replicator: tuple[Replic
     outcomes.wait(50)
     assert outcomes.duplicates == 0
     assert all(error is None for _, error in outcomes.results.values())
-    indexes = [outcomes.results[i][0]["index"] for i in range(50)]  # type: ignore[index]
+    indexes = [outcomes.index(i) for i in range(50)]
     assert indexes == sorted(indexes) and len(set(indexes)) == 50
     assert sm.applied_index() == indexes[-1]
     wait_until(lambda: rep.status().applied_index >= indexes[-1], 5, "status to catch up")
@@ -88,5 +88,5 @@ def test_synced_submits_apply_like_plain_ones(replicator: tuple[Replicator, Chai
         rep.submit(b"synced-%d" % i, outcomes.callback(i), sync=i % 2 == 0)
     outcomes.wait(20)
     assert all(error is None for _, error in outcomes.results.values())
-    indexes = [outcomes.results[i][0]["index"] for i in range(20)]  # type: ignore[index]
+    indexes = [outcomes.index(i) for i in range(20)]
     assert indexes == sorted(indexes) and sm.applied_index() == indexes[-1]

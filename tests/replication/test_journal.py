@@ -210,7 +210,12 @@ class FakeConnection:
 def gated_follower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, list[Any]]]:
     """A follower without a tick thread whose transport records what actually goes on the wire."""
     sent: list[Any] = []
-    monkeypatch.setattr(TCPTransport, "send", lambda self, node, message: sent.append(message) or True)
+
+    def send(self: TCPTransport, node: object, message: object) -> bool:
+        sent.append(message)
+        return True
+
+    monkeypatch.setattr(TCPTransport, "send", send)
     sm = ChainStateMachine(tmp_path / "sm")
     conf = raft.RaftOptions().to_conf(tmp_path / "raft.wal", tmp_path / "dump", lambda f, d: None, lambda f: ())
     conf.autoTick = False

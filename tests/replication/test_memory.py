@@ -42,7 +42,7 @@ def test_indexes_continue_after_the_state_machines_applied_index(tmp_path: Path)
     rep2.start()
     outcomes = Outcomes()
     rep2.submit(b"after restart", outcomes.callback(0))
-    assert outcomes.results[0][0]["index"] == 4  # type: ignore[index]
+    assert outcomes.index(0) == 4
     assert sm2.skipped == 0 and rep2.status().term == 1
 
 
@@ -85,7 +85,7 @@ def test_state_machine_errors_reach_the_submitter_and_do_not_advance_the_index(t
         rep.submit(b"boom", lambda r, e: None)
     outcomes = Outcomes()
     rep.submit(b"fine", outcomes.callback(0))
-    assert outcomes.results[0][0]["index"] == 1  # type: ignore[index]
+    assert outcomes.index(0) == 1
 
 
 def test_size_limit_is_configurable(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def check_command_is_stored_and_sent_at_its_own_size(single_node: Callable[..., 
     rep.submit(command, outcomes.callback(0))
     outcomes.wait(1)
     result, error = outcomes.results[0]
-    assert error is None
+    assert error is None and isinstance(result, dict)
     size = rep.log_entry_size_bytes(result["index"])
     assert size is not None
     ratio = size / len(command)

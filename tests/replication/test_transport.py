@@ -43,7 +43,7 @@ def test_a_pickle_naming_any_other_global_runs_nothing(tmp_path: Path, protocol:
 def test_pysyncobj_reads_through_the_restriction_everywhere() -> None:
     assert pysyncobj_tcp_connection.pickle is transport.RESTRICTED_PICKLE
     assert pysyncobj_syncobj.pickle is transport.RESTRICTED_PICKLE
-    parser = pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage  # type: ignore[attr-defined]
+    parser = pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage
     assert parser is transport._parse_message
 
 
@@ -95,7 +95,7 @@ def test_messages_are_sent_compressed_or_not_and_either_is_read(mode: str) -> No
     sender = _Connection()
     try:
         transport.set_message_compression(mode)
-        pysyncobj_tcp_connection.TcpConnection.send(sender, message)  # type: ignore[arg-type]
+        pysyncobj_tcp_connection.TcpConnection.send(sender, message)
     finally:
         transport.set_message_compression("zlib")  # the module's initial state (pysyncobj's)
     frame = sender._TcpConnection__writeBuffer

@@ -7,7 +7,8 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextvars import Context
+from typing import TypeVarTuple, Unpack
 
 import pytest
 
@@ -17,6 +18,7 @@ from broker.services.streams import ChangeFeed
 from broker.storage.memory import MemoryStore
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+Ts = TypeVarTuple("Ts")
 
 
 class CountingLoop(asyncio.SelectorEventLoop):
@@ -26,7 +28,8 @@ class CountingLoop(asyncio.SelectorEventLoop):
         super().__init__()
         self.wakes = 0
 
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
+    def call_soon_threadsafe(self, callback: Callable[[Unpack[Ts]], object], *args: *Ts,
+                             context: Context | None = None) -> asyncio.Handle:
         self.wakes += 1
         return super().call_soon_threadsafe(callback, *args, context=context)
 

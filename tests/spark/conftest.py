@@ -4,30 +4,42 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
 
+from broker.client import Event, Record
 from broker.devcluster import DevCluster
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 try:
-    import pyspark
+    import pyspark  # noqa: F401 (only whether the spark extra is installed matters here)
 except ImportError:
-    pyspark = None
+    spark_installed = False
+else:
+    spark_installed = True
 
 # Without the `spark` extra the other tiers still collect (this directory is left out), but asking
 # for the spark tier fails loudly instead of skipping (make spark / make test install the extra).
-collect_ignore_glob = [] if pyspark is not None else ["test_*.py"]
+collect_ignore_glob: list[str] = [] if spark_installed else ["test_*.py"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     wanted = "spark" in (config.option.markexpr or "") or any("tests/spark" in str(a) for a in config.args)
-    if pyspark is None and wanted:
+    if not spark_installed and wanted:
         raise pytest.UsageError("the spark tier needs pyspark and pyarrow: pip install -e '.[spark]' (make spark)")
+
+
+def records_only(items: Iterable[Record | Event]) -> list[Record]:
+    """The items of a read that must hold records only: an event fails the test."""
+    records: list[Record] = []
+    for item in items:
+        assert isinstance(item, Record), f"an event among the records: {item!r}"
+        records.append(item)
+    return records
 
 
 @pytest.fixture(scope="module")

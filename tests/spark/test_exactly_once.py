@@ -15,6 +15,7 @@ import pytest
 
 from broker.client import Client
 from tests.conftest import wait_until
+from tests.spark.conftest import records_only
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -49,7 +50,7 @@ def prepare(bootstrap: str, source: str, target: str) -> None:
 
 def assert_exactly_once_in_order(bootstrap: str, target: str) -> None:
     with Client(bootstrap) as client:
-        records = list(client.subscribe(target, stop_at_end=True))
+        records = records_only(client.subscribe(target, stop_at_end=True))
     for p in range(3):
         values = [r.value.decode() for r in records if r.partition == p]
         assert values == [f"{p}-{i}" for i in range(PER_PARTITION)], f"partition {p}: {len(values)} records"

@@ -15,7 +15,9 @@ from pyspark.sql import SparkSession
 
 from broker.client import Client
 from broker.pipeline import Pipeline, topic
+from broker.pipeline.runner import Progress
 from broker.spark.archive import run_archive
+from tests.spark.conftest import records_only
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ def publish_orders(bootstrap: str, prefix: str, first: int, count: int) -> None:
 
 def values(bootstrap: str, name: str) -> list[str]:
     with Client(bootstrap) as client:
-        return [r.value.decode() for r in client.subscribe(name, stop_at_end=True)]
+        return [r.value.decode() for r in records_only(client.subscribe(name, stop_at_end=True))]
 
 
 def expected_big(ids: range) -> list[int]:
@@ -52,7 +54,7 @@ def test_two_stage_dag_with_fan_out_and_fan_in(spark: SparkSession, bootstrap: s
     publish_orders(bootstrap, "p", 0, 40)
     with Client(bootstrap) as client:
         client.publish("p-manual", b"by hand")
-    progress = []
+    progress: list[Progress] = []
     reports = pipeline.run(bootstrap=bootstrap, spark=spark, checkpoint=tmp_path, until="caught_up",
                            on_progress=progress.append, max_records_per_batch=30)
     big = sorted(json.loads(v)["id"] for v in values(bootstrap, "p-big"))

@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from broker.client import Client
 from broker.pipeline.runner import RESTARTS_MAX, transient
+from tests.spark.conftest import records_only
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -57,7 +58,7 @@ def test_starting_and_ending_offsets_and_timestamp(spark: SparkSession, bootstra
     with Client(bootstrap) as client:
         later = client.publish_batch("bounds", [{"value": f"late-{i}", "partition": i % 2} for i in range(6)])
         stamp = later[0].timestamp_ms
-        everything = list(client.subscribe("bounds", stop_at_end=True))
+        everything = records_only(client.subscribe("bounds", stop_at_end=True))
     expected = sorted((r.partition, r.offset) for r in everything if r.timestamp_ms >= stamp)
     got = sorted((r.partition, r.offset) for r in reader(spark, bootstrap, "bounds",
                                                           startingTimestamp=str(stamp)).collect())

@@ -20,6 +20,7 @@ from broker.pipeline import topic
 from broker.spark import session
 from broker.spark.archive import run_archive
 from tests.conftest import wait_until
+from tests.spark.conftest import records_only
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_pipeline_and_archive_on_a_standalone_cluster(standalone: dict[str, Any]
         topic("sa-src").pipe(tagged).to(topic("sa-dst")).run(bootstrap=bootstrap, spark=spark,
                                                                checkpoint=tmp_path / "ck")
         with Client(bootstrap) as client:
-            out = list(client.subscribe("sa-dst", stop_at_end=True))
+            out = records_only(client.subscribe("sa-dst", stop_at_end=True))
         assert sorted(r.value.decode() for r in out) == sorted(f"V{i}" for i in range(30))
         for p in range(2):
             assert [r.value.decode() for r in out if r.partition == p] == [f"V{i}" for i in range(p, 30, 2)]

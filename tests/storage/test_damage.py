@@ -66,6 +66,6 @@ class _Context:
 
 def test_a_store_corruption_anywhere_becomes_data_loss() -> None:
     with pytest.raises(RuntimeError) as info:
-        abort(_Context(), StoreCorruption("column groups of /x/db-0: Corruption: bad block in /x/db-0/000009.sst"))  # type: ignore[arg-type]
+        abort(_Context(), StoreCorruption("column groups of /x/db-0: Corruption: bad block in /x/db-0/000009.sst"))
     code, details = info.value.args
     assert code is grpc.StatusCode.DATA_LOSS and "000009.sst" in details and "another node" in details
