@@ -19,9 +19,9 @@ def test_client_copies_equal_the_server_definitions() -> None:
 
 
 def test_the_server_paths_use_the_one_definition() -> None:
-    from broker.leader import route_copies, routed_append, topic_log
+    from broker.leader import publish_ids, route_copies, routed_append, topic_log
 
-    assert topic_log.ID_CHARS_MAX is limits.ID_CHARS_MAX and routed_append.ID_CHARS_MAX is limits.ID_CHARS_MAX
+    assert publish_ids.ID_CHARS_MAX is limits.ID_CHARS_MAX and routed_append.ID_CHARS_MAX is limits.ID_CHARS_MAX
     assert route_copies.ID_CHARS_MAX is limits.ID_CHARS_MAX
     assert topic_log.Limits is limits.Limits and routed_append.Limits is limits.Limits
 

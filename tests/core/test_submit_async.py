@@ -21,7 +21,7 @@ from broker.core.members import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
-from broker.leader.topic_log import Limits, Published, TopicLog
+from broker.leader.topic_log import Limits, PublishBatch, Published, TopicLog
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError
 from broker.replication.memory import InMemoryReplicator
 from broker.services.errors import status_for
@@ -202,7 +202,12 @@ def test_the_async_publish_answers_and_refuses_as_the_sync_one(env: Env, offload
                                    ("t", [R(value=b"a", msg_id=1)], {}),
                                    ("e", [R(value=b"a", msg_id=1)], {"dedup_id": "d"})):
         request = functools.partial(publish_request, topic=topic, records=records, **fields)
-        sync_error = _refused(lambda r=request: env.log.publish_placed(r()))
-        async_error = _refused(lambda r=request: env.run(env.log.publish_placed_async(r(), "", offload)))
+        def sync_call(r: Callable[[], PublishBatch] = request) -> object:
+            return env.log.publish_placed(r())
+
+        def async_call(r: Callable[[], PublishBatch] = request) -> object:
+            return env.run(env.log.publish_placed_async(r(), "", offload))
+
+        sync_error, async_error = _refused(sync_call), _refused(async_call)
         assert type(async_error) is type(sync_error) and str(async_error) == str(sync_error), topic
     assert env.loop_errors == []
