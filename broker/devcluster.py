@@ -40,11 +40,30 @@ def _port_free(port: int) -> bool:
     return True
 
 
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_EPHEMERAL_LOW_DEFAULT = 32768  # Linux's default start of the ports it gives outgoing connections
+NODES_ADDED_MAX = 8  # add_node's headroom: nodes a cluster may grow by, kept below the ephemeral range
+
+
+def ephemeral_port_low() -> int:
+    """The first port the kernel may give an outgoing connection (or a bind to port 0)."""
+    try:
+        return int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_LOW_DEFAULT
+
+
 def free_base_port(nodes: int, attempts: int = 200) -> int:
-    """A base port whose gRPC, Raft and metrics ports are all free right now."""
+    """A base port whose gRPC, Raft, metrics and HTTP ports are all free right now.
+
+    Every port of the cluster, also those of up to :data:`NODES_ADDED_MAX` nodes added later, lies
+    below the kernel's ephemeral range when it leaves room: a port in that range can be taken at any
+    moment by some process's outgoing connection (a CI run once lost an added node's port that way)."""
     rng = random.Random()
+    top = min(40000, ephemeral_port_low()) - HTTP_PORT_OFFSET - nodes - NODES_ADDED_MAX
+    low = 20000 if top > 21000 else 1024
     for _ in range(attempts):
-        base = rng.randrange(20000, 40000)
+        base = rng.randrange(low, max(top, low + 1000))
         ports = [base + off + i for off in (0, RAFT_PORT_OFFSET, METRICS_PORT_OFFSET, HTTP_PORT_OFFSET)
                  for i in range(nodes)]
         if all(_port_free(p) for p in ports):
