@@ -327,21 +327,34 @@ def position(start: Start, timestamp_ms: int | None) -> common_pb2.Position:
     raise invalid_argument(f"start must be 'earliest', 'latest', an offset >= 0 or a token; got {start!r}")
 
 
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
 def record(msg: common_pb2.Record) -> Record:
-    return Record(
-        topic=msg.topic,
-        partition=msg.partition,
-        offset=msg.offset,
-        key=msg.key if msg.HasField("key") else None,
-        value=msg.value,
-        headers=dict(msg.headers),
-        timestamp_ms=msg.timestamp_ms,
-        position=msg.position,
-        producer=msg.producer,
-        op=_enum_name(msg.op, OPS, offset=0),
-        origin=msg.origin,
-        msg_id=msg.msg_id,
-    )
+    """The delivered record of ``msg``: the SDK's per-record hot path (a consumer's every record).
+
+    Made as ``Record(...)`` makes it, without the frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field): its fields go into the new object's ``__dict__`` at once,
+    2.6x faster in all (measured, bench/NOTE.md). ``Record`` has no ``__post_init__`` and no slots
+    for this to skip; ``tests/client/test_wire.py`` pins both and the equality."""
+    op = msg.op
+    out = _new_object(Record)
+    _set_attribute(out, "__dict__", {
+        "topic": msg.topic,
+        "partition": msg.partition,
+        "offset": msg.offset,
+        "key": msg.key if msg.HasField("key") else None,
+        "value": msg.value,
+        "headers": dict(msg.headers) if msg.headers else {},
+        "timestamp_ms": msg.timestamp_ms,
+        "position": msg.position,
+        "producer": msg.producer,
+        "op": OPS[op] if 0 <= op < len(OPS) else f"unknown({op})",
+        "origin": msg.origin,
+        "msg_id": msg.msg_id,
+    })
+    return out
 
 
 def event(msg: common_pb2.Event) -> Event:

@@ -32,6 +32,7 @@ import logging
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import google_crc32c
 from google.protobuf.message import DecodeError
@@ -56,9 +57,10 @@ _KEY = records.RECORD_KEY
 assert STORED_BATCH_RECORDS_MAX >= 1 and STORED_BATCH_BYTES_MAX >= 1
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One stored offset: its record, or ``error`` (why it cannot be read: BADMSG to readers)."""
+class Entry(NamedTuple):
+    """One stored offset: its record, or ``error`` (why it cannot be read: BADMSG to readers). A
+    tuple: :func:`read` makes one per record read, and a tuple is made several times faster than a
+    frozen dataclass."""
 
     offset: int
     timestamp_ms: int
@@ -103,18 +105,27 @@ class _Value:
         i = offset - self.first
         return self.raw[self.base + (self.ends[i - 1] if i else 0):self.base + self.ends[i]]
 
-    def entry(self, key_prefix: bytes, offset: int) -> Entry:
-        """The record at ``offset`` (in this value), its own CRC checked."""
-        frame = self.frame_at(offset)
-        if len(frame) < _FRAME_BYTES:
-            return Entry(offset, 0, b"", f"stored record of {len(frame)} bytes is shorter than its frame")
-        crc, timestamp_ms, fmt = records.FRAME.unpack_from(frame)
-        key = key_prefix + offset.to_bytes(8, "big")
-        if google_crc32c.extend(google_crc32c.value(key), frame[4:]) != crc:
-            return Entry(offset, 0, b"", "checksum mismatch")
-        if fmt != records.FORMAT_V1:
-            return Entry(offset, 0, b"", f"unknown record format {fmt}")
-        return Entry(offset, timestamp_ms, frame[_FRAME_BYTES:])
+    def entries(self, prefix_crc: int, begin: int, stop: int) -> Iterator[Entry]:
+        """The records at ``begin`` … ``stop - 1`` (in this value), each with its own CRC checked
+        (``prefix_crc``: the CRC of the key's first 8 bytes). The hot loop of every read."""
+        raw, base, ends = self.raw, self.base, self.ends
+        extend, unpack = google_crc32c.extend, records.FRAME.unpack_from
+        i = begin - self.first
+        start = base + (ends[i - 1] if i else 0)
+        for offset in range(begin, stop):
+            end = base + ends[i]
+            i += 1
+            if end - start < _FRAME_BYTES:
+                yield Entry(offset, 0, b"", f"stored record of {end - start} bytes is shorter than its frame")
+            else:
+                crc, timestamp_ms, fmt = unpack(raw, start)
+                if extend(extend(prefix_crc, offset.to_bytes(8, "big")), raw[start + 4:end]) != crc:
+                    yield Entry(offset, 0, b"", "checksum mismatch")
+                elif fmt != records.FORMAT_V1:
+                    yield Entry(offset, 0, b"", f"unknown record format {fmt}")
+                else:
+                    yield Entry(offset, timestamp_ms, raw[start + _FRAME_BYTES:end])
+            start = end
 
     def body_bytes(self, offset: int) -> int:
         i = offset - self.first
@@ -204,7 +215,7 @@ def read(store: Store, tid: int, partition: int, begin: int, end: int, limit: in
     left = end - begin if limit is None else min(limit, end - begin)
     if left <= 0:
         return
-    prefix = _KEY.pack(tid, partition, 0)[:8]
+    prefix_crc = google_crc32c.value(_KEY.pack(tid, partition, 0)[:8])
     expected = begin  # the first offset a damaged value may stand for
     for key, raw in _values(store, tid, partition, begin, left):
         try:
@@ -221,14 +232,10 @@ def read(store: Store, tid: int, partition: int, begin: int, end: int, limit: in
             expected = last + 1
             continue
         offset = max(value.first, begin)
-        stop = min(value.last + 1, end)
-        while offset < stop:
-            yield value.entry(prefix, offset)
-            offset += 1
-            left -= 1
-            if left <= 0:
-                return
-        if stop >= end:
+        stop = min(value.last + 1, end, offset + left)
+        yield from value.entries(prefix_crc, offset, stop)
+        left -= stop - offset
+        if left <= 0 or stop >= end:
             return
         expected = value.last + 1
 

@@ -43,6 +43,11 @@ def frame(key: bytes, timestamp_ms: int, body: bytes) -> bytes:
     return struct.pack(">I", crc) + tail
 
 
+def position_token(incarnation: int, partition: int, next_offset: int) -> bytes:
+    """The encoded :class:`PositionToken` without building one (the read path calls it per record)."""
+    return _TOKEN.pack(TOKEN_V1, incarnation, partition, next_offset)
+
+
 @dataclass(frozen=True, slots=True)
 class PositionToken:
     incarnation: int
@@ -50,7 +55,7 @@ class PositionToken:
     next_offset: int
 
     def encode(self) -> bytes:
-        return _TOKEN.pack(TOKEN_V1, self.incarnation, self.partition, self.next_offset)
+        return position_token(self.incarnation, self.partition, self.next_offset)
 
     @staticmethod
     def decode(token: bytes) -> PositionToken:
@@ -63,3 +68,4 @@ class PositionToken:
 
 
 FRAME_BYTES = FRAME.size
+TOKEN_BYTES = _TOKEN.size

@@ -17,6 +17,7 @@ is the same stream with the waits done in place (blocking), for callers that own
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.filters import RecordFilter
+from broker.leader.packed_reads import BatchWriter, PackedBatch
 from broker.storage import StoreCorruption
 from broker.v1 import internal_pb2
 
@@ -55,15 +57,17 @@ class Idle:
     timeout_s: float
 
 
-Step = internal_pb2.SubscribeResponse | Idle
+Step = internal_pb2.SubscribeResponse | PackedBatch | Idle
 
 
 def blocking(steps: Iterator[Step], state: BrokerStateMachine) -> Iterator[internal_pb2.SubscribeResponse]:
-    """The responses of a step generator, doing each :class:`Idle` wait in place (blocks the thread)."""
+    """The responses of a step generator (not ``packed``), doing each :class:`Idle` wait in place
+    (blocks the thread)."""
     for step in steps:
         if isinstance(step, Idle):
             state.wait_for_change(step.seen_version, step.timeout_s)
         else:
+            assert not isinstance(step, PackedBatch), "a blocking stream reads messages"
             yield step
 
 
@@ -136,10 +140,12 @@ class Reader:
         """Validate ``request`` eagerly (raising before the first item), then stream (blocking waits)."""
         return blocking(self.subscribe_steps(request, is_active), self._state)
 
-    def subscribe_steps(self, request: Subscription,
-                        is_active: Callable[[], bool]) -> Iterator[Step]:
+    def subscribe_steps(self, request: Subscription, is_active: Callable[[], bool],
+                        packed: bool = False) -> Iterator[Step]:
         """Validate ``request`` eagerly (raising before the first item), then stream; yields
-        :class:`Idle` where the stream would wait."""
+        :class:`Idle` where the stream would wait. ``packed``: stored records without a filter come
+        as :class:`PackedBatch` (serialized responses, :mod:`broker.leader.packed_reads`) for a
+        caller that sends bytes as they are; events and everything else stay messages."""
         self._require_serving()
         validate_name(request.topic)
         meta = self._state.topic(request.topic)
@@ -153,7 +159,8 @@ class Reader:
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             self._require_leader()  # only the leader holds an ephemeral topic's live records
         cursors, first_events = self._start(request, meta)
-        return self._stream(request, meta, cursors, first_events, is_active, record_filter)
+        return self._stream(request, meta, cursors, first_events, is_active, record_filter,
+                            packed and record_filter is None)
 
     # -- start positions ---------------------------------------------------------------------
     def _start(self, request: Subscription, meta: internal_pb2.TopicMeta
@@ -223,7 +230,7 @@ class Reader:
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,
                 cursors: list[_Cursor], first: list[internal_pb2.SubscribeResponse],
-                is_active: Callable[[], bool], record_filter: RecordFilter | None
+                is_active: Callable[[], bool], record_filter: RecordFilter | None, packed: bool
                 ) -> Iterator[Step]:
         yield from first
         batch_size = request.max_batch or DEFAULT_BATCH
@@ -235,11 +242,14 @@ class Reader:
             if current is None or current.topic_id != tid:
                 raise TopicNotFound(name)
             produced = False
-            read = self._read_ephemeral if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL else self._read
+            ephemeral = meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL
             for cursor in cursors:
                 before = cursor.offset
-                for item in read(name, tid, cursor, batch_size):
-                    if record_filter is not None and item.HasField("batch"):
+                items = self._read_ephemeral(name, tid, cursor, batch_size) if ephemeral else \
+                    self._read(name, tid, cursor, batch_size, packed)
+                for item in items:
+                    if record_filter is not None and isinstance(item, internal_pb2.SubscribeResponse) and \
+                            item.HasField("batch"):
                         _drop_unmatched(item.batch, record_filter)
                         if not item.batch.records:
                             continue
@@ -279,7 +289,8 @@ class Reader:
         if response.batch.records:
             yield response
 
-    def _read(self, name: str, tid: int, cursor: _Cursor, limit: int) -> Iterator[internal_pb2.SubscribeResponse]:
+    def _read(self, name: str, tid: int, cursor: _Cursor, limit: int,
+              packed: bool) -> Iterator[internal_pb2.SubscribeResponse | PackedBatch]:
         st = self._state.partition(tid, cursor.partition)
         p = cursor.partition
         if cursor.offset < st.start_offset:
@@ -289,14 +300,38 @@ class Reader:
         end = st.end_offset if cursor.end is None else min(st.end_offset, cursor.end)
         if cursor.offset >= end:
             return
-        scan = record_log.read(self._state.records_store(tid), tid, p, cursor.offset, end, limit)
+        store = self._state.records_store(tid)
+        scan = record_log.read(store, tid, p, cursor.offset, end, limit)
         try:
-            yield from self._read_scan(name, tid, cursor, scan)
+            if packed:
+                yield from self._read_scan_packed(name, tid, cursor, scan, lambda n: record_log.read(
+                    store, tid, p, cursor.offset, end, n))
+            else:
+                yield from self._read_scan(name, tid, cursor, scan)
         except StoreCorruption as exc:
             log.error("topic %s partition %d: this node's store cannot read records from offset %d: %s",
                       name, p, cursor.offset, exc)
             raise DataLoss(f"topic {name} partition {p}: this node's store cannot read records from offset "
                            f"{cursor.offset} (damaged file: {exc}); read from another node") from None
+
+    def _read_scan_packed(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[record_log.Entry],
+                          again: Callable[[int], Iterator[record_log.Entry]]
+                          ) -> Iterator[internal_pb2.SubscribeResponse | PackedBatch]:
+        """:meth:`_read_scan` with the records of one response as bytes: the same records, bounds and
+        events. The first gap or unreadable record hands the rest of the scan to :meth:`_read_scan`
+        (which reports it); a response that does not parse is read ``again`` (the next ``n``
+        records from the cursor) the per-record way."""
+        writer = BatchWriter(name, tid, cursor.partition, cursor.offset)
+        rest = writer.take(scan, self._response_bytes_max, RECORD_FRAMING_BYTES)
+        if writer.count:
+            done = writer.finish()
+            if done is None:
+                yield from self._read_scan(name, tid, cursor, again(writer.count))
+                return
+            cursor.offset = writer.next_offset
+            yield done
+        if rest is not None:
+            yield from self._read_scan(name, tid, cursor, itertools.chain((rest,), scan))
 
     def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[record_log.Entry]
                    ) -> Iterator[internal_pb2.SubscribeResponse]:

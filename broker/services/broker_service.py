@@ -16,6 +16,7 @@ import grpc
 from broker.core.errors import BrokerError
 from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.service import GroupService
+from broker.leader.packed_reads import PackedBatch
 from broker.leader.reading import Idle, Reader
 from broker.leader.topic_log import TopicLog
 from broker.security import current_principal
@@ -77,18 +78,25 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
     @errors.streaming_async
     async def Subscribe(self, request: broker_pb2.SubscribeRequest,
                         context: grpc.aio.ServicerContext
-                        ) -> AsyncIterator[broker_pb2.SubscribeResponse]:
+                        ) -> AsyncIterator[broker_pb2.SubscribeResponse | bytes]:
+        """Stored records come serialized (``PackedBatch``), sent as they are (``add_broker_service``)."""
         subscription = wire.subscription(request)
 
-        def open_steps(is_active: Callable[[], bool]) -> Iterator[broker_pb2.SubscribeResponse | Idle]:
+        def open_steps(is_active: Callable[[], bool]
+                       ) -> Iterator[broker_pb2.SubscribeResponse | PackedBatch | Idle]:
             if subscription.group:
                 return wire.public_steps(self.group_subscribe(subscription, is_active))
-            return wire.public_steps(self._reader.subscribe_steps(subscription, is_active))
+            return wire.public_steps(self._reader.subscribe_steps(subscription, is_active, packed=True))
 
         # series are made at the first batch: a topic that does not exist (yet) gets none
         self._metrics.subscribers.inc()
         try:
             async for item in self._streams.serve(open_steps):
+                if isinstance(item, PackedBatch):
+                    self._metrics.deliver_records.labels(request.topic).inc(item.records)
+                    self._metrics.deliver_bytes.labels(request.topic).inc(item.value_bytes)
+                    yield item.data
+                    continue
                 assert isinstance(item, broker_pb2.SubscribeResponse)
                 if item.HasField("batch") and item.batch.records:
                     records = item.batch.records
@@ -97,3 +105,33 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
                 yield item
         finally:
             self._metrics.subscribers.dec()
+
+
+def _subscribe_bytes(response: broker_pb2.SubscribeResponse | bytes) -> bytes:
+    """``Subscribe``'s response serializer: a message, or a response serialized already."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+class _Registration:
+    """What a generated ``add_*Servicer_to_server`` hands a server, kept to be changed first."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass  # rebuilt from ``handlers`` by add_broker_service
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_broker_service(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
+    """Register ``broker.v1.Broker`` as the generated code does, with ``Subscribe`` also sending
+    responses that are bytes already (every other method and the request side unchanged)."""
+    registration = _Registration()
+    broker_pb2_grpc.add_BrokerServicer_to_server(servicer, registration)
+    handlers = registration.handlers
+    handlers["Subscribe"] = handlers["Subscribe"]._replace(response_serializer=_subscribe_bytes)
+    name = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)

@@ -26,9 +26,9 @@ from grpc_reflection.v1alpha import reflection
 
 from broker.security.node import ServerSecurity
 from broker.services.admin_service import AdminServicer
-from broker.services.broker_service import BrokerServicer
+from broker.services.broker_service import BrokerServicer, add_broker_service
 from broker.services.streams import StreamRuntime
-from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc
+from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class GrpcServer:
         interceptors = [*(self._security.interceptors if self._security is not None else []), *self._interceptors]
         server = grpc.aio.server(migration_thread_pool=self._streams.call_pool, options=options,
                                  interceptors=interceptors)
-        broker_pb2_grpc.add_BrokerServicer_to_server(broker, server)
+        add_broker_service(broker, server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         for _, register in extra:
             register(server)

@@ -136,7 +136,8 @@ class StreamRuntime:
     async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[object]]) -> AsyncIterator[object]:
         """Drive the step generator ``open_steps(is_active)`` (opened on the read pool, so its
         validation errors raise here before anything is sent): yield its responses, await its
-        idles. The stream counts against :attr:`streams_max` while it is open."""
+        idles. The next step is read while a response is being sent (one step ahead, no more), so
+        reading and sending overlap. The stream counts against :attr:`streams_max` while it is open."""
         self.admit()
         active = True
         running: Future[object] | None = None
@@ -144,14 +145,16 @@ class StreamRuntime:
         try:
             opened: Future[Iterator[object]] = self.read_pool.submit(open_steps, lambda: active)
             steps = await asyncio.wrap_future(opened)
+            running = self.read_pool.submit(next, steps, _END)
             while True:
-                running = self.read_pool.submit(next, steps, _END)
                 step = await asyncio.wrap_future(running)
                 if step is _END:
                     return
                 if isinstance(step, Idle):
                     await self.feed.wait(step.seen_version, step.timeout_s)
+                    running = self.read_pool.submit(next, steps, _END)
                 else:
+                    running = self.read_pool.submit(next, steps, _END)
                     yield step
         finally:
             active = False

@@ -17,6 +17,7 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from broker.leader.groups.operations import GroupLag, GroupView
+from broker.leader.packed_reads import PackedBatch
 from broker.leader.publishing import PublishBatch, Published, PublishItem
 from broker.leader.reading import Idle, Step, Subscription
 from broker.leader.route_admin import RouteView
@@ -189,12 +190,13 @@ def subscribe_response(response: internal_pb2.SubscribeResponse) -> broker_pb2.S
     return broker_pb2.SubscribeResponse.FromString(response.SerializeToString())
 
 
-def public_steps(steps: Iterator[Step]) -> Iterator[broker_pb2.SubscribeResponse | Idle]:
+def public_steps(steps: Iterator[Step]) -> Iterator[broker_pb2.SubscribeResponse | PackedBatch | Idle]:
     """The steps of a leader-side stream with every response made public (on the thread that runs
-    the steps: the read pool, not the event loop); closing this closes ``steps``."""
+    the steps: the read pool, not the event loop); closing this closes ``steps``. A
+    :class:`PackedBatch` is a public response already (its bytes, see ``broker.leader.packed_reads``)."""
     try:
         for step in steps:
-            yield step if isinstance(step, Idle) else subscribe_response(step)
+            yield step if isinstance(step, Idle | PackedBatch) else subscribe_response(step)
     finally:
         close = getattr(steps, "close", None)
         if close is not None:

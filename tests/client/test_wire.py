@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from broker.client import InvalidArgument, OutgoingRecord, Retention, wire
 from broker.client.errors import error_from_rpc
+from broker.client.models import OPS, Record
 from broker.v1 import admin_pb2, common_pb2
 
 pytestmark = pytest.mark.unit
@@ -88,3 +91,33 @@ def test_unknown_status_codes_become_the_base_error() -> None:
     err = error_from_rpc(Err())
     assert type(err).__name__ == "BrokerError" and err.code == "ABORTED"
     assert str(err) == "no (ABORTED)"
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"key": b"", "op": common_pb2.OP_TOMBSTONE},
+    {"key": b"k", "headers": {"a": "1", "é": "ü"}, "producer": "svc", "origin": "c/n1", "msg_id": "7",
+     "op": common_pb2.OP_UPDATE},
+    {"op": 99},  # an op this SDK does not know yet
+], ids=["bare", "empty-key-tombstone", "every-field", "unknown-op"])
+def test_a_delivered_record_is_what_its_constructor_makes(fields: dict[str, object]) -> None:
+    msg = common_pb2.Record(topic="t", partition=3, offset=2**40, value=b"v", timestamp_ms=-5, position=b"p",
+                            **fields)  # type: ignore[arg-type]
+    made = wire.record(msg)
+    op = msg.op
+    expected = Record(topic="t", partition=3, offset=2**40, key=msg.key if msg.HasField("key") else None,
+                      value=b"v", headers=dict(msg.headers), timestamp_ms=-5, position=b"p", producer=msg.producer,
+                      op=OPS[op] if op < len(OPS) else f"unknown({op})", origin=msg.origin, msg_id=msg.msg_id)
+    assert made == expected and type(made) is Record
+    assert set(vars(made)) == {f.name for f in dataclasses.fields(Record)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.offset = 1  # type: ignore[misc]
+    assert isinstance(made.headers, dict)
+    made.headers["new"] = "x"  # each record has a dict of its own
+    assert wire.record(msg).headers == dict(msg.headers)
+
+
+def test_record_has_nothing_its_fast_construction_would_skip() -> None:
+    """``wire.record`` fills ``__dict__`` directly: valid while Record has no __post_init__ and no slots."""
+    assert not hasattr(Record, "__post_init__") and "__slots__" not in vars(Record)
+    assert Record.__dataclass_params__.frozen  # type: ignore[attr-defined]

@@ -1,0 +1,135 @@
+"""Stateless reads answered as bytes: a response of stored records built without a protobuf object
+per record (issue 15: consume throughput).
+
+A serialized ``Record`` here is what only the reader knows, topic (1), partition (2), offset (3),
+timestamp_ms (7) and the position token (12), followed by the stored body (a ``RecordBody``: fields
+4-11, numbered as in ``Record``). Protobuf parses concatenated fields as one message, so
+``head + body`` reads as the record that ``record_log.parse_into`` fills (the body merged, then
+those five fields set): a stored body never carries fields 1, 2, 3, 7 or 12 (``RecordBody`` has
+none, and the leader stores only bodies it serialized or proved to be one). A response is field 1
+(``batch``) of ``SubscribeResponse`` holding field 1 (``records``) of ``RecordBatch`` once per
+record, each length-delimited. The internal and public twins share these numbers
+(``tests/core/test_internal_wire.py``), so the bytes are a public response as they stand.
+
+Before a response leaves, :meth:`BatchWriter.finish` parses it once, in C, as the internal twin.
+Each body is the last thing inside its record's length, so the parse fails if any body does not
+parse on its own (a field running past the body's end runs past the record's); it also counts the
+value bytes the metrics report. A response that does not parse is not sent (``finish`` answers
+None): the reader reads those records again the per-record way, which reports an unreadable one as
+BADMSG, as it always did. So a stored body that passed its CRC but is not a ``RecordBody`` (written
+by a faulty leader) still costs a reader one record, never the stream.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from broker.core import records
+from broker.core.record_log import Entry
+from broker.v1 import internal_pb2
+
+_U64 = (1 << 64) - 1
+_FIELD1_BYTES = b"\x0a"  # field 1, length-delimited: SubscribeResponse.batch and RecordBatch.records
+_OFFSET = b"\x18"  # Record.offset: field 3, varint
+_TIMESTAMP = b"\x38"  # Record.timestamp_ms: field 7, varint
+_POSITION = b"\x62" + bytes([records.TOKEN_BYTES])  # Record.position: field 12, length-delimited
+_SMALL = [bytes([i]) for i in range(0x80)]
+_VALUE = operator.attrgetter("value")
+
+
+def varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of ``n`` (0 <= n < 2**64). Two and three bytes (record lengths,
+    offsets below 2 million) take no loop."""
+    if n < 0x80:
+        return _SMALL[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string_field(number: int, text: str) -> bytes:
+    data = text.encode()
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """One serialized ``SubscribeResponse`` holding a batch of ``records`` records."""
+
+    data: bytes
+    records: int
+    first_offset: int
+    value_bytes: int
+
+
+class BatchWriter:
+    """Builds one response from consecutive records of one partition: :meth:`take` from a scan,
+    then :meth:`finish`."""
+
+    def __init__(self, topic: str, topic_id: int, partition: int, first_offset: int) -> None:
+        self._head = _string_field(1, topic) + (b"\x10" + varint(partition) if partition else b"")
+        self._topic_id = topic_id
+        self._partition = partition
+        self._first = first_offset
+        self._parts: list[bytes] = []
+        self.count = 0
+        self.size = 0  # record bytes so far, with the per-record framing allowance
+
+    @property
+    def next_offset(self) -> int:
+        return self._first + self.count
+
+    def take(self, scan: Iterator[Entry], bytes_max: int, framing_bytes: int) -> Entry | None:
+        """Add records from ``scan`` while each is the next offset, readable, and fits: a record
+        joins when the response is empty or ``size + its bytes + framing_bytes <= bytes_max``
+        (``reading.fits``). Returns the first entry that is not the next readable offset, for the
+        caller to report; None when the scan ended or a record did not fit (the next read starts
+        with it). One loop with everything local: the per-record cost of every stateless read."""
+        head, tid, p, token, parts = self._head, self._topic_id, self._partition, records.position_token, self._parts
+        count, size, expected = self.count, self.size, self._first + self.count
+        last_ts: int | None = None
+        ts_field = b""
+        stopped: Entry | None = None
+        for entry in scan:
+            offset, timestamp_ms, body, error = entry
+            if error is not None or offset != expected:
+                stopped = entry
+                break
+            if timestamp_ms != last_ts:  # one applied batch shares one timestamp
+                last_ts = timestamp_ms
+                ts_field = _TIMESTAMP + varint(timestamp_ms & _U64) if timestamp_ms else b""
+            record = b"".join((head, _OFFSET, varint(offset), ts_field, _POSITION, token(tid, p, offset + 1), body))
+            n = len(record)
+            if count and size + n + framing_bytes > bytes_max:
+                break
+            parts += (_FIELD1_BYTES, varint(n), record)
+            count += 1
+            size += n + framing_bytes
+            expected += 1
+        self.count, self.size = count, size
+        return stopped
+
+    def finish(self) -> PackedBatch | None:
+        """The response, or None when it does not parse (a body that is not a ``RecordBody``)."""
+        assert self.count > 0, "a packed response holds at least one record"
+        batch = b"".join(self._parts)
+        data = b"".join((_FIELD1_BYTES, varint(len(batch)), batch))
+        try:
+            parsed = internal_pb2.SubscribeResponse.FromString(data)
+        except DecodeError:
+            return None
+        values = parsed.batch.records
+        if len(values) != self.count:  # not expected: a body cannot add records; refuse rather than trust it
+            return None
+        return PackedBatch(data, self.count, self._first, sum(map(len, map(_VALUE, values))))

@@ -1,0 +1,170 @@
+"""Stateless reads answered as bytes (``broker.leader.packed_reads``): the same responses, bounds and
+events as the per-record path, item for item, on MemoryStore; unreadable records stay BADMSG."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from google.protobuf.internal.encoder import _VarintBytes
+
+from broker.core import record_log
+from broker.core.record_log import Entry
+from broker.leader.packed_reads import BatchWriter, PackedBatch, varint
+from broker.leader.reading import Idle, Reader
+from broker.services import wire
+from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from tests.core.groups_env import Env, make_env
+from tests.core.wire_inputs import publish_request
+from tests.record_store import flip_record_byte
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    e = make_env()
+    yield e
+    e.replicator.close()
+
+
+def request(topic: str, **fields: object) -> broker_pb2.SubscribeRequest:
+    return broker_pb2.SubscribeRequest(topic=topic, stop_at_end=True, **fields)  # type: ignore[arg-type]
+
+
+def read(env: Env, req: broker_pb2.SubscribeRequest, packed: bool, bytes_max: int = 1 << 20
+         ) -> list[internal_pb2.SubscribeResponse]:
+    """Every response of a stop-at-end subscription, packed ones parsed (as a client does)."""
+    out = []
+    steps = Reader(env.state, response_bytes_max=bytes_max).subscribe_steps(
+        wire.subscription(req), lambda: True, packed=packed)
+    for step in steps:
+        assert not isinstance(step, Idle)
+        if isinstance(step, PackedBatch):
+            assert packed
+            parsed = internal_pb2.SubscribeResponse.FromString(step.data)
+            assert step.records == len(parsed.batch.records) > 0
+            assert step.first_offset == parsed.batch.records[0].offset
+            assert step.value_bytes == sum(len(r.value) for r in parsed.batch.records)
+            out.append(parsed)
+        else:
+            out.append(step)
+    return out
+
+
+def assert_same(env: Env, req: broker_pb2.SubscribeRequest, bytes_max: int = 1 << 20) -> list[
+        internal_pb2.SubscribeResponse]:
+    plain = read(env, req, packed=False, bytes_max=bytes_max)
+    packed = read(env, req, packed=True, bytes_max=bytes_max)
+    assert packed == plain
+    return packed
+
+
+def publish_varied(env: Env, topic: str, n: int) -> None:
+    """Records with every body field: keys (some empty), headers, ops, and no value at all."""
+    records = []
+    for i in range(n):
+        rec = broker_pb2.PublishRecord(value=b"v%d" % i * (i % 5) if i % 7 else b"", op=i % 4)  # type: ignore[arg-type]
+        if i % 3:
+            rec.key = b"k%d" % (i % 4) if i % 6 else b""
+        if i % 2:
+            rec.headers["h"] = f"é{i}"
+        records.append(rec)
+    env.log.publish(publish_request(topic=topic, records=records))
+
+
+@pytest.mark.parametrize("varint_of", [0, 1, 127, 128, 300, 16_383, 16_384, 2**31, 2**63 - 1, 2**64 - 1])
+def test_varint_is_protobufs(varint_of: int) -> None:
+    assert varint(varint_of) == _VarintBytes(varint_of)
+
+
+def test_every_start_and_batch_size_reads_the_same_records_and_tokens(env: Env) -> None:
+    env.topic("t", partitions=3)
+    for _ in range(4):
+        publish_varied(env, "t", 40)
+    meta = env.state.topic("t")
+    assert meta is not None
+    shortest = min(env.state.partition(meta.topic_id, p).end_offset for p in range(3))
+    assert shortest > 4
+    for start in (0, 1, shortest // 2, shortest - 1):
+        for max_batch in (0, 1, 7, 1000):
+            for partition in (None, 0, 2):
+                req = request("t", max_batch=max_batch, **{"from": common_pb2.Position(offset=start)},
+                              **({} if partition is None else {"partition": partition}))
+                assert_same(env, req)
+    whole = assert_same(env, request("t", partition=1))
+    records = [r for resp in whole for r in resp.batch.records]
+    assert [r.offset for r in records] == list(range(len(records)))
+    resumed = assert_same(env, request("t", **{"from": common_pb2.Position(token=records[9].position)}))
+    assert [r.offset for resp in resumed for r in resp.batch.records][0] == 10
+
+
+def test_the_response_byte_bound_splits_where_the_per_record_path_does(env: Env) -> None:
+    env.topic("t")
+    env.publish("t", [bytes([i]) * (50 * i) for i in range(60)])
+    for bytes_max in (1, 200, 3_000, 40_000):
+        responses = assert_same(env, request("t"), bytes_max=bytes_max)
+        if bytes_max == 1:
+            assert all(len(r.batch.records) == 1 for r in responses)
+
+
+def test_a_corrupt_record_is_badmsg_alone_between_packed_responses(env: Env) -> None:
+    env.topic("t")
+    env.publish("t", [b"r%d" % i for i in range(7)])
+    meta = env.state.topic("t")
+    assert meta is not None
+    flip_record_byte(env.state.store, meta.topic_id, 0, 3)
+    responses = assert_same(env, request("t"))
+    kinds = [("event", r.event.type) if r.HasField("event") else [x.offset for x in r.batch.records]
+             for r in responses]
+    assert kinds == [[0, 1, 2], ("event", common_pb2.EVENT_TYPE_BADMSG), [4, 5, 6]]
+
+
+@pytest.mark.parametrize("bad_body", [b"\x2a\xff", b"\x2a\x05ab", b"\x2a", b"\x32\x03\x0a\x01\xff"],
+                         ids=["past-the-record", "past-the-body", "cut-tag", "bad-utf8-header"])
+def test_a_body_that_passes_its_crc_but_does_not_parse_is_badmsg_not_a_broken_stream(env: Env, bad_body: bytes) -> None:
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c"])
+    meta = env.state.topic("t")
+    assert meta is not None
+    entries = list(record_log.read(env.state.store, meta.topic_id, 0, 0, 3))
+    bodies = [(e.timestamp_ms, e.body) for e in entries]
+    bodies[1] = (bodies[1][0], bad_body)  # CRC fine, no RecordBody
+    batch = env.state.store.batch()
+    record_log.append(batch, meta.topic_id, 0, 0, bodies)  # the same key: the stored value is replaced
+    env.state.store.write(batch, sync=True)
+    for packed in (False, True):
+        responses = read(env, request("t"), packed=packed)
+        records = [r.offset for resp in responses if resp.HasField("batch") for r in resp.batch.records]
+        events = [(resp.event.type, resp.event.offset_before) for resp in responses if resp.HasField("event")]
+        assert records == [0, 2] and events == [(common_pb2.EVENT_TYPE_BADMSG, 1)]
+
+
+def test_filtered_ephemeral_and_blocking_reads_stay_messages(env: Env) -> None:
+    env.log.create_topic(internal_pb2.TopicConfig(name="e", partitions=1, durability=internal_pb2.DURABILITY_EPHEMERAL))
+    env.topic("t")
+    env.publish("t", [b'{"a": 1}', b'{"a": 2}'])
+    env.publish("e", [b"x"])
+    steps = Reader(env.state).subscribe_steps(wire.subscription(request("t", filter="value.a == 2")), lambda: True,
+                                              packed=True)
+    assert [s.batch.records[0].offset for s in steps if not isinstance(s, Idle | PackedBatch)] == [1]
+    for step in Reader(env.state).subscribe_steps(wire.subscription(request("e")), lambda: True, packed=True):
+        assert not isinstance(step, PackedBatch)
+    assert [r.offset for resp in Reader(env.state).subscribe(wire.subscription(request("t")), lambda: True)
+            for r in resp.batch.records] == [0, 1]
+
+
+def test_a_writer_refuses_a_response_it_cannot_parse() -> None:
+    writer = BatchWriter("t", 1, 0, 5)
+    # the value claims 5 bytes and holds 2: it must not swallow what follows it
+    assert writer.take(iter([Entry(5, 10, b"\x2a\x05ab")]), 1 << 20, 16) is None
+    assert writer.finish() is None
+    good = BatchWriter("t", 1, 4, 5)
+    gap = Entry(7, 10, b"")
+    assert good.take(iter([Entry(5, 10, b"\x2a\x02ab"), gap, Entry(8, 10, b"")]), 1 << 20, 16) is gap
+    done = good.finish()
+    assert done is not None and (done.records, done.first_offset, done.value_bytes) == (1, 5, 2)
+    [record] = internal_pb2.SubscribeResponse.FromString(done.data).batch.records
+    assert (record.topic, record.partition, record.offset, record.timestamp_ms, record.value) == ("t", 4, 5, 10, b"ab")
+    bad = Entry(6, 0, b"", "checksum mismatch")
+    assert BatchWriter("t", 1, 4, 5).take(iter([Entry(5, 1, b""), bad]), 1 << 20, 16) is bad
