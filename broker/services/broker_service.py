@@ -91,7 +91,7 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         # series are made at the first batch: a topic that does not exist (yet) gets none
         self._metrics.subscribers.inc()
         try:
-            async for item in self._streams.serve(open_steps):
+            async for item in self._streams.serve(open_steps, read_ahead=not subscription.group):
                 if isinstance(item, PackedBatch):
                     self._metrics.deliver_records.labels(request.topic).inc(item.records)
                     self._metrics.deliver_bytes.labels(request.topic).inc(item.value_bytes)

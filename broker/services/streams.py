@@ -133,11 +133,14 @@ class StreamRuntime:
         """Run blocking ``fn`` (a publish's checks against a schema, say) on the call pool."""
         return await asyncio.wrap_future(self.call_pool.submit(fn))
 
-    async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[object]]) -> AsyncIterator[object]:
+    async def serve(self, open_steps: Callable[[Callable[[], bool]], Iterator[object]], *,
+                    read_ahead: bool = False) -> AsyncIterator[object]:
         """Drive the step generator ``open_steps(is_active)`` (opened on the read pool, so its
         validation errors raise here before anything is sent): yield its responses, await its
-        idles. The next step is read while a response is being sent (one step ahead, no more), so
-        reading and sending overlap. The stream counts against :attr:`streams_max` while it is open."""
+        idles. ``read_ahead``: the next step is read while a response is being sent (one step
+        ahead, no more), so reading and sending overlap; only for steps that a reader may take and
+        drop at no cost (a stateless read; not a group's, whose steps lease what they deliver).
+        The stream counts against :attr:`streams_max` while it is open."""
         self.admit()
         active = True
         running: Future[object] | None = None
@@ -153,9 +156,12 @@ class StreamRuntime:
                 if isinstance(step, Idle):
                     await self.feed.wait(step.seen_version, step.timeout_s)
                     running = self.read_pool.submit(next, steps, _END)
-                else:
+                elif read_ahead:
                     running = self.read_pool.submit(next, steps, _END)
                     yield step
+                else:
+                    yield step
+                    running = self.read_pool.submit(next, steps, _END)
         finally:
             active = False
             self.release()

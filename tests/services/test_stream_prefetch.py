@@ -1,5 +1,6 @@
-"""``StreamRuntime.serve`` reads a stream's next response while the current one is being sent (one
-step ahead, never more), and closes the steps when the caller stops."""
+"""``StreamRuntime.serve`` with ``read_ahead`` reads a stream's next response while the current one
+is being sent (one step ahead, never more); without it (a group's stream: its steps lease what they
+deliver) it reads nothing until the caller asks; both close the steps when the caller stops."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ async def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 10
         await asyncio.sleep(0.005)
 
 
-def test_the_next_step_is_read_while_a_response_is_held_and_no_further() -> None:
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_the_next_step_is_read_while_a_response_is_held_and_no_further(read_ahead: bool) -> None:
     runtime = StreamRuntime(BrokerStateMachine(MemoryStore(), Changes()), read_threads=2)
     started: list[int] = []
     closed = threading.Event()
@@ -39,15 +41,16 @@ def test_the_next_step_is_read_while_a_response_is_held_and_no_further() -> None
             closed.set()
 
     async def consume() -> None:
-        stream = runtime.serve(open_steps)
+        stream = runtime.serve(open_steps, read_ahead=read_ahead)
         assert isinstance(stream, AsyncGenerator)
         assert await anext(stream) == "response 0"
         # the caller holds response 0 (as while gRPC sends it): step 1 is read meanwhile, step 2 is not
-        await wait_until(lambda: started == [0, 1], "the step after the one being sent")
+        ahead = [0, 1] if read_ahead else [0]
+        await wait_until(lambda: started == ahead, "the step after the one being sent")
         await asyncio.sleep(0.05)
-        assert started == [0, 1], "at most one step ahead"
+        assert started == ahead, "at most one step ahead, and none without read_ahead"
         assert await anext(stream) == "response 1"
-        await wait_until(lambda: started == [0, 1, 2], "the next step")
+        await wait_until(lambda: started == [0, 1, 2] if read_ahead else started == [0, 1], "the next step")
         await stream.aclose()
 
     try:
