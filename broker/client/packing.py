@@ -8,27 +8,16 @@ from collections.abc import Sequence
 
 from broker.client.errors import BrokerError
 from broker.client.models import OPS, PublishResult
+from broker.protowire import ONE_BYTE, varint
 from broker.v1 import broker_pb2
 
-SHORT_LENGTHS = [bytes((n,)) for n in range(128)]  # a varint below 128 is one byte
 VALUE_TAG = b"\x2a"  # PublishRecord.value: field 5, length-delimited
 KEY_TAG = b"\x22"  # PublishRecord.key: field 4, length-delimited
 OP_TAG = b"\x48"  # PublishRecord.op: field 9, varint
 OP_NUMBERS = {name: i for i, name in enumerate(OPS)}
 
 
-def varint(n: int) -> bytes:
-    if n < 128:
-        return SHORT_LENGTHS[n]
-    out = bytearray()
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-VALUE_HEADS = [VALUE_TAG + length for length in SHORT_LENGTHS]  # tag and length of a value below 128 bytes
+VALUE_HEADS = [VALUE_TAG + length for length in ONE_BYTE]  # tag and length of a value below 128 bytes
 
 
 def pack_value(data: bytes) -> bytes:

@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from broker.core import records
 from broker.core.record_log import Entry
+from broker.protowire import varint
 from broker.v1 import internal_pb2
 
 _U64 = (1 << 64) - 1
@@ -37,25 +38,7 @@ _FIELD1_BYTES = b"\x0a"  # field 1, length-delimited: SubscribeResponse.batch an
 _OFFSET = b"\x18"  # Record.offset: field 3, varint
 _TIMESTAMP = b"\x38"  # Record.timestamp_ms: field 7, varint
 _POSITION = b"\x62" + bytes([records.TOKEN_BYTES])  # Record.position: field 12, length-delimited
-_SMALL = [bytes([i]) for i in range(0x80)]
 _VALUE = operator.attrgetter("value")
-
-
-def varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of ``n`` (0 <= n < 2**64). Two and three bytes (record lengths,
-    offsets below 2 million) take no loop."""
-    if n < 0x80:
-        return _SMALL[n]
-    if n < 0x4000:
-        return bytes((n & 0x7F | 0x80, n >> 7))
-    if n < 0x200000:
-        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _string_field(number: int, text: str) -> bytes:

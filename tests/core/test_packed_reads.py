@@ -10,8 +10,9 @@ from google.protobuf.internal.encoder import _VarintBytes
 
 from broker.core import record_log
 from broker.core.record_log import Entry
-from broker.leader.packed_reads import BatchWriter, PackedBatch, varint
+from broker.leader.packed_reads import BatchWriter, PackedBatch
 from broker.leader.reading import Idle, Reader
+from broker.protowire import varint
 from broker.services import wire
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env

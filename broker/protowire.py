@@ -1,0 +1,25 @@
+"""Protobuf's base-128 varint, for the few places that write protobuf bytes by hand to skip a
+message object per record: the SDK's packed publish form (``broker.client.packing``) and the
+leader's packed reads (``broker.leader.packed_reads``). Shared by the SDK and the server, so it
+imports nothing."""
+
+from __future__ import annotations
+
+ONE_BYTE = [bytes((n,)) for n in range(0x80)]  # the varint of every n below 128
+
+
+def varint(n: int) -> bytes:
+    """The varint of ``n`` (0 <= n < 2**64). Two and three bytes (lengths, offsets below 2 million)
+    take no loop."""
+    if n < 0x80:
+        return ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
