@@ -101,10 +101,6 @@ class _Value:
     base: int  # where the first frame starts in ``raw``
     raw: bytes
 
-    def frame_at(self, offset: int) -> bytes:
-        i = offset - self.first
-        return self.raw[self.base + (self.ends[i - 1] if i else 0):self.base + self.ends[i]]
-
     def entries(self, prefix_crc: int, begin: int, stop: int) -> Iterator[Entry]:
         """The records at ``begin`` … ``stop - 1`` (in this value), each with its own CRC checked
         (``prefix_crc``: the CRC of the key's first 8 bytes). The hot loop of every read."""

@@ -52,7 +52,6 @@ class PackedBatch:
 
     data: bytes
     records: int
-    first_offset: int
     value_bytes: int
 
 
@@ -115,4 +114,4 @@ class BatchWriter:
         values = parsed.batch.records
         if len(values) != self.count:  # not expected: a body cannot add records; refuse rather than trust it
             return None
-        return PackedBatch(data, self.count, self._first, sum(map(len, map(_VALUE, values))))
+        return PackedBatch(data, self.count, sum(map(len, map(_VALUE, values))))
