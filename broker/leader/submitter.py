@@ -88,7 +88,10 @@ class CommandSubmitter:
         """Raise :class:`NotLeader`, :class:`NoQuorum` or :class:`Unavailable` unless this node can
         commit now. ``has_quorum`` is this node's view of its Raft connections (any role): without
         it, no leader can be elected with this node, which says so (:class:`NoQuorum`) rather than
-        asking the caller to wait for an election."""
+        asking the caller to wait for an election. A leader that has not yet applied what was
+        committed before its term (``leader_ready``) is :class:`Unavailable`: every check a caller
+        makes after this one reads the state machine, which would answer from before those writes
+        (a topic created earlier would be reported missing)."""
         status = self._replicator.status()
         if status.role != Role.LEADER:
             leader = self._peers.by_raft(status.leader_address)
@@ -102,6 +105,9 @@ class CommandSubmitter:
         if not status.has_quorum:
             raise NoQuorum(f"no quorum: the leader reaches less than a majority of the {self._member_count()} "
                            "members; nothing was written (start or reconnect the missing nodes)")
+        if not status.leader_ready:  # its state may miss entries committed before its term
+            raise Unavailable("this node was just elected and is still applying the writes committed before "
+                              "its term; nothing was written; retry shortly")
 
     def _member_count(self) -> int:
         return len(self._peers.all())

@@ -113,7 +113,7 @@ class TopicLog:
         return self.describe_topic(config.name)
 
     def drop_topic(self, name: str) -> None:
-        meta = self._meta(name)
+        meta = self._leader_meta(name)
         cmd = internal_pb2.Command(drop_topic=internal_pb2.DropTopicCommand(name=name, topic_id=meta.topic_id))
         self._raise_rejected(self._submitter.submit(cmd))
         self._hub.forget_topic(meta.topic_id)
@@ -124,6 +124,12 @@ class TopicLog:
     def list_topics(self) -> list[TopicView]:
         """Every topic (services list them without their schemas: ``broker.services.wire``)."""
         return [self._info(meta) for meta in self._state.topics()]
+
+    def _leader_meta(self, name: str) -> internal_pb2.TopicMeta:
+        """The topic, for a change about to be submitted: leader (and ready) first, so a missing topic
+        means missing from every write committed so far, not only from what this node applied."""
+        self._submitter.ensure_leader()
+        return self._meta(name)
 
     def _meta(self, name: str) -> internal_pb2.TopicMeta:
         validate_name(name)
@@ -197,8 +203,7 @@ class TopicLog:
     def prepare_publish(self, request: PublishBatch, producer: str = "") -> PreparedPublish:
         """Everything a publish does before it submits: checks (leader, topic, records, dedup
         fields, schema), placement, bodies and the time stamp; raises on any bad input."""
-        self._submitter.ensure_leader()
-        meta = self._meta(request.topic)
+        meta = self._leader_meta(request.topic)
         cmd = internal_pb2.Command()
         append = cmd.append
         append.topic = request.topic
@@ -233,7 +238,7 @@ class TopicLog:
     # -- retention, prune, clear ---------------------------------------------------------------
     def alter_topic(self, name: str, retention: internal_pb2.Retention, full_policy: int) -> TopicView:
         """Replace the retention caps (all three; unset = no cap) and, when given, the full policy."""
-        meta = self._meta(name)
+        meta = self._leader_meta(name)
         probe = internal_pb2.TopicConfig(name=name, retention=retention, full_policy=full_policy)  # type: ignore[arg-type]
         checked = normalized_config(probe)
         if full_policy == internal_pb2.FULL_POLICY_UNSPECIFIED:
@@ -247,7 +252,7 @@ class TopicLog:
         """Delete every record before ``before_offset`` (in one partition, or in each); returns how
         many. With ``group`` (marked lead): up to its committed positions, and no further than
         ``before_offset`` unless that is 0. Groups marked protect may refuse it (FAILED_PRECONDITION)."""
-        meta = self._meta(topic)
+        meta = self._leader_meta(topic)
         count = meta.config.partitions
         if partition is not None and partition >= count:
             raise InvalidArgument(f"partition {partition} does not exist (topic {topic!r} has {count})")
@@ -258,7 +263,7 @@ class TopicLog:
 
     def clear_topic(self, name: str) -> int:
         """Delete every record; offsets keep growing from where they were."""
-        meta = self._meta(name)
+        meta = self._leader_meta(name)
         partitions = list(range(meta.config.partitions))
         ends = [self._state.partition(meta.topic_id, p).end_offset for p in partitions]
         return self._prune(meta, partitions, ends, clear=True)
@@ -289,7 +294,7 @@ class TopicLog:
         """Forget ``dedup_id``'s watermark: its next message may start again at 1."""
         if not dedup_id:
             raise InvalidArgument("dedup_id is required")
-        meta = self._meta(topic)
+        meta = self._leader_meta(topic)
         cmd = internal_pb2.Command(reset_watermark=internal_pb2.ResetWatermarkCommand(
             topic=topic, topic_id=meta.topic_id, dedup_id=dedup_id))
         self._raise_rejected(self._submitter.submit(cmd))

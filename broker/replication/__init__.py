@@ -92,6 +92,12 @@ class ReplicaStatus:
     leader_address: str | None
     has_quorum: bool
     halted_reason: str | None = None  # set when Raft stopped for good on this node (why); it serves nothing
+    # As leader: it has applied the first entry of its own term, so its state machine holds every entry
+    # committed before it was elected (Raft's leader completeness, as the state machine sees it). A
+    # node elected with committed entries it has not applied yet (after a whole-cluster restart, its
+    # commit index known only once its term's entry commits) must not answer or validate from its
+    # state until then: a topic created earlier would look missing. True on every other role.
+    leader_ready: bool = True
 
 
 Callback = Callable[[object, ReplicationError | None], None]

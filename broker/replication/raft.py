@@ -397,7 +397,9 @@ class PysyncobjReplicator:
             reason = None if failure is None else f"{type(failure).__name__}: {failure}"
             return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
                                  node.raftLastApplied, None, False, reason)
-        return ReplicaStatus(self._self_address, *node.status_fields(self._has_quorum))
+        role, term, commit_index, applied_index, leader, has_quorum, ready = node.status_fields(self._has_quorum)
+        return ReplicaStatus(self._self_address, role, term, commit_index, applied_index, leader, has_quorum,
+                             leader_ready=ready)
 
     def _track_leadership(self, node: _RaftNode) -> None:
         """Tick thread: feed the leader seen and, as leader, the followers' match indexes to the stats."""

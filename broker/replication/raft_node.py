@@ -85,6 +85,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self.halted = False
         self.counters = counters or RaftCounters()  # elections here; fsyncs in the journal (metrics)
         self._configuration_replayed = False
+        self._term_first_index = 0  # as leader: the index of its term's no-op (status_fields)
         self._init_transfer()
         active = _patches.active_patches()
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
@@ -155,6 +156,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         return bool(super()._SyncObj__applyLogEntries())
 
     def _SyncObj__setState(self, newState: int) -> None:
+        if newState == _LEADER_STATE:  # __onBecomeLeader appends its no-op right after this call
+            self._term_first_index = self._SyncObj__getCurrentLogIndex() + 1
         super()._SyncObj__setState(newState)
         if newState == _CANDIDATE_STATE:
             self.counters.elections_started += 1
@@ -281,18 +284,22 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self._SyncObj__leaderCommitIndex = new_commit
         return True
 
-    def status_fields(self, has_quorum: bool) -> tuple[Role, int, int, int, str | None, bool]:
-        """(role, term, commit index, last applied, leader address, has quorum) from any thread: each
-        is one attribute read of a value the tick thread replaces atomically."""
+    def status_fields(self, has_quorum: bool) -> tuple[Role, int, int, int, str | None, bool, bool]:
+        """(role, term, commit index, last applied, leader address, has quorum, leader ready) from any
+        thread: each is one attribute read of a value the tick thread replaces atomically. Leader
+        ready: not leader, or its term's first entry (pysyncobj's no-op) is applied."""
         applied = self.raftLastApplied  # before the commit index, which is never below it
+        state = self._SyncObj__raftState
+        first_of_term = self._term_first_index  # set before the state turns leader (_SyncObj__setState)
         leader = self._getLeader()
         return (
-            _ROLES[self._SyncObj__raftState],
+            _ROLES[state],
             self.raftCurrentTerm,
             max(self.raftCommitIndex, applied),
             applied,
             None if leader is None else str(leader.id),
             has_quorum,
+            state != _LEADER_STATE or applied >= first_of_term,
         )
 
     def log_entry_size_bytes(self, index: int) -> int | None:

@@ -8,6 +8,7 @@ late outcome are made deterministic here."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,6 +42,7 @@ class HeldReplicator:
     def __init__(self, inner: InMemoryReplicator) -> None:
         self.inner = inner
         self.holding = False
+        self.ready = True  # False: a leader elected before it applied what earlier terms committed
         self.held: list[tuple[bytes, Callback, bool]] = []
 
     def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
@@ -60,7 +62,7 @@ class HeldReplicator:
             callback(None, error)
 
     def status(self) -> ReplicaStatus:
-        return self.inner.status()
+        return dataclasses.replace(self.inner.status(), leader_ready=self.ready)
 
 
 class Env:
@@ -166,6 +168,32 @@ def test_a_follower_refuses_before_submitting(env: Env) -> None:
     asynchronous = _refused(lambda: env.run(env.submitter.submit_async(_command())))
     assert isinstance(sync, errors.NotLeader) and type(asynchronous) is type(sync) and str(asynchronous) == str(sync)
     assert env.replicator.held == []
+
+
+def test_a_leader_not_ready_refuses_every_change_before_it_reads_its_state(env: Env) -> None:
+    """Until the state holds every write committed before this leader's term, a missing topic may
+    only be missing here: each change is UNAVAILABLE (retry), never NOT_FOUND, and nothing is submitted."""
+    env.log.create_topic(internal_pb2.TopicConfig(name="t", partitions=1))
+    env.replicator.ready = False
+    retention = internal_pb2.Retention()
+    one = [broker_pb2.PublishRecord(value=b"v")]
+    changes: list[Callable[[], object]] = [
+        lambda: env.log.publish(publish_request("gone", one)), lambda: env.log.publish(publish_request("t", one)),
+        lambda: env.run(env.log.publish_placed_async(publish_request("gone", one))),
+        lambda: env.log.drop_topic("gone"), lambda: env.log.alter_topic("gone", retention, 0),
+        lambda: env.log.prune("gone", None, 1), lambda: env.log.clear_topic("gone"),
+        lambda: env.log.reset_watermark("gone", "p"), lambda: env.log.create_topic(internal_pb2.TopicConfig(name="t")),
+        lambda: env.submitter.submit(_command())]
+    env.replicator.holding = True
+    for change in changes:
+        refused = _refused(change)
+        assert type(refused) is errors.Unavailable, refused
+        assert str(refused) == ("this node was just elected and is still applying the writes committed before its "
+                                "term; nothing was written; retry shortly")
+        assert status_for(refused)[0] == grpc.StatusCode.UNAVAILABLE
+    assert env.replicator.held == []
+    env.replicator.ready = True
+    assert isinstance(_refused(lambda: env.log.drop_topic("gone")), errors.TopicNotFound)
 
 
 async def _offload(fn: Callable[[], Any]) -> Any:

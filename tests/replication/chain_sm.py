@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class ChainStateMachine:
         directory.mkdir(parents=True, exist_ok=True)
         self.skipped = 0  # apply calls at or below the applied index (legal: replays)
         self.journal_last_index: int | None = None  # set by journal_opened (None: never called)
+        self.apply_delay_s = 0.0  # a slow state machine: each new index takes this long to apply
         self._open()
 
     @property
@@ -77,6 +79,8 @@ class ChainStateMachine:
         if index <= self._applied:
             self.skipped += 1
             return None
+        if self.apply_delay_s:
+            time.sleep(self.apply_delay_s)
         chain = hashlib.sha256(bytes.fromhex(self._chain) + index.to_bytes(8, "big") + command).hexdigest()
         self._append("A", index, command_id(command), chain)  # on disk before readers see the index
         self._chain = chain

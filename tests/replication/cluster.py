@@ -64,6 +64,7 @@ class NodeProcess:
         self.options = options
         self.patches_off = patches_off
         self.instrument = instrument
+        self.apply_delay_ms = 0.0  # the next start's state machine sleeps this long in each apply
         self.proc: subprocess.Popen[str] | None = None
         self._replies: dict[int, dict[str, Any]] = {}
         self._cond = threading.Condition()
@@ -75,6 +76,8 @@ class NodeProcess:
                "--dir", str(self.directory), "--options", json.dumps(self.options)]
         if self.instrument:
             cmd.append("--instrument")
+        if self.apply_delay_ms:
+            cmd += ["--apply-delay-ms", str(self.apply_delay_ms)]
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          text=True, bufsize=1, env=env)

@@ -1,7 +1,7 @@
 """One raft node in its own process, driven by JSON lines on stdin; replies are JSON lines on stdout.
 
 Run by ``cluster.py``: ``python node_worker.py --self ADDR --peers A,B,C --dir DIR [--options JSON]
-[--instrument]``. ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` in the environment switches patches off.
+[--instrument] [--apply-delay-ms MS]``. ``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` in the environment switches patches off.
 With ``--instrument`` the node counts truncations of log entries it had already acknowledged to the
 leader of the current term (a leader never overwrites its own entries, so any is a safety bug).
 """
@@ -150,6 +150,7 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
         reply({
             "id": req["id"], "role": st.role.value, "term": st.term, "commit_index": st.commit_index,
             "applied_index": st.applied_index, "leader": st.leader_address, "has_quorum": st.has_quorum,
+            "leader_ready": st.leader_ready,
             "sm_applied": sm.applied_index(), "sm_chain": sm.chain(), "sm_count": sm.applied_count,
             "sm_skipped": sm.skipped, "pending": rep.pending_count(), "counters": dict(counters),
             "patches": sorted(active_patches()),
@@ -193,6 +194,7 @@ def main() -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--options", default="{}")
     parser.add_argument("--instrument", action="store_true")
+    parser.add_argument("--apply-delay-ms", type=float, default=0.0, help="sleep this long in each apply")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").addHandler(ErrorCounter())
@@ -200,6 +202,7 @@ def main() -> None:
         instrument()
     directory = Path(args.dir)
     sm = ChainStateMachine(directory / "sm")
+    sm.apply_delay_s = args.apply_delay_ms / 1000
     options = raft.RaftOptions(**json.loads(args.options))
     peers = [p for p in args.peers.split(",") if p]
     rep = raft.PysyncobjReplicator(args.self_address, peers, directory / "raft", sm, options)
