@@ -102,6 +102,15 @@ class RaftOptions:
     # so the default is "none" (since 2026-11-25: the whole of `make test`, drills and election tests
     # included, passed with it; NOTES.md's "elections unstable without zlib" predates the large-command fix).
     raft_message_compression: str = "none"
+    # Raft connections' SO_SNDBUF and SO_RCVBUF (the latter is also the size of one read). pysyncobj's
+    # 64 KiB each made a 1 MiB entry cross to a follower in some eight poll rounds of both processes: one
+    # producer's 1000 x 1 KiB batch took a median of 96-138 ms to commit on three nodes, 32-43 ms with
+    # larger buffers (bench/NOTE.md, 2026-11-27). Sending: a whole command (max_command_bytes) fits, so
+    # the leader never waits for POLLOUT mid-entry. Receiving: 256 KiB, since a read of 512 KiB or more
+    # costs ~20 us more per message here (glibc maps and unmaps a block that large for each read).
+    # Linux doubles what is set and caps it at net.core.wmem_max / rmem_max (docs/operations.md).
+    socket_send_buffer_bytes: int = 4 * 1024 * 1024
+    socket_receive_buffer_bytes: int = 256 * 1024
     simulate_power_loss: bool = False  # tests: a restart drops what was not fsynced (also by env var)
 
     def __post_init__(self) -> None:
@@ -120,6 +129,9 @@ class RaftOptions:
             ("connection_retry_s >= 0", o.connection_retry_s >= 0),
             ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
             ("raft_message_compression is none or zlib", o.raft_message_compression in ("none", "zlib")),
+            ("socket buffers between 64 KiB and 64 MiB",
+             all(64 * 1024 <= size <= 64 * 1024 * 1024 for size in (o.socket_send_buffer_bytes,
+                                                                    o.socket_receive_buffer_bytes))),
             ("password is None or non-empty, with a non-empty password_salt",
              (o.password is None or len(o.password) > 0) and len(o.password_salt) > 0),
         ]
@@ -143,6 +155,7 @@ class RaftOptions:
             password=password, commandsQueueSize=self.commands_queue_size, commandsWaitLeader=False,
             leaderFallbackTimeout=self.leader_fallback_timeout_s, connectionTimeout=self.connection_timeout_s,
             connectionRetryTime=self.connection_retry_s,
+            sendBufferSize=self.socket_send_buffer_bytes, recvBufferSize=self.socket_receive_buffer_bytes,
             journalFile=str(journal_file), fullDumpFile=str(dump_file), serializer=serializer,
             deserializer=deserializer, serializeChecker=serialize_checker,
             useFork=False, dynamicMembershipChange=True,

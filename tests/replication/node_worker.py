@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -176,6 +177,13 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
         reply({"id": req["id"]})
     elif op == "transfer":
         reply({"id": req["id"], "sent": rep.transfer_leadership(req.get("target"))})
+    elif op == "socket_buffers":  # the kernel's SO_SNDBUF / SO_RCVBUF of each Raft connection
+        transport = rep._node._SyncObj__transport  # type: ignore[union-attr]
+        sockets = [conn._TcpConnection__socket for conn in
+                   [*transport._connections.values(), *transport._unknownConnections]]
+        reply({"id": req["id"], "buffers": [[sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                                             sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)]
+                                            for sock in sockets if sock is not None]})
     elif op == "entry_size":
         reply({"id": req["id"], "size": rep.log_entry_size_bytes(req["index"])})
     elif op == "exit":

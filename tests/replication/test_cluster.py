@@ -88,6 +88,23 @@ def test_large_command_stock_misframes_the_transfer(cluster_factory: ClusterFact
         check_large_commands_replicate_cleanly(cluster)
 
 
+@pytest.mark.timeout(60)
+def test_raft_connections_use_the_configured_socket_buffers(cluster_factory: ClusterFactory) -> None:
+    """``RaftOptions.socket_*_buffer_bytes`` reach the kernel on every Raft connection, both the ones a
+    node dials and the ones it accepts (pysyncobj's own 64 KiB made a 1 MiB entry cross in some eight
+    poll rounds). Linux reports twice what was set, capped at twice ``net.core.[wr]mem_max``."""
+    wanted = [384 * 1024, 192 * 1024]  # send, receive
+    cluster = cluster_factory(options={"socket_send_buffer_bytes": wanted[0], "socket_receive_buffer_bytes": wanted[1]})
+    leader = cluster.leader()
+    assert leader.request("submit", timeout_s=15, count=1, size=1024, prefix="warm")["ok"] == 1
+    caps = [int(Path(f"/proc/sys/net/core/{kind}mem_max").read_text()) for kind in ("w", "r")]
+    expected = [2 * min(size, cap) for size, cap in zip(wanted, caps, strict=True)]
+    for node in cluster.nodes:
+        buffers = node.request("socket_buffers")["buffers"]
+        assert len(buffers) >= len(cluster.nodes) - 1, f"{node.address} has too few Raft connections: {buffers}"
+        assert all(pair == expected for pair in buffers), f"{node.address}: {buffers}, expected {expected} each"
+
+
 # --- (c) AppendEntries under load ---------------------------------------------------------------
 
 def check_no_acknowledged_entry_is_truncated(cluster: Cluster) -> None:

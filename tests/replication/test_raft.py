@@ -35,10 +35,21 @@ class GatedStateMachine(ChainStateMachine):
     ({"raft_max_timeout_s": 0.3}, "raft_max_timeout_s > raft_min_timeout_s"),
     ({"max_pending_bytes": 10}, "max_pending_bytes >= max_command_bytes"),
     ({"commands_queue_size": 0}, "positive"),
+    ({"socket_send_buffer_bytes": 8192}, "socket buffers between 64 KiB and 64 MiB"),
+    ({"socket_receive_buffer_bytes": 128 * 1024 * 1024}, "socket buffers between 64 KiB and 64 MiB"),
 ])
 def test_inconsistent_options_are_rejected(overrides: dict[str, Any], rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
         RaftOptions(**overrides)
+
+
+def test_socket_buffers_default_to_a_whole_command_out_and_256_kib_in(tmp_path: Any) -> None:
+    def conf(options: RaftOptions) -> Any:
+        return options.to_conf(tmp_path / "j", tmp_path / "d", lambda *_: None, lambda *_: (), bind_address="x:1")
+    default = conf(RaftOptions())
+    assert (default.sendBufferSize, default.recvBufferSize) == (RaftOptions().max_command_bytes, 256 * 1024)
+    chosen = conf(RaftOptions(socket_send_buffer_bytes=512 * 1024, socket_receive_buffer_bytes=128 * 1024))
+    assert (chosen.sendBufferSize, chosen.recvBufferSize) == (512 * 1024, 128 * 1024)
 
 
 def test_every_pysyncobj_failure_maps_to_a_fail_reason() -> None:

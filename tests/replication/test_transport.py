@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
@@ -114,3 +115,42 @@ def test_message_compression_is_validated_and_defaults_to_none() -> None:
     assert raft.RaftOptions().raft_message_compression == "none"
     with pytest.raises(ValueError, match="raft_message_compression is none or zlib"):
         raft.RaftOptions(raft_message_compression="lz4")
+
+
+def test_frames_queued_and_read_in_pieces_are_parsed_in_order_in_place() -> None:
+    """The write buffer grows in place as frames queue behind a full socket; the read buffer takes
+    reads of any size and gives back whole frames in order, consuming them from its front without
+    replacing the buffer (pysyncobj's bytes were copied whole per read and per frame parsed)."""
+    messages = [{"type": "append_entries", "term": 1, "entries": [(bytes([i]) * (70_000 + i), i, 1)]}
+                for i in range(5)] + [{"type": "heartbeat", "term": 1}]
+    sender = _Connection()
+    transport.set_message_compression("none")
+    try:
+        for message in messages:
+            pysyncobj_tcp_connection.TcpConnection.send(sender, message)
+    finally:
+        transport.set_message_compression("zlib")
+    wire = bytes(sender._TcpConnection__writeBuffer)
+    receiver = _Connection()
+    parsed: list[Any] = []
+    buffers = set()
+    for start in range(0, len(wire), 50_000):  # reads that split frames and length prefixes
+        receiver._TcpConnection__readBuffer += wire[start:start + 50_000]  # pysyncobj's __processRead
+        while (message := transport._parse_message(receiver)) is not None:
+            parsed.append(message)
+            buffers.add(id(receiver._TcpConnection__readBuffer))
+    assert parsed == messages and not receiver.disconnected
+    assert len(receiver._TcpConnection__readBuffer) == 0 and len(buffers) == 1
+
+
+def test_a_refused_frame_still_disconnects_after_good_ones() -> None:
+    good = _Connection()
+    transport.set_message_compression("none")
+    try:
+        pysyncobj_tcp_connection.TcpConnection.send(good, {"type": "heartbeat", "term": 1})
+    finally:
+        transport.set_message_compression("zlib")
+    receiver = _Connection()
+    receiver._TcpConnection__readBuffer = bytes(good._TcpConnection__writeBuffer) + b"\x10\x00\x00\x00" + b"\x00" * 16
+    assert transport._parse_message(receiver) == {"type": "heartbeat", "term": 1}
+    assert transport._parse_message(receiver) is None and receiver.disconnected
