@@ -113,9 +113,11 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             return journal
 
         _patches.register_journal(journal_path, open_journal)
-        # Nodes reach the same entry count together; spread their compactions (each stalls its tick
-        # thread while the state machine snapshots) so that at most one node pauses at a time.
+        # Nodes reach the same entry count and applied bytes together; spread their compactions (each
+        # stalls its tick thread while the state machine snapshots, then packs the whole store beside
+        # the node's work) so that the nodes do not all pause and pack at once.
         spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000
+        self._compaction_max_log_bytes = int(compaction_max_log_bytes * spread)
         self._compaction_min_entries = max(2, int(conf.logCompactionMinEntries * spread))
         self._compaction_min_time_s = conf.logCompactionMinTime * spread
         conf.logCompactionMinEntries = self._compaction_min_entries

@@ -323,7 +323,7 @@ def _entry_records(data: bytes) -> list[bytes]:
 
 def test_an_appended_entry_and_the_same_entry_rewritten_are_the_same_bytes(tmp_path: Path) -> None:
     """``add`` writes a command without copying it (the record head and the command through
-    ``pwritev``, the CRC computed over both in place); a compaction rewrites entries the plain way.
+    ``pwritev``, the CRC computed over both in place); a compaction writes the same pieces with ``writev``.
     Both give the same record bytes, and the appended file reopens with the very commands."""
     big, small = command(PLAIN_ID, os.urandom(200_000)), command(SYNCED_ID, b"x")
     journal = open_journal(tmp_path / "j")
@@ -338,3 +338,25 @@ def test_an_appended_entry_and_the_same_entry_rewritten_are_the_same_bytes(tmp_p
     rewritten = _entry_records((tmp_path / "j").read_bytes())
     crash(journal)
     assert len(appended) == 3 and appended == rewritten
+
+
+def test_a_rewrite_survives_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``writev`` may write less than asked (a signal, a nearly full disk): the rest still goes out
+    in order, whatever piece the cut falls in."""
+    cmds = [command(PLAIN_ID, os.urandom(size)) for size in (3, 70_000, 0, 5_000, 1)] * 300  # > one writev
+    journal = open_journal(tmp_path / "j")
+    for index, cmd in enumerate(cmds, start=1):
+        journal.add(cmd, index, 1)
+    real_writev = os.writev
+    cuts = iter([1, 17, 4_000, 70_050, 10**9] * 10)
+
+    def short_writev(fd: int, buffers: list[bytes]) -> int:
+        joined = b"".join(buffers)
+        return os.write(fd, joined[:min(len(joined), next(cuts))])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    journal._rewrite()
+    monkeypatch.setattr(os, "writev", real_writev)
+    crash(journal)
+    again = open_journal(tmp_path / "j")
+    assert [again[i][0] for i in range(len(again))] == cmds and entries(again)[-1] == (len(cmds), 1)

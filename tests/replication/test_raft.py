@@ -127,6 +127,8 @@ def test_compaction_thresholds_are_spread_across_nodes_and_deferred_on_the_leade
     nodes = [single_node(options=options, peers=2, wait_leader=False)[0]._node for _ in range(4)]
     spreads = [n._compaction_min_entries / 1000 for n in nodes]
     assert all(1.0 <= s < 1.5 for s in spreads) and len(set(spreads)) > 1, spreads
+    byte_spreads = [n._compaction_max_log_bytes / options.compaction_max_log_bytes for n in nodes]
+    assert byte_spreads == pytest.approx(spreads, abs=0.002)  # the same node-specific factor
     assert all(n.conf.logCompactionMinEntries == n._compaction_min_entries for n in nodes)  # followers
     leader = single_node(options=options)[0]._node
     assert leader.conf.logCompactionMinEntries == 4 * leader._compaction_min_entries
