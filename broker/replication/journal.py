@@ -59,7 +59,7 @@ _VOTE = b"\x01"
 
 Entry = tuple[bytes, int, int]
 _datasync = getattr(os, "fdatasync", os.fsync)
-_WRITEV_PIECES = 512  # below every system's IOV_MAX (1024 on Linux)
+_WRITEV_PIECES = 512  # below Linux's IOV_MAX (1024); os.writev refuses more
 
 
 class JournalError(Exception):

@@ -104,8 +104,8 @@ class RaftOptions:
     raft_message_compression: str = "none"
     # Raft connections' SO_SNDBUF and SO_RCVBUF (the latter is also the size of one read). pysyncobj's
     # 64 KiB each made a 1 MiB entry cross to a follower in some eight poll rounds of both processes: one
-    # producer's 1000 x 1 KiB batch took a median of 96-138 ms to commit on three nodes, 32-43 ms with
-    # larger buffers (bench/NOTE.md, 2026-11-27). Sending: a whole command (max_command_bytes) fits, so
+    # producer's 1000 x 1 KiB batch took a median of 91-138 ms to commit on three nodes, 41-48 ms with
+    # these (bench/NOTE.md, 2026-11-27 evening). Sending: a whole command (max_command_bytes) fits, so
     # the leader never waits for POLLOUT mid-entry. Receiving: 256 KiB, since a read of 512 KiB or more
     # costs ~20 us more per message here (glibc maps and unmaps a block that large for each read).
     # Linux doubles what is set and caps it at net.core.wmem_max / rmem_max (docs/operations.md).
