@@ -31,7 +31,9 @@ run: $(STAMP)
 
 # Every tier: lint and types, unit and cluster tests (incl. the benchmark harness smoke, which
 # needs the bench extra and redis-server: bench-deps), the Spark tier (make spark), a short fuzz run,
-# then the seeded chaos drills.
+# then the seeded chaos drills. PYTHONFAULTHANDLER: a process that dies of a signal (the test runner
+# itself after its last test, or a node) prints every thread's Python stack instead of one word.
+test: export PYTHONFAULTHANDLER = 1
 test: $(STAMP) bench-deps metrics-deps spark-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker tests chaos bench

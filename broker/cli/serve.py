@@ -16,6 +16,7 @@ from broker.config import ConfigError, PeerConfig, load_config
 
 if TYPE_CHECKING:  # the SDK is imported late: `raftbroker --help` stays fast
     from broker.client.security import ClientSecurity
+    from broker.http.server import Gateway
 
 
 def register(app: typer.Typer) -> None:
@@ -85,10 +86,12 @@ def serve_command(
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.storage import StoreCorruption
 
+    gateway = None
     if http is not None:
         from broker.security.node import gateway_security
 
-        start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure, gateway_security(cfg))
+        gateway = start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure,
+                             gateway_security(cfg))
 
     try:
         serve(cfg)
@@ -96,10 +99,13 @@ def serve_command(
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None
+    finally:
+        if gateway is not None and not gateway.stop():
+            logging.getLogger("broker.http").warning("the HTTP gateway did not stop within 10 s")
 
 
 def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool,
-               security: ClientSecurity | None = None) -> None:
+               security: ClientSecurity | None = None) -> Gateway:
     """Start the HTTP gateway beside this node (exit 2 on a bad or exposed address)."""
     from broker.config import is_loopback
     from broker.http.server import parse_address, start_in_thread
@@ -112,7 +118,7 @@ def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool
     if not is_loopback(address) and not insecure:
         typer.echo(f"error: --http {address} is not a loopback address: add --insecure to expose it", err=True)
         raise typer.Exit(2)
-    start_in_thread(address, [grpc_address, *peers], security)
+    return start_in_thread(address, [grpc_address, *peers], security)
 
 
 def dev_command(

@@ -27,9 +27,28 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class Gateway:
+    """A gateway serving on its own thread; :meth:`stop` ends it and closes its gRPC channels.
+
+    Stop it before the process exits: a daemon thread left running an event loop with open gRPC
+    channels meets the interpreter's finalization, and gRPC's threads calling back into a
+    finalizing interpreter can abort the process (a test run that passed ended in SIGABRT)."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread) -> None:
+        self._server = server
+        self.thread = thread
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Ask uvicorn to exit (open requests get ``timeout_graceful_shutdown``, then the lifespan
+        closes the client) and wait up to ``timeout_s``; True when the thread ended."""
+        self._server.should_exit = True
+        self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+
 def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecurity | None = None
-                    ) -> threading.Thread:
-    """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread; returns the thread.
+                    ) -> Gateway:
+    """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread.
     ``security``: TLS towards TLS nodes (``broker.security.node.gateway_security``); None: plaintext."""
     host, port = parse_address(address)
     app = create_app(bootstrap, security=security)
@@ -39,4 +58,4 @@ def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecu
     thread = threading.Thread(target=server.run, name="raftbroker-http", daemon=True)
     thread.start()
     log.info("HTTP gateway on http://%s:%d (cluster via %s)", host, port, ", ".join(bootstrap))
-    return thread
+    return Gateway(server, thread)

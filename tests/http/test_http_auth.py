@@ -45,7 +45,7 @@ def recording() -> Iterator[tuple[RecordingAdmin, str]]:
     grpc_port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     http = f"127.0.0.1:{free_port()}"
-    start_in_thread(http, [f"127.0.0.1:{grpc_port}"])
+    gateway = start_in_thread(http, [f"127.0.0.1:{grpc_port}"])
 
     def up() -> bool:
         try:
@@ -56,7 +56,10 @@ def recording() -> Iterator[tuple[RecordingAdmin, str]]:
     try:
         yield admin, http
     finally:
-        server.stop(0)
+        assert gateway.stop(), "the gateway's thread ended"
+        with pytest.raises(httpx.ConnectError):  # stopped: its port is closed, in a process that goes on
+            httpx.get(f"http://{http}/openapi.json", timeout=2)
+        server.stop(0).wait()
 
 
 def test_bearer_token_is_passed_to_the_grpc_call(recording: tuple[RecordingAdmin, str]) -> None:

@@ -76,3 +76,31 @@ def test_serve_refuses_a_bad_or_exposed_http_address(tmp_path: Path, address: st
                            "--metrics", f"127.0.0.1:{base + 200}", "--http", address],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_serve_with_http_stops_its_gateway_and_exits_zero_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM ends the node and its gateway: the HTTP port closes and the process exits 0 (a gateway
+    thread left running into the interpreter's finalization could end the process in SIGABRT)."""
+    base = free_base_port(1)
+    http = f"127.0.0.1:{base + 300}"
+    proc = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "serve", "--node-id", "n1", "--data-dir",
+                             str(tmp_path), "--grpc", f"127.0.0.1:{base}", "--raft", f"127.0.0.1:{base + 100}",
+                             "--metrics", f"127.0.0.1:{base + 200}", "--http", http],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def answers() -> bool:
+            try:
+                return httpx.get(f"http://{http}/v1/cluster", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_until(answers, 90, "the gateway to answer")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr[-2000:]
+        assert "did not stop" not in stderr, stderr[-2000:]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{http}/v1/cluster", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
