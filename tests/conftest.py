@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -67,3 +70,20 @@ def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         yield c
     finally:
         c.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name every thread still running when the tests are over, with where it is.
+
+    A thread left running (a server, a gRPC channel's poller) meets the interpreter's finalization
+    after the last test, where a native thread calling back into Python can end the run in SIGABRT
+    with every test passed; this line says which one to stop."""
+    frames = sys._current_frames()
+    left = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if not left:
+        return
+    terminalreporter.section("threads still running after the tests")
+    for t in left:
+        frame = frames.get(t.ident or -1)
+        where = traceback.format_stack(frame, limit=1)[0].strip().replace("\n", " ") if frame else "?"
+        terminalreporter.write_line(f"{t.name} (daemon={t.daemon}): {where}")

@@ -65,7 +65,8 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self.packed_publishes = 0  # Publish calls that came in the packed form
         self.keys: dict[tuple[str, str], tuple[int, int, int]] = {}  # (topic, key) -> partition, offset, ts
         self._lock = threading.Lock()
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=8))
+        self._pool = ThreadPoolExecutor(max_workers=8)
+        self._server = grpc.server(self._pool)
         broker_pb2_grpc.add_BrokerServicer_to_server(self, self._server)
         admin_pb2_grpc.add_AdminServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
@@ -73,7 +74,8 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self._server.start()
 
     def stop(self) -> None:
-        self._server.stop(grace=None)
+        self._server.stop(grace=None).wait()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def calls(self, method: str) -> list[object]:
         with self._lock:
