@@ -17,6 +17,7 @@ import pytest
 from broker.http.server import start_in_thread
 from broker.v1 import admin_pb2, admin_pb2_grpc
 from tests.conftest import wait_until
+from tests.http.conftest import gateway_up
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -46,13 +47,7 @@ def recording() -> Iterator[tuple[RecordingAdmin, str]]:
     server.start()
     http = f"127.0.0.1:{free_port()}"
     gateway = start_in_thread(http, [f"127.0.0.1:{grpc_port}"])
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"http://{http}/openapi.json", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-    wait_until(up, 30, "the gateway")
+    wait_until(lambda: gateway_up(http), 30, "the gateway")
     try:
         yield admin, http
     finally:

@@ -16,6 +16,7 @@ import pytest
 
 from broker.devcluster import free_base_port
 from tests.conftest import wait_until
+from tests.http.conftest import gateway_up
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -88,12 +89,7 @@ def test_serve_with_http_stops_its_gateway_and_exits_zero_on_sigterm(tmp_path: P
                              "--metrics", f"127.0.0.1:{base + 200}", "--http", http],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        def answers() -> bool:
-            try:
-                return httpx.get(f"http://{http}/v1/cluster", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_until(answers, 90, "the gateway to answer")
+        wait_until(lambda: gateway_up(http), 90, "the gateway to answer")
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0, stderr[-2000:]
