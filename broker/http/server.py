@@ -32,7 +32,8 @@ class Gateway:
 
     Stop it before the process exits: a daemon thread left running an event loop with open gRPC
     channels meets the interpreter's finalization, and gRPC's threads calling back into a
-    finalizing interpreter can abort the process (a test run that passed ended in SIGABRT)."""
+    finalizing interpreter can abort the process (a CI run whose tests had all passed, with a
+    gateway left running, ended in SIGABRT)."""
 
     def __init__(self, server: uvicorn.Server, thread: threading.Thread) -> None:
         self._server = server
