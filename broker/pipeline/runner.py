@@ -126,10 +126,13 @@ def mapper(stage: Stage, target_partitions: int) -> Callable[..., list[tuple[Any
 
 def mapped(df: Any, stage: Stage, target_partitions: int) -> Any:
     """``df`` (the raftbroker source's columns) mapped through ``stage``: one row per output, in
-    source order (a Python UDF returning the outputs, exploded; no pandas needed)."""
+    source order (a Python UDF returning the outputs, exploded; no pandas needed). ``useArrow=False``
+    says so: PySpark 4 turns Arrow-optimized UDFs on by default, and without pandas it falls back to
+    this same UDF with a warning that PyArrow or pandas is missing."""
     from pyspark.sql import functions as F
 
-    outputs = F.udf(mapper(stage, target_partitions), OUTPUT_TYPE)(*[F.col(c) for c in RECORD_COLUMNS])
+    udf = F.udf(mapper(stage, target_partitions), OUTPUT_TYPE, useArrow=False)
+    outputs = udf(*[F.col(c) for c in RECORD_COLUMNS])
     return df.select(F.explode(outputs).alias("o")).select("o.*")
 
 
