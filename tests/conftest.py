@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -70,6 +71,16 @@ def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Free what the tests left to the cyclic collector while the interpreter is whole.
+
+    The asyncio SDK's closed channels are freed only by the cyclic GC (a probe: the aio poller
+    thread ran on after ``async with AsyncClient`` until ``gc.collect()``), and a collection during
+    the interpreter's finalization would shut gRPC's aio poller down at the worst moment."""
+    gc.collect()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -79,6 +79,9 @@ class IdleSubscribers:
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(60)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._channels, self._calls, self._tasks = [], [], []  # the closed channels can be freed
 
 
 def follower_knows(address: str, topic: str) -> bool:
