@@ -86,39 +86,33 @@ def test_a_fault_extends_the_wait_for_a_redelivery_by_its_length() -> None:
     assert report.to_json()["operations"]["liveness"]["leases_judged"] >= 1
 
 
-def serve_again(h: Hist, after_s: float) -> None:
-    """A publish invoked now (just after a heal) and acknowledged ``after_s`` later (a stored
-    record's retry, so the history stays clean)."""
+def lease_across_a_slow_recovery(recovery_s: float, redelivered_after_s: float) -> Hist:
+    """A lease taken just before a fault; after the heal the first publish is acknowledged
+    ``recovery_s`` later (a stored record's retry, so the history stays clean), and the record is
+    delivered again ``redelivered_after_s`` after that."""
+    h = clean()
+    queue_group(h)
+    deliver(h, "m1", 1)
+    h.fault(7)
+    h.heal(7, dt=1.5)
     h.add("invoke", "p0", "publish", {"topic": TOPIC, "records": [["a3", 0]]})
-    h.add("ok", "p0", "publish", {"results": [[0, 3, False]]}, dt=after_s)
+    h.add("ok", "p0", "publish", {"results": [[0, 3, False]]}, dt=recovery_s)
+    deliver(h, "m2", 1, dt=redelivered_after_s)
+    ack(h, "m2", 1)
+    deliver(h, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
+    return h
 
 
 def test_a_fault_lasts_until_the_cluster_serves_again_not_only_its_settle_time() -> None:
     """The power-loss drill on a loaded machine: every node restarted, the first ack came 12 s after
     the heal; leases taken just before the fault came back right after that, which is in time."""
-    recovery_s = FAULT_SETTLE_S + 7
-    h = clean()
-    queue_group(h)
-    deliver(h, "m1", 1)
-    h.fault(7)
-    h.heal(7, dt=1.5)
-    serve_again(h, recovery_s)
-    deliver(h, "m2", 1, dt=VIS_S + LEASE_BOUND_S - 1)  # after the recovery: late but for it
-    ack(h, "m2", 1)
-    deliver(h, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
+    h = lease_across_a_slow_recovery(FAULT_SETTLE_S + 7, VIS_S + LEASE_BOUND_S - 1)
     report = check(h.entries)
     assert report.violations == [], report.table()
     assert report.to_json()["operations"]["liveness"]["leases_judged"] >= 1
     # the same recovery does not excuse a redelivery later still
-    h = clean()
-    queue_group(h)
-    deliver(h, "m1", 1)
-    h.fault(7)
-    h.heal(7, dt=1.5)
-    serve_again(h, recovery_s)
-    deliver(h, "m2", 1, dt=VIS_S + LEASE_BOUND_S + 1)
-    deliver(h, "m2", 2, dt=LEASE_BOUND_S + VIS_S + 1)
-    assert kinds(h) == ["lease-not-redelivered"]
+    assert kinds(lease_across_a_slow_recovery(FAULT_SETTLE_S + 7, VIS_S + LEASE_BOUND_S + 1)) == [
+        "lease-not-redelivered"]
 
 
 def test_a_slow_recovery_after_the_last_heal_is_a_violation() -> None:
