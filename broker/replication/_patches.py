@@ -12,6 +12,7 @@ import: tests use it to prove that each patch matters.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import inspect
 import linecache
@@ -21,6 +22,7 @@ import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pysyncobj.journal as pysyncobj_journal
 import pysyncobj.pickle as pysyncobj_pickle
@@ -126,6 +128,11 @@ _RELIED_UPON_SHA256 = {
     ),
     (pysyncobj_syncobj.SyncObj, "_SyncObj__sendNextNodeIdx"): (
         "68aaeefc267b8896bc1074280ac2aa014c3306d9f207949ed945569cef5d114c"
+    ),
+    # Opens its file with the module global open(fileName, 'rb') once per transmission, then only
+    # read()s chunks of it (the transmission hook below).
+    (pysyncobj_serializer.Serializer, "getTransmissionData"): (
+        "301962f9293db4660bdc0e3200307b53ee98f4e75dea392c8b6d5246d7deadec"
     ),
 }
 
@@ -429,3 +436,31 @@ def forget_journal(path: str) -> None:
 
 
 pysyncobj_syncobj.createJournal = _create_journal
+
+
+# -- the transmission hook -------------------------------------------------------------------------
+# Serializer.getTransmissionData opens the dump with the module global ``open(fileName, 'rb')`` when
+# a follower needs a snapshot. A node registers an opener for its dump path: it hands pysyncobj a
+# file-like object that makes the full snapshot as it is read (snapshot.SnapshotCodec). Any other
+# call (the incoming transmission's file, other paths) gets the builtin open.
+_transmission_openers: dict[str, Callable[[], object]] = {}
+
+
+def _serializer_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+    if mode == "rb" and not args and not kwargs and isinstance(file, str):
+        opener = _transmission_openers.get(file)
+        if opener is not None:
+            return opener()
+    return builtins.open(file, mode, *args, **kwargs)
+
+
+def register_transmission_opener(dump_file: str, opener: Callable[[], object]) -> None:
+    """Transmissions of the dump ``dump_file`` read what ``opener()`` returns."""
+    _transmission_openers[dump_file] = opener
+
+
+def forget_transmission_opener(dump_file: str) -> None:
+    _transmission_openers.pop(dump_file, None)
+
+
+pysyncobj_serializer.open = _serializer_open

@@ -242,6 +242,8 @@ class PysyncobjReplicator:
         conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,
                                      checker, bind_address=self._self_address)
         self._codec = codec
+        _patches.register_transmission_opener(str(dump_path), functools.partial(codec.open_for_transmission,
+                                                                                str(dump_path)))
         options = self._options
         node = _RaftNode(self._self_address, self._peer_addresses, conf, self._state_machine,
                          options.compaction_max_log_bytes, journal_sync=journal_sync_from_env(options.journal_sync),
@@ -479,6 +481,7 @@ class PysyncobjReplicator:
                 logger.error("raft tick thread did not stop within %.1f s", _CLOSE_JOIN_S)
         if self._codec is not None:
             self._codec.close(_CLOSE_JOIN_S)
+            _patches.forget_transmission_opener(str(self._data_dir / DUMP_FILE_NAME))
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()

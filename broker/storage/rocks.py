@@ -30,7 +30,9 @@ from broker.storage import Batch, Column, StorageFailure, StoreCorruption
 
 _OLD_DB_GRACE_S = 5.0
 _RECOVERY_HINT = ("stop the node and move the store directory {root} away: the node rebuilds it from its Raft "
-                  "snapshot and journal (or from the leader) at the next start")
+                  "snapshot and journal (or from the leader) at the next start; if the damaged file is a table "
+                  "file (.sst), move the node's whole data directory away instead, so that the leader catches "
+                  "it up (its last snapshot shares the store's table files)")
 
 
 def _is_damage(exc: Exception) -> bool:

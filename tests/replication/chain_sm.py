@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.replication.snapshot import CHECKPOINTS_DIR_NAME
+
 LOG_NAME = "chain.log"
 _GENESIS = "0" * 64
 
@@ -121,3 +123,12 @@ class ChainStateMachine:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def damage_kept_checkpoint(raft_dir: Path) -> Path:
+    """Cut the last byte off the chain log in the snapshot checkpoint a replicator keeps under
+    ``raft_dir`` (its size no longer matches the snapshot file); return the damaged file."""
+    (damaged,) = (raft_dir / CHECKPOINTS_DIR_NAME).glob(f"*/{LOG_NAME}")
+    with open(damaged, "r+b") as f:
+        f.truncate(damaged.stat().st_size - 1)
+    return damaged

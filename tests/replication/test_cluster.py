@@ -5,6 +5,7 @@ with one patch switched off (``RAFTBROKER_PYSYNCOBJ_PATCHES_OFF`` in the workers
 from __future__ import annotations
 
 import shutil
+import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -12,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from broker.replication import snapshot
+from broker.replication.raft import DUMP_FILE_NAME
 
 from .chain_sm import Record
 from .cluster import Cluster, NodeProcess, free_port, wait_until
@@ -192,6 +196,9 @@ def test_wiped_follower_catches_up_through_a_snapshot(cluster_factory: ClusterFa
     records: list[Record] = victim.records()
     assert any(r.kind == "R" for r in records), "the follower did not restore a snapshot"
     assert sum(r.kind == "A" for r in records) == 400
+    # the leader's dump only names a kept checkpoint: what it sent was made from that as it went
+    with tarfile.open(leader.directory / "raft" / DUMP_FILE_NAME) as tar:
+        assert tar.getnames() == [snapshot.RAFT_DATA_NAME, snapshot.CHECKPOINT_NAME]
 
 
 @pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ import pytest
 from broker.replication.raft import DUMP_FILE_NAME, PysyncobjReplicator
 from broker.services.health import replica_health
 
-from .chain_sm import ChainStateMachine
+from .chain_sm import ChainStateMachine, damage_kept_checkpoint
 from .cluster import wait_until
 from .conftest import FAST_OPTIONS, Outcomes
 
@@ -43,10 +43,7 @@ def test_a_halted_raft_is_not_serving(single_node: Callable[..., Any]) -> None:
     wait_until(lambda: dump.exists(), 5, "the snapshot file")
     rep.close()
     sm.close()
-    data = bytearray(dump.read_bytes())
-    position = data.index(b"\nA 4 ") + 3
-    data[position : position + 1] = b"5"
-    dump.write_bytes(bytes(data))
+    damage_kept_checkpoint(rep.data_dir)
     shutil.rmtree(sm.log_path.parent)
     fresh = ChainStateMachine(sm.log_path.parent)
     again = PysyncobjReplicator(rep.status().self_address, [], rep.data_dir, fresh, FAST_OPTIONS)
