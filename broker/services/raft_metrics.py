@@ -75,7 +75,7 @@ class RaftStatsCollector(Collector):
                                     "fsyncs of appended entries", buckets=_buckets(st.fsync),
                                     sum_value=st.fsync.sum_s)
         snapshots = HistogramMetricFamily("raftbroker_raft_snapshot_seconds", "Duration of Raft snapshots: "
-                                          "written (taken and packed) or restored", labels=["kind"])
+                                          "written (checkpoint taken and made durable) or restored", labels=["kind"])
         snapshots.add_metric(["write"], _buckets(st.snapshot_write), st.snapshot_write.sum_s)
         snapshots.add_metric(["restore"], _buckets(st.snapshot_restore), st.snapshot_restore.sum_s)
         yield snapshots
