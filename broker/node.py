@@ -166,6 +166,7 @@ class Node:
         self.routes.stop()
         self._hand_over_leadership()
         self.server.stop(GRACE_S)
+        self.metrics.close()
         self.admin.close()
         self.replicator.close()
         self.store.close()

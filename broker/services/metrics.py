@@ -7,8 +7,10 @@ roles and member addresses, the methods the gRPC server serves.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -57,6 +59,7 @@ class NodeMetrics:
         self.deliver_bytes = Counter("raftbroker_deliver_bytes", "Value bytes delivered to subscribers",
                                      ["topic"], registry=self.registry)
         self.subscribers = Gauge("raftbroker_subscribers", "Open subscription streams", registry=self.registry)
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def forget_topic(self, topic: str) -> None:
         """Remove the series labelled with ``topic`` (after it was dropped), so a churn of topics
@@ -75,4 +78,15 @@ class NodeMetrics:
             self.registry.register(DiskCollector(data_dir))
 
     def serve(self, host: str, port: int) -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        self._http = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving: the port is freed and the server's thread ends (it holds the registry, and
+        through the collectors the whole node, gRPC server included, for as long as it runs)."""
+        if self._http is None:
+            return
+        server, thread = self._http
+        self._http = None
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

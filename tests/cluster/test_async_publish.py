@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -36,14 +39,17 @@ PUBLISHES = 50
 SCHEMA = json.dumps({"type": "object", "required": ["n"]})
 
 
+def lone_node_config(tmp_path: Path) -> NodeConfig:
+    addresses = DevCluster(1, tmp_path)  # free ports and paths only: nothing is spawned
+    return NodeConfig(node_id=addresses.node_id(0), data_dir=addresses.node_data_dir(0),
+                      grpc_address=addresses.grpc_address(0), raft_address=addresses.raft_address(0),
+                      metrics_address=addresses.metrics_address(0))
+
+
 @pytest.fixture
 def lone_node(tmp_path: Path) -> Iterator[Node]:
     """A one-node cluster run in this process (its store, Raft, gRPC server), leading."""
-    addresses = DevCluster(1, tmp_path)  # free ports and paths only: nothing is spawned
-    config = NodeConfig(node_id=addresses.node_id(0), data_dir=addresses.node_data_dir(0),
-                        grpc_address=addresses.grpc_address(0), raft_address=addresses.raft_address(0),
-                        metrics_address=addresses.metrics_address(0))
-    node = Node(config)
+    node = Node(lone_node_config(tmp_path))
     try:
         node.start()
         wait_until(lambda: node.replicator.status().role == Role.LEADER, 60, "the lone node to lead")
@@ -153,3 +159,24 @@ def test_a_publish_given_up_without_a_quorum_leaves_the_leader_healthy(tmp_path:
         if stopped:
             _signal_followers(c, leader_index, signal.SIGCONT)
         c.stop()
+
+
+def test_a_closed_node_frees_its_ports_and_ends_its_metrics_thread(tmp_path: Path) -> None:
+    """In-process nodes (tests, embedders) leave nothing serving: the metrics server's thread held the
+    whole node, its grpc.aio server and gRPC's poller thread alive until the interpreter exited."""
+    config = lone_node_config(tmp_path)
+    node = Node(config)
+    before = set(threading.enumerate())
+    try:
+        node.start()
+        with urllib.request.urlopen(f"http://{config.metrics_address}/metrics", timeout=10) as answer:
+            assert answer.status == 200
+        started = [t for t in set(threading.enumerate()) - before if "serve_forever" in t.name]
+        assert started, "the metrics server runs on a thread of its own"
+    finally:
+        node.close()
+    assert all(not t.is_alive() for t in started)
+    for address in (config.metrics_address, config.grpc_address):
+        host, port = address.rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError), socket.create_connection((host, int(port)), timeout=5):
+            pass

@@ -74,6 +74,10 @@ class IdleSubscribers:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             for channel in self._channels:
                 await channel.close()
+            # gRPC's own tasks (each call's status handler, holding the call and its channel) end
+            # only after the close; a loop stopped before they do keeps every channel alive for good
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 30)
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(60)
