@@ -38,7 +38,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from broker.replication import StateMachine
 from broker.replication.stats import LatencyTally
@@ -163,6 +163,11 @@ def _full_tar(raft_data_bytes: bytes, index: int, files: list[tuple[str, BinaryI
     yield end + (tarfile.NUL * (tarfile.RECORDSIZE - remainder) if remainder else b"")
 
 
+def _close_all(files: list[tuple[str, BinaryIO, int]]) -> None:
+    for _, source, _ in files:
+        source.close()
+
+
 def _open_files(root: Path, sizes: dict[str, int] | None = None) -> list[tuple[str, BinaryIO, int]]:
     """Open every file under ``root`` (sorted); with ``sizes``, exactly those files at those sizes."""
     names = sorted(sizes) if sizes is not None else [relative for relative, _ in _state_files(root)]
@@ -175,8 +180,7 @@ def _open_files(root: Path, sizes: dict[str, int] | None = None) -> list[tuple[s
             if sizes is not None and sizes[relative] != size:
                 raise SnapshotError(f"checkpoint file {relative} has {size} bytes, the snapshot says {sizes[relative]}")
     except BaseException:
-        for _, source, _ in opened:
-            source.close()
+        _close_all(opened)
         raise
     return opened
 
@@ -206,8 +210,7 @@ class TransmissionReader:
 
     def close(self) -> None:
         self._done = True
-        for _, source, _ in self._files:
-            source.close()
+        _close_all(self._files)
 
     def __del__(self) -> None:  # pysyncobj drops a cancelled transmission without closing its file
         self.close()
@@ -225,8 +228,7 @@ def pack(state_dir: Path, raft_data: object, target: Path) -> int:
             raw.flush()
             os.fsync(raw.fileno())
     finally:
-        for _, source, _ in files:
-            source.close()
+        _close_all(files)
     return len(files)
 
 
@@ -257,6 +259,24 @@ def _read_pointer(tar: tarfile.TarFile, file_name: str, index: int) -> tuple[str
     if not valid:
         raise SnapshotError(f"{file_name}: malformed {CHECKPOINT_NAME}")
     return name, sizes
+
+
+class _Head(NamedTuple):
+    """What a snapshot file's first members say."""
+
+    raft_bytes: bytes
+    raft_data: tuple[object, ...]
+    at_index: int  # the snapshot index
+    first: tarfile.TarInfo
+    pointer: tuple[str, dict[str, int]] | None  # a local dump's checkpoint and file sizes; None: a full one
+
+
+def _head(tar: tarfile.TarFile, file_name: str) -> _Head:
+    raft_bytes, first = _read_head(tar, file_name)
+    raft_data = restricted_loads(raft_bytes)  # it may come from a peer: no globals but TCPNode
+    index = snapshot_index(raft_data)
+    assert isinstance(raft_data, tuple)
+    return _Head(raft_bytes, raft_data, index, first, _read_pointer(tar, file_name, index))
 
 
 def _fsync_tree(root: Path) -> dict[str, int]:
@@ -329,26 +349,25 @@ class SnapshotCodec:
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
         self._checkpoints_dir.mkdir(parents=True, exist_ok=True)
-        self._prune_checkpoints()
+        self._prune_to_dump()
 
     # -- kept checkpoints --------------------------------------------------------------------------
-    def _named_checkpoint(self) -> str | None:
-        """The checkpoint the dump in place names (None: no dump, or a full one)."""
-        if not self._dump_path.exists():
-            return None
-        file_name = str(self._dump_path)
-        with tarfile.open(file_name, mode="r:") as tar:
-            raft_data = restricted_loads(_read_head(tar, file_name)[0])
-            pointer = _read_pointer(tar, file_name, snapshot_index(raft_data))
-        return None if pointer is None else pointer[0]
+    def _prune_to_dump(self) -> None:
+        """Delete every kept checkpoint but the one the dump in place names (all: no dump, or a full one)."""
+        keep = None
+        if self._dump_path.exists():
+            file_name = str(self._dump_path)
+            try:
+                with tarfile.open(file_name, mode="r:") as tar:
+                    pointer = _head(tar, file_name).pointer
+            except (OSError, tarfile.TarError, SnapshotError, pickle.UnpicklingError) as exc:
+                logger.warning("not deleting old snapshot checkpoints: the snapshot file is unreadable (%s)", exc)
+                return
+            keep = None if pointer is None else pointer[0]
+        self._prune_checkpoints(keep)
 
-    def _prune_checkpoints(self) -> None:
-        """Delete every kept checkpoint but the one the dump in place names."""
-        try:
-            keep = self._named_checkpoint()
-        except (OSError, tarfile.TarError, SnapshotError, pickle.UnpicklingError) as exc:
-            logger.warning("not deleting old snapshot checkpoints: the snapshot file is unreadable (%s)", exc)
-            return
+    def _prune_checkpoints(self, keep: str | None) -> None:
+        """Delete every kept checkpoint but ``keep``."""
         for path in self._checkpoints_dir.iterdir():
             if path.name != keep and _CHECKPOINT_DIR_RE.fullmatch(path.name):
                 shutil.rmtree(path, ignore_errors=True)
@@ -374,7 +393,7 @@ class SnapshotCodec:
         try:
             assert self._job is None, "pysyncobj serializes one snapshot at a time"
             index = snapshot_index(raft_data)
-            self._prune_checkpoints()  # (synchronous mode: what an earlier write left)
+            self._prune_to_dump()  # (synchronous mode: what an earlier write left)
             name = f"{index}-{time.time_ns()}"
             scratch = self._work_dir / f"checkpoint-{name}"
             try:
@@ -442,7 +461,7 @@ class SnapshotCodec:
             return PackState.FAILED
         os.replace(target, self._dump_path)
         _fsync_directory(self._dump_path.parent)
-        self._prune_checkpoints()
+        self._prune_checkpoints(keep=name)
         return PackState.SUCCEEDED
 
     def close(self, timeout_s: float) -> None:
@@ -455,43 +474,43 @@ class SnapshotCodec:
     def open_for_transmission(self, file_name: str) -> BinaryIO | TransmissionReader:
         """What pysyncobj reads to send the dump ``file_name`` to a follower: always a full snapshot."""
         with tarfile.open(file_name, mode="r:") as tar:
-            raft_bytes = _read_head(tar, file_name)[0]
-            index = snapshot_index(restricted_loads(raft_bytes))
-            pointer = _read_pointer(tar, file_name, index)
-        if pointer is None:
+            head = _head(tar, file_name)
+        if head.pointer is None:
             return open(file_name, "rb")  # noqa: SIM115 (pysyncobj reads it to the end)
-        files = _open_files(self._checkpoints_dir / pointer[0], pointer[1])
-        logger.info("sending snapshot at index %d from checkpoint %s (%d files)", index, pointer[0], len(files))
-        return TransmissionReader(_full_tar(raft_bytes, index, files), files)
+        name, sizes = head.pointer
+        files = _open_files(self._checkpoints_dir / name, sizes)
+        logger.info("sending snapshot at index %d from checkpoint %s (%d files)", head.at_index, name, len(files))
+        return TransmissionReader(_full_tar(head.raft_bytes, head.at_index, files), files)
 
     # -- pysyncobj's deserializer --------------------------------------------------------------------
     def read(self, file_name: str) -> tuple[object, ...]:
         """Restore the state machine from ``file_name`` unless it is already at or past the snapshot's
         index; return the snapshot's ``raft_data``."""
         try:
-            raft_data = self._read(file_name)
+            head = self._read(file_name)
         except Exception as exc:
             logger.critical("restoring snapshot %s failed", file_name, exc_info=True)
             if self._on_restore_failure is not None:
                 self._on_restore_failure(exc)
             raise
-        self._prune_checkpoints()
-        return raft_data
+        if Path(file_name) == self._dump_path:  # as pysyncobj calls it: the dump in place was just read
+            self._prune_checkpoints(keep=None if head.pointer is None else head.pointer[0])
+        else:
+            self._prune_to_dump()
+        return head.raft_data
 
-    def _read(self, file_name: str) -> tuple[object, ...]:
+    def _read(self, file_name: str) -> _Head:
         self._restores += 1
         with tarfile.open(file_name, mode="r:") as tar:
-            raft_bytes, first = _read_head(tar, file_name)
-            raft_data = restricted_loads(raft_bytes)  # it may come from a peer: no globals but TCPNode
-            index = snapshot_index(raft_data)
-            pointer = _read_pointer(tar, file_name, index)
+            head = _head(tar, file_name)
+            index, pointer = head.at_index, head.pointer
             applied = self._state_machine.applied_index()
             if pointer is not None:
                 # a local dump: its checkpoint must be there even when the state is ahead (it is sent)
                 _close_all(_open_files(self._checkpoints_dir / pointer[0], pointer[1]))
             if applied >= index:
                 logger.info("state machine at %d is at or past snapshot %d: keeping it", applied, index)
-                return raft_data
+                return head
             scratch = self._work_dir / f"read-{index}"
             shutil.rmtree(scratch, ignore_errors=True)
             started = time.monotonic()
@@ -499,7 +518,7 @@ class SnapshotCodec:
                 state_dir = scratch / "state"
                 if pointer is None:
                     state_dir.mkdir(parents=True)
-                    self._extract_state(tar, first, state_dir, index)
+                    self._extract_state(tar, head.first, state_dir, index)
                 else:  # the restore consumes its directory: restore from a copy
                     scratch.mkdir(parents=True)
                     shutil.copytree(self._checkpoints_dir / pointer[0], state_dir)
@@ -508,7 +527,7 @@ class SnapshotCodec:
                 shutil.rmtree(scratch, ignore_errors=True)
             self._observe(self._restore_latency, started)
         logger.info("restored state machine from snapshot at index %d", index)
-        return raft_data
+        return head
 
     def _extract_state(self, tar: tarfile.TarFile, first: tarfile.TarInfo, state_dir: Path, index: int) -> None:
         seen: dict[str, list[int]] = {}
@@ -539,7 +558,3 @@ class SnapshotCodec:
         if manifest.get("files") != seen:
             raise SnapshotError("state files do not match the manifest (size or CRC-32)")
 
-
-def _close_all(files: list[tuple[str, BinaryIO, int]]) -> None:
-    for _, source, _ in files:
-        source.close()
