@@ -3,7 +3,8 @@
 Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
 :class:`PartitionInfo`, :class:`PublishResult`, :class:`Record`, :class:`Event`,
 :class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`,
-:class:`Watermark`, :class:`RouteInfo`), the iterator :class:`Subscription`, typed topics
+:class:`Watermark`, :class:`RouteInfo`, :class:`Batch`), the iterators :class:`Subscription` and
+:class:`BatchSubscription` (``subscribe_batches``: one object per batch, for throughput), typed topics
 (:class:`TypedTopic` from ``client.topic(name, PydanticModel)``, see :mod:`broker.client.typed`),
 the error types rooted at :class:`BrokerError`, and :class:`NodeProbe` (asks exactly one node: no leader
 following, no retries; for tools and drills that watch single nodes).
@@ -41,6 +42,7 @@ from broker.client.errors import (
 )
 from broker.client.groups import DeadLetter, GroupInfo, GroupLag, Groups, PartitionLag
 from broker.client.models import (
+    Batch,
     ClusterStatus,
     Event,
     NodeInfo,
@@ -56,11 +58,13 @@ from broker.client.probe import NodeProbe
 from broker.client.ranges import MissingRange
 from broker.client.routes import RouteInfo, RoutePartition
 from broker.client.security import CLIENT_CONFIG_ENV, ClientConfigError, ClientSecurity, load_client_config
-from broker.client.subscription import Subscription
+from broker.client.subscription import BatchSubscription, Subscription
 from broker.client.typed import TypedSubscription, TypedTopic
 
 __all__ = [
     "AlreadyExists",
+    "Batch",
+    "BatchSubscription",
     "PermissionDenied",
     "Unauthenticated",
     "CLIENT_CONFIG_ENV",

@@ -6,8 +6,9 @@ Every type is a frozen dataclass. Names of enumerations are lower-case strings
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 DURABILITIES = ("ephemeral", "memory", "disk", "fsync")
 FULL_POLICIES = ("discard_old", "reject")
@@ -136,6 +137,45 @@ class Record:
     op: str = "insert"
     origin: str = ""
     msg_id: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Consecutive records of one partition as :meth:`Client.subscribe_batches` delivers them:
+    record ``i`` is at offset ``first_offset + i`` with value ``values[i]`` and timestamp
+    ``timestamps_ms[i]``. No object is made per record: ``keys()`` and ``headers()`` build their
+    lists when called, and there is no :class:`Record` (use :meth:`Client.subscribe` for those). A
+    batch has one position, ``next_position``: subscribing from it continues right after the last
+    record; a record within it is named by its offset."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    values: list[bytes]
+    timestamps_ms: list[int]
+    next_position: bytes
+    _messages: Sequence[Any] = field(repr=False)  # the records as received (protobuf Records)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def offsets(self) -> range:
+        return range(self.first_offset, self.first_offset + len(self.values))
+
+    @property
+    def next_offset(self) -> int:
+        """The offset right after the last record."""
+        return self.first_offset + len(self.values)
+
+    def keys(self) -> list[bytes | None]:
+        return [m.key if m.HasField("key") else None for m in self._messages]
+
+    def headers(self) -> list[dict[str, str]]:
+        return [dict(m.headers) for m in self._messages]
+
+    def ops(self) -> list[str]:
+        return [OPS[op] if 0 <= op < len(OPS) else f"unknown({op})" for op in (m.op for m in self._messages)]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ delivered for that partition. A subscription over all partitions of a multi-part
 that fails after delivering records continues as one stream per partition (merged by threads)
 because one ``Position`` cannot carry a token per partition. Events are delivered as they come
 (a resumed stream may repeat an event). ``stop_at_end`` is re-evaluated on each re-subscribe.
+
+:class:`BatchSubscription` is the same machinery delivering :class:`Batch` values (compact
+responses: no object per record) and resuming from each batch's ``next_position``.
 """
 
 from __future__ import annotations
@@ -17,16 +20,19 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar, cast
 
 import grpc
 
 from broker.client import wire
 from broker.client.errors import error_from_rpc, gave_up, leader_hint, rpc_details
-from broker.client.models import Event, Record
+from broker.client.models import Batch, Event, Record
 from broker.client.routing import Backoff, Router, is_retryable
 from broker.v1 import broker_pb2, common_pb2
 
 Item = Record | Event
+BatchItem = Batch | Event
+T = TypeVar("T", Item, BatchItem)
 _ESTABLISHED_S = 1.0  # a stream that lived this long before failing had been working
 _QUEUE_MAX = 1024
 
@@ -43,8 +49,10 @@ class _Failed:
 _DONE = object()
 
 
-class Subscription(Iterator[Item]):
-    """Iterator of :class:`Record` and :class:`Event`; ``close()`` (any thread) ends it."""
+class _Resuming(Iterator[T], Generic[T]):
+    """The streams of one subscription, resumed after failures; subclasses turn responses into items."""
+
+    _compact = False  # ask for CompactBatch responses
 
     def __init__(
         self,
@@ -70,15 +78,15 @@ class Subscription(Iterator[Item]):
         self._calls: set[grpc.Call] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._items = self._run()
+        self._items: Generator[T, None, None] = self._run()
 
-    def __iter__(self) -> Subscription:
+    def __iter__(self) -> _Resuming[T]:
         return self
 
-    def __next__(self) -> Item:
+    def __next__(self) -> T:
         return next(self._items)
 
-    def __enter__(self) -> Subscription:
+    def __enter__(self) -> _Resuming[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -97,7 +105,7 @@ class Subscription(Iterator[Item]):
 
     # -- plan -----------------------------------------------------------------------------------
 
-    def _run(self) -> Generator[Item, None, None]:
+    def _run(self) -> Generator[T, None, None]:
         if self._partition is not None:
             yield from self._stream(self._partition, resumable=True)
             return
@@ -112,11 +120,11 @@ class Subscription(Iterator[Item]):
         else:
             yield from self._merge([self._stream(p, resumable=True) for p in range(count)])
 
-    def _merge(self, streams: list[Iterator[Item]]) -> Iterator[Item]:
+    def _merge(self, streams: list[Iterator[T]]) -> Iterator[T]:
         """Items of every stream as they arrive, through a bounded queue fed by one thread each."""
         items: queue.Queue[object] = queue.Queue(maxsize=_QUEUE_MAX)
 
-        def pump(stream: Iterator[Item]) -> None:
+        def pump(stream: Iterator[T]) -> None:
             try:
                 for item in stream:
                     while not self._closed:
@@ -144,8 +152,7 @@ class Subscription(Iterator[Item]):
                 elif isinstance(item, _Failed):
                     raise item.error
                 else:
-                    assert isinstance(item, Record | Event)
-                    yield item
+                    yield cast(T, item)
         finally:
             self.close()
 
@@ -159,13 +166,14 @@ class Subscription(Iterator[Item]):
             stop_at_end=self._stop_at_end,
             max_batch=self._max_batch,
             filter=self._filter,
+            compact=self._compact,
             **{"from": position},  # "from" is a Python keyword
         )
         if partition is not None:
             request.partition = partition
         return request
 
-    def _stream(self, partition: int | None, *, resumable: bool) -> Iterator[Item]:
+    def _stream(self, partition: int | None, *, resumable: bool) -> Iterator[T]:
         """Subscribe calls one after another from the last delivered position until one ends.
 
         Not ``resumable`` (all partitions in one stream): a retryable failure after a record was
@@ -204,15 +212,8 @@ class Subscription(Iterator[Item]):
             finally:
                 self._release(call)
 
-    def _items_of(self, response: broker_pb2.SubscribeResponse) -> Iterator[Item]:
-        if response.HasField("batch"):
-            for msg in response.batch.records:
-                record = wire.record(msg)
-                if record.position:
-                    self._tokens[record.partition] = record.position
-                yield record
-        elif response.HasField("event"):
-            yield wire.event(response.event)
+    def _items_of(self, response: broker_pb2.SubscribeResponse) -> Iterator[T]:
+        raise NotImplementedError
 
     def _open(self, address: str, request: broker_pb2.SubscribeRequest) -> grpc.Call:
         call = self._router.broker(address).Subscribe(request)
@@ -226,3 +227,43 @@ class Subscription(Iterator[Item]):
         call.cancel()  # a no-op on a finished call; stops the server stream on early exit
         with self._lock:
             self._calls.discard(call)
+
+
+class Subscription(_Resuming[Item]):
+    """Iterator of :class:`Record` and :class:`Event`; ``close()`` (any thread) ends it."""
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def _items_of(self, response: broker_pb2.SubscribeResponse) -> Iterator[Item]:
+        if response.HasField("batch"):
+            for msg in response.batch.records:
+                record = wire.record(msg)
+                if record.position:
+                    self._tokens[record.partition] = record.position
+                yield record
+        elif response.HasField("event"):
+            yield wire.event(response.event)
+
+
+class BatchSubscription(_Resuming[BatchItem]):
+    """Iterator of :class:`Batch` and :class:`Event`; ``close()`` (any thread) ends it."""
+
+    _compact = True
+
+    def __enter__(self) -> BatchSubscription:
+        return self
+
+    def _items_of(self, response: broker_pb2.SubscribeResponse) -> Iterator[BatchItem]:
+        kind = response.WhichOneof("body")
+        if kind == "compact":
+            batch = wire.compact_batch(response.compact)
+        elif kind == "batch" and response.batch.records:
+            batch = wire.records_batch(response.batch)
+        else:
+            if kind == "event":
+                yield wire.event(response.event)
+            return
+        if batch.next_position:
+            self._tokens[batch.partition] = batch.next_position
+        yield batch

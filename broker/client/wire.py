@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.client import packing
-from broker.client.errors import invalid_argument
+from broker.client.errors import BrokerError, invalid_argument
 from broker.client.models import (
     DURABILITIES,
     EVENT_TYPES,
     FULL_POLICIES,
     OPS,
+    Batch,
     ClusterStatus,
     Event,
     NodeInfo,
@@ -355,6 +356,32 @@ def record(msg: common_pb2.Record) -> Record:
         "msg_id": msg.msg_id,
     })
     return out
+
+
+def compact_batch(msg: broker_pb2.CompactBatch) -> Batch:
+    """The :class:`Batch` of a compact response: the SDK's per-record work is one attribute read
+    of each record's value (the parse was one C call for the whole response)."""
+    records = msg.records
+    stamps: list[int] = []
+    for count, ts in zip(msg.timestamp_counts, msg.timestamps_ms, strict=True):
+        stamps += [ts] * count
+    if len(stamps) != len(records):
+        raise BrokerError("INTERNAL", f"a compact batch of {len(records)} records gave {len(stamps)} timestamps")
+    return Batch(topic=msg.topic, partition=msg.partition, first_offset=msg.first_offset,
+                 values=[r.value for r in records], timestamps_ms=stamps, next_position=msg.next_position,
+                 _messages=records)
+
+
+def records_batch(msg: broker_pb2.RecordBatch) -> Batch:
+    """A :class:`Batch` of a response of whole records (what a compact read falls back to around an
+    unreadable record): consecutive offsets of one partition, as the server sends them."""
+    records = msg.records
+    first, last = records[0], records[-1]
+    if last.offset - first.offset != len(records) - 1:
+        raise BrokerError("INTERNAL", f"records {first.offset}..{last.offset} of one response are not consecutive")
+    return Batch(topic=first.topic, partition=first.partition, first_offset=first.offset,
+                 values=[r.value for r in records], timestamps_ms=[r.timestamp_ms for r in records],
+                 next_position=last.position, _messages=records)
 
 
 def event(msg: common_pb2.Event) -> Event:

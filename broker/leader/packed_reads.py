@@ -11,7 +11,13 @@ none, and the leader stores only bodies it serialized or proved to be one). A re
 record, each length-delimited. The internal and public twins share these numbers
 (``tests/core/test_internal_wire.py``), so the bytes are a public response as they stand.
 
-Before a response leaves, :meth:`BatchWriter.finish` parses it once, in C, as the internal twin.
+A compact response (``SubscribeRequest.compact``: field 3, ``CompactBatch``, of ``SubscribeResponse``)
+is cheaper still: its records are the stored bodies as they are (field 1 once per record, each
+length-delimited, no per-record head), and what only the reader knows is written once after them:
+topic (2), partition (3), first offset (4), the timestamps in runs (5 and 6, packed) and the
+position token after the last record (7). :class:`CompactWriter` builds it.
+
+Before a response leaves, ``finish`` (either writer) parses it once, in C, as the internal twin.
 Each body is the last thing inside its record's length, so the parse fails if any body does not
 parse on its own (a field running past the body's end runs past the record's); it also counts the
 value bytes the metrics report. A response that does not parse is not sent (``finish`` answers
@@ -34,7 +40,8 @@ from broker.protowire import varint
 from broker.v1 import internal_pb2
 
 _U64 = (1 << 64) - 1
-_FIELD1_BYTES = b"\x0a"  # field 1, length-delimited: SubscribeResponse.batch and RecordBatch.records
+_FIELD1_BYTES = b"\x0a"  # field 1, length-delimited: SubscribeResponse.batch, RecordBatch.records, CompactBatch.records
+_COMPACT = b"\x1a"  # SubscribeResponse.compact: field 3, length-delimited
 _OFFSET = b"\x18"  # Record.offset: field 3, varint
 _TIMESTAMP = b"\x38"  # Record.timestamp_ms: field 7, varint
 _POSITION = b"\x62" + bytes([records.TOKEN_BYTES])  # Record.position: field 12, length-delimited
@@ -42,8 +49,16 @@ _VALUE = operator.attrgetter("value")
 
 
 def _string_field(number: int, text: str) -> bytes:
-    data = text.encode()
+    return _bytes_field(number, text.encode())
+
+
+def _bytes_field(number: int, data: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+def _packed_field(number: int, values: list[int]) -> bytes:
+    """A packed repeated varint field (uint32, or int64 given as its two's complement)."""
+    return _bytes_field(number, b"".join(map(varint, values)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +127,83 @@ class BatchWriter:
         except DecodeError:
             return None
         values = parsed.batch.records
+        if len(values) != self.count:  # not expected: a body cannot add records; refuse rather than trust it
+            return None
+        return PackedBatch(data, self.count, sum(map(len, map(_VALUE, values))))
+
+
+class CompactWriter:
+    """Builds one ``CompactBatch`` response from consecutive records of one partition: the same
+    :meth:`take` contract as :class:`BatchWriter`; a record's bytes are its body's."""
+
+    def __init__(self, topic: str, topic_id: int, partition: int, first_offset: int) -> None:
+        self._topic = topic
+        self._topic_id = topic_id
+        self._partition = partition
+        self._first = first_offset
+        self._parts: list[bytes] = []
+        self._counts: list[int] = []  # timestamp runs: how many records ...
+        self._stamps: list[int] = []  # ... have this timestamp (two's complement, as the wire has it)
+        self.count = 0
+        self.size = 0  # body bytes so far, with the per-record framing allowance
+
+    @property
+    def next_offset(self) -> int:
+        return self._first + self.count
+
+    def take(self, scan: Iterator[Entry], bytes_max: int, framing_bytes: int) -> Entry | None:
+        """:meth:`BatchWriter.take` for a compact response: per record only its body's length is
+        written (and a new timestamp run when the timestamp changes)."""
+        parts, counts, stamps = self._parts, self._counts, self._stamps
+        count, size, expected = self.count, self.size, self._first + self.count
+        last_ts = stamps[-1] if stamps else None
+        run = 0  # records added to the current run by this call
+        stopped: Entry | None = None
+        for entry in scan:
+            offset, timestamp_ms, body, error = entry
+            if error is not None or offset != expected:
+                stopped = entry
+                break
+            n = len(body)
+            if count and size + n + framing_bytes > bytes_max:
+                break
+            timestamp_ms &= _U64
+            if timestamp_ms != last_ts:  # one applied batch shares one timestamp
+                if run:
+                    counts[-1] += run
+                counts.append(0)
+                stamps.append(timestamp_ms)
+                last_ts, run = timestamp_ms, 0
+            parts += (_FIELD1_BYTES, varint(n), body)
+            run += 1
+            count += 1
+            size += n + framing_bytes
+            expected += 1
+        if run:
+            counts[-1] += run
+        self.count, self.size = count, size
+        return stopped
+
+    def finish(self) -> PackedBatch | None:
+        """The response, or None when it does not parse (a body that is not a ``RecordBody``)."""
+        assert self.count > 0, "a packed response holds at least one record"
+        p, first = self._partition, self._first
+        tail = b"".join((
+            _string_field(2, self._topic),
+            b"\x18" + varint(p) if p else b"",
+            b"\x20" + varint(first) if first else b"",
+            _packed_field(5, self._counts),
+            _packed_field(6, self._stamps),
+            _bytes_field(7, records.position_token(self._topic_id, p, first + self.count)),
+        ))
+        self._parts.append(tail)
+        inner = b"".join(self._parts)
+        data = b"".join((_COMPACT, varint(len(inner)), inner))
+        try:
+            parsed = internal_pb2.SubscribeResponse.FromString(data)
+        except DecodeError:
+            return None
+        values = parsed.compact.records
         if len(values) != self.count:  # not expected: a body cannot add records; refuse rather than trust it
             return None
         return PackedBatch(data, self.count, sum(map(len, map(_VALUE, values))))

@@ -28,7 +28,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.filters import RecordFilter
-from broker.leader.packed_reads import BatchWriter, PackedBatch
+from broker.leader.packed_reads import BatchWriter, CompactWriter, PackedBatch
 from broker.storage import StoreCorruption
 from broker.v1 import internal_pb2
 
@@ -46,6 +46,7 @@ WAKE_S = 5.0
 RESPONSE_BYTES_MAX = 1 << 20
 # what protobuf adds around each record in a RecordBatch (field tag + length varint, generous)
 RECORD_FRAMING_BYTES = 16
+_Writer = type[BatchWriter] | type[CompactWriter]  # how stored records become a packed response
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class Subscription:
     member_id: str = ""
     max_in_flight: int = 0
     group_config: internal_pb2.GroupConfig = field(default_factory=internal_pb2.GroupConfig)  # start_from set
+    compact: bool = False  # packed stateless reads: stored records as ``CompactBatch`` responses
 
 
 class Reader:
@@ -145,7 +147,8 @@ class Reader:
         """Validate ``request`` eagerly (raising before the first item), then stream; yields
         :class:`Idle` where the stream would wait. ``packed``: stored records without a filter come
         as :class:`PackedBatch` (serialized responses, :mod:`broker.leader.packed_reads`) for a
-        caller that sends bytes as they are; events and everything else stay messages."""
+        caller that sends bytes as they are, ``CompactBatch`` ones when ``request.compact``; events and
+        everything else stay messages."""
         self._require_serving()
         validate_name(request.topic)
         meta = self._state.topic(request.topic)
@@ -159,8 +162,8 @@ class Reader:
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             self._require_leader()  # only the leader holds an ephemeral topic's live records
         cursors, first_events = self._start(request, meta)
-        return self._stream(request, meta, cursors, first_events, is_active, record_filter,
-                            packed and record_filter is None)
+        writer = (CompactWriter if request.compact else BatchWriter) if packed and record_filter is None else None
+        return self._stream(request, meta, cursors, first_events, is_active, record_filter, writer)
 
     # -- start positions ---------------------------------------------------------------------
     def _start(self, request: Subscription, meta: internal_pb2.TopicMeta
@@ -230,7 +233,7 @@ class Reader:
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,
                 cursors: list[_Cursor], first: list[internal_pb2.SubscribeResponse],
-                is_active: Callable[[], bool], record_filter: RecordFilter | None, packed: bool
+                is_active: Callable[[], bool], record_filter: RecordFilter | None, writer: _Writer | None
                 ) -> Iterator[Step]:
         yield from first
         batch_size = request.max_batch or DEFAULT_BATCH
@@ -246,7 +249,7 @@ class Reader:
             for cursor in cursors:
                 before = cursor.offset
                 items = self._read_ephemeral(name, tid, cursor, batch_size) if ephemeral else \
-                    self._read(name, tid, cursor, batch_size, packed)
+                    self._read(name, tid, cursor, batch_size, writer)
                 for item in items:
                     if record_filter is not None and isinstance(item, internal_pb2.SubscribeResponse) and \
                             item.HasField("batch"):
@@ -290,7 +293,7 @@ class Reader:
             yield response
 
     def _read(self, name: str, tid: int, cursor: _Cursor, limit: int,
-              packed: bool) -> Iterator[internal_pb2.SubscribeResponse | PackedBatch]:
+              writer: _Writer | None) -> Iterator[internal_pb2.SubscribeResponse | PackedBatch]:
         st = self._state.partition(tid, cursor.partition)
         p = cursor.partition
         if cursor.offset < st.start_offset:
@@ -303,9 +306,9 @@ class Reader:
         store = self._state.records_store(tid)
         scan = record_log.read(store, tid, p, cursor.offset, end, limit)
         try:
-            if packed:
-                yield from self._read_scan_packed(name, tid, cursor, scan, lambda n: record_log.read(
-                    store, tid, p, cursor.offset, end, n))
+            if writer is not None:
+                yield from self._read_scan_packed(name, tid, writer(name, tid, p, cursor.offset), cursor, scan,
+                                                  lambda n: record_log.read(store, tid, p, cursor.offset, end, n))
             else:
                 yield from self._read_scan(name, tid, cursor, scan)
         except StoreCorruption as exc:
@@ -314,14 +317,13 @@ class Reader:
             raise DataLoss(f"topic {name} partition {p}: this node's store cannot read records from offset "
                            f"{cursor.offset} (damaged file: {exc}); read from another node") from None
 
-    def _read_scan_packed(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[record_log.Entry],
-                          again: Callable[[int], Iterator[record_log.Entry]]
+    def _read_scan_packed(self, name: str, tid: int, writer: BatchWriter | CompactWriter, cursor: _Cursor,
+                          scan: Iterator[record_log.Entry], again: Callable[[int], Iterator[record_log.Entry]]
                           ) -> Iterator[internal_pb2.SubscribeResponse | PackedBatch]:
         """:meth:`_read_scan` with the records of one response as bytes: the same records, bounds and
         events. The first gap or unreadable record hands the rest of the scan to :meth:`_read_scan`
         (which reports it); a response that does not parse is read ``again`` (the next ``n``
         records from the cursor) the per-record way."""
-        writer = BatchWriter(name, tid, cursor.partition, cursor.offset)
         rest = writer.take(scan, self._response_bytes_max, RECORD_FRAMING_BYTES)
         if writer.count:
             done = writer.finish()

@@ -81,7 +81,7 @@ def subscription(request: broker_pb2.SubscribeRequest) -> Subscription:
                         partition=request.partition if request.HasField("partition") else None,
                         filter=request.filter, max_batch=request.max_batch, stop_at_end=request.stop_at_end,
                         group=request.group, member_id=request.member_id, max_in_flight=request.max_in_flight,
-                        group_config=config)
+                        group_config=config, compact=request.compact)
 
 
 def group_info(view: GroupView) -> admin_pb2.GroupInfo:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker.client import (
+    Batch,
     Client,
     Event,
     InvalidArgument,
@@ -76,6 +77,49 @@ def test_subscribe_positions(client: Client) -> None:
     from_time = records(list(client.subscribe("pos", timestamp_ms=first[0].timestamp_ms, stop_at_end=True)))
     assert [r.offset for r in from_time] == [0, 1, 2, 3, 4, 5]
     assert records(list(client.subscribe("pos", start="latest", stop_at_end=True))) == []
+
+
+def batches(items: list[Batch | Event]) -> list[Batch]:
+    return [i for i in items if isinstance(i, Batch)]
+
+
+def test_batches_carry_what_subscribe_delivers(client: Client) -> None:
+    client.create_topic("bat", 3)
+    sent = client.publish_batch("bat", [{"value": f"v{i}", "key": f"k{i}" if i % 2 else None,
+                                         "headers": {"i": str(i)} if i % 3 else {},
+                                         "op": "update" if i % 4 else "insert"} for i in range(300)])
+    sent += client.publish_batch("bat", [{"value": b"", "partition": p} for p in range(3)])
+    want = records(list(client.subscribe("bat", stop_at_end=True)))
+    got = batches(list(client.subscribe_batches("bat", stop_at_end=True, max_batch=17)))
+    assert all(1 <= len(b) <= 17 for b in got)
+    flat = [(b.partition, o, v, k, h, op, ts) for b in got for o, v, k, h, op, ts in
+            zip(b.offsets, b.values, b.keys(), b.headers(), b.ops(), b.timestamps_ms, strict=True)]
+    assert sorted(flat) == sorted((r.partition, r.offset, r.value, r.key, dict(r.headers), r.op, r.timestamp_ms)
+                                  for r in want)
+    assert len(flat) == len(sent)
+    tokens = {(r.partition, r.offset): r.position for r in want}
+    for b in got:
+        assert b.topic == "bat" and b.next_position == tokens[(b.partition, b.next_offset - 1)]
+
+
+def test_batch_positions(client: Client) -> None:
+    client.create_topic("bpos", 1)
+    first = client.publish_batch("bpos", [f"m{i}" for i in range(6)])
+    client.publish_batch("bpos", [f"n{i}" for i in range(4)])
+
+    def offsets(**options: object) -> list[int]:
+        return [o for b in batches(list(client.subscribe_batches("bpos", stop_at_end=True, **options)))  # type: ignore[arg-type]
+                for o in b.offsets]
+
+    assert offsets(start=4) == list(range(4, 10)), "from inside a stored batch, across the next"
+    assert offsets(start=4, max_batch=1) == list(range(4, 10))
+    head = batches(list(client.subscribe_batches("bpos", stop_at_end=True, max_batch=3)))[0]
+    assert (head.first_offset, head.values) == (0, [b"m0", b"m1", b"m2"])
+    assert offsets(start=head.next_position) == list(range(3, 10))
+    assert offsets(timestamp_ms=first[0].timestamp_ms) == list(range(10))
+    assert offsets(start="latest") == []
+    with pytest.raises(InvalidArgument):
+        client.subscribe_batches("bpos", max_batch=-1)
 
 
 def test_live_tail_delivers_new_records(client: Client) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import Client, Record, Unavailable
+from broker.client import Batch, Client, Record, Unavailable
 from broker.devcluster import DevCluster
 from tests.conftest import wait_until
 
@@ -70,6 +70,29 @@ def test_subscription_resumes_after_the_leader_dies(killable: DevCluster) -> Non
         for p in (0, 1):
             offsets = [r.offset for r in got if r.partition == p]
             assert offsets == list(range(10)), f"partition {p}: no loss, no repeat, in order"
+    heal(killable, killed)
+
+
+def test_a_batch_subscription_resumes_after_the_leader_dies(killable: DevCluster) -> None:
+    with Client(killable.addresses, retry_deadline_s=60) as client:
+        client.create_topic("fo-bat", 2)
+        got: list[tuple[int, int, bytes]] = []
+        sub = client.subscribe_batches("fo-bat", start=0)
+        reader = threading.Thread(target=lambda: got.extend(
+            (b.partition, o, v) for b in sub if isinstance(b, Batch) for o, v in zip(b.offsets, b.values, strict=True)),
+            daemon=True)
+        reader.start()
+        client.publish_batch("fo-bat", [{"value": f"a{i}", "partition": i % 2} for i in range(10)])
+        wait_until(lambda: len(got) >= 10, 20, "the first records")
+        killed = kill_leader(killable)
+        client.publish_batch("fo-bat", [{"value": f"b{i}", "partition": i % 2} for i in range(10)])
+        wait_until(lambda: len(got) >= 20, 60, "the records published after the kill")
+        sub.close()
+        reader.join(10)
+        want = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)]
+        assert sorted(v.decode() for _, _, v in got) == sorted(want)
+        for p in (0, 1):
+            assert [o for q, o, _ in got if q == p] == list(range(10)), f"partition {p}: no loss, no repeat, in order"
     heal(killable, killed)
 
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from broker.client import InvalidArgument, OutgoingRecord, Retention, wire
+from broker.client import BrokerError, InvalidArgument, OutgoingRecord, Retention, wire
 from broker.client.errors import error_from_rpc
 from broker.client.models import OPS, Record
-from broker.v1 import admin_pb2, common_pb2
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -121,3 +121,38 @@ def test_record_has_nothing_its_fast_construction_would_skip() -> None:
     """``wire.record`` fills ``__dict__`` directly: valid while Record has no __post_init__ and no slots."""
     assert not hasattr(Record, "__post_init__") and "__slots__" not in vars(Record)
     assert Record.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_a_compact_batch_expands_its_timestamp_runs_and_keeps_what_each_record_gave() -> None:
+    msg = broker_pb2.CompactBatch(topic="t", partition=2, first_offset=40, timestamp_counts=[2, 1],
+                                  timestamps_ms=[7, 9], next_position=b"tok")
+    msg.records.add(value=b"a", key=b"k", op=common_pb2.OP_DELETE, headers={"h": "1"})
+    msg.records.add(value=b"b")
+    msg.records.add(op=99)
+    batch = wire.compact_batch(broker_pb2.SubscribeResponse.FromString(
+        broker_pb2.SubscribeResponse(compact=msg).SerializeToString()).compact)
+    assert (batch.topic, batch.partition, batch.first_offset, batch.next_offset, len(batch)) == ("t", 2, 40, 43, 3)
+    assert batch.values == [b"a", b"b", b""] and batch.timestamps_ms == [7, 7, 9]
+    assert list(batch.offsets) == [40, 41, 42] and batch.next_position == b"tok"
+    assert batch.keys() == [b"k", None, None] and batch.headers() == [{"h": "1"}, {}, {}]
+    assert batch.ops() == ["delete", "insert", "unknown(99)"]
+
+
+def test_a_compact_batch_whose_runs_do_not_cover_its_records_is_refused() -> None:
+    msg = broker_pb2.CompactBatch(topic="t", timestamp_counts=[1], timestamps_ms=[7])
+    msg.records.add(value=b"a")
+    msg.records.add(value=b"b")
+    with pytest.raises(BrokerError, match="gave 1 timestamps"):
+        wire.compact_batch(msg)
+
+
+def test_whole_records_become_a_batch_only_when_consecutive() -> None:
+    msg = broker_pb2.RecordBatch()
+    msg.records.add(topic="t", partition=1, offset=5, value=b"x", timestamp_ms=3, position=b"p5")
+    msg.records.add(topic="t", partition=1, offset=6, value=b"y", timestamp_ms=4, position=b"p6")
+    batch = wire.records_batch(msg)
+    assert (batch.first_offset, batch.values, batch.timestamps_ms) == (5, [b"x", b"y"], [3, 4])
+    assert batch.next_position == b"p6"
+    msg.records[1].offset = 8
+    with pytest.raises(BrokerError, match="not consecutive"):
+        wire.records_batch(msg)

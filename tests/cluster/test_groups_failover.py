@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import Client, Event, GroupNotFound, Message, Unavailable
+from broker.client import Batch, Client, Event, GroupNotFound, Message, Unavailable
 from broker.core import records
 from broker.devcluster import DevCluster
 from broker.storage.rocks import RocksStore
@@ -123,6 +123,7 @@ def test_badmsg_for_a_byte_flipped_in_every_store(killable: DevCluster) -> None:
     killable.wait_ready(60)
     with Client(killable.addresses, retry_deadline_s=60) as client:
         stateless = list(client.subscribe("bad", stop_at_end=True))
+        batched = list(client.subscribe_batches("bad", stop_at_end=True))
         consumer = client.subscribe("bad", group="readers", stop_at_end=True)
         items = []
         for item in consumer:
@@ -137,3 +138,5 @@ def test_badmsg_for_a_byte_flipped_in_every_store(killable: DevCluster) -> None:
         assert records.PositionToken.decode(events[0].position_after).next_offset == 2
         assert sorted(i.value for i in seen if not isinstance(i, Event)) == [b"ok-0", b"ok-2"]
     assert [(d.offset, d.reason.startswith("badmsg")) for d in dead] == [(1, True)]
+    assert [(e.type, e.offset_before) for e in batched if isinstance(e, Event)] == [("badmsg", 1)]
+    assert [(b.first_offset, b.values) for b in batched if isinstance(b, Batch)] == [(0, [b"ok-0"]), (2, [b"ok-2"])]

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes
 
-from broker.core import record_log
+from broker.core import record_log, records
 from broker.core.record_log import Entry
-from broker.leader.packed_reads import BatchWriter, PackedBatch
+from broker.leader.packed_reads import BatchWriter, CompactWriter, PackedBatch
 from broker.leader.reading import Idle, Reader
 from broker.protowire import varint
 from broker.services import wire
@@ -44,8 +44,9 @@ def read(env: Env, req: broker_pb2.SubscribeRequest, packed: bool, bytes_max: in
         if isinstance(step, PackedBatch):
             assert packed
             parsed = internal_pb2.SubscribeResponse.FromString(step.data)
-            assert step.records == len(parsed.batch.records) > 0
-            assert step.value_bytes == sum(len(r.value) for r in parsed.batch.records)
+            records = parsed.compact.records if req.compact else parsed.batch.records
+            assert step.records == len(records) > 0
+            assert step.value_bytes == sum(len(r.value) for r in records)
             out.append(parsed)
         else:
             out.append(step)
@@ -168,3 +169,126 @@ def test_a_writer_refuses_a_response_it_cannot_parse() -> None:
     assert (record.topic, record.partition, record.offset, record.timestamp_ms, record.value) == ("t", 4, 5, 10, b"ab")
     bad = Entry(6, 0, b"", "checksum mismatch")
     assert BatchWriter("t", 1, 4, 5).take(iter([Entry(5, 1, b""), bad]), 1 << 20, 16) is bad
+
+
+# -- compact responses (SubscribeRequest.compact) ----------------------------------------------------
+def expanded(compact: internal_pb2.CompactBatch) -> list[internal_pb2.Record]:
+    """A compact response's records as whole records, as the plain path sends them (position aside)."""
+    stamps = [ts for n, ts in zip(compact.timestamp_counts, compact.timestamps_ms, strict=True) for _ in range(n)]
+    assert len(stamps) == len(compact.records)
+    out = []
+    for i, body in enumerate(compact.records):
+        assert (body.topic, body.partition, body.offset, body.timestamp_ms, body.position) == ("", 0, 0, 0, b"")
+        rec = internal_pb2.Record()
+        rec.CopyFrom(body)
+        rec.topic, rec.partition, rec.offset = compact.topic, compact.partition, compact.first_offset + i
+        rec.timestamp_ms = stamps[i]
+        out.append(rec)
+    return out
+
+
+def assert_compact_same(env: Env, req: broker_pb2.SubscribeRequest, bytes_max: int = 1 << 20
+                        ) -> list[internal_pb2.SubscribeResponse]:
+    """The compact responses carry the plain responses' records and events in the same order, and
+    each one's ``next_position`` is the plain token of its last record."""
+    plain = read(env, req, packed=False, bytes_max=bytes_max)
+    tokens = {(rec.partition, rec.offset): rec.position for r in plain for rec in r.batch.records}
+    want: list[object] = []
+    for r in plain:
+        if r.HasField("event"):
+            want.append(r.event)
+        for rec in r.batch.records:
+            rec.position = b""
+            want.append(rec)
+    compact_req = broker_pb2.SubscribeRequest()
+    compact_req.CopyFrom(req)
+    compact_req.compact = True
+    compact = read(env, compact_req, packed=True, bytes_max=bytes_max)
+    got: list[object] = []
+    for r in compact:
+        if r.HasField("event"):
+            got.append(r.event)
+        elif r.HasField("batch"):  # around an unreadable record: whole records, as plain
+            for rec in r.batch.records:
+                rec.position = b""
+                got.append(rec)
+        else:
+            got += expanded(r.compact)
+            last = r.compact.first_offset + len(r.compact.records) - 1
+            assert r.compact.next_position == tokens[(r.compact.partition, last)]
+    assert got == want
+    return compact
+
+
+def test_compact_responses_carry_the_records_events_and_tokens_of_plain_ones(env: Env) -> None:
+    env.topic("t", partitions=3)
+    for _ in range(4):
+        publish_varied(env, "t", 40)
+        env.clock.advance(5)  # a timestamp run per publish
+    meta = env.state.topic("t")
+    assert meta is not None
+    shortest = min(env.state.partition(meta.topic_id, p).end_offset for p in range(3))
+    for start in (0, 1, shortest - 1):
+        for max_batch in (0, 1, 7, 1000):
+            for partition in (None, 0, 2):
+                req = request("t", max_batch=max_batch, **{"from": common_pb2.Position(offset=start)},
+                              **({} if partition is None else {"partition": partition}))
+                responses = assert_compact_same(env, req)
+                assert all(r.HasField("compact") for r in responses)
+    whole = assert_compact_same(env, request("t", partition=1))
+    assert len(whole) == 1 and len(whole[0].compact.timestamp_counts) == 4, "one run per publish"
+    assert whole[0].compact.partition == 1 and whole[0].compact.first_offset == 0
+
+
+def test_compact_responses_split_where_plain_ones_do_by_count_and_bytes_per_body(env: Env) -> None:
+    env.topic("t")
+    env.publish("t", [bytes([i]) * (50 * i) for i in range(60)])
+    for bytes_max in (1, 200, 3_000, 40_000):
+        responses = assert_compact_same(env, request("t"), bytes_max=bytes_max)
+        if bytes_max == 1:
+            assert all(len(r.compact.records) == 1 for r in responses)
+
+
+def test_a_corrupt_record_is_badmsg_alone_between_compact_responses(env: Env) -> None:
+    env.topic("t")
+    env.publish("t", [b"r%d" % i for i in range(7)])
+    meta = env.state.topic("t")
+    assert meta is not None
+    flip_record_byte(env.state.store, meta.topic_id, 0, 3)
+    responses = assert_compact_same(env, request("t"))
+    kinds = [r.WhichOneof("body") for r in responses]
+    assert kinds == ["compact", "event", "batch"], "the rest of that read goes the per-record way"
+    assert responses[1].event.type == common_pb2.EVENT_TYPE_BADMSG and responses[1].event.offset_before == 3
+    assert len(responses[0].compact.records) == 3 and [r.offset for r in responses[2].batch.records] == [4, 5, 6]
+
+
+def test_a_compact_request_with_a_filter_gets_whole_records() -> None:
+    e = make_env()
+    try:
+        e.topic("t")
+        e.publish("t", [b'{"a": 1}', b'{"a": 2}'])
+        req = request("t", filter="value.a == 2", compact=True)
+        steps = [s for s in Reader(e.state).subscribe_steps(wire.subscription(req), lambda: True, packed=True)
+                 if not isinstance(s, Idle)]
+        assert len(steps) == 1 and isinstance(steps[0], internal_pb2.SubscribeResponse)
+        assert [r.offset for r in steps[0].batch.records] == [1]
+    finally:
+        e.replicator.close()
+
+
+def test_a_compact_writer_refuses_a_response_it_cannot_parse_and_writes_far_offsets() -> None:
+    writer = CompactWriter("t", 1, 0, 5)
+    assert writer.take(iter([Entry(5, 10, b"\x2a\x05ab")]), 1 << 20, 16) is None
+    assert writer.finish() is None
+    far = 2**40
+    good = CompactWriter("t", 1, 7, far)
+    gap = Entry(far + 4, 10, b"")  # not the next offset
+    assert good.take(iter([Entry(far, -1, b"\x2a\x02ab"), Entry(far + 1, -1, b""), Entry(far + 2, 2**62, b"")]
+                          + [gap]), 1 << 20, 16) is gap
+    done = good.finish()
+    assert done is not None and (done.records, done.value_bytes) == (3, 2)
+    public = broker_pb2.SubscribeResponse.FromString(done.data).compact
+    assert (public.topic, public.partition, public.first_offset) == ("t", 7, far)
+    assert (list(public.timestamp_counts), list(public.timestamps_ms)) == ([2, 1], [-1, 2**62])
+    assert [r.value for r in public.records] == [b"ab", b"", b""]
+    assert records.PositionToken.decode(public.next_position) == records.PositionToken(1, 7, far + 3)
