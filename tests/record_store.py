@@ -22,16 +22,31 @@ def _holding(store: Store, tid: int, partition: int, offset: int) -> tuple[bytes
     begin, end = records.record_key(tid, partition, offset), records.record_key(tid, partition + 1, 0)
     [(key, value)] = list(store.scan(Column.RECORDS, begin, end, 1))
     fmt, count, first = _HEAD.unpack_from(value)
-    assert fmt == 2 and first <= offset < first + count, f"offset {offset} is not in the batch at {first}+{count}"
+    assert fmt in (2, 3) and first <= offset < first + count, f"offset {offset} is not in the batch at {first}+{count}"
     return key, value
 
 
+def _base(value: bytes) -> int:
+    """Where the first frame (format 2) or element (format 3) of a stored batch starts."""
+    fmt, count, _ = _HEAD.unpack_from(value)
+    if fmt == 2:
+        return _HEAD.size + 4 * count + 4
+    runs = struct.unpack_from(">I", value, _HEAD.size + 8 * count)[0]
+    return _HEAD.size + 8 * count + 4 + 12 * runs + 8
+
+
 def frame_span(value: bytes, index: int) -> tuple[int, int]:
-    """Where the frame of the ``index``-th record of a stored batch lies in ``value``."""
+    """Where the frame (format 2) or element (format 3) of the ``index``-th record of a stored batch
+    lies in ``value``: its body is its last bytes either way."""
     count = _HEAD.unpack_from(value)[1]
     ends = struct.unpack_from(f">{count}I", value, _HEAD.size)
-    base = _HEAD.size + 4 * count + 4
+    base = _base(value)
     return base + (ends[index - 1] if index else 0), base + ends[index]
+
+
+def value_format(store: Store, tid: int, partition: int, offset: int) -> int:
+    """The format byte of the stored value holding ``offset``."""
+    return _HEAD.unpack_from(_holding(store, tid, partition, offset)[1])[0]
 
 
 def flip_record_byte(store: Store, tid: int, partition: int, offset: int) -> None:

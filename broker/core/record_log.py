@@ -7,7 +7,25 @@ forward seek, as with one value per record, and the Store protocol needs no reve
 before ``cut``. A batch that straddles a cut (retention, prune, clear inside it) stays; the
 partition's ``start_offset`` moves to the cut and readers ask only for offsets at or above it.
 
-Value (format 2)::
+Value (format 3, written by every apply)::
+
+    header  >BIQ   format (3), count n, first offset (= last - n + 1)
+            >nI    ends: the end of record i's element, counted from the first element
+            >nI    record i's CRC32C over (its OWN 16-byte key (tid, p, offset), timestamp >q, format
+                   byte 1, body): format 2's frame CRC
+            >I     r, then r x >Iq (records, timestamp_ms): the timestamps in runs, in offset order
+            >I     CRC32C over the elements
+            >I     CRC32C over (the 16-byte key, every header byte above)
+    elements  n protobuf elements of field 1: 0x0a, varint(len(body)), body
+
+The elements are a ``CompactBatch``'s (and a ``RecordBatch``'s) ``records`` as they stand, so a
+compact read (``broker.leader.packed_reads``) sends a run of them with no work per record:
+:func:`read_spans` hands out each intact value's stretch as a :class:`Span` once the elements' one
+CRC matched. When it does not, every record is checked against its own CRC, so a damaged record
+is still reported (an :class:`Entry` with ``error``, BADMSG to readers) for that record alone while
+its neighbours read fine; a damaged header or table reports every offset of that value.
+
+Value (format 2, written before format 3; still read)::
 
     header  >BIQ   format (2), count n, first offset (= last - n + 1)
             >nI    ends: the end of record i's frame, counted from the first frame
@@ -15,15 +33,15 @@ Value (format 2)::
     frames  n per-record frames, each ``records.frame``: >IqB (crc32c, timestamp_ms, format 1) + body,
             its CRC over the record's OWN 16-byte key (tid, p, offset), timestamp, format and body
 
-A damaged record is therefore reported (as an :class:`Entry` with ``error``, BADMSG to readers)
-for that record alone while its neighbours read fine; a damaged header or table reports every
-offset of that batch. One applied batch is split into values of at most
-``STORED_BATCH_RECORDS_MAX`` records and ``STORED_BATCH_BYTES_MAX`` bytes (a larger lone record
-is stored alone), so a point read never decodes more than one bounded value.
+Both formats live side by side in one store (the format byte leads each value); nothing rewrites
+a format-2 value. One applied batch is split into values of at most ``STORED_BATCH_RECORDS_MAX``
+records and ``STORED_BATCH_BYTES_MAX`` bytes (a larger lone record is stored alone), so a point
+read never decodes more than one bounded value.
 
-Stores written before this format (one format-1 value per record, no ``records_format`` key in
-``Column.META``) are upgraded in place by :func:`upgrade`: each old value becomes a batch of one
-under the same key (its offset is its last offset). See docs/operations.md for rolling upgrades.
+Stores written before format 2 (one format-1 value per record, no ``records_format`` key in
+``Column.META``) are upgraded in place by :func:`upgrade`: each old value becomes a format-2 batch
+of one under the same key (its offset is its last offset). ``records_format`` stays 2 (no format-1
+value is left) with format-3 values beside. See docs/operations.md for rolling upgrades.
 """
 
 from __future__ import annotations
@@ -38,12 +56,14 @@ import google_crc32c
 from google.protobuf.message import DecodeError
 
 from broker.core import records
+from broker.protowire import varint
 from broker.storage import Batch, Column, Store
 from broker.v1 import internal_pb2
 
 log = logging.getLogger(__name__)
 
 FORMAT_V2 = 2
+FORMAT_V3 = 3
 STORED_BATCH_RECORDS_MAX = 1024  # records per stored value
 STORED_BATCH_BYTES_MAX = 256 * 1024  # frame bytes per stored value (a larger lone record goes alone)
 FORMAT_KEY = b"records_format"  # Column.META: >B, the format of every value in Column.RECORDS
@@ -52,6 +72,10 @@ UPGRADE_CHUNK_RECORDS = 10_000  # old values rewritten per store write during an
 _HEAD = struct.Struct(">BIQ")
 _U32 = struct.Struct(">I")
 _TSFMT = struct.Struct(">qB")
+_RUN = struct.Struct(">Iq")
+_FIELD1 = b"\x0a"  # protobuf field 1, length-delimited
+_PREFIXES = 1 << 14  # element prefixes made once: every body shorter than this (a 2-byte varint)
+_ELEMENT_PREFIX = [_FIELD1 + varint(n) for n in range(_PREFIXES)]
 _FRAME_BYTES = records.FRAME_BYTES
 _KEY = records.RECORD_KEY
 assert STORED_BATCH_RECORDS_MAX >= 1 and STORED_BATCH_BYTES_MAX >= 1
@@ -91,19 +115,38 @@ class _Damaged(Exception):
     """A stored value whose header or table cannot be trusted."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Value:
-    """A decoded header: the value's offsets ``[first, last]`` and frame ends."""
+    """A decoded header: the value's offsets ``[first, last]``, record ends and (format 3) CRCs and
+    timestamp runs."""
 
     first: int
     last: int
     ends: tuple[int, ...]
-    base: int  # where the first frame starts in ``raw``
+    base: int  # where the first frame (format 2) or element (format 3) starts in ``raw``
     raw: bytes
+    crcs: tuple[int, ...] = ()  # format 3: each record's CRC
+    runs: tuple[tuple[int, int], ...] = ()  # format 3: (records, timestamp_ms) in offset order
+    elements_crc: int = 0  # format 3
+    _intact: bool | None = None  # format 3: whether the elements' CRC matched (checked once)
+
+    @property
+    def v3(self) -> bool:
+        return bool(self.crcs)
+
+    def intact(self) -> bool:
+        """Format 3: the elements are as written (one CRC over all of them)."""
+        if self._intact is None:
+            self._intact = google_crc32c.value(self.raw[self.base:]) == self.elements_crc
+        return self._intact
 
     def entries(self, prefix_crc: int, begin: int, stop: int) -> Iterator[Entry]:
         """The records at ``begin`` … ``stop - 1`` (in this value), each with its own CRC checked
-        (``prefix_crc``: the CRC of the key's first 8 bytes). The hot loop of every read."""
+        (``prefix_crc``: the CRC of the key's first 8 bytes) unless the format-3 elements' one CRC
+        matched. The hot loop of every read of whole records."""
+        if self.v3:
+            yield from self._entries_v3(prefix_crc, begin, stop)
+            return
         raw, base, ends = self.raw, self.base, self.ends
         extend, unpack = google_crc32c.extend, records.FRAME.unpack_from
         i = begin - self.first
@@ -123,13 +166,92 @@ class _Value:
                     yield Entry(offset, timestamp_ms, raw[start + _FRAME_BYTES:end])
             start = end
 
+    def _entries_v3(self, prefix_crc: int, begin: int, stop: int) -> Iterator[Entry]:
+        raw, base, ends, crcs = self.raw, self.base, self.ends, self.crcs
+        intact = self.intact()
+        extend, pack_ts = google_crc32c.extend, _TSFMT.pack
+        i = begin - self.first
+        start = base + (ends[i - 1] if i else 0)
+        stamps = self._stamps(i, stop - begin)
+        if intact:  # the elements are as written: each one's length prefix is 1, 2 or more bytes
+            for offset, ts in zip(range(begin, stop), stamps, strict=True):
+                end = base + ends[i]
+                i += 1
+                size = end - start
+                at = start + 2 if size < 130 else start + 3 if size < 16387 else _body_start(raw, start, end)
+                yield Entry(offset, ts, raw[at:end])
+                start = end
+            return
+        for offset, ts in zip(range(begin, stop), stamps, strict=True):
+            end = base + ends[i]
+            body_at = _body_start(raw, start, end)
+            if body_at < 0:
+                yield Entry(offset, 0, b"", "stored record's element is malformed")
+            else:
+                body = raw[body_at:end]
+                if extend(extend(prefix_crc, offset.to_bytes(8, "big") + pack_ts(ts, records.FORMAT_V1)),
+                          body) == crcs[i]:
+                    yield Entry(offset, ts, body)
+                else:
+                    yield Entry(offset, 0, b"", "checksum mismatch")
+            i += 1
+            start = end
+
+    def _stamps(self, index: int, count: int) -> list[int]:
+        """The timestamps of records ``index`` … ``index + count - 1`` of this format-3 value."""
+        out: list[int] = []
+        at = 0
+        for n, ts in self.runs:
+            lo, hi = max(at, index), min(at + n, index + count)
+            if lo < hi:
+                out += [ts] * (hi - lo)
+            at += n
+            if at >= index + count:
+                break
+        return out
+
+    def runs_of(self, index: int, count: int) -> list[tuple[int, int]]:
+        """The timestamp runs of records ``index`` … ``index + count - 1`` of this format-3 value."""
+        out = []
+        at = 0
+        for n, ts in self.runs:
+            lo, hi = max(at, index), min(at + n, index + count)
+            if lo < hi:
+                out.append((hi - lo, ts))
+            at += n
+            if at >= index + count:
+                break
+        return out
+
     def body_bytes(self, offset: int) -> int:
         i = offset - self.first
-        return self.ends[i] - (self.ends[i - 1] if i else 0) - _FRAME_BYTES
+        start, end = self.base + (self.ends[i - 1] if i else 0), self.base + self.ends[i]
+        if self.v3:
+            body_at = _body_start(self.raw, start, end)
+            return end - body_at if body_at >= 0 else 0
+        return end - start - _FRAME_BYTES
 
     def timestamp_at(self, offset: int) -> int:
         i = offset - self.first
+        if self.v3:
+            return self._stamps(i, 1)[0]
         return int(_TSFMT.unpack_from(self.raw, self.base + (self.ends[i - 1] if i else 0) + 4)[0])
+
+
+def _body_start(raw: bytes, start: int, end: int) -> int:
+    """Where the body of the element ``raw[start:end]`` starts (after 0x0a and the varint of its
+    length), or -1 when the element is not one field-1 element of exactly that length."""
+    if end - start < 2 or raw[start] != 0x0A:
+        return -1
+    at, length, shift = start + 1, 0, 0
+    while at < end and shift < 64:
+        byte = raw[at]
+        at += 1
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return at if at + length == end else -1
+        shift += 7
+    return -1
 
 
 def _decode(key: bytes, raw: bytes) -> _Value:
@@ -137,6 +259,8 @@ def _decode(key: bytes, raw: bytes) -> _Value:
     if len(raw) < _HEAD.size + 4:
         raise _Damaged(f"stored batch of {len(raw)} bytes is shorter than its header")
     fmt, count, first = _HEAD.unpack_from(raw)
+    if fmt == FORMAT_V3:
+        return _decode_v3(key, raw, count, first)
     if fmt != FORMAT_V2:
         raise _Damaged(f"unknown stored batch format {fmt}")
     base = _HEAD.size + 4 * count + 4
@@ -152,48 +276,133 @@ def _decode(key: bytes, raw: bytes) -> _Value:
     return _Value(first, last, ends, base, raw)
 
 
+def _decode_v3(key: bytes, raw: bytes, count: int, first: int) -> _Value:
+    runs_at = _HEAD.size + 8 * count
+    if count < 1 or runs_at + 4 > len(raw):
+        raise _Damaged(f"stored batch header claims {count} records in {len(raw)} bytes")
+    nruns = _U32.unpack_from(raw, runs_at)[0]
+    base = runs_at + 4 + _RUN.size * nruns + 8
+    if nruns < 1 or base > len(raw):
+        raise _Damaged(f"stored batch header claims {nruns} timestamp runs in {len(raw)} bytes")
+    elements_crc, crc = struct.unpack_from(">II", raw, base - 8)
+    if google_crc32c.extend(google_crc32c.value(key), raw[:base - 4]) != crc:
+        raise _Damaged("batch header checksum mismatch")
+    last = _KEY.unpack(key)[2]
+    ends = struct.unpack_from(f">{count}I", raw, _HEAD.size)
+    runs = tuple(_RUN.iter_unpack(raw[runs_at + 4:base - 8]))
+    if first + count - 1 != last or ends[-1] != len(raw) - base or sum(n for n, _ in runs) != count:
+        raise _Damaged(f"stored batch header does not match its key (offsets {first}+{count}, key {last})")
+    crcs = struct.unpack_from(f">{count}I", raw, _HEAD.size + 4 * count)
+    return _Value(first, last, ends, base, raw, crcs, runs, elements_crc)
+
+
 def encode(tid: int, partition: int, first: int, frames: Sequence[bytes]) -> tuple[bytes, bytes]:
-    """The (key, value) of one stored batch of already framed records at ``first``, ``first + 1``…"""
+    """The (key, value) of one format-2 batch of already framed records at ``first``, ``first + 1``…
+    (the format-1 upgrade writes these)."""
     ends, end = [], 0
     for f in frames:
         end += len(f)
         ends.append(end)
-    return _encode(tid, partition, first, ends, frames)
-
-
-def _encode(tid: int, partition: int, first: int, ends: list[int], parts: Sequence[bytes]) -> tuple[bytes, bytes]:
-    """(key, value) of the records at ``first``… whose frames end at ``ends`` and are ``parts`` joined."""
     count = len(ends)
     assert count >= 1, "a stored batch holds at least one record"
     key = _KEY.pack(tid, partition, first + count - 1)
     head = _HEAD.pack(FORMAT_V2, count, first) + struct.pack(f">{count}I", *ends)
-    return key, b"".join((head, _U32.pack(google_crc32c.value(key + head)), *parts))
+    return key, b"".join((head, _U32.pack(google_crc32c.value(key + head)), *frames))
+
+
+def _encode_v3(tid: int, partition: int, first: int, ends: list[int], crcs: list[int],
+               runs: list[list[int]], parts: list[bytes]) -> tuple[bytes, bytes]:
+    """(key, value) of the records at ``first``… whose elements end at ``ends`` and are ``parts`` joined."""
+    count = len(ends)
+    assert count >= 1, "a stored batch holds at least one record"
+    key = _KEY.pack(tid, partition, first + count - 1)
+    elements = b"".join(parts)
+    head = b"".join((_HEAD.pack(FORMAT_V3, count, first), struct.pack(f">{count}I", *ends),
+                     struct.pack(f">{count}I", *crcs), _U32.pack(len(runs)),
+                     b"".join(_RUN.pack(n, ts) for n, ts in runs), _U32.pack(google_crc32c.value(elements))))
+    return key, b"".join((head, _U32.pack(google_crc32c.value(key + head)), elements))
 
 
 def append(batch: Batch, tid: int, partition: int, first: int, items: Sequence[tuple[int, bytes]]) -> None:
     """Write ``items`` [(timestamp_ms, body)] at offsets ``first``, ``first + 1``… into ``batch``, as
-    values of at most ``STORED_BATCH_RECORDS_MAX`` records / ``STORED_BATCH_BYTES_MAX`` bytes. The
-    hot path of every replica's apply: per record one CRC over (key, timestamp, format, body) and
-    three slices appended, no per-record bytes object built."""
+    format-3 values of at most ``STORED_BATCH_RECORDS_MAX`` records / ``STORED_BATCH_BYTES_MAX``
+    bytes. The hot path of every replica's apply: per record one CRC over (key, timestamp, format,
+    body) and two slices appended, no per-record bytes object built; one CRC per value over its
+    elements."""
     prefix_crc = google_crc32c.value(_KEY.pack(tid, partition, 0)[:8])
-    extend, pack_u32, pack_ts = google_crc32c.extend, _U32.pack, _TSFMT.pack
+    extend, prefixes = google_crc32c.extend, _ELEMENT_PREFIX
     parts: list[bytes] = []
     ends: list[int] = []
+    crcs: list[int] = []
+    runs: list[list[int]] = []  # [records, timestamp_ms]; a run's count is set when the next starts
     chunk_bytes, chunk_first, offset = 0, first, first
-    last_ts, head = None, b""
+    last_ts, head, run_start = None, b"", 0
     for ts, body in items:
+        n = len(body)
+        prefix = prefixes[n] if n < _PREFIXES else _FIELD1 + varint(n)
+        size = len(prefix) + n
+        count = offset - chunk_first
+        if count and (count >= STORED_BATCH_RECORDS_MAX or chunk_bytes + size > STORED_BATCH_BYTES_MAX):
+            runs[-1][0] = count - run_start
+            batch.put(Column.RECORDS, *_encode_v3(tid, partition, chunk_first, ends, crcs, runs, parts))
+            parts, ends, crcs, runs, chunk_bytes, chunk_first = [], [], [], [], 0, offset
+            last_ts, count = None, 0
         if ts != last_ts:
-            last_ts, head = ts, pack_ts(ts, records.FORMAT_V1)
-        size = _FRAME_BYTES + len(body)
-        if ends and (len(ends) >= STORED_BATCH_RECORDS_MAX or chunk_bytes + size > STORED_BATCH_BYTES_MAX):
-            batch.put(Column.RECORDS, *_encode(tid, partition, chunk_first, ends, parts))
-            parts, ends, chunk_bytes, chunk_first = [], [], 0, offset
-        parts += (pack_u32(extend(extend(prefix_crc, offset.to_bytes(8, "big") + head), body)), head, body)
+            if runs:
+                runs[-1][0] = count - run_start
+            last_ts, head, run_start = ts, _TSFMT.pack(ts, records.FORMAT_V1), count
+            runs.append([0, ts])
+        crcs.append(extend(extend(prefix_crc, offset.to_bytes(8, "big") + head), body))
+        parts += (prefix, body)
         chunk_bytes += size
         ends.append(chunk_bytes)
         offset += 1
     if ends:
-        batch.put(Column.RECORDS, *_encode(tid, partition, chunk_first, ends, parts))
+        runs[-1][0] = offset - chunk_first - run_start
+        batch.put(Column.RECORDS, *_encode_v3(tid, partition, chunk_first, ends, crcs, runs, parts))
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Consecutive intact records of one format-3 value, as :func:`read_spans` hands them out: the
+    value and the records' indexes ``[index, index + count)`` in it."""
+
+    first: int  # the offset of the first record
+    count: int
+    value: _Value
+    index: int
+    prefix_crc: int  # the CRC of the key's first 8 bytes
+
+    def element_bytes(self, k: int) -> int:
+        """Bytes of the first ``k`` records' elements."""
+        ends, i = self.value.ends, self.index
+        return ends[i + k - 1] - (ends[i - 1] if i else 0)
+
+    def fitting(self, budget: int, framing_bytes: int) -> int:
+        """How many of the first records fit ``budget`` bytes, each counted as its element plus
+        ``framing_bytes`` (a binary search over the ends table)."""
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.element_bytes(mid) + framing_bytes * mid <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def elements(self, k: int) -> bytes:
+        """The first ``k`` records' elements (protobuf field 1, as a ``CompactBatch`` holds them)."""
+        v, i = self.value, self.index
+        start = v.base + (v.ends[i - 1] if i else 0)
+        return v.raw[start:v.base + v.ends[i + k - 1]]
+
+    def runs(self, k: int) -> list[tuple[int, int]]:
+        """(records, timestamp_ms) runs of the first ``k`` records."""
+        return self.value.runs_of(self.index, k)
+
+    def entries(self) -> Iterator[Entry]:
+        """The same records as :class:`Entry` values (a reader that wants them one by one)."""
+        return self.value.entries(self.prefix_crc, self.first, self.first + self.count)
 
 
 def _values(store: Store, tid: int, partition: int, begin: int, limit: int) -> Iterator[tuple[bytes, bytes]]:
@@ -208,6 +417,27 @@ def read(store: Store, tid: int, partition: int, begin: int, end: int, limit: in
     """Stored offsets in ``[begin, end)`` in order, at most ``limit`` of them; offsets that are not
     stored (deleted) are absent, unreadable ones come with ``error``. ``begin`` must be at or above
     the partition's start offset (records below it in a straddling batch are deleted ones)."""
+    return _read(store, tid, partition, begin, end, limit, False)  # type: ignore[return-value]
+
+
+def read_spans(store: Store, tid: int, partition: int, begin: int, end: int, limit: int | None = None
+               ) -> Iterator[Entry | Span]:
+    """:func:`read` with each intact format-3 value's records as one :class:`Span` (no work per
+    record); records of format-2 or damaged values come as :class:`Entry` values, as from :func:`read`."""
+    return _read(store, tid, partition, begin, end, limit, True)
+
+
+def entries_of(items: Iterator[Entry | Span]) -> Iterator[Entry]:
+    """``items`` of :func:`read_spans` as :class:`Entry` values only."""
+    for item in items:
+        if isinstance(item, Span):
+            yield from item.entries()
+        else:
+            yield item
+
+
+def _read(store: Store, tid: int, partition: int, begin: int, end: int, limit: int | None,
+          spans: bool) -> Iterator[Entry | Span]:
     left = end - begin if limit is None else min(limit, end - begin)
     if left <= 0:
         return
@@ -229,7 +459,10 @@ def read(store: Store, tid: int, partition: int, begin: int, end: int, limit: in
             continue
         offset = max(value.first, begin)
         stop = min(value.last + 1, end, offset + left)
-        yield from value.entries(prefix_crc, offset, stop)
+        if spans and value.v3 and value.intact():
+            yield Span(offset, stop - offset, value, offset - value.first, prefix_crc)
+        else:
+            yield from value.entries(prefix_crc, offset, stop)
         left -= stop - offset
         if left <= 0 or stop >= end:
             return

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker.core import records
-from broker.core.record_log import Entry
+from broker.core.record_log import Entry, Span
 from broker.protowire import varint
 from broker.v1 import internal_pb2
 
@@ -145,27 +145,57 @@ class CompactWriter:
         self._counts: list[int] = []  # timestamp runs: how many records ...
         self._stamps: list[int] = []  # ... have this timestamp (two's complement, as the wire has it)
         self.count = 0
-        self.size = 0  # body bytes so far, with the per-record framing allowance
+        self.size = 0  # element bytes so far, with the per-record framing allowance
 
     @property
     def next_offset(self) -> int:
         return self._first + self.count
 
-    def take(self, scan: Iterator[Entry], bytes_max: int, framing_bytes: int) -> Entry | None:
-        """:meth:`BatchWriter.take` for a compact response: per record only its body's length is
-        written (and a new timestamp run when the timestamp changes)."""
+    def take(self, scan: Iterator[Entry | Span], bytes_max: int, framing_bytes: int) -> Iterator[Entry] | None:
+        """:meth:`BatchWriter.take` for a compact response, from :func:`record_log.read_spans`: a
+        :class:`Span` (intact stored records, already elements of field 1) joins as one slice, as
+        many of its records as fit; an :class:`Entry` writes its body's length and the body. A
+        record counts as its element's bytes plus ``framing_bytes``. Returns the records from the
+        first one that is not the next readable offset on, as entries, for the caller to report."""
         parts, counts, stamps = self._parts, self._counts, self._stamps
         count, size, expected = self.count, self.size, self._first + self.count
         last_ts = stamps[-1] if stamps else None
         run = 0  # records added to the current run by this call
-        stopped: Entry | None = None
-        for entry in scan:
-            offset, timestamp_ms, body, error = entry
+        stopped: Iterator[Entry] | None = None
+        for item in scan:
+            if isinstance(item, Span):
+                if item.first != expected:
+                    stopped = item.entries()
+                    break
+                k = item.fitting(bytes_max - size, framing_bytes)
+                if k == 0 and not count:
+                    k = 1  # a lone record always goes
+                if k:
+                    if run:
+                        counts[-1] += run
+                        run = 0
+                    for n, ts in item.runs(k):
+                        ts &= _U64
+                        if ts == last_ts:
+                            counts[-1] += n
+                        else:
+                            counts.append(n)
+                            stamps.append(ts)
+                            last_ts = ts
+                    parts.append(item.elements(k))
+                    count += k
+                    size += item.element_bytes(k) + framing_bytes * k
+                    expected += k
+                if k < item.count:
+                    break
+                continue
+            offset, timestamp_ms, body, error = item
             if error is not None or offset != expected:
-                stopped = entry
+                stopped = iter((item,))
                 break
             n = len(body)
-            if count and size + n + framing_bytes > bytes_max:
+            head = varint(n)
+            if count and size + 1 + len(head) + n + framing_bytes > bytes_max:
                 break
             timestamp_ms &= _U64
             if timestamp_ms != last_ts:  # one applied batch shares one timestamp
@@ -174,10 +204,10 @@ class CompactWriter:
                 counts.append(0)
                 stamps.append(timestamp_ms)
                 last_ts, run = timestamp_ms, 0
-            parts += (_FIELD1_BYTES, varint(n), body)
+            parts += (_FIELD1_BYTES, head, body)
             run += 1
             count += 1
-            size += n + framing_bytes
+            size += 1 + len(head) + n + framing_bytes
             expected += 1
         if run:
             counts[-1] += run
@@ -196,9 +226,9 @@ class CompactWriter:
             _packed_field(6, self._stamps),
             _bytes_field(7, records.position_token(self._topic_id, p, first + self.count)),
         ))
-        self._parts.append(tail)
-        inner = b"".join(self._parts)
-        data = b"".join((_COMPACT, varint(len(inner)), inner))
+        parts = self._parts
+        parts.append(tail)
+        data = b"".join((_COMPACT, varint(sum(map(len, parts))), *parts))
         try:
             parsed = internal_pb2.SubscribeResponse.FromString(data)
         except DecodeError:

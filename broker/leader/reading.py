@@ -304,13 +304,15 @@ class Reader:
         if cursor.offset >= end:
             return
         store = self._state.records_store(tid)
-        scan = record_log.read(store, tid, p, cursor.offset, end, limit)
         try:
             if writer is not None:
-                yield from self._read_scan_packed(name, tid, writer(name, tid, p, cursor.offset), cursor, scan,
-                                                  lambda n: record_log.read(store, tid, p, cursor.offset, end, n))
+                yield from self._read_scan_packed(
+                    name, tid, writer(name, tid, p, cursor.offset), cursor,
+                    (record_log.read_spans if writer is CompactWriter else record_log.read)(
+                        store, tid, p, cursor.offset, end, limit),
+                    lambda n: record_log.read(store, tid, p, cursor.offset, end, n))
             else:
-                yield from self._read_scan(name, tid, cursor, scan)
+                yield from self._read_scan(name, tid, cursor, record_log.read(store, tid, p, cursor.offset, end, limit))
         except StoreCorruption as exc:
             log.error("topic %s partition %d: this node's store cannot read records from offset %d: %s",
                       name, p, cursor.offset, exc)
@@ -318,13 +320,19 @@ class Reader:
                            f"{cursor.offset} (damaged file: {exc}); read from another node") from None
 
     def _read_scan_packed(self, name: str, tid: int, writer: BatchWriter | CompactWriter, cursor: _Cursor,
-                          scan: Iterator[record_log.Entry], again: Callable[[int], Iterator[record_log.Entry]]
+                          scan: Iterator[record_log.Entry | record_log.Span],
+                          again: Callable[[int], Iterator[record_log.Entry]]
                           ) -> Iterator[internal_pb2.SubscribeResponse | PackedBatch]:
         """:meth:`_read_scan` with the records of one response as bytes: the same records, bounds and
         events. The first gap or unreadable record hands the rest of the scan to :meth:`_read_scan`
         (which reports it); a response that does not parse is read ``again`` (the next ``n``
         records from the cursor) the per-record way."""
-        rest = writer.take(scan, self._response_bytes_max, RECORD_FRAMING_BYTES)
+        remaining = record_log.entries_of(scan)  # what the writer leaves, as entries
+        if isinstance(writer, CompactWriter):
+            rest = writer.take(scan, self._response_bytes_max, RECORD_FRAMING_BYTES)
+        else:
+            stopped = writer.take(remaining, self._response_bytes_max, RECORD_FRAMING_BYTES)
+            rest = None if stopped is None else iter((stopped,))
         if writer.count:
             done = writer.finish()
             if done is None:
@@ -333,7 +341,7 @@ class Reader:
             cursor.offset = writer.next_offset
             yield done
         if rest is not None:
-            yield from self._read_scan(name, tid, cursor, itertools.chain((rest,), scan))
+            yield from self._read_scan(name, tid, cursor, itertools.chain(rest, remaining))
 
     def _read_scan(self, name: str, tid: int, cursor: _Cursor, scan: Iterator[record_log.Entry]
                    ) -> Iterator[internal_pb2.SubscribeResponse]:

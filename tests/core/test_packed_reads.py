@@ -14,10 +14,11 @@ from broker.leader.packed_reads import BatchWriter, CompactWriter, PackedBatch
 from broker.leader.reading import Idle, Reader
 from broker.protowire import varint
 from broker.services import wire
+from broker.storage import Column
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env
 from tests.core.wire_inputs import publish_request
-from tests.record_store import flip_record_byte
+from tests.record_store import flip_record_byte, frame_span, value_format
 
 pytestmark = pytest.mark.unit
 
@@ -283,8 +284,9 @@ def test_a_compact_writer_refuses_a_response_it_cannot_parse_and_writes_far_offs
     far = 2**40
     good = CompactWriter("t", 1, 7, far)
     gap = Entry(far + 4, 10, b"")  # not the next offset
-    assert good.take(iter([Entry(far, -1, b"\x2a\x02ab"), Entry(far + 1, -1, b""), Entry(far + 2, 2**62, b"")]
-                          + [gap]), 1 << 20, 16) is gap
+    rest = good.take(iter([Entry(far, -1, b"\x2a\x02ab"), Entry(far + 1, -1, b""), Entry(far + 2, 2**62, b"")]
+                          + [gap]), 1 << 20, 16)
+    assert rest is not None and list(rest) == [gap]
     done = good.finish()
     assert done is not None and (done.records, done.value_bytes) == (3, 2)
     public = broker_pb2.SubscribeResponse.FromString(done.data).compact
@@ -292,3 +294,54 @@ def test_a_compact_writer_refuses_a_response_it_cannot_parse_and_writes_far_offs
     assert (list(public.timestamp_counts), list(public.timestamps_ms)) == ([2, 1], [-1, 2**62])
     assert [r.value for r in public.records] == [b"ab", b"", b""]
     assert records.PositionToken.decode(public.next_position) == records.PositionToken(1, 7, far + 3)
+
+
+def test_compact_reads_of_format_2_and_format_3_values_side_by_side(env: Env) -> None:
+    """A store written before format 3 keeps its values; a compact read takes them record by record
+    and the format-3 ones whole, in one response."""
+    env.topic("t")
+    meta = env.state.topic("t")
+    assert meta is not None
+    tid = meta.topic_id
+    env.publish("t", [b"new-%d" % i for i in range(4)])
+    old = [(e.timestamp_ms, e.body) for e in record_log.read(env.state.store, tid, 0, 0, 4)]
+    batch = env.state.store.batch()  # offsets 0-3 rewritten in format 2, as an older version stored them
+    batch.put(Column.RECORDS, *record_log.encode(tid, 0, 0, [
+        records.frame(records.record_key(tid, 0, o), ts, body) for o, (ts, body) in enumerate(old)]))
+    env.state.store.write(batch, sync=True)
+    env.publish("t", [b"v3-%d" % i for i in range(5)])
+    assert (value_format(env.state.store, tid, 0, 0), value_format(env.state.store, tid, 0, 4)) == (2, 3)
+    for start in range(9):
+        responses = assert_compact_same(env, request("t", **{"from": common_pb2.Position(offset=start)}))
+        assert [r.WhichOneof("body") for r in responses] == ["compact"]
+
+
+def test_a_damaged_element_prefix_is_badmsg_for_that_record_alone(env: Env) -> None:
+    env.topic("t")
+    env.publish("t", [b"r%d" % i for i in range(5)])
+    meta = env.state.topic("t")
+    assert meta is not None
+    store = env.state.store
+    [(key, value)] = list(store.scan(Column.RECORDS, records.record_key(meta.topic_id, 0, 0),
+                                     records.record_key(meta.topic_id, 1, 0)))
+    start, _ = frame_span(value, 2)
+    batch = store.batch()
+    batch.put(Column.RECORDS, key, value[:start] + b"\x12" + value[start + 1:])  # field 2, not 1
+    store.write(batch, sync=True)
+    responses = assert_compact_same(env, request("t"))
+    events = [(r.event.type, r.event.offset_before) for r in responses if r.HasField("event")]
+    assert events == [(common_pb2.EVENT_TYPE_BADMSG, 2)]
+
+
+def test_a_span_larger_than_the_byte_bound_is_cut_between_records(env: Env) -> None:
+    env.topic("t")
+    env.publish("t", [bytes([i]) * 100 for i in range(50)])
+    meta = env.state.topic("t")
+    assert meta is not None
+    body = next(record_log.read(env.state.store, meta.topic_id, 0, 0, 1)).body
+    for bytes_max in (1, 150, 1_000, 2_000, 5_000):
+        responses = assert_compact_same(env, request("t"), bytes_max=bytes_max)
+        sizes = [len(r.compact.records) for r in responses]
+        assert sum(sizes) == 50
+        per = max(1, bytes_max // (len(body) + 2 + 16))  # an element: 0x0a, a 1-byte length, the body
+        assert sizes[:-1] == [per] * (len(sizes) - 1), "as many whole records as fit, a lone one always"

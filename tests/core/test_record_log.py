@@ -19,7 +19,7 @@ from broker.storage.memory import MemoryStore
 from broker.storage.rocks import RocksStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env
-from tests.record_store import damage_table, flip_record_byte, put_format1, stored_values
+from tests.record_store import damage_table, flip_record_byte, put_format1, stored_values, value_format
 
 pytestmark = pytest.mark.unit
 CAP = record_log.STORED_BATCH_RECORDS_MAX
@@ -414,3 +414,58 @@ def test_record_keys_of_a_value_are_its_last_offset() -> None:
     store.write(batch)
     assert [(e.offset, e.timestamp_ms, e.body) for e in record_log.read(store, 3, 1, 0, 100)] == [
         (10, 5, b"b"), (11, 5, b"b")]
+
+
+def test_an_intact_format3_value_reads_as_one_span_and_a_damaged_one_record_by_record(env: Env) -> None:
+    env.topic("t")
+    publish(env, "t", 0, 6)
+    publish(env, "t", 6, 3)
+    tid = tid_of(env, "t")
+    store = env.state.store
+    assert value_format(store, tid, 0, 0) == 3
+    spans = list(record_log.read_spans(store, tid, 0, 2, 9))
+    assert [(s.first, s.count) for s in spans if isinstance(s, record_log.Span)] == [(2, 4), (6, 3)]
+    entries = list(record_log.entries_of(iter(spans)))
+    assert entries == list(record_log.read(store, tid, 0, 2, 9))
+    assert [e.body for e in entries] == [e.body for e in record_log.read(store, tid, 0, 2, 9)]
+    assert [internal_pb2.RecordBody.FromString(e.body).value for e in entries] == [value_of(i) for i in range(2, 9)]
+    flip_record_byte(store, tid, 0, 1)
+    items = list(record_log.read_spans(store, tid, 0, 0, 9))
+    assert [type(i).__name__ for i in items] == ["Entry"] * 6 + ["Span"], "the damaged value is read record by record"
+    assert [i.error for i in items[:6] if isinstance(i, record_log.Entry)] == [
+        None, "checksum mismatch", None, None, None, None]
+
+
+def test_a_flipped_record_crc_in_a_format3_header_is_a_damaged_header(env: Env) -> None:
+    env.topic("t")
+    publish(env, "t", 0, 4)
+    tid = tid_of(env, "t")
+    store = env.state.store
+    [(key, value)] = list(store.scan(Column.RECORDS, records.record_key(tid, 0, 0), records.record_key(tid, 1, 0)))
+    at = 13 + 4 * 4 + 2  # the third byte of the first record's CRC (after the header and the ends)
+    batch = store.batch()
+    batch.put(Column.RECORDS, key, value[:at] + bytes([value[at] ^ 0x10]) + value[at + 1:])
+    store.write(batch, sync=True)
+    assert {e.error for e in record_log.read(store, tid, 0, 0, 4)} == {"batch header checksum mismatch"}
+
+
+def test_format2_and_format3_values_read_alike_side_by_side(env: Env) -> None:
+    env.topic("t")
+    publish(env, "t", 0, 5)
+    tid = tid_of(env, "t")
+    store = env.state.store
+    before = list(record_log.read(store, tid, 0, 0, 5))
+    batch = store.batch()
+    batch.put(Column.RECORDS, *record_log.encode(tid, 0, 0, [
+        records.frame(records.record_key(tid, 0, e.offset), e.timestamp_ms, e.body) for e in before]))
+    store.write(batch, sync=True)
+    publish(env, "t", 5, 5)
+    assert (value_format(store, tid, 0, 0), value_format(store, tid, 0, 5)) == (2, 3)
+    after = list(record_log.read(store, tid, 0, 0, 10))
+    assert after[:5] == before and [e.error for e in after] == [None] * 10
+    assert [o for o, _ in record_log.sizes(store, tid, 0, 0, 10)] == list(range(10))
+    assert [n for _, n in record_log.sizes(store, tid, 0, 0, 10)] == [len(e.body) for e in after]
+    assert [record_log.timestamp_at(store, tid, 0, o) for o in range(10)] == [e.timestamp_ms for e in after]
+    assert [r.value for r in flat(subscribe(env, "t", 0)) if isinstance(r, internal_pb2.Record)] == [
+        value_of(i) for i in range(10)]
+    assert [r.offset for r in flat(subscribe(env, "t", 3)) if isinstance(r, internal_pb2.Record)] == list(range(3, 10))
