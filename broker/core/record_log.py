@@ -11,8 +11,8 @@ Value (format 3, written by every apply)::
 
     header  >BIQ   format (3), count n, first offset (= last - n + 1)
             >nI    ends: the end of record i's element, counted from the first element
-            >nI    record i's CRC32C over (its OWN 16-byte key (tid, p, offset), timestamp >q, format
-                   byte 1, body): format 2's frame CRC
+            >nI    record i's CRC32C over its body (the header CRC below binds it to the key, the
+                   record's place in the value and its timestamp)
             >I     r, then r x >Iq (records, timestamp_ms): the timestamps in runs, in offset order
             >I     CRC32C over the elements
             >I     CRC32C over (the 16-byte key, every header byte above)
@@ -145,7 +145,7 @@ class _Value:
         (``prefix_crc``: the CRC of the key's first 8 bytes) unless the format-3 elements' one CRC
         matched. The hot loop of every read of whole records."""
         if self.v3:
-            yield from self._entries_v3(prefix_crc, begin, stop)
+            yield from self._entries_v3(begin, stop)
             return
         raw, base, ends = self.raw, self.base, self.ends
         extend, unpack = google_crc32c.extend, records.FRAME.unpack_from
@@ -166,10 +166,10 @@ class _Value:
                     yield Entry(offset, timestamp_ms, raw[start + _FRAME_BYTES:end])
             start = end
 
-    def _entries_v3(self, prefix_crc: int, begin: int, stop: int) -> Iterator[Entry]:
+    def _entries_v3(self, begin: int, stop: int) -> Iterator[Entry]:
         raw, base, ends, crcs = self.raw, self.base, self.ends, self.crcs
         intact = self.intact()
-        extend, pack_ts = google_crc32c.extend, _TSFMT.pack
+        crc = google_crc32c.value
         i = begin - self.first
         start = base + (ends[i - 1] if i else 0)
         stamps = self._stamps(i, stop - begin)
@@ -189,8 +189,7 @@ class _Value:
                 yield Entry(offset, 0, b"", "stored record's element is malformed")
             else:
                 body = raw[body_at:end]
-                if extend(extend(prefix_crc, offset.to_bytes(8, "big") + pack_ts(ts, records.FORMAT_V1)),
-                          body) == crcs[i]:
+                if crc(body) == crcs[i]:
                     yield Entry(offset, ts, body)
                 else:
                     yield Entry(offset, 0, b"", "checksum mismatch")
@@ -326,17 +325,15 @@ def _encode_v3(tid: int, partition: int, first: int, ends: list[int], crcs: list
 def append(batch: Batch, tid: int, partition: int, first: int, items: Sequence[tuple[int, bytes]]) -> None:
     """Write ``items`` [(timestamp_ms, body)] at offsets ``first``, ``first + 1``… into ``batch``, as
     format-3 values of at most ``STORED_BATCH_RECORDS_MAX`` records / ``STORED_BATCH_BYTES_MAX``
-    bytes. The hot path of every replica's apply: per record one CRC over (key, timestamp, format,
-    body) and two slices appended, no per-record bytes object built; one CRC per value over its
-    elements."""
-    prefix_crc = google_crc32c.value(_KEY.pack(tid, partition, 0)[:8])
-    extend, prefixes = google_crc32c.extend, _ELEMENT_PREFIX
+    bytes. The hot path of every replica's apply: per record one CRC over its body and two slices
+    appended, no per-record bytes object built; one CRC per value over its elements."""
+    crc, prefixes = google_crc32c.value, _ELEMENT_PREFIX
     parts: list[bytes] = []
     ends: list[int] = []
     crcs: list[int] = []
     runs: list[list[int]] = []  # [records, timestamp_ms]; a run's count is set when the next starts
     chunk_bytes, chunk_first, offset = 0, first, first
-    last_ts, head, run_start = None, b"", 0
+    last_ts, run_start = None, 0
     for ts, body in items:
         n = len(body)
         prefix = prefixes[n] if n < _PREFIXES else _FIELD1 + varint(n)
@@ -350,9 +347,9 @@ def append(batch: Batch, tid: int, partition: int, first: int, items: Sequence[t
         if ts != last_ts:
             if runs:
                 runs[-1][0] = count - run_start
-            last_ts, head, run_start = ts, _TSFMT.pack(ts, records.FORMAT_V1), count
+            last_ts, run_start = ts, count
             runs.append([0, ts])
-        crcs.append(extend(extend(prefix_crc, offset.to_bytes(8, "big") + head), body))
+        crcs.append(crc(body))
         parts += (prefix, body)
         chunk_bytes += size
         ends.append(chunk_bytes)
