@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from broker.protowire import Received
 from broker.security import set_principal
 from broker.security.acl import ADMIN, CLUSTER_ADMIN, CONSUME, MIRROR, PUBLISH, TOPIC_PERMISSIONS, Acl
 from broker.security.audit import audit
@@ -76,6 +77,8 @@ class Denied(Exception):
 
 def request_resource(request: Any) -> tuple[str, str]:
     """(topic, group) a request names ("" where it names none)."""
+    if isinstance(request, Received):  # a request kept with its bytes (Publish)
+        request = request.message
     topic = ""
     fields = {f.name for f in request.DESCRIPTOR.fields} if hasattr(request, "DESCRIPTOR") else set()
     if "topic" in fields:

@@ -19,6 +19,7 @@ from broker.leader.groups.service import GroupService
 from broker.leader.packed_reads import PackedBatch
 from broker.leader.reading import Idle, Reader
 from broker.leader.topic_log import TopicLog
+from broker.protowire import Received, receiving
 from broker.security import current_principal
 from broker.services import errors, wire
 from broker.services.group_service import GroupBrokerMethods
@@ -39,13 +40,15 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         self._metrics = metrics
         self._streams = streams
 
-    async def _publish(self, request: broker_pb2.PublishRequest, producer: str) -> broker_pb2.PublishResponse:
+    async def _publish(self, received: Received[broker_pb2.PublishRequest],
+                       producer: str) -> broker_pb2.PublishResponse:
         """One publish on the event loop: prepared here (on the call pool for topics that check
         records against a schema or dedup fields), submitted, and answered once applied, with no
         thread waiting for the commit."""
         started = time.perf_counter()
+        request = received.message
         try:
-            batch = wire.publish_batch(request)
+            batch = wire.publish_batch(request, received.data)
             published = await self._log.publish_placed_async(batch, producer, offload=self._streams.call)
             response = wire.publish_response(published, request)
         except BrokerError as exc:
@@ -57,12 +60,13 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         return response
 
     @errors.unary_async
-    async def Publish(self, request: broker_pb2.PublishRequest,
+    async def Publish(self, request: Received[broker_pb2.PublishRequest],
                       context: grpc.aio.ServicerContext) -> broker_pb2.PublishResponse:
+        """``request`` comes with its bytes (``add_broker_service``): the packed form's check reads them."""
         return await self._publish(request, current_principal())  # set by the auth interceptor in this task
 
     @errors.streaming_async
-    async def PublishStream(self, request_iterator: AsyncIterator[broker_pb2.PublishRequest],
+    async def PublishStream(self, request_iterator: AsyncIterator[Received[broker_pb2.PublishRequest]],
                             context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[broker_pb2.PublishResponse]:
         """One request at a time, in order (no pipelining: request N+1 must not commit after N
@@ -107,6 +111,9 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
             self._metrics.subscribers.dec()
 
 
+_RECEIVE_PUBLISH = receiving(broker_pb2.PublishRequest.FromString)
+
+
 def _subscribe_bytes(response: broker_pb2.SubscribeResponse | bytes) -> bytes:
     """``Subscribe``'s response serializer: a message, or a response serialized already."""
     return response if isinstance(response, bytes) else response.SerializeToString()
@@ -127,11 +134,14 @@ class _Registration:
 
 def add_broker_service(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
     """Register ``broker.v1.Broker`` as the generated code does, with ``Subscribe`` also sending
-    responses that are bytes already (every other method and the request side unchanged)."""
+    responses that are bytes already, and ``Publish`` and ``PublishStream`` handing the servicer each
+request with its bytes (every other method unchanged)."""
     registration = _Registration()
     broker_pb2_grpc.add_BrokerServicer_to_server(servicer, registration)
     handlers = registration.handlers
     handlers["Subscribe"] = handlers["Subscribe"]._replace(response_serializer=_subscribe_bytes)
+    for method in ("Publish", "PublishStream"):  # requests kept with their bytes
+        handlers[method] = handlers[method]._replace(request_deserializer=_RECEIVE_PUBLISH)
     name = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.protowire import Received
 from broker.security.acl import Acl, parse_acl
 from broker.security.interceptor import DEFAULT_RULE, METHOD_RULES, request_resource
 from broker.security.tokens import AuthenticationError, TokenStore, hash_token_scrypt, hash_token_sha256, parse_tokens
@@ -141,6 +142,8 @@ def test_every_service_method_is_classified() -> None:
 
 def test_request_resource() -> None:
     assert request_resource(broker_pb2.PublishRequest(topic="t")) == ("t", "")
+    publish = broker_pb2.PublishRequest(topic="t2")
+    assert request_resource(Received(publish, publish.SerializeToString())) == ("t2", ""), "Publish keeps its bytes"
     assert request_resource(admin_pb2.DropTopicRequest(name="t")) == ("t", "")
     assert request_resource(admin_pb2.CreateTopicRequest(config={"name": "t"})) == ("t", "")
     assert request_resource(broker_pb2.AckRequest(topic="t", group="g")) == ("t", "g")

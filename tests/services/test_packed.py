@@ -48,14 +48,40 @@ def test_plain_keyed_and_other_records_take_their_path() -> None:
         assert batch.bodies is None and len(batch.records) == 2, slow
 
 
-@pytest.mark.parametrize("forged", [b"\x42\x01m", b"\x52\x01o", b"\x5a\x011", b"\xf8\x07\x01", b"\x48\x07"])
+@pytest.mark.parametrize("forged", [b"\x42\x01m", b"\x52\x01o", b"\x5a\x011", b"\xf8\x07\x01", b"\x48\x07",
+                                    b"\x48\xff\xff\xff\xff\x0f", b"\x4a\x01\x01", b"\x2d\x00\x00\x00\x00"])
 def test_a_field_a_stored_body_may_not_carry_never_passes_the_lean_path(forged: bytes) -> None:
-    """producer (8), origin (10), msg_id (11), an unknown field (127), an op outside the enum."""
+    """producer (8), origin (10), msg_id (11), an unknown field (127), an op outside the enum (7,
+    -1), op as a length-delimited field, value as a fixed32."""
     for record in (R(value=b"v"), R(value=b"v", key=b"k")):
         batch = packed.packed_batch(request(R(value=b"ok"), R.FromString(record.SerializeToString() + forged)))
         assert batch.bodies is None, "the per-record path"
         body = internal_pb2.RecordBody.FromString(batch.records[1].body)
         assert not body.producer and not body.origin and not body.msg_id
+
+
+def test_repeated_allowed_fields_pass_the_lean_path_and_read_as_the_per_record_path_would() -> None:
+    """A record may repeat value, key or op (the last one counts, for the check and for every
+    reader); the keys still come out one per record, in order."""
+    twice_key = R(key=b"k0", value=b"a").SerializeToString() + R(key=b"k1").SerializeToString()
+    twice_op = R(value=b"b", op="OP_DELETE").SerializeToString() + R(op="OP_UPDATE").SerializeToString()
+    batch = packed.packed_batch(broker_pb2.PublishRequest(topic="t", packed_records=[twice_key, R().SerializeToString(),
+                                                                                     twice_op]))
+    assert batch.bodies is not None and batch.keys == [b"k1", None, None]
+    slow = packed.packed_batch(broker_pb2.PublishRequest(topic="t", packed_records=[twice_key, b"\x10\x01", twice_op]))
+    assert slow.bodies is None, "a partition (field 2) takes the per-record path"
+    for i in (0, 2):
+        assert internal_pb2.RecordBody.FromString(batch.bodies[i]) == internal_pb2.RecordBody.FromString(
+            slow.records[i].body)
+
+
+@pytest.mark.parametrize("record", [b"\x2a\x05ab", b"\x48\x80", b"\x2a"],
+                         ids=["value-past-its-end", "cut-varint", "cut-length"])
+def test_a_record_that_is_not_its_own_message_never_passes_the_lean_path(record: bytes) -> None:
+    """Joined with the next record, a field that runs past its record's end would read as fine:
+    each record must parse on its own."""
+    with pytest.raises(errors.InvalidArgument, match="packed record 0"):
+        packed.packed_batch(broker_pb2.PublishRequest(topic="t", packed_records=[record, b"\x2a\x01x\x2a\x01y"]))
 
 
 def test_both_forms_and_a_malformed_record_are_refused() -> None:
