@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from broker.client import Client, Record, TopicExists, TopicNotFound
+from broker.client import Batch, Client, Record, TopicExists, TopicNotFound
 from broker.client.aio import AsyncClient, AsyncMessage
 from broker.client.aio.routing import AsyncCall
 from broker.client.errors import InvalidArgument
@@ -57,6 +57,37 @@ def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster)
     assert {"published", "record"} <= kinds
     records = [item for k, item in seen if k == "record"]
     assert len(records) == 7, "on_event saw each delivered (committed) record once"
+
+
+def test_async_batches_carry_what_the_sync_ones_do(cluster: DevCluster) -> None:
+    seen: list[str] = []
+    with Client(cluster.addresses) as sync:
+        sync.create_topic("aio-b", 2)
+        sync.publish_batch("aio-b", [{"value": f"v{i}", "key": f"k{i}", "partition": i % 2} for i in range(40)])
+        want = sorted((b.partition, b.first_offset, tuple(b.values), tuple(b.keys()))
+                      for b in sync.subscribe_batches("aio-b", stop_at_end=True, max_batch=7) if isinstance(b, Batch))
+
+    async def main() -> tuple[list[tuple[int, int, tuple[bytes, ...], tuple[bytes | None, ...]]], list[int]]:
+        async with AsyncClient(cluster.addresses, on_event=lambda kind, item: seen.append(kind)) as c:
+            got = [(b.partition, b.first_offset, tuple(b.values), tuple(b.keys()))
+                   async for b in c.subscribe_batches("aio-b", stop_at_end=True, max_batch=7) if isinstance(b, Batch)]
+            first = None
+            async with c.subscribe_batches("aio-b", partition=1, max_batch=7, stop_at_end=True) as sub:
+                async for item in sub:
+                    if isinstance(item, Batch):
+                        first = item
+                        break
+            assert first is not None and list(first.offsets) == list(range(7))
+            rest = c.subscribe_batches("aio-b", partition=1, start=first.next_position, stop_at_end=True)
+            resumed = [o async for b in rest if isinstance(b, Batch) for o in b.offsets]
+            with pytest.raises(InvalidArgument):
+                c.subscribe_batches("aio-b", max_batch=-1)
+            return sorted(got), resumed
+
+    got, resumed = asyncio.run(main())
+    assert got == want and sum(len(v) for _, _, v, _ in got) == 40
+    assert resumed == list(range(7, 20)), "next_position resumes right after the batch"
+    assert "batch" in seen and "record" not in seen
 
 
 def test_sync_and_async_clients_read_each_others_writes(cluster: DevCluster) -> None:

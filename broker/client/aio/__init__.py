@@ -4,7 +4,7 @@ The same surface and guarantees as the sync :mod:`broker.client` (see :mod:`.cli
 
 from broker.client.aio.client import AsyncClient, AsyncHandler
 from broker.client.aio.routing import AsyncRouter, call_metadata
-from broker.client.aio.streams import AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
+from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
 
-__all__ = ["AsyncClient", "AsyncConsumer", "AsyncHandler", "AsyncMessage", "AsyncRouter", "AsyncSubscription",
-           "Observer", "call_metadata"]
+__all__ = ["AsyncBatchSubscription", "AsyncClient", "AsyncConsumer", "AsyncHandler", "AsyncMessage", "AsyncRouter",
+           "AsyncSubscription", "Observer", "call_metadata"]

@@ -12,7 +12,7 @@ client; more wait their turn.
 
 ``on_event(kind, item)`` observes what the broker committed: "published" (a list of
 :class:`PublishResult` after a publish returned), and, from subscriptions and consumers, "record",
-"message", "event" (loss/reset) and "rebalance" (see :mod:`broker.client.aio.streams`).
+"batch" (``subscribe_batches``), "message", "event" (loss/reset) and "rebalance" (see :mod:`broker.client.aio.streams`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from broker.client import wire
 from broker.client.aio.routing import AsyncRouter, metadata
-from broker.client.aio.streams import AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
+from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
 from broker.client.client import RecordLike
 from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.groups import GroupLag, PartitionLag
@@ -218,6 +218,25 @@ class AsyncClient:
 
         return AsyncSubscription(self._router, topic, partitions, position=position, stop_at_end=stop_at_end,
                                  max_batch=max_batch, filter=filter or "", on_event=self._on_event)
+
+    def subscribe_batches(self, topic: str, *, partition: int | None = None, start: str | int | bytes = "earliest",
+                          timestamp_ms: int | None = None, stop_at_end: bool = False,
+                          max_batch: int = 0) -> AsyncBatchSubscription:
+        """Records of ``topic`` as :class:`Batch` values (see :meth:`Client.subscribe_batches`);
+        ``async for`` it. ``on_event`` sees each batch as "batch"."""
+        if max_batch < 0:
+            raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
+        if partition is not None and partition < 0:
+            raise invalid_argument(f"partition must be >= 0, got {partition}")
+        position = wire.position(start, timestamp_ms)
+
+        async def partitions() -> list[int]:
+            if partition is not None:
+                return [partition]
+            return list(range((await self.describe_topic(topic)).partition_count))
+
+        return AsyncBatchSubscription(self._router, topic, partitions, position=position, stop_at_end=stop_at_end,
+                                      max_batch=max_batch, filter="", on_event=self._on_event)
 
     def consumer(self, topic: str, group: str, **options: Any) -> AsyncConsumer:
         """A member of consumer group ``group`` (the options of :class:`AsyncConsumer`)."""

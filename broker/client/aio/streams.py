@@ -17,7 +17,7 @@ import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 
@@ -33,12 +33,13 @@ from broker.client.errors import (
     rpc_details,
 )
 from broker.client.groups import group_config
-from broker.client.models import Event, Record
+from broker.client.models import Batch, Event, Record
 from broker.client.routing import Backoff, is_retryable
 from broker.v1 import broker_pb2, common_pb2
 
-#: ``on_event(kind, item)``: kind is "record", "event" (loss/reset), "message" (a leased group
-#: record) or "rebalance" (a stream-mode member's partitions changed; item is the tuple of them).
+#: ``on_event(kind, item)``: kind is "record", "batch" (of ``subscribe_batches``), "event"
+#: (loss/reset), "message" (a leased group record) or "rebalance" (a stream-mode member's
+#: partitions changed; item is the tuple of them).
 Observer = Callable[[str, object], None]
 _ESTABLISHED_S = 5.0
 _END = object()
@@ -121,13 +122,14 @@ class _Merged:
         self._running = 0
 
 
-class AsyncSubscription(AsyncIterator[Record | Event]):
-    """``async for item in client.subscribe(topic)``: :class:`Record` and :class:`Event` items.
+T = TypeVar("T", Record | Event, Batch | Event)
 
-    Per partition in order; partitions interleave. ``position`` tokens of delivered records are
-    kept per partition (:attr:`positions`) and a reopened stream starts right after them. Before
-    iterating, :attr:`positions` (tokens) and :attr:`starts` (positions) may be set per partition to
-    start partitions at different places (a saved cursor)."""
+
+class _AsyncResuming(AsyncIterator[T], Generic[T]):
+    """One stream per partition, each reopened after a failure right after what it delivered;
+    subclasses turn responses into items (:meth:`_items_of`)."""
+
+    _compact = False  # ask for CompactBatch responses
 
     def __init__(self, router: AsyncRouter, topic: str, partitions: Callable[[], Any], *,
                  position: common_pb2.Position, stop_at_end: bool, max_batch: int, filter: str,
@@ -139,21 +141,22 @@ class AsyncSubscription(AsyncIterator[Record | Event]):
         self.starts: dict[int, common_pb2.Position] = {}  # per partition, instead of the common start
         self._merged: _Merged | None = None
 
-    def __aiter__(self) -> AsyncSubscription:
+    def __aiter__(self) -> _AsyncResuming[T]:
         return self
 
-    async def __anext__(self) -> Record | Event:
+    _kind = "record"  # what on_event calls a delivered item that is not an event
+
+    async def __anext__(self) -> T:
         if self._merged is None:
             self._merged = _Merged()
             for partition in await self._partitions():
                 self._merged.start(functools.partial(self._run, partition))
-        item = await self._merged.next()
-        assert isinstance(item, Record | Event)
+        item = cast(T, await self._merged.next())
         if self._on_event is not None:
-            self._on_event("record" if isinstance(item, Record) else "event", item)
+            self._on_event("event" if isinstance(item, Event) else self._kind, item)
         return item
 
-    async def __aenter__(self) -> AsyncSubscription:
+    async def __aenter__(self) -> _AsyncResuming[T]:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -167,7 +170,11 @@ class AsyncSubscription(AsyncIterator[Record | Event]):
         token = self.positions.get(partition)
         position = common_pb2.Position(token=token) if token else self.starts.get(partition, self._position)
         return broker_pb2.SubscribeRequest(topic=self._topic, partition=partition, stop_at_end=self._stop_at_end,
-                                           max_batch=self._max_batch, filter=self._filter, **{"from": position})
+                                           max_batch=self._max_batch, filter=self._filter, compact=self._compact,
+                                           **{"from": position})
+
+    def _items_of(self, partition: int, response: broker_pb2.SubscribeResponse) -> list[object]:
+        raise NotImplementedError
 
     async def _run(self, partition: int) -> None:
         assert self._merged is not None
@@ -175,20 +182,63 @@ class AsyncSubscription(AsyncIterator[Record | Event]):
         pending: list[object] = []
 
         def on_response(response: broker_pb2.SubscribeResponse) -> None:
-            if response.HasField("batch"):
-                for msg in response.batch.records:
-                    record = wire.record(msg)
-                    if record.position:
-                        self.positions[partition] = record.position
-                    pending.append(record)
-            elif response.HasField("event"):
-                pending.append(wire.event(response.event))
+            pending.extend(self._items_of(partition, response))
 
         def open_call(address: str) -> Any:
             call = self._router.broker(address).Subscribe(self._request(partition), metadata=metadata())
             return _Draining(call, pending, merged.queue)
 
         await _follow(self._router, open_call, on_response, f"subscribe {self._topic}", merged.closed)
+
+
+class AsyncSubscription(_AsyncResuming[Record | Event]):
+    """``async for item in client.subscribe(topic)``: :class:`Record` and :class:`Event` items.
+
+    Per partition in order; partitions interleave. ``position`` tokens of delivered records are
+    kept per partition (:attr:`positions`) and a reopened stream starts right after them. Before
+    iterating, :attr:`positions` (tokens) and :attr:`starts` (positions) may be set per partition to
+    start partitions at different places (a saved cursor)."""
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return self
+
+    def _items_of(self, partition: int, response: broker_pb2.SubscribeResponse) -> list[object]:
+        items: list[object] = []
+        if response.HasField("batch"):
+            for msg in response.batch.records:
+                record = wire.record(msg)
+                if record.position:
+                    self.positions[partition] = record.position
+                items.append(record)
+        elif response.HasField("event"):
+            items.append(wire.event(response.event))
+        return items
+
+
+class AsyncBatchSubscription(_AsyncResuming[Batch | Event]):
+    """``async for item in client.subscribe_batches(topic)``: :class:`Batch` and :class:`Event`
+    items (see :meth:`broker.client.Client.subscribe_batches`); :attr:`positions` holds each
+    partition's ``next_position``."""
+
+    _compact = True
+    _kind = "batch"
+
+    async def __aenter__(self) -> AsyncBatchSubscription:
+        return self
+
+    def _items_of(self, partition: int, response: broker_pb2.SubscribeResponse) -> list[object]:
+        kind = response.WhichOneof("body")
+        if kind == "event":
+            return [wire.event(response.event)]
+        if kind == "compact":
+            batch = wire.compact_batch(response.compact)
+        elif kind == "batch" and response.batch.records:
+            batch = wire.records_batch(response.batch)
+        else:
+            return []
+        if batch.next_position:
+            self.positions[partition] = batch.next_position
+        return [batch]
 
 
 class _Draining:
