@@ -469,3 +469,20 @@ def test_format2_and_format3_values_read_alike_side_by_side(env: Env) -> None:
     assert [r.value for r in flat(subscribe(env, "t", 0)) if isinstance(r, internal_pb2.Record)] == [
         value_of(i) for i in range(10)]
     assert [r.offset for r in flat(subscribe(env, "t", 3)) if isinstance(r, internal_pb2.Record)] == list(range(3, 10))
+
+
+def test_a_point_read_in_a_large_value_checks_its_own_record(env: Env) -> None:
+    """A few records of a large value are checked one by one (no CRC over the whole value): damage
+    is still found, and only where it is."""
+    env.topic("t")
+    publish(env, "t", 0, 200)
+    tid = tid_of(env, "t")
+    flip_record_byte(env.state.store, tid, 0, 50)
+    bad = record_log.get(env.state.store, tid, 0, 50, 0)
+    assert bad is not None and bad.error == "checksum mismatch"
+    for offset in (0, 49, 51, 199):
+        good = record_log.get(env.state.store, tid, 0, offset, 0)
+        assert good is not None and good.error is None
+        assert internal_pb2.RecordBody.FromString(good.body).value == value_of(offset)
+    whole = list(record_log.read(env.state.store, tid, 0, 0, 200))
+    assert [e.offset for e in whole if e.error] == [50]
