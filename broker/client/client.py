@@ -337,10 +337,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
                                          stop_at_end=stop_at_end, max_batch=max_batch, **group_options)
         if group_options:
             raise invalid_argument(f"unknown option(s) {sorted(group_options)} (group options need group=...)")
-        if max_batch < 0:
-            raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
-        if partition is not None and partition < 0:
-            raise invalid_argument(f"partition must be >= 0, got {partition}")
+        wire.check_read_options(max_batch, partition)
         return Subscription(
             self._router,
             topic,
@@ -368,10 +365,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         :class:`Record` each. ``batch.values[i]`` is the value at ``batch.first_offset + i``;
         ``batch.next_position`` resumes after the batch. ``max_batch`` bounds the records per batch
         (0: the server's default); the server also bounds a batch's bytes."""
-        if max_batch < 0:
-            raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
-        if partition is not None and partition < 0:
-            raise invalid_argument(f"partition must be >= 0, got {partition}")
+        wire.check_read_options(max_batch, partition)
         return BatchSubscription(
             self._router,
             topic,

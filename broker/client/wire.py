@@ -358,6 +358,14 @@ def record(msg: common_pb2.Record) -> Record:
     return out
 
 
+def check_read_options(max_batch: int, partition: int | None) -> None:
+    """Raises :class:`InvalidArgument` for a negative ``max_batch`` or ``partition``."""
+    if max_batch < 0:
+        raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
+    if partition is not None and partition < 0:
+        raise invalid_argument(f"partition must be >= 0, got {partition}")
+
+
 def compact_batch(msg: broker_pb2.CompactBatch) -> Batch:
     """The :class:`Batch` of a compact response: the SDK's per-record work is one attribute read
     of each record's value (the parse was one C call for the whole response)."""

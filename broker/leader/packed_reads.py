@@ -61,6 +61,19 @@ def _packed_field(number: int, values: list[int]) -> bytes:
     return _bytes_field(number, b"".join(map(varint, values)))
 
 
+def _checked(data: bytes, count: int, body: str) -> PackedBatch | None:
+    """``data`` as a :class:`PackedBatch` once it parses (as the internal twin, in C) with ``count``
+    records in its ``body`` field; None when it does not (a stored body that is not a ``RecordBody``)."""
+    try:
+        parsed = internal_pb2.SubscribeResponse.FromString(data)
+    except DecodeError:
+        return None
+    values = getattr(parsed, body).records
+    if len(values) != count:  # not expected: a body cannot add records; refuse rather than trust it
+        return None
+    return PackedBatch(data, count, sum(map(len, map(_VALUE, values))))
+
+
 @dataclass(frozen=True, slots=True)
 class PackedBatch:
     """One serialized ``SubscribeResponse`` holding a batch of ``records`` records."""
@@ -120,16 +133,8 @@ class BatchWriter:
     def finish(self) -> PackedBatch | None:
         """The response, or None when it does not parse (a body that is not a ``RecordBody``)."""
         assert self.count > 0, "a packed response holds at least one record"
-        batch = b"".join(self._parts)
-        data = b"".join((_FIELD1_BYTES, varint(len(batch)), batch))
-        try:
-            parsed = internal_pb2.SubscribeResponse.FromString(data)
-        except DecodeError:
-            return None
-        values = parsed.batch.records
-        if len(values) != self.count:  # not expected: a body cannot add records; refuse rather than trust it
-            return None
-        return PackedBatch(data, self.count, sum(map(len, map(_VALUE, values))))
+        parts = self._parts
+        return _checked(b"".join((_FIELD1_BYTES, varint(sum(map(len, parts))), *parts)), self.count, "batch")
 
 
 class CompactWriter:
@@ -228,12 +233,4 @@ class CompactWriter:
         ))
         parts = self._parts
         parts.append(tail)
-        data = b"".join((_COMPACT, varint(sum(map(len, parts))), *parts))
-        try:
-            parsed = internal_pb2.SubscribeResponse.FromString(data)
-        except DecodeError:
-            return None
-        values = parsed.compact.records
-        if len(values) != self.count:  # not expected: a body cannot add records; refuse rather than trust it
-            return None
-        return PackedBatch(data, self.count, sum(map(len, map(_VALUE, values))))
+        return _checked(b"".join((_COMPACT, varint(sum(map(len, parts))), *parts)), self.count, "compact")

@@ -205,18 +205,9 @@ class AsyncClient:
                   timestamp_ms: int | None = None, stop_at_end: bool = False, max_batch: int = 0,
                   filter: str | None = None) -> AsyncSubscription:
         """Records and events of ``topic`` from ``start`` (see :meth:`Client.subscribe`); ``async for`` it."""
-        if max_batch < 0:
-            raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
-        if partition is not None and partition < 0:
-            raise invalid_argument(f"partition must be >= 0, got {partition}")
-        position = wire.position(start, timestamp_ms)
-
-        async def partitions() -> list[int]:
-            if partition is not None:
-                return [partition]
-            return list(range((await self.describe_topic(topic)).partition_count))
-
-        return AsyncSubscription(self._router, topic, partitions, position=position, stop_at_end=stop_at_end,
+        wire.check_read_options(max_batch, partition)
+        return AsyncSubscription(self._router, topic, self._partitions(topic, partition),
+                                 position=wire.position(start, timestamp_ms), stop_at_end=stop_at_end,
                                  max_batch=max_batch, filter=filter or "", on_event=self._on_event)
 
     def subscribe_batches(self, topic: str, *, partition: int | None = None, start: str | int | bytes = "earliest",
@@ -224,19 +215,20 @@ class AsyncClient:
                           max_batch: int = 0) -> AsyncBatchSubscription:
         """Records of ``topic`` as :class:`Batch` values (see :meth:`Client.subscribe_batches`);
         ``async for`` it. ``on_event`` sees each batch as "batch"."""
-        if max_batch < 0:
-            raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
-        if partition is not None and partition < 0:
-            raise invalid_argument(f"partition must be >= 0, got {partition}")
-        position = wire.position(start, timestamp_ms)
+        wire.check_read_options(max_batch, partition)
+        return AsyncBatchSubscription(self._router, topic, self._partitions(topic, partition),
+                                      position=wire.position(start, timestamp_ms), stop_at_end=stop_at_end,
+                                      max_batch=max_batch, filter="", on_event=self._on_event)
+
+    def _partitions(self, topic: str, partition: int | None) -> Callable[[], Awaitable[list[int]]]:
+        """What a subscription reads: ``partition``, or every partition of ``topic`` when it starts."""
 
         async def partitions() -> list[int]:
             if partition is not None:
                 return [partition]
             return list(range((await self.describe_topic(topic)).partition_count))
 
-        return AsyncBatchSubscription(self._router, topic, partitions, position=position, stop_at_end=stop_at_end,
-                                      max_batch=max_batch, filter="", on_event=self._on_event)
+        return partitions
 
     def consumer(self, topic: str, group: str, **options: Any) -> AsyncConsumer:
         """A member of consumer group ``group`` (the options of :class:`AsyncConsumer`)."""
