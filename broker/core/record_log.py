@@ -200,14 +200,8 @@ class _Value:
     def _stamps(self, index: int, count: int) -> list[int]:
         """The timestamps of records ``index`` … ``index + count - 1`` of this format-3 value."""
         out: list[int] = []
-        at = 0
-        for n, ts in self.runs:
-            lo, hi = max(at, index), min(at + n, index + count)
-            if lo < hi:
-                out += [ts] * (hi - lo)
-            at += n
-            if at >= index + count:
-                break
+        for n, ts in self.runs_of(index, count):
+            out += [ts] * n
         return out
 
     def runs_of(self, index: int, count: int) -> list[tuple[int, int]]:
