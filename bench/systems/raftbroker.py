@@ -21,6 +21,9 @@ from broker.client import Batch, Client, Unimplemented
 from broker.devcluster import DevCluster
 
 TUNING = ClientTuning(batch_records=1000, inflight_batches=4)
+# records per consume response asked for (the server also bounds a response at 1 MiB): a Kafka
+# consumer fetches up to 1 MiB per partition by default too
+CONSUME_BATCH_RECORDS = 5000
 POOL_THREADS = 32  # failover keeps up to this many publishes waiting in the SDK's retry loop
 _GUARANTEE = {
     "disk": "ack after a Raft majority has the batch (OS-buffered, not fsynced)",
@@ -70,7 +73,7 @@ class RaftbrokerEndpoint(Endpoint):
 
         def read() -> int:
             seen = 0
-            with self._client.subscribe_batches(stream, start="earliest", max_batch=1000) as sub:
+            with self._client.subscribe_batches(stream, start="earliest", max_batch=CONSUME_BATCH_RECORDS) as sub:
                 if ready is not None:
                     loop.call_soon_threadsafe(ready.set)
                 for item in sub:
@@ -99,7 +102,8 @@ class RaftbrokerDeployment(Deployment):
         self.info = DeploymentInfo(
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
             guarantee=_GUARANTEE[durability], client="raftbroker SDK publish_batch(1000), 4 in flight; "
-                                                   "subscribe_batches(max_batch=1000): one object per batch",
+                                                   f"subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, the "
+                                                   "server's 1 MiB bound): one object per batch",
             publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight",
             exactly_once="SDK default: a producer session, one (dedup_id, first_msg_id) range per batch",
         )
