@@ -177,6 +177,18 @@ class Batch:
     def ops(self) -> list[str]:
         return [OPS[op] if 0 <= op < len(OPS) else f"unknown({op})" for op in (m.op for m in self._messages)]
 
+    def origins(self) -> list[str]:
+        return [m.origin for m in self._messages]
+
+    def slice(self, start: int, stop: int) -> Batch:
+        """Records ``start`` … ``stop - 1`` of this batch (indexes, not offsets); ``next_position``
+        is kept only when the slice ends where the batch does (else empty)."""
+        start, stop, _ = slice(start, stop).indices(len(self.values))
+        return Batch(topic=self.topic, partition=self.partition, first_offset=self.first_offset + start,
+                     values=self.values[start:stop], timestamps_ms=self.timestamps_ms[start:stop],
+                     next_position=self.next_position if stop >= len(self.values) else b"",
+                     _messages=self._messages[start:stop])
+
 
 @dataclass(frozen=True)
 class Event:

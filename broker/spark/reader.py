@@ -2,7 +2,7 @@
 
 Planning (driver) resolves positions to offsets per topic partition and splits each partition's
 range into :class:`OffsetRange` input partitions of at most ``maxRecordsPerPartition`` records.
-Reading (executors) reads one range through :meth:`broker.client.Client.read_range`, so the same
+Reading (executors) reads one range through :meth:`broker.client.Client.read_range_batches`, so the same
 range always yields the same records (deterministic replays) and every hole is seen: with
 ``failOnDataLoss=true`` (the default) it fails the query with a message naming topic, partition
 and the missing range; with ``false`` it logs the gap and goes on (SKIP_FORWARD, SPEC §3.3).
@@ -19,12 +19,12 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from broker.client import Client, MissingRange
+from broker.client import Batch, Client, MissingRange
 from broker.spark.options import EARLIEST, LATEST, ReaderOptions
-from broker.spark.schema import arrow_schema, to_batch
+from broker.spark.schema import arrow_schema, batches_to_arrow
 
 log = logging.getLogger("broker.spark")
-ARROW_BATCH_ROWS = 10_000  # rows per Arrow batch handed to Spark
+ARROW_BATCH_ROWS = 10_000  # rows per Arrow batch handed to Spark (at least; whole SDK batches)
 
 
 class DataLossError(RuntimeError):
@@ -91,17 +91,19 @@ def read_range(options: ReaderOptions, fields: Sequence[tuple[str, str]] | None,
     """The records of ``part`` as Arrow batches (runs on an executor)."""
     schema = arrow_schema(fields)
     with Client(options.bootstrap) as client:
-        chunk = []
-        for item in client.read_range(options.topic, part.partition, part.start, part.end):
+        chunk: list[Batch] = []
+        rows = 0
+        for item in client.read_range_batches(options.topic, part.partition, part.start, part.end):
             if isinstance(item, MissingRange):
                 data_loss(options, item)
                 continue
             chunk.append(item)
-            if len(chunk) >= ARROW_BATCH_ROWS:
-                yield to_batch(chunk, fields, schema)
-                chunk = []
+            rows += len(item)
+            if rows >= ARROW_BATCH_ROWS:
+                yield batches_to_arrow(chunk, fields, schema)
+                chunk, rows = [], 0
         if chunk:
-            yield to_batch(chunk, fields, schema)
+            yield batches_to_arrow(chunk, fields, schema)
 
 
 class BatchReader(DataSourceReader):

@@ -1,4 +1,4 @@
-"""The columns a topic reads as, in Spark and in Arrow, and records turned into Arrow batches.
+"""The columns a topic reads as, in Spark and in Arrow, and SDK batches turned into Arrow batches.
 
 Binary format: ``topic, partition, offset, key, value, headers, timestamp, op, origin``.
 JSON format (a typed topic, ``valueFormat=json``): the same without ``value``, followed by one
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.client.models import Record
+from broker.client.models import Batch
 from broker.spark.options import SparkOptionError
 
 META_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "op", "origin")
@@ -87,7 +86,7 @@ def arrow_schema(fields: Sequence[tuple[str, str]] | None) -> pa.Schema:
     return pa.schema(columns)
 
 
-def _json_value(record: Record, name: str, kind: str, document: dict[str, Any]) -> Any:
+def _json_value(where: tuple[str, int, int], name: str, kind: str, document: dict[str, Any]) -> Any:
     value = document.get(name)
     if value is None:
         return None
@@ -97,34 +96,46 @@ def _json_value(record: Record, name: str, kind: str, document: dict[str, Any]) 
           "integer": isinstance(value, int) and not isinstance(value, bool),
           "number": isinstance(value, int | float) and not isinstance(value, bool)}[kind]
     if not ok:
-        raise ValueError(f"raftbroker: {record.topic}[{record.partition}]@{record.offset}: field {name!r} "
-                         f"is not a {kind}: {value!r}")
+        topic, partition, offset = where
+        raise ValueError(f"raftbroker: {topic}[{partition}]@{offset}: field {name!r} is not a {kind}: {value!r}")
     return float(value) if kind == "number" else value
 
 
-def to_batch(records: Sequence[Record], fields: Sequence[tuple[str, str]] | None, schema: pa.Schema
-             ) -> pa.RecordBatch:
-    """One Arrow batch of ``records`` in the format of ``fields`` (see :func:`spark_schema`)."""
-    columns: dict[str, list[Any]] = {
-        "topic": [r.topic for r in records],
-        "partition": [r.partition for r in records],
-        "offset": [r.offset for r in records],
-        "key": [r.key for r in records],
-        "headers": [list(r.headers.items()) for r in records],
-        "timestamp": [datetime.fromtimestamp(r.timestamp_ms / 1000, tz=UTC) for r in records],
-        "op": [r.op for r in records],
-        "origin": [r.origin for r in records],
-    }
-    if fields is None:
-        columns["value"] = [r.value for r in records]
-    else:
+def batches_to_arrow(batches: Sequence[Batch], fields: Sequence[tuple[str, str]] | None, schema: pa.Schema
+                     ) -> pa.RecordBatch:
+    """One Arrow batch of the records of ``batches`` (``Client.read_range_batches``) in the format
+    of ``fields`` (see :func:`spark_schema`): each column is built a batch at a time, with no
+    object per record."""
+    columns: dict[str, list[Any]] = {name: [] for name in META_COLUMNS}
+    for b in batches:
+        n = len(b)
+        columns["topic"] += [b.topic] * n
+        columns["partition"] += [b.partition] * n
+        columns["offset"] += b.offsets
+        columns["key"] += b.keys()
+        columns["value"] += b.values
+        columns["headers"] += [list(h.items()) for h in b.headers()]
+        columns["timestamp"] += b.timestamps_ms
+        columns["op"] += b.ops()
+        columns["origin"] += b.origins()
+    return _arrow(columns, fields, schema)
+
+
+def _arrow(columns: dict[str, list[Any]], fields: Sequence[tuple[str, str]] | None, schema: pa.Schema
+           ) -> pa.RecordBatch:
+    """The Arrow batch of the record columns (timestamps in ms), in the format of ``fields``."""
+    arrays: dict[str, Any] = dict(columns)
+    arrays["timestamp"] = pa.array([ms * 1000 for ms in columns["timestamp"]], pa.timestamp("us", tz="UTC"))
+    if fields is not None:
         documents = []
-        for r in records:
+        for topic, partition, offset, value in zip(columns["topic"], columns["partition"], columns["offset"],
+                                                   columns["value"], strict=True):
             try:
-                document = json.loads(r.value)
+                document = json.loads(value)
             except ValueError:
-                raise ValueError(f"raftbroker: {r.topic}[{r.partition}]@{r.offset} is not JSON") from None
+                raise ValueError(f"raftbroker: {topic}[{partition}]@{offset} is not JSON") from None
             documents.append(document if isinstance(document, dict) else {})
+        places = list(zip(columns["topic"], columns["partition"], columns["offset"], strict=True))
         for name, kind in fields:
-            columns[name] = [_json_value(r, name, kind, d) for r, d in zip(records, documents, strict=True)]
-    return pa.RecordBatch.from_pydict({f.name: columns[f.name] for f in schema}, schema=schema)
+            arrays[name] = [_json_value(w, name, kind, d) for w, d in zip(places, documents, strict=True)]
+    return pa.RecordBatch.from_pydict({f.name: arrays[f.name] for f in schema}, schema=schema)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client import Client, InvalidArgument, MissingRange, Record
+from broker.client import Batch, Client, InvalidArgument, MissingRange, Record
 from broker.devcluster import DevCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -33,3 +33,30 @@ def test_read_range_end_offsets_and_timestamps(cluster: DevCluster) -> None:
             list(client.read_range("ranges", 0, 5, 2))
         with pytest.raises(InvalidArgument):
             client.offset_for_timestamp("ranges", 7, 0)
+
+
+def flat(items: list[Batch | MissingRange]) -> list[object]:
+    """Batches as (offset, value) per record, holes as they are."""
+    out: list[object] = []
+    for item in items:
+        if isinstance(item, Batch):
+            out += list(zip(item.offsets, item.values, strict=True))
+        else:
+            out.append(item)
+    return out
+
+
+def test_read_range_batches_give_the_records_and_holes_read_range_does(cluster: DevCluster) -> None:
+    with Client(cluster.addresses) as client:
+        client.create_topic("ranges-b", 1)
+        for n in (7, 100, 1):  # stored batches of odd sizes, cut by the ranges below
+            client.publish_batch("ranges-b", [f"v{i}" for i in range(n)])
+        client.prune("ranges-b", 5, partition=0)
+        for start, end in ((0, 108), (5, 6), (6, 9), (3, 50), (50, 108), (107, 108), (108, 108)):
+            want = [(r.offset, r.value) if isinstance(r, Record) else r
+                    for r in client.read_range("ranges-b", 0, start, end)]
+            got = list(client.read_range_batches("ranges-b", 0, start, end))
+            assert flat(got) == want, (start, end)
+            assert all(b.first_offset >= start and b.next_offset <= end for b in got if isinstance(b, Batch))
+        with pytest.raises(InvalidArgument):
+            list(client.read_range_batches("ranges-b", 0, 5, 2))

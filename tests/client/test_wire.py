@@ -156,3 +156,18 @@ def test_whole_records_become_a_batch_only_when_consecutive() -> None:
     msg.records[1].offset = 8
     with pytest.raises(BrokerError, match="not consecutive"):
         wire.records_batch(msg)
+
+
+def test_a_slice_of_a_batch_keeps_its_records_and_the_position_only_at_its_end() -> None:
+    msg = broker_pb2.CompactBatch(topic="t", partition=1, first_offset=10, timestamp_counts=[2, 2],
+                                  timestamps_ms=[5, 6], next_position=b"tok")
+    for i in range(4):
+        msg.records.add(value=b"v%d" % i, origin=f"o{i}")
+    batch = wire.compact_batch(msg)
+    middle = batch.slice(1, 3)
+    assert (middle.first_offset, middle.values, middle.timestamps_ms, middle.next_position) == (
+        11, [b"v1", b"v2"], [5, 6], b"")
+    assert middle.origins() == ["o1", "o2"] and list(middle.offsets) == [11, 12]
+    tail = batch.slice(2, 4)
+    assert (tail.first_offset, tail.next_offset, tail.next_position) == (12, 14, b"tok")
+    assert batch.slice(0, 4).values == batch.values

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from broker.client import Batch
+from broker.client import wire as client_wire
 from broker.pipeline import Pipeline, topic
 from broker.spark.options import EARLIEST, LATEST, SparkOptionError, parse_offsets, reader_options, writer_options
 from broker.spark.reader import admit, split
+from broker.spark.schema import arrow_schema, batches_to_arrow
+from broker.v1 import broker_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +62,35 @@ def test_pipeline_declarations() -> None:
         Pipeline([a.pipe(str).to(b), a.pipe(str).to(b)])
     with pytest.raises(ValueError, match="topic name"):
         topic("bad name")
+
+
+def _batch(topic: str, partition: int, first: int, values: list[bytes], ts: int) -> Batch:
+    msg = broker_pb2.CompactBatch(topic=topic, partition=partition, first_offset=first,
+                                  timestamp_counts=[len(values)], timestamps_ms=[ts])
+    for i, v in enumerate(values):
+        rec = msg.records.add(value=v, origin="c/r" if i else "")
+        if i % 2:
+            rec.key = b"k%d" % i
+            rec.headers["h"] = str(i)
+    return client_wire.compact_batch(msg)
+
+
+def test_batches_become_one_arrow_batch_with_every_column() -> None:
+    batches = [_batch("t", 2, 40, [b"a", b"b"], 1_700_000_000_123), _batch("t", 2, 42, [b"c"], 1_700_000_000_124)]
+    out = batches_to_arrow(batches, None, arrow_schema(None)).to_pydict()
+    assert out["offset"] == [40, 41, 42] and out["partition"] == [2, 2, 2] and out["topic"] == ["t"] * 3
+    assert out["value"] == [b"a", b"b", b"c"] and out["key"] == [None, b"k1", None]
+    assert out["headers"] == [[], [("h", "1")], []] and out["op"] == ["insert"] * 3
+    assert out["origin"] == ["", "c/r", ""]
+    assert [t.timestamp() for t in out["timestamp"]] == [1_700_000_000.123, 1_700_000_000.123, 1_700_000_000.124]
+
+
+def test_json_batches_become_typed_columns_and_a_bad_field_names_its_record() -> None:
+    fields = [("n", "integer"), ("s", "string"), ("o", "json")]
+    good = _batch("j", 0, 0, [b'{"n": 1, "s": "x", "o": {"a": [1]}}', b'{"s": "y"}'], 5)
+    out = batches_to_arrow([good], fields, arrow_schema(fields)).to_pydict()
+    assert (out["n"], out["s"], out["o"]) == ([1, None], ["x", "y"], ['{"a": [1]}', None])
+    with pytest.raises(ValueError, match=r"j\[0\]@7: field 'n' is not a integer"):
+        batches_to_arrow([_batch("j", 0, 7, [b'{"n": "one"}'], 5)], fields, arrow_schema(fields))
+    with pytest.raises(ValueError, match=r"j\[0\]@3 is not JSON"):
+        batches_to_arrow([_batch("j", 0, 3, [b"nope"], 5)], fields, arrow_schema(fields))
