@@ -18,6 +18,7 @@ import contextlib
 import queue
 import threading
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
@@ -212,8 +213,9 @@ class _Resuming(Iterator[T], Generic[T]):
             finally:
                 self._release(call)
 
+    @abstractmethod
     def _items_of(self, response: broker_pb2.SubscribeResponse) -> Iterator[T]:
-        raise NotImplementedError
+        """The items one response carries (and the resume position it moves)."""
 
     def _open(self, address: str, request: broker_pb2.SubscribeRequest) -> grpc.Call:
         call = self._router.broker(address).Subscribe(request)

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
@@ -173,8 +174,9 @@ class _AsyncResuming(AsyncIterator[T], Generic[T]):
                                            max_batch=self._max_batch, filter=self._filter, compact=self._compact,
                                            **{"from": position})
 
+    @abstractmethod
     def _items_of(self, partition: int, response: broker_pb2.SubscribeResponse) -> list[object]:
-        raise NotImplementedError
+        """The items one response carries (and the resume position it moves)."""
 
     async def _run(self, partition: int) -> None:
         assert self._merged is not None
