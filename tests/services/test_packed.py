@@ -75,8 +75,8 @@ def test_repeated_allowed_fields_pass_the_lean_path_and_read_as_the_per_record_p
             slow.records[i].body)
 
 
-@pytest.mark.parametrize("record", [b"\x2a\x05ab", b"\x48\x80", b"\x2a"],
-                         ids=["value-past-its-end", "cut-varint", "cut-length"])
+@pytest.mark.parametrize("record", [b"\x2a\x05ab", b"\x48\x80", b"\x2a", b"\x0c", b"\x2a\x01a\x4c"],
+                         ids=["value-past-its-end", "cut-varint", "cut-length", "stray-end-group", "end-group-late"])
 def test_a_record_that_is_not_its_own_message_never_passes_the_lean_path(record: bytes) -> None:
     """Joined with the next record, a field that runs past its record's end would read as fine:
     each record must parse on its own."""
