@@ -4,6 +4,12 @@ The live database is ``<root>/db-<generation>``; ``<root>/CURRENT`` names the ge
 :meth:`RocksStore.replace_with` opens a restored checkpoint as the next generation, switches to it
 atomically and closes the previous one a little later, so readers iterating the old generation
 are never pulled out from under (they finish on a consistent, slightly older view).
+
+That later close runs on a timer thread that is not a daemon, and :meth:`RocksStore.close` does
+every close still pending itself. A daemon thread must never be inside rocksdict when the
+interpreter finalizes: rocksdict releases the GIL while RocksDB closes, and a daemon thread that
+takes the GIL back during finalization is ended by ``pthread_exit``. That unwinds through Rust
+frames and aborts the whole process (SIGABRT; seen as the test runner dying after its last test).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from rocksdict import (
 )
 
 from broker.storage import Batch, Column, StorageFailure, StoreCorruption
+
+_Handles = tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]]
 
 _OLD_DB_GRACE_S = 5.0
 _RECOVERY_HINT = ("stop the node and move the store directory {root} away: the node rebuilds it from its Raft "
@@ -86,6 +94,8 @@ class RocksStore:
         self._root = Path(root)
         self._root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        # generations replaced but not closed yet: their timer, their handles, their directory
+        self._retiring: dict[int, tuple[threading.Timer, _Handles, Path]] = {}
         self._generation = self._read_generation()
         db_path = self._db_path(self._generation)
         try:
@@ -128,7 +138,7 @@ class RocksStore:
         os.replace(tmp, self._root / "CURRENT")
 
     @staticmethod
-    def _open(path: Path) -> tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]]:
+    def _open(path: Path) -> _Handles:
         column_families = {c.value: _options(point_lookups=c == Column.DEDUP) for c in Column}
         db = Rdict(str(path), options=_options(), column_families=column_families,
                    access_type=AccessType.read_write())
@@ -137,7 +147,14 @@ class RocksStore:
         return db, cfs, handles
 
     def close(self) -> None:
+        """Close the database and every replaced generation whose delayed close is still pending."""
         with self._lock:
+            retiring = list(self._retiring.values())
+            self._retiring.clear()
+            for timer, old, path in retiring:
+                timer.cancel()
+                self._release(*old)
+                shutil.rmtree(path, ignore_errors=True)
             self._release(self._db, self._cfs, self._handles)
 
     @staticmethod
@@ -237,16 +254,23 @@ class RocksStore:
             shutil.move(directory, new_path)
             db, cfs, handles = self._open(new_path)
             old = (self._db, self._cfs, self._handles)
-            old_path = self._db_path(self._generation)
+            old_generation = self._generation
             self._db, self._cfs, self._handles = db, cfs, handles
             self._generation = new_generation
             self._write_generation(new_generation)
-        timer = threading.Timer(_OLD_DB_GRACE_S, self._retire, args=(old, old_path))
-        timer.daemon = True
+            # not a daemon: the interpreter waits for it before it finalizes (module docstring)
+            timer = threading.Timer(_OLD_DB_GRACE_S, self._retire, args=(old_generation,))
+            timer.name = f"rocks-retire-{old_generation}"
+            self._retiring[old_generation] = (timer, old, self._db_path(old_generation))
         timer.start()
 
-    @classmethod
-    def _retire(cls, old: tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]], path: Path) -> None:
-        cls._release(*old)
-        shutil.rmtree(path, ignore_errors=True)
+    def _retire(self, generation: int) -> None:
+        """Close a replaced generation (unless :meth:`close` did already) and delete its directory."""
+        with self._lock:  # held while closing, so that close() returns only after it
+            entry = self._retiring.pop(generation, None)
+            if entry is None:
+                return
+            _, old, path = entry
+            self._release(*old)
+            shutil.rmtree(path, ignore_errors=True)
 

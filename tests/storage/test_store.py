@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,6 +91,39 @@ def test_rocks_store_reopens_with_restored_generation(tmp_path: Path) -> None:
     reopened = RocksStore(tmp_path / "db")
     assert len(list(reopened.scan(Column.RECORDS, k(0), k(100)))) == 3
     reopened.close()
+
+
+def test_close_closes_a_replaced_generation_at_once(tmp_path: Path) -> None:
+    """The generation a restore replaced is closed after a grace period, or by close() before that:
+    no timer thread is left behind to call into RocksDB while the interpreter finalizes."""
+    s = RocksStore(tmp_path / "db")
+    fill(s, 3)
+    s.checkpoint(str(tmp_path / "cp"))
+    s.replace_with(str(tmp_path / "cp"))
+    assert (tmp_path / "db" / "db-0").is_dir(), "the old generation stays open for readers a while"
+    s.close()
+    assert not (tmp_path / "db" / "db-0").exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("rocks-retire-")]
+
+
+def test_a_process_that_exits_right_after_a_restore_closes_the_old_generation_first(tmp_path: Path) -> None:
+    """Without close(): the delayed close is not a daemon thread, so it runs before the interpreter
+    finalizes (a daemon thread inside RocksDB's close at finalization aborts the process)."""
+    program = textwrap.dedent(f"""
+        from pathlib import Path
+        from broker.storage import Column
+        from broker.storage.rocks import RocksStore
+        s = RocksStore(Path({str(tmp_path / "db")!r}))
+        batch = s.batch()
+        batch.put(Column.META, b"k", b"v")
+        s.write(batch)
+        s.checkpoint({str(tmp_path / "cp")!r})
+        s.replace_with({str(tmp_path / "cp")!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "db" / "db-0").exists(), "the old generation was closed and removed before exit"
+    assert (tmp_path / "db" / "db-1").is_dir()
 
 
 def test_get_many_returns_values_in_key_order(store: Store) -> None:
