@@ -156,6 +156,8 @@ class RocksStore:
                 self._release(*old)
                 shutil.rmtree(path, ignore_errors=True)
             self._release(self._db, self._cfs, self._handles)
+        for timer, _, _ in retiring:  # cancelled: each ends at once (joined outside the lock _retire takes)
+            timer.join()
 
     @staticmethod
     def _release(db: Rdict, cfs: dict[Column, Rdict], handles: dict[Column, ColumnFamily]) -> None:
