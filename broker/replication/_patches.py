@@ -107,7 +107,9 @@ _JOURNAL_RELIED_UPON_SHA256 = {
 # which alone resets pid on SUCCESS/FAILED); raft._RaftNode overrides __loadDumpFile,
 # __sendNextNodeIdx, __setState (compaction thresholds are read from the conf at every tick by
 # __tryLogCompaction), _onTick (the election check precedes the poll; its leader commit rule is
-# repeated by _RaftNode._advance_leader_commit right after appending) and _checkCommandsToApply.
+# repeated by _RaftNode._advance_leader_commit right after appending), _checkCommandsToApply
+# and __sendAppendEntries (skipped while _checkCommandsToApply appends, which then sends once: it
+# is the only call inside that method).
 _RELIED_UPON_SHA256 = {
     (pysyncobj_syncobj.SyncObj, "_SyncObj__setState"): (
         "2c1f239f7bd79b3945b63418b4f564c40c07893d3cf747af2ddd5c6a045093a8"

@@ -86,6 +86,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self.counters = counters or RaftCounters()  # elections here; fsyncs in the journal (metrics)
         self._configuration_replayed = False
         self._term_first_index = 0  # as leader: the index of its term's no-op (status_fields)
+        self._coalescing_sends = False  # _checkCommandsToApply: one send for the commands it appends
         self._init_transfer()
         active = _patches.active_patches()
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
@@ -244,11 +245,21 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         fail them (stock pysyncobj forwards them)."""
         if self._isLeader() and not self.transferring:
             appended_after = self._SyncObj__getCurrentLogIndex()
-            super()._checkCommandsToApply()
-            if self._SyncObj__getCurrentLogIndex() > appended_after and self._advance_leader_commit():
-                # A lone leader is its own majority: commit and apply now (the apply syncs the journal
-                # first, see _SyncObj__applyLogEntries) instead of at the next tick, after the poll.
-                self._SyncObj__applyLogEntries()
+            # pysyncobj (appendEntriesUseBatch off) sends to every follower after each command it
+            # appends: N commands queued since the last tick went out as N messages per follower, each
+            # received, journaled and answered on its own. Send once, after the last of them: the
+            # followers get them together (up to appendEntriesBatchSizeBytes per message), as soon.
+            self._coalescing_sends = True
+            try:
+                super()._checkCommandsToApply()
+            finally:
+                self._coalescing_sends = False
+            if self._SyncObj__getCurrentLogIndex() > appended_after:
+                self._SyncObj__sendAppendEntries()
+                if self._advance_leader_commit():
+                    # A lone leader is its own majority: commit and apply now (the apply syncs the
+                    # journal first, see _SyncObj__applyLogEntries) instead of at the next tick.
+                    self._SyncObj__applyLogEntries()
             return
         known = self._getLeader() is not None or self.transferring
         reason = FAIL_REASON.NOT_LEADER if known else FAIL_REASON.MISSING_LEADER
@@ -259,6 +270,11 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             except queue.Empty:
                 return
             self._SyncObj__callErrCallback(reason, callback)
+
+    def _SyncObj__sendAppendEntries(self) -> None:
+        if self._coalescing_sends:  # _checkCommandsToApply sends once when it has appended them all
+            return
+        super()._SyncObj__sendAppendEntries()
 
     def _advance_leader_commit(self) -> bool:
         """Leader, right after appending: pysyncobj's commit rule (an entry of the current term held by

@@ -243,3 +243,54 @@ def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_app
     finally:
         rep.close()
         sm.close()
+
+
+def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: Any) -> None:
+    """The leader appends every command queued since its last tick, then sends once: ten commands
+    queued together reach each follower as one AppendEntries carrying all ten (stock pysyncobj sent
+    one message per command per follower), and every node applies the same history."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = []
+    try:
+        for i, address in enumerate(addresses):
+            sm = ChainStateMachine(tmp_path / f"n{i}" / "sm")
+            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, FAST_OPTIONS)
+            nodes.append((rep, sm))
+            rep.start()
+        leader, leader_sm = wait_until(
+            lambda: next((n for n in nodes if n[0].status().role == Role.LEADER and n[0].status().leader_ready),
+                         None), 10, "a ready leader")
+        transport = leader._node._SyncObj__transport
+        carried: list[tuple[str, list[int]]] = []  # (follower, indexes) of each AppendEntries with entries
+        stock_send = transport.send
+
+        def send(node: Any, message: Any) -> Any:
+            if isinstance(message, dict) and message.get("type") == "append_entries" and message.get("entries"):
+                carried.append((str(node.id), [entry[1] for entry in message["entries"]]))
+            return stock_send(node, message)
+
+        transport.send = send  # pysyncobj looks the method up per call
+        outcomes = Outcomes()
+        queued = threading.Event()
+
+        def queue_ten() -> None:  # on the replication thread, between two ticks' appends
+            for i in range(10):
+                leader.submit(b"together-%d" % i, outcomes.callback(i))
+            queued.set()
+
+        leader._tick_calls.append(queue_ten)
+        assert queued.wait(10)
+        wait_until(lambda: len(outcomes.results) == 10, 10, "ten commits")
+        indexes = sorted(result["index"] for result, error in outcomes.results.values()
+                         if error is None and isinstance(result, dict))
+        assert len(indexes) == 10 and indexes == list(range(indexes[0], indexes[0] + 10))
+        followers = {a for a in addresses if a != leader.status().self_address}
+        for follower in followers:
+            messages = [ixs for to, ixs in carried if to == follower and set(ixs) & set(indexes)]
+            assert messages == [indexes], f"{follower} got the ten entries as {messages}"
+        wait_until(lambda: all(sm.applied_index() >= indexes[-1] for _, sm in nodes), 10, "every node applied")
+        assert len({sm.chain() for _, sm in nodes}) == 1
+    finally:
+        for rep, sm in nodes:
+            rep.close()
+            sm.close()
