@@ -20,6 +20,7 @@ from pathlib import Path
 
 _CHUNK_BYTES = 64 * 1024
 _STALL_S = (0.05, 0.3)
+_JOIN_S = 5.0  # close() waits this long for the accept thread
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -100,8 +101,13 @@ class LinkProxy:
                     s.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        """Stop accepting and wait for the accept thread. On Linux, closing a listening socket does not
+        wake a thread blocked in its ``accept``; shutting it down first does (EINVAL)."""
         self.closed = True
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
+        self.thread.join(_JOIN_S)
 
 
 class ProxyFabric:

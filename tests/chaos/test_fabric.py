@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
@@ -29,8 +30,15 @@ def _echo_server() -> tuple[socket.socket, str]:
             conn.sendall(data)
             conn.close()
 
-    threading.Thread(target=serve, daemon=True).start()
+    threading.Thread(target=serve, name="echo-server", daemon=True).start()
     return server, f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def _stop(server: socket.socket) -> None:
+    """Close a listening socket and wake its accept (close alone does not, on Linux)."""
+    with contextlib.suppress(OSError):
+        server.shutdown(socket.SHUT_RDWR)
+    server.close()
 
 
 def _roundtrip(address: str, timeout_s: float = 1.0) -> bool:
@@ -55,9 +63,12 @@ def test_proxy_links_forward_and_a_cut_refuses_until_healed() -> None:
         fabric.heal()
         assert _roundtrip(link)
         assert '"127.0.0.1' in fabric.env(0)["RAFTBROKER_CHAOS_DIAL"]
+        proxies = list(fabric.proxies.values())
     finally:
         fabric.close()
-        server.close()
+        _stop(server)
+    # close() stops every proxy's accept thread (the unused link's too), not just its socket
+    assert [p.address for p in proxies if p.thread.is_alive()] == []
 
 
 def test_netns_cut_drops_node_traffic_not_client_traffic_and_close_removes_everything() -> None:
