@@ -248,18 +248,24 @@ def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_app
 def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: Any) -> None:
     """The leader appends every command queued since its last tick, then sends once: ten commands
     queued together reach each follower as one AppendEntries carrying all ten (stock pysyncobj sent
-    one message per command per follower), and every node applies the same history."""
+    one message per command per follower), and every node applies the same history.
+
+    The leader drains its queue for at most ``append_entries_period_s`` per tick: a long period keeps a
+    preempted drain (a loaded machine) from leaving some of the ten to the next tick, and long
+    election timeouts keep the leader in place. The first message may also carry earlier entries
+    the follower still lacks (the term's no-op)."""
+    options = RaftOptions(raft_min_timeout_s=2.0, raft_max_timeout_s=3.0, append_entries_period_s=0.5)
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     nodes = []
     try:
         for i, address in enumerate(addresses):
             sm = ChainStateMachine(tmp_path / f"n{i}" / "sm")
-            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, FAST_OPTIONS)
+            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, options)
             nodes.append((rep, sm))
             rep.start()
         leader, leader_sm = wait_until(
             lambda: next((n for n in nodes if n[0].status().role == Role.LEADER and n[0].status().leader_ready),
-                         None), 10, "a ready leader")
+                         None), 20, "a ready leader")
         transport = leader._node._SyncObj__transport
         carried: list[tuple[str, list[int]]] = []  # (follower, indexes) of each AppendEntries with entries
         stock_send = transport.send
@@ -287,7 +293,7 @@ def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: A
         followers = {a for a in addresses if a != leader.status().self_address}
         for follower in followers:
             messages = [ixs for to, ixs in carried if to == follower and set(ixs) & set(indexes)]
-            assert messages == [indexes], f"{follower} got the ten entries as {messages}"
+            assert messages and set(indexes) <= set(messages[0]), f"{follower} got the ten entries as {messages}"
         wait_until(lambda: all(sm.applied_index() >= indexes[-1] for _, sm in nodes), 10, "every node applied")
         assert len({sm.chain() for _, sm in nodes}) == 1
     finally:
