@@ -57,10 +57,14 @@ alerts: metrics-deps
 	promtool check rules deploy/alerts.yaml
 	promtool test rules deploy/alerts.test.yaml
 
-unit: $(STAMP)
+# One tier at a time installs what that tier's tests use, as `make test` does for all of them: the
+# bench extra and redis-server (the harness tests), promtool (the metrics catalog), helm (the chart).
+TIER_DEPS := $(STAMP) bench-deps metrics-deps $(HELM)
+
+unit: $(TIER_DEPS)
 	$(BIN)/pytest -m unit
 
-cluster: $(STAMP)
+cluster: $(TIER_DEPS)
 	$(BIN)/pytest -m cluster
 
 # The fuzz tier for longer (tests/fuzz: generated requests for every gRPC method, and schemathesis
@@ -69,11 +73,11 @@ cluster: $(STAMP)
 fuzz: $(STAMP)
 	RAFTBROKER_FUZZ_EXAMPLES=$${RAFTBROKER_FUZZ_EXAMPLES:-5000} $(BIN)/pytest -m fuzz -p no:cacheprovider
 
-lint: $(STAMP)
-	$(BIN)/ruff check broker tests
+lint: $(STAMP) bench-deps spark-deps
+	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker tests chaos bench
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) bench-deps spark-deps
 	$(BIN)/mypy broker tests chaos bench
 
 BENCH_STAMP := $(VENV)/.bench-installed

@@ -26,7 +26,7 @@ from broker.replication.snapshot import read_raft_data
 from broker.replication.snapshot_guard import SnapshotGuardMixin
 from broker.replication.stats import RaftCounters
 from broker.replication.transfer import LeadershipTransferMixin
-from broker.replication.transport import GuardedTransport
+from broker.replication.transport import GuardedTransport, HandshakeLimits
 from broker.storage import StorageFailure
 
 logger = logging.getLogger(__name__)
@@ -77,8 +77,11 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
                  state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
                  pre_vote: bool | None = None, simulate_power_loss: bool = False,
-                 stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None) -> None:
-        # Set before SyncObj.__init__: its tick thread may apply entries at once.
+                 stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None,
+                 handshake_limits: HandshakeLimits | None = None) -> None:
+        # Set before SyncObj.__init__: its tick thread may apply entries at once, and its transport
+        # (GuardedTransport) reads handshake_limits when it is built.
+        self.handshake_limits = handshake_limits or HandshakeLimits()
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0

@@ -17,6 +17,10 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   so nodes with either setting talk to each other (a rolling change is safe);
 - provides :class:`GuardedTransport`: utility commands off, and an incoming connection must name a
   cluster member as its first message (no read-only or unknown peers), else it is logged and closed;
+  one that has not done so within :attr:`HandshakeLimits.timeout_s` of its accept (a stalled or
+  trickled partial frame, an idle socket) is closed too, and the connections still unnamed are
+  capped per peer host and in all (the oldest is closed first), so unauthenticated sockets cannot
+  pile up until the node runs out of file descriptors;
 - :func:`salted_password` turns the operator's password into pysyncobj's, salted per cluster
   (pysyncobj's own key derivation uses one fixed salt for everybody).
 
@@ -37,6 +41,7 @@ import threading
 import time
 import types
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
@@ -257,12 +262,73 @@ def _parse_message(self: Any) -> Any:
     return message
 
 
+@dataclass(frozen=True)
+class HandshakeLimits:
+    """How long, and how many, incoming Raft connections may stay unnamed (``RaftOptions`` sets them).
+
+    A connection is *unnamed* from its accept until its first message names a cluster member (after
+    the key exchange when a password is set). A member does that within a round trip; anything else
+    holds a file descriptor for as long as it likes, since pysyncobj checks a connection's read
+    timeout only when the socket has an event and a trickle of bytes keeps even that fresh.
+    """
+
+    timeout_s: float = 10.0  # from accept, whatever arrives meanwhile
+    per_host_max: int = 16  # unnamed connections from one peer host; a new one closes that host's oldest
+    total_max: int = 256  # unnamed connections in all; a new one closes the oldest
+
+    def __post_init__(self) -> None:
+        if not (self.timeout_s > 0 and 1 <= self.per_host_max <= self.total_max):
+            raise ValueError(f"invalid HandshakeLimits {self}: timeout_s > 0 and 1 <= per_host_max <= total_max")
+
+
 class GuardedTransport(StampingTransport):
     """pysyncobj's TCP transport (with the journal's send gate and the snapshot guard's stamps) that
     answers only cluster members: utility commands are never registered, and an incoming connection
     whose first message (after the encrypted key exchange, when a password is set) is not a member's
-    Raft address is closed and logged. The server binds ``conf.bindAddress`` (set by
-    ``RaftOptions.to_conf``), never 0.0.0.0."""
+    Raft address is closed and logged, as is one still unnamed after the syncobj's
+    ``handshake_limits`` (:class:`HandshakeLimits`) or beyond their caps. The server binds
+    ``conf.bindAddress`` (set by ``RaftOptions.to_conf``), never 0.0.0.0."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803 (pysyncobj's names)
+        # Unnamed incoming connections in accept order: connection -> (accepted at, peer host).
+        self._unnamed: dict[Any, tuple[float, str]] = {}
+        self._limits: HandshakeLimits = getattr(syncObj, "handshake_limits", None) or HandshakeLimits()
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:  # noqa: N802
+        super()._onNewIncomingConnection(conn)
+        peer = _peer_of(conn)
+        host = peer.rpartition(":")[0] or peer
+        self._forget_named()
+        from_host = [c for c, (_, h) in self._unnamed.items() if h == host]
+        if len(from_host) >= self._limits.per_host_max:
+            self._close_unnamed(from_host[0], f"more than {self._limits.per_host_max} connections from "
+                                              f"{host} have not named a cluster member; closed the oldest")
+        elif len(self._unnamed) >= self._limits.total_max:
+            self._close_unnamed(next(iter(self._unnamed)), f"more than {self._limits.total_max} connections "
+                                                           "have not named a cluster member; closed the oldest")
+        self._unnamed[conn] = (pysyncobj_monotonic(), host)
+
+    def _onTick(self) -> None:  # noqa: N802
+        super()._onTick()
+        if not self._unnamed:
+            return
+        self._forget_named()
+        deadline = pysyncobj_monotonic() - self._limits.timeout_s
+        for conn, (accepted_at, _) in list(self._unnamed.items()):
+            if accepted_at > deadline:
+                break  # accept order: the rest are younger
+            self._close_unnamed(conn, f"did not name a cluster member within {self._limits.timeout_s:g} s")
+
+    def _forget_named(self) -> None:
+        """Drop the connections that named a member, were rejected or went away since."""
+        for conn in [c for c in self._unnamed if c not in self._unknownConnections]:
+            del self._unnamed[conn]
+
+    def _close_unnamed(self, conn: Any, reason: str) -> None:
+        del self._unnamed[conn]
+        self._unknownConnections.discard(conn)
+        _reject(conn, reason)
 
     def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802 (pysyncobj's name)
         """Utility commands (status, add, remove, transfer, set_version) are off on the Raft port."""
@@ -332,5 +398,5 @@ def _install() -> None:
 
 _install()
 
-__all__ = ["ALLOWED_GLOBALS", "GuardedTransport", "MESSAGE_COMPRESSIONS", "RESTRICTED_PICKLE", "REJECTIONS",
-           "RaftPortViolation", "restricted_loads", "salted_password", "set_message_compression"]
+__all__ = ["ALLOWED_GLOBALS", "GuardedTransport", "HandshakeLimits", "MESSAGE_COMPRESSIONS", "RESTRICTED_PICKLE",
+           "REJECTIONS", "RaftPortViolation", "restricted_loads", "salted_password", "set_message_compression"]

@@ -3,6 +3,7 @@ logged with the peer's address, and leave the cluster serving (issue 11, item 1)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -15,6 +16,7 @@ import pytest
 
 from broker.client import Client, Record
 from broker.devcluster import DevCluster
+from broker.replication.transport import HandshakeLimits
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -118,6 +120,61 @@ def test_junk_pickles_and_utility_commands_run_nothing_and_are_logged(raft_clust
         assert raft_cluster.alive(i)
     log = raft_cluster.log_path(0).read_text(errors="replace")
     assert "Traceback" not in log
+
+
+def _connect(address: str, source_host: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=10, source_address=(source_host, 0))
+    sock.setblocking(False)
+    return sock
+
+
+def _closed_by_node(sock: socket.socket) -> bool:
+    """The node closed ``sock`` (which never gets an answer while it is unnamed)."""
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_connections_that_never_name_a_member_are_closed_and_capped(raft_cluster: DevCluster) -> None:
+    """A stalled partial frame, a frame trickled a byte at a time and an idle socket each hold a file
+    descriptor on the node until the handshake deadline closes them; more unnamed connections from one
+    host than the cap close that host's oldest at once. The nodes run the default limits. Each group
+    comes from a source address of its own on loopback, since the node logs one line per peer host
+    per interval and the earlier tests' rejections came from 127.0.0.1."""
+    limits = HandshakeLimits()
+    stalled = _connect(raft_cluster.raft_address(0), "127.0.0.3")
+    stalled.sendall(struct.pack("i", 100) + b"0123456789")  # a length prefix, then a tenth of the frame
+    trickled = _connect(raft_cluster.raft_address(0), "127.0.0.3")
+    trickled.sendall(struct.pack("i", 1 << 20))  # a 1 MiB frame, sent a byte per poll below
+    idle = _connect(raft_cluster.raft_address(0), "127.0.0.3")
+    extra = 4
+    flood = [_connect(raft_cluster.raft_address(1), "127.0.0.2") for _ in range(limits.per_host_max + extra)]
+    sockets = [stalled, trickled, idle, *flood]
+    try:
+        def oldest_of_the_flood_closed() -> bool:
+            return all(_closed_by_node(s) for s in flood[:extra])
+
+        wait_until(oldest_of_the_flood_closed, 60, f"node 1 to close the {extra} oldest unnamed connections")
+
+        def all_closed() -> bool:
+            with contextlib.suppress(OSError):
+                trickled.send(b"x")  # keeps the socket's reads fresh: pysyncobj's own timeout never fires
+            return all(_closed_by_node(s) for s in sockets)
+
+        wait_until(all_closed, limits.timeout_s + 60, "the handshake deadline to close every unnamed connection")
+    finally:
+        for s in sockets:
+            s.close()
+    node0 = raft_cluster.log_path(0).read_text(errors="replace")
+    node1 = raft_cluster.log_path(1).read_text(errors="replace")
+    assert f"did not name a cluster member within {limits.timeout_s:g} s" in node0
+    assert (f"more than {limits.per_host_max} connections from 127.0.0.2 have not named a cluster member; "
+            "closed the oldest") in node1
+    assert all(raft_cluster.alive(i) for i in range(3))
 
 
 def test_the_cluster_still_serves_after_the_attempts(raft_cluster: DevCluster, tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ class GatedStateMachine(ChainStateMachine):
     ({"commands_queue_size": 0}, "positive"),
     ({"socket_send_buffer_bytes": 8192}, "socket buffers between 64 KiB and 64 MiB"),
     ({"socket_receive_buffer_bytes": 128 * 1024 * 1024}, "socket buffers between 64 KiB and 64 MiB"),
+    ({"handshake_timeout_s": 1.0}, "handshake_timeout_s >= connection_timeout_s"),
+    ({"unnamed_connections_per_host_max": 0}, "1 <= unnamed_connections_per_host_max"),
+    ({"unnamed_connections_per_host_max": 300}, "<= unnamed_connections_max"),
 ])
 def test_inconsistent_options_are_rejected(overrides: dict[str, Any], rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
