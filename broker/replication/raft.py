@@ -72,6 +72,10 @@ def map_fail_reason(code: int) -> FailReason:
     return _FAIL_REASONS.get(code, FailReason.TIMEOUT)
 
 
+APPEND_ENTRIES_BATCH_BYTES_MAX = 16 * 1024 * 1024
+_ENTRY_FRAMING_BYTES = 64 * 1024  # above a command's length: pysyncobj's pickled (method, args) wrapper
+
+
 @dataclass(frozen=True)
 class RaftOptions:
     """Tunables of :class:`PysyncobjReplicator` (defaults measured on a 2-core machine, see the design
@@ -82,7 +86,14 @@ class RaftOptions:
     append_entries_period_s: float = 0.05  # heartbeat period (and batch-send period in batch mode)
     auto_tick_period_s: float = 0.01  # tick thread's poll timeout; bounds commit latency in batch mode
     append_entries_use_batch: bool = False  # False: send each command at once (~1 ms vs ~11 ms idle)
-    append_entries_batch_bytes: int = 64 * 1024
+    # Bytes of entries per AppendEntries message (pysyncobj's appendEntriesBatchSizeBytes). A command at
+    # least this long is sent as a chunked "transmission" instead: one message and one reply per chunk,
+    # and a follower that re-joins the chunks one bytes concatenation at a time (quadratic). At 64 KiB
+    # (pysyncobj's default) a 1000 x 1 KiB publish crossed as ~16 chunks per follower. None: just
+    # above max_command_bytes, so no command is chunked (node CPU per 1 KiB record -16 %, bench/NOTE.md,
+    # 2026-11-28 09:20 UTC), at most APPEND_ENTRIES_BATCH_BYTES_MAX (a message then stays below twice
+    # that, far inside the transport's frame limit).
+    append_entries_batch_bytes: int | None = None
     compaction_min_entries: int = 20_000  # compact when the log holds more entries than this...
     compaction_min_time_s: float = 300.0  # ...or this long after the previous compaction...
     compaction_max_log_bytes: int = 256 * 1024 * 1024  # ...or after this many command bytes applied
@@ -129,8 +140,11 @@ class RaftOptions:
              o.leader_fallback_timeout_s > o.append_entries_period_s),
             ("max_pending_bytes >= max_command_bytes", o.max_pending_bytes >= o.max_command_bytes),
             ("compaction_min_entries >= 2", o.compaction_min_entries >= 2),
+            ("append_entries_batch_bytes is None or between 64 KiB and APPEND_ENTRIES_BATCH_BYTES_MAX",
+             o.append_entries_batch_bytes is None
+             or 64 * 1024 <= o.append_entries_batch_bytes <= APPEND_ENTRIES_BATCH_BYTES_MAX),
             ("positive periods, sizes and limits", min(
-                o.auto_tick_period_s, o.append_entries_batch_bytes, o.compaction_min_time_s,
+                o.auto_tick_period_s, o.compaction_min_time_s,
                 o.compaction_max_log_bytes, o.max_command_bytes, o.commands_queue_size) > 0),
             ("connection_retry_s >= 0", o.connection_retry_s >= 0),
             ("handshake_timeout_s >= connection_timeout_s", o.handshake_timeout_s >= o.connection_timeout_s),
@@ -148,6 +162,12 @@ class RaftOptions:
         if failed:
             raise ValueError(f"invalid RaftOptions: {', '.join(failed)}")
 
+    def batch_bytes(self) -> int:
+        """``append_entries_batch_bytes``, or when None the least that sends every command whole."""
+        if self.append_entries_batch_bytes is not None:
+            return self.append_entries_batch_bytes
+        return min(self.max_command_bytes + _ENTRY_FRAMING_BYTES, APPEND_ENTRIES_BATCH_BYTES_MAX)
+
     def to_conf(self, journal_file: Path, dump_file: Path, serializer: Callable[[str, object], None],
                 deserializer: Callable[[str], tuple[object, ...]],
                 serialize_checker: Callable[[], int] | None = None, *, bind_address: str | None = None) -> SyncObjConf:
@@ -159,7 +179,7 @@ class RaftOptions:
             raftMinTimeout=self.raft_min_timeout_s, raftMaxTimeout=self.raft_max_timeout_s,
             appendEntriesPeriod=self.append_entries_period_s, autoTickPeriod=self.auto_tick_period_s,
             appendEntriesUseBatch=self.append_entries_use_batch,
-            appendEntriesBatchSizeBytes=self.append_entries_batch_bytes,
+            appendEntriesBatchSizeBytes=self.batch_bytes(),
             logCompactionMinEntries=self.compaction_min_entries, logCompactionMinTime=self.compaction_min_time_s,
             password=password, commandsQueueSize=self.commands_queue_size, commandsWaitLeader=False,
             leaderFallbackTimeout=self.leader_fallback_timeout_s, connectionTimeout=self.connection_timeout_s,

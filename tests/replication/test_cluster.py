@@ -80,14 +80,24 @@ def check_large_commands_replicate_cleanly(cluster: Cluster) -> None:
     assert not any(c.get("tick_errors") for c in errors.values()), f"tick thread errors: {errors}"
 
 
+# Commands this long or longer travel as chunked transmissions (the default batch size is above
+# max_command_bytes, so only a node configured with a smaller one chunks them).
+CHUNKED = {"append_entries_batch_bytes": 64 * 1024}
+
+
 @pytest.mark.timeout(60)
 def test_large_command_patched(cluster_factory: ClusterFactory) -> None:
+    check_large_commands_replicate_cleanly(cluster_factory(options=CHUNKED))
+
+
+@pytest.mark.timeout(60)
+def test_large_commands_travel_whole_with_the_default_options(cluster_factory: ClusterFactory) -> None:
     check_large_commands_replicate_cleanly(cluster_factory())
 
 
 @pytest.mark.timeout(60)
 def test_large_command_stock_misframes_the_transfer(cluster_factory: ClusterFactory) -> None:
-    cluster = cluster_factory(patches_off=("large_command",))
+    cluster = cluster_factory(options=CHUNKED, patches_off=("large_command",))
     with pytest.raises(AssertionError, match="tick thread errors"):
         check_large_commands_replicate_cleanly(cluster)
 

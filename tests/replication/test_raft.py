@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker.replication import FailReason, ReplicationError, Role, raft
-from broker.replication.raft import RaftOptions, map_fail_reason
+from broker.replication.raft import APPEND_ENTRIES_BATCH_BYTES_MAX, RaftOptions, map_fail_reason
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port, wait_until
@@ -38,12 +39,29 @@ class GatedStateMachine(ChainStateMachine):
     ({"socket_send_buffer_bytes": 8192}, "socket buffers between 64 KiB and 64 MiB"),
     ({"socket_receive_buffer_bytes": 128 * 1024 * 1024}, "socket buffers between 64 KiB and 64 MiB"),
     ({"handshake_timeout_s": 1.0}, "handshake_timeout_s >= connection_timeout_s"),
+    ({"append_entries_batch_bytes": 1024}, "append_entries_batch_bytes is None or between 64 KiB"),
+    ({"append_entries_batch_bytes": 32 * 1024 * 1024}, "append_entries_batch_bytes is None or between"),
     ({"unnamed_connections_per_host_max": 0}, "1 <= unnamed_connections_per_host_max"),
     ({"unnamed_connections_per_host_max": 300}, "<= unnamed_connections_max"),
 ])
 def test_inconsistent_options_are_rejected(overrides: dict[str, Any], rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
         RaftOptions(**overrides)
+
+
+def test_no_command_is_chunked_with_the_default_batch_size(tmp_path: Any) -> None:
+    """pysyncobj sends a command at least appendEntriesBatchSizeBytes long as chunks (a message and a
+    reply each, re-joined quadratically): by default the batch size is above the largest command."""
+    def batch(**overrides: Any) -> int:
+        conf = RaftOptions(**overrides).to_conf(tmp_path / "j", tmp_path / "d", lambda *_: None, lambda *_: (),
+                                                bind_address="x:1")
+        return int(conf.appendEntriesBatchSizeBytes)
+
+    wrapper = len(pickle.dumps((1, (b"x" * 1000,), {}), protocol=5)) - 1000  # pysyncobj's around a command
+    for limit in (4 * 1024 * 1024, 9 * 1024 * 1024):
+        assert batch(max_command_bytes=limit, max_pending_bytes=limit) > limit + wrapper
+    assert batch(max_command_bytes=65 << 20, max_pending_bytes=65 << 20) == APPEND_ENTRIES_BATCH_BYTES_MAX
+    assert batch(append_entries_batch_bytes=64 * 1024) == 64 * 1024
 
 
 def test_socket_buffers_default_to_a_whole_command_out_and_256_kib_in(tmp_path: Any) -> None:
