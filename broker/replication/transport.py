@@ -10,7 +10,9 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   (the one class pysyncobj's messages and commands carry), so no pickle can run code, with or
   without a password;
 - replaces the frame parser with :func:`_parse_message` (same wire format) that caps frame and
-  decompressed sizes and logs every rejected frame with the peer's address (rate-limited);
+  decompressed sizes and logs every rejected frame with the peer's address (rate-limited), and the
+  socket read with :func:`_read`, which receives straight into a :class:`_ReadBuffer` reused for
+  every frame of the connection;
 - replaces ``TcpConnection.send`` with :func:`_send`, which zlib-compresses each message (pysyncobj's
   way) or not, per :func:`set_message_compression` (``RaftOptions.raft_message_compression``). The
   parser tells the two apart by the first byte (a pickle starts with 0x80, a zlib stream never does),
@@ -31,11 +33,13 @@ pysyncobj fails at import (:class:`broker.replication._patches.PysyncobjPatchErr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import inspect
 import io
 import logging
 import pickle
+import socket
 import struct
 import threading
 import time
@@ -75,16 +79,21 @@ _PINNED_SHA256 = {
     (pysyncobj_tcp_connection.TcpConnection, "send"): (
         "cb29077c32990abb055f388a1bad7fc94d1f2a20d9513698f09ebba8804520a6"
     ),
-    # relied upon: reads append to the read buffer with +=, sends slice what the socket took off the
-    # front of the write buffer; both work unchanged on the bytearrays _parse_message and _send keep
+    # replaced by _read (the same errors and disconnects, received into the connection's _ReadBuffer)
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processRead"): (
         "002c11f3c6f60907a12c9e402930e5e33bda022686475534bdcee04ee5570b67"
     ),
+    # relied upon: sends slice what the socket took off the front of the write buffer, which works
+    # unchanged on the bytearray _send keeps
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processSend"): (
         "86b72a4075c0cd79ca83c1783c82ab3fd332868ced01af5f42937c347414e8e9"
     ),
     (pysyncobj_transport.TCPTransport, "_onIncomingMessageReceived"): (
         "8b7217b0cc17c96de29c4b69b029cdb0b8d307f3eaf48fc8210060d47e48fcaf"
+    ),
+    # relied upon: which members this node dials (an incoming connection naming one is refused)
+    (pysyncobj_transport.TCPTransport, "_shouldConnect"): (
+        "45eab7664e7caa39655d7ccd39ecccfec9389c11a44220216555dabf962e244c"
     ),
     (pysyncobj_transport.TCPTransport, "_createServer"): (
         "df2c7dd8d54c60839cde7872e9afaf19b8239191958e0dfd60bbdf6dc032786e"
@@ -203,8 +212,8 @@ def _send(self: Any, message: Any) -> None:
 
 
 def _own_buffer(conn: Any, attribute: str) -> bytearray:
-    """The connection's read or write buffer as a bytearray, converted once after pysyncobj set it to
-    ``bytes()`` (at connect and disconnect); pysyncobj's own ``+=`` then extends it in place."""
+    """The connection's write buffer as a bytearray, converted once after pysyncobj set it to
+    ``bytes()`` (at connect and disconnect); :func:`_send` extends it in place."""
     buffer = getattr(conn, attribute)
     if not isinstance(buffer, bytearray):
         buffer = bytearray(buffer)
@@ -220,27 +229,98 @@ def _decompress(data: bytes) -> bytes:
     return out
 
 
+class _ReadBuffer:
+    """A connection's received bytes: one bytearray that reads land in (``recv_into``) and frames are
+    parsed out of, reused for every frame; ``data[start:end]`` is what is held.
+
+    pysyncobj appends each read to its buffer and slices each frame off it. Even with a bytearray,
+    CPython then copies: it grows a bytearray to the exact size on every large append (a realloc that
+    may move it), and after a frame is deleted from the front it moves what is left to a new block.
+    A 1 MiB entry read in 256 KiB pieces was copied several times over before it was parsed. Here it
+    is copied once by the kernel; the buffer moves what it holds only to make room, and it grows (to
+    twice its size) only when what it holds does not leave room for a read, so a peer makes it large
+    only by sending that many bytes (a frame's length prefix alone allocates nothing).
+    """
+
+    __slots__ = ("data", "start", "end")
+
+    def __init__(self, held: bytes = b"") -> None:
+        self.data = bytearray(held)
+        self.start, self.end = 0, len(held)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def room(self, at_least: int) -> memoryview:
+        """The free space after what is held, at least ``at_least`` bytes (release it before the next call)."""
+        if self.start == self.end:
+            self.start = self.end = 0
+        if len(self.data) - self.end < at_least:
+            held = self.end - self.start
+            size = len(self.data)
+            if held + at_least > size:
+                size = max(2 * size, held + at_least)
+            kept = bytes(memoryview(self.data)[self.start:self.end])
+            if size != len(self.data):
+                self.data = bytearray(size)
+            self.data[:held] = kept
+            self.start, self.end = 0, held
+        return memoryview(self.data)[self.end:]
+
+    def consume(self, count: int) -> None:
+        self.start += count
+
+
+def _own_reader(conn: Any) -> _ReadBuffer:
+    """The connection's read buffer, made once after pysyncobj set it to ``bytes()`` (at connect and
+    disconnect), keeping whatever it held."""
+    buffer = conn._TcpConnection__readBuffer
+    if not isinstance(buffer, _ReadBuffer):
+        buffer = _ReadBuffer(bytes(buffer))
+        conn._TcpConnection__readBuffer = buffer
+    return buffer
+
+
+def _read(self: Any) -> bool:
+    """Replaces ``TcpConnection.__processRead``: one ``recv_into`` the connection's :class:`_ReadBuffer`
+    (at least ``recvBufferSize`` bytes of room, all its free space offered), with pysyncobj's checks:
+    a socket error other than EAGAIN, a pending SO_ERROR or the end of the stream disconnects. True
+    when bytes arrived (pysyncobj reads again until False)."""
+    buffer = _own_reader(self)
+    sock = self._TcpConnection__socket
+    try:
+        with buffer.room(self._TcpConnection__recvBufferSize) as room:
+            received = sock.recv_into(room)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            self.disconnect()
+        return False
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+        self.disconnect()
+        return False
+    if not received:
+        self.disconnect()
+        return False
+    buffer.end += received
+    return True
+
+
 def _parse_message(self: Any) -> Any:
     """Replaces ``TcpConnection.__processParseMessage``: the same frames (4-byte length, optional
     Fernet, zlib, pickle, optional random-key pair), restricted, bounded, and every refusal logged.
-
-    Linear in what was read: the read buffer is a bytearray that pysyncobj's reads extend in place
-    and each parsed frame is deleted from the front of (CPython moves the start, it copies nothing).
-    pysyncobj's bytes were copied whole on every read and on every frame parsed, so a backlog of B
-    bytes in 64 KiB frames cost O(B^2 / 64 KiB): 8 MiB, which a 4 MiB send buffer lets pile up
-    behind a busy follower, took ~56 ms to parse against ~10 ms this way."""
-    buffer = self._TcpConnection__readBuffer
+    Reads the connection's :class:`_ReadBuffer` (filled by :func:`_read`); a parsed frame is consumed
+    from its front, nothing moves."""
+    buffer = _own_reader(self)
     if len(buffer) < 4:
         return None
-    length = _LENGTH.unpack_from(buffer)[0]
+    length = _LENGTH.unpack_from(buffer.data, buffer.start)[0]
     if not 0 <= length <= FRAME_BYTES_MAX:
         _reject(self, f"frame length {length} outside 0..{FRAME_BYTES_MAX}")
         return None
     if len(buffer) - 4 < length:
         return None
-    buffer = _own_buffer(self, "_TcpConnection__readBuffer")
-    with memoryview(buffer) as view:  # released before the buffer is resized again
-        data = bytes(view[4:4 + length])
+    with memoryview(buffer.data) as view:
+        data = bytes(view[buffer.start + 4:buffer.start + 4 + length])
     try:
         if self.encryptor:
             timestamp = self.encryptor.extract_timestamp(data)
@@ -258,7 +338,7 @@ def _parse_message(self: Any) -> Any:
         reason = type(exc).__name__ if self.encryptor and not str(exc) else f"{type(exc).__name__}: {exc}"
         _reject(self, f"undecodable frame ({reason[:200]})")
         return None
-    del buffer[:4 + length]
+    buffer.consume(4 + length)
     return message
 
 
@@ -352,6 +432,15 @@ class GuardedTransport(StampingTransport):
             self._unknownConnections.discard(conn)
             _reject(conn, f"first message {str(message)[:60]!r} is not a cluster member's address")
             return
+        elif self._shouldConnect(self._nodeAddrToNode[message]):
+            # Members dial only nodes whose address sorts below their own, so this member never dials
+            # here: it is an impostor (possible without a password). Accepting it would put this
+            # connection in place of the one this node dials to that member, and pysyncobj would then
+            # redial with it: no callback sends our address on it, so the member refuses every
+            # reconnection and the link stays down for good.
+            self._unknownConnections.discard(conn)
+            _reject(conn, f"names {message}, which this node dials itself (a member never dials here)")
+            return
         super()._onIncomingMessageReceived(conn, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
@@ -393,6 +482,7 @@ def _install() -> None:
             raise PysyncobjPatchError(f"{module.__name__}.pickle is not pysyncobj.pickle; re-review transport.py")
         module.__dict__["pickle"] = RESTRICTED_PICKLE
     pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage = _parse_message
+    pysyncobj_tcp_connection.TcpConnection._TcpConnection__processRead = _read
     pysyncobj_tcp_connection.TcpConnection.send = _send
 
 

@@ -39,11 +39,11 @@ def _frame(obj: object) -> bytes:
     return struct.pack("i", len(data)) + data
 
 
-def _send_and_wait_closed(address: str, payload: bytes, timeout_s: float = 20.0) -> bytes:
+def _send_and_wait_closed(address: str, payload: bytes, timeout_s: float = 20.0, source_host: str = "") -> bytes:
     """Send ``payload``; return what the node answers until it closes the connection."""
     host, _, port = address.rpartition(":")
     received = b""
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+    with socket.create_connection((host, int(port)), timeout=timeout_s, source_address=(source_host, 0)) as sock:
         sock.sendall(payload)
         while True:
             try:
@@ -120,6 +120,34 @@ def test_junk_pickles_and_utility_commands_run_nothing_and_are_logged(raft_clust
         assert raft_cluster.alive(i)
     log = raft_cluster.log_path(0).read_text(errors="replace")
     assert "Traceback" not in log
+
+
+def test_a_connection_naming_a_member_that_never_dials_here_is_refused(raft_cluster: DevCluster) -> None:
+    """Members dial only nodes whose Raft address sorts below their own. A connection to a node that
+    names a member below it is an impostor (without a password anyone can name a member): refused at
+    once. Accepted, it took the place of the node's own connection to that member, and the node's
+    redials on it never sent its address, so the member refused them and the link stayed down. With a
+    password the impostor does not get that far: its frame does not decrypt."""
+    password = bool((raft_cluster.env or {}).get("RAFTBROKER_RAFT_PASSWORD"))
+    pairs = [(i, j) for i in range(3) for j in range(3)
+             if raft_cluster.raft_address(i) > raft_cluster.raft_address(j)]
+    assert pairs
+    for k, (i, j) in enumerate(pairs):
+        member = raft_cluster.raft_address(j)
+        source = f"127.0.0.{10 + k}"  # one each: the node logs one line per peer host per interval
+        assert _send_and_wait_closed(raft_cluster.raft_address(i), _frame(member), source_host=source) == b""
+        line = f"rejected {source}:"
+        refused = "undecodable frame (InvalidToken)" if password else f"names {member}, which this node dials itself"
+
+        def logged(i: int = i, line: str = line, refused: str = refused) -> bool:
+            return any(line in entry and refused in entry
+                       for entry in raft_cluster.log_path(i).read_text(errors="replace").splitlines())
+
+        wait_until(logged, 30, f"node {i} to refuse a connection naming {member}")
+    raft_cluster.wait_ready(60)
+    with Client(raft_cluster.addresses, retry_deadline_s=60) as client:
+        client.create_topic("after-impostors", 1)
+        assert len(client.publish_batch("after-impostors", ["a", "b"])) == 2
 
 
 def _connect(address: str, source_host: str) -> socket.socket:

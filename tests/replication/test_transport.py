@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +72,14 @@ def test_the_password_is_salted_per_cluster_and_the_bind_address_is_set(tmp_path
 class _Connection:
     """The attributes of pysyncobj's TcpConnection that its send and frame parser touch."""
 
-    def __init__(self) -> None:
+    def __init__(self, sock: socket.socket | None = None, recv_buffer_bytes: int = 0) -> None:
         self.sendRandKey: bytes | None = None
         self.recvRandKey: bytes | None = None
         self.encryptor = None
         self._TcpConnection__writeBuffer = b""
-        self._TcpConnection__readBuffer = b""
+        self._TcpConnection__readBuffer: Any = b""
+        self._TcpConnection__socket = sock
+        self._TcpConnection__recvBufferSize = recv_buffer_bytes
         self.disconnected = False
 
     def _TcpConnection__trySendBuffer(self) -> None:  # noqa: N802 (pysyncobj's name)
@@ -118,9 +122,10 @@ def test_message_compression_is_validated_and_defaults_to_none() -> None:
 
 
 def test_frames_queued_and_read_in_pieces_are_parsed_in_order_in_place() -> None:
-    """The write buffer grows in place as frames queue behind a full socket; the read buffer takes
-    reads of any size and gives back whole frames in order, consuming them from its front without
-    replacing the buffer (pysyncobj's bytes were copied whole per read and per frame parsed)."""
+    """The write buffer grows in place as frames queue behind a full socket. Reads of any size land
+    in the connection's one read buffer, which gives back whole frames in order and is reused: once
+    it has grown to hold a frame and a read, more frames allocate nothing (pysyncobj's buffer was
+    copied whole per read and per frame parsed, and a bytearray in its place still moved)."""
     messages = [{"type": "append_entries", "term": 1, "entries": [(bytes([i]) * (70_000 + i), i, 1)]}
                 for i in range(5)] + [{"type": "heartbeat", "term": 1}]
     sender = _Connection()
@@ -131,16 +136,46 @@ def test_frames_queued_and_read_in_pieces_are_parsed_in_order_in_place() -> None
     finally:
         transport.set_message_compression("zlib")
     wire = bytes(sender._TcpConnection__writeBuffer)
-    receiver = _Connection()
-    parsed: list[Any] = []
-    buffers = set()
-    for start in range(0, len(wire), 50_000):  # reads that split frames and length prefixes
-        receiver._TcpConnection__readBuffer += wire[start:start + 50_000]  # pysyncobj's __processRead
-        while (message := transport._parse_message(receiver)) is not None:
-            parsed.append(message)
-            buffers.add(id(receiver._TcpConnection__readBuffer))
-    assert parsed == messages and not receiver.disconnected
-    assert len(receiver._TcpConnection__readBuffer) == 0 and len(buffers) == 1
+    writer, reader = socket.socketpair()
+    reader.setblocking(False)
+    receiver = _Connection(reader, recv_buffer_bytes=50_000)
+    try:
+        allocations: list[set[int]] = []
+        for _ in range(2):
+            parsed: list[Any] = []
+            buffers = set()
+            for start in range(0, len(wire), 50_000):  # reads that split frames and length prefixes
+                writer.sendall(wire[start:start + 50_000])
+                while transport._read(receiver):
+                    buffers.add(id(receiver._TcpConnection__readBuffer.data))
+                while (message := transport._parse_message(receiver)) is not None:
+                    parsed.append(message)
+            assert parsed == messages and not receiver.disconnected
+            assert len(receiver._TcpConnection__readBuffer) == 0
+            allocations.append(buffers)
+        assert len(allocations[0]) <= 3, "grows by doubling"
+        assert allocations[1] == {id(receiver._TcpConnection__readBuffer.data)}, "the second pass reuses it"
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_length_prefix_alone_allocates_nothing_and_the_end_of_the_stream_disconnects() -> None:
+    writer, reader = socket.socketpair()
+    reader.setblocking(False)
+    receiver = _Connection(reader, recv_buffer_bytes=64 * 1024)
+    try:
+        writer.sendall(struct.pack("i", transport.FRAME_BYTES_MAX) + b"x")  # a frame of 64 MiB announced
+        while transport._read(receiver):
+            pass
+        assert transport._parse_message(receiver) is None and not receiver.disconnected
+        # sized by what arrived (a read's room, doubled at most), not by the 64 MiB announced
+        assert len(receiver._TcpConnection__readBuffer.data) <= 2 * 64 * 1024 + 5
+        writer.close()
+        assert not transport._read(receiver) and receiver.disconnected
+    finally:
+        writer.close()
+        reader.close()
 
 
 def test_a_refused_frame_still_disconnects_after_good_ones() -> None:
