@@ -147,7 +147,8 @@ class RaftOptions:
                 o.auto_tick_period_s, o.compaction_min_time_s,
                 o.compaction_max_log_bytes, o.max_command_bytes, o.commands_queue_size) > 0),
             ("connection_retry_s >= 0", o.connection_retry_s >= 0),
-            ("handshake_timeout_s >= connection_timeout_s", o.handshake_timeout_s >= o.connection_timeout_s),
+            # not tied to connection_timeout_s: that is silence on a member's connection (drills set 60 s)
+            ("handshake_timeout_s > 0", o.handshake_timeout_s > 0),
             ("1 <= unnamed_connections_per_host_max <= unnamed_connections_max",
              1 <= o.unnamed_connections_per_host_max <= o.unnamed_connections_max),
             ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
