@@ -20,7 +20,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
@@ -106,12 +106,12 @@ class RaftOptions:
     leader_fallback_timeout_s: float = 3.0  # a leader without a majority for this long steps down
     connection_timeout_s: float = 3.5
     connection_retry_s: float = 1.0
-    # Incoming Raft connections that have not named a cluster member yet (transport.HandshakeLimits):
-    # closed this long after their accept, and at most so many per peer host and in all (the oldest
-    # closed first). A member names itself within a round trip; a stalled partial frame never does.
-    handshake_timeout_s: float = 10.0
-    unnamed_connections_per_host_max: int = 16
-    unnamed_connections_max: int = 256
+    # Incoming Raft connections that have not named a cluster member yet: closed timeout_s after their
+    # accept, at most per_host_max per peer host and total_max in all (the oldest closed first). A
+    # member names itself within a round trip; a stalled partial frame never does. Validated by
+    # HandshakeLimits itself, and not tied to connection_timeout_s (silence on a member's connection:
+    # drills set 60 s).
+    handshake: HandshakeLimits = field(default_factory=HandshakeLimits)
     journal_sync: str = "flagged"  # fsync entries submitted with sync=True ("flagged") or every entry ("all")
     pre_vote: bool = True  # ask a majority before campaigning (a restarting node cannot depose the leader)
     # Raft messages on the wire: "none" (pickle as is) or "zlib" (pysyncobj's). bench/NOTE.md, 2026-11-24:
@@ -147,10 +147,6 @@ class RaftOptions:
                 o.auto_tick_period_s, o.compaction_min_time_s,
                 o.compaction_max_log_bytes, o.max_command_bytes, o.commands_queue_size) > 0),
             ("connection_retry_s >= 0", o.connection_retry_s >= 0),
-            # not tied to connection_timeout_s: that is silence on a member's connection (drills set 60 s)
-            ("handshake_timeout_s > 0", o.handshake_timeout_s > 0),
-            ("1 <= unnamed_connections_per_host_max <= unnamed_connections_max",
-             1 <= o.unnamed_connections_per_host_max <= o.unnamed_connections_max),
             ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
             ("raft_message_compression is none or zlib", o.raft_message_compression in ("none", "zlib")),
             ("socket buffers between 64 KiB and 64 MiB",
@@ -280,9 +276,7 @@ class PysyncobjReplicator:
                          pre_vote=None if options.pre_vote else False,
                          simulate_power_loss=options.simulate_power_loss or simulate_power_loss_from_env(),
                          counters=self._counters,
-                         handshake_limits=HandshakeLimits(options.handshake_timeout_s,
-                                                          options.unnamed_connections_per_host_max,
-                                                          options.unnamed_connections_max))
+                         handshake_limits=options.handshake)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))

@@ -11,6 +11,7 @@ import pytest
 
 from broker.replication import FailReason, ReplicationError, Role, raft
 from broker.replication.raft import APPEND_ENTRIES_BATCH_BYTES_MAX, RaftOptions, map_fail_reason
+from broker.replication.transport import HandshakeLimits
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port, wait_until
@@ -38,21 +39,24 @@ class GatedStateMachine(ChainStateMachine):
     ({"commands_queue_size": 0}, "positive"),
     ({"socket_send_buffer_bytes": 8192}, "socket buffers between 64 KiB and 64 MiB"),
     ({"socket_receive_buffer_bytes": 128 * 1024 * 1024}, "socket buffers between 64 KiB and 64 MiB"),
-    ({"handshake_timeout_s": 0.0}, "handshake_timeout_s > 0"),
     ({"append_entries_batch_bytes": 1024}, "append_entries_batch_bytes is None or between 64 KiB"),
     ({"append_entries_batch_bytes": 32 * 1024 * 1024}, "append_entries_batch_bytes is None or between"),
-    ({"unnamed_connections_per_host_max": 0}, "1 <= unnamed_connections_per_host_max"),
-    ({"unnamed_connections_per_host_max": 300}, "<= unnamed_connections_max"),
 ])
 def test_inconsistent_options_are_rejected(overrides: dict[str, Any], rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
         RaftOptions(**overrides)
 
 
+@pytest.mark.parametrize("limits", [{"timeout_s": 0.0}, {"per_host_max": 0}, {"per_host_max": 300}])
+def test_inconsistent_handshake_limits_are_rejected(limits: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="timeout_s > 0 and 1 <= per_host_max <= total_max"):
+        RaftOptions(handshake=HandshakeLimits(**limits))
+
+
 def test_long_connection_timeouts_leave_the_handshake_deadline_alone() -> None:
     """The drills run nodes with 60 s connection timeouts; the handshake deadline is its own."""
     options = RaftOptions(connection_timeout_s=60.0, leader_fallback_timeout_s=60.0)
-    assert options.handshake_timeout_s == 10.0
+    assert options.handshake == HandshakeLimits(timeout_s=10.0, per_host_max=16, total_max=256)
 
 
 def test_no_command_is_chunked_with_the_default_batch_size(tmp_path: Any) -> None:
