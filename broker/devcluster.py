@@ -123,7 +123,7 @@ class DevCluster:
         return self.data_dir / self.node_id(i)
 
     def command(self, i: int) -> list[str]:
-        cmd = [sys.executable, "-m", "broker.cli.main", "serve", "--node-id", self.node_id(i),
+        cmd = [sys.executable, "-m", "broker.cli.launch", "serve", "--node-id", self.node_id(i),
                "--data-dir", str(self.node_data_dir(i)), "--grpc", self.grpc_address(i),
                "--raft", self.raft_address(i), "--metrics", self.metrics_address(i)]
         for j in range(self.nodes):

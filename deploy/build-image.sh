@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the raftbroker image here, with no image registry (SPEC §8, docs/deploy.md):
-#   1. a Debian bookworm base (python3 + venv) made with debootstrap and imported into the engine as
+#   1. a Debian bookworm base (python3 + venv, libjemalloc2 for the nodes) made with debootstrap and imported into the engine as
 #      $BASE_IMAGE; skipped when that image exists already (it only changes with Debian);
 #   2. the project's wheel (the setup.py hook generates the gRPC stubs) and its dependencies' wheels,
 #      built on the host into deploy/.build/wheels (pip's cache makes this quick the second time);
@@ -8,13 +8,13 @@
 #      needs no network) into /opt/raftbroker.
 # Usage: deploy/build-image.sh [IMAGE]  (default raftbroker:VERSION, also tagged raftbroker:latest)
 # Env: DOCKER_HOST (the engine), PY (a Python 3.11 with pip; default .venv/bin/python),
-#      BASE_IMAGE (default raftbroker-base:bookworm), DEBIAN_MIRROR (default: the host's apt source).
+#      BASE_IMAGE (default raftbroker-base:bookworm-jemalloc), DEBIAN_MIRROR (default: the host's apt source).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
 IMAGE=${1:-raftbroker:$VERSION}
-BASE_IMAGE=${BASE_IMAGE:-raftbroker-base:bookworm}
+BASE_IMAGE=${BASE_IMAGE:-raftbroker-base:bookworm-jemalloc}
 BUILD=deploy/.build
 
 if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
@@ -25,7 +25,7 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   rootfs=$(mktemp -d /var/tmp/raftbroker-rootfs.XXXXXX)
   trap 'rm -rf "$rootfs"' EXIT
   echo "build-image: debootstrap bookworm into $rootfs (about a minute)" >&2
-  debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" ${mirror:+"$mirror"} \
+  debootstrap --variant=minbase --include=python3,python3-venv,libjemalloc2 bookworm "$rootfs" ${mirror:+"$mirror"} \
     >"$rootfs.log" 2>&1 || { tail -20 "$rootfs.log" >&2; exit 1; }
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
   tar -C "$rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null

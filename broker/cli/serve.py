@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from broker.allocator import Allocator, AllocatorError, choose
 from broker.config import ConfigError, PeerConfig, load_config
 
 if TYPE_CHECKING:  # the SDK is imported late: `raftbroker --help` stays fast
@@ -65,9 +66,19 @@ def serve_command(
     http: Annotated[str | None, typer.Option("--http", help=(
         "Also serve the HTTP/JSON gateway (/v1, SSE, /openapi.json) on HOST:PORT, in this process"))] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
+    allocator: Annotated[Allocator, typer.Option(envvar="RAFTBROKER_ALLOCATOR", help=(
+        "Memory allocator: auto (jemalloc when the system has it, else glibc's), jemalloc (refuse to start "
+        "without it) or system. The node re-executes itself once, same PID, with jemalloc preloaded"))]
+    = Allocator.AUTO,
 ) -> None:
     """Run one broker node until SIGTERM or Ctrl-C (config: file < RAFTBROKER_* env < flags)."""
+    try:
+        allocator_line = choose(allocator)  # first: it may re-execute this process
+    except AllocatorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("broker.node").info("%s", allocator_line)
     try:
         overrides = {
             "node_id": node_id, "cluster_id": cluster_id, "data_dir": data_dir, "grpc_address": grpc,

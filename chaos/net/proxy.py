@@ -137,7 +137,7 @@ class ProxyFabric:
                     self.proxies[(i, j)] = LinkProxy(raft_addresses[j], link, random.Random(self.rng.getrandbits(32)))
 
     def wrap(self, i: int, command: list[str]) -> list[str]:
-        assert command[1:3] == ["-m", "broker.cli.main"], command
+        assert command[1:3] == ["-m", "broker.cli.launch"], command
         return [command[0], "-m", "chaos.node_shim", *command[3:]]
 
     def env(self, i: int) -> dict[str, str]:

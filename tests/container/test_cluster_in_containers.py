@@ -149,6 +149,7 @@ def test_three_containers_survive_kill_pause_and_graceful_stop(pods: PodContaine
     pods.wrapped(stopped).stop(timeout=STOP_TIMEOUT_S)
     logs = pods.wrapped(stopped).logs().decode()
     assert "handed leadership over (now follower)" in logs, logs[-3000:]
+    assert "allocator: jemalloc (/usr/lib/" in logs, logs[:3000]  # the image's libjemalloc2, preloaded
     publish(pods, 3 * BATCH, acked)
     pods.wrapped(stopped).start()
     wait_until(pods.all_healthy, READY_S, "every container healthy after the graceful stop", 1.0)
