@@ -54,18 +54,15 @@ class AllocatorError(Exception):
 
 
 def find_jemalloc() -> Path | None:
-    """The path of a jemalloc shared library on this system, or None."""
+    """A jemalloc shared library on this system (its path, or its soname when only ldconfig's cache
+    knows where it is), or None."""
     for directory in _SEARCH_DIRS:
         for name in _NAMES:
             path = Path(directory) / name
             if path.is_file():
                 return path
-    cached = ctypes.util.find_library("jemalloc")  # ldconfig's cache: other layouts
-    if cached:
-        for directory in _SEARCH_DIRS:
-            if (Path(directory) / cached).is_file():
-                return Path(directory) / cached
-    return None
+    soname = ctypes.util.find_library("jemalloc")  # ldconfig's cache knows other layouts
+    return Path(soname) if soname else None  # a bare name: LD_PRELOAD searches like the linker does
 
 
 def loaded_jemalloc(maps: str | None = None) -> str | None:
