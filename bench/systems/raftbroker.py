@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench.procs import REGISTRY
 from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable
+from broker.allocator import ENV as ALLOCATOR_ENV
 from broker.allocator import loaded_jemalloc
 from broker.client import Batch, Client, Unimplemented
 from broker.devcluster import DevCluster
@@ -118,11 +119,11 @@ class RaftbrokerDeployment(Deployment):
         self._started = True
         self.cluster.wait_ready(60.0)
         pid = self.cluster.pids[0]
-        jemalloc = loaded_jemalloc(Path(f"/proc/{pid}/maps").read_text()) if pid is not None else None
-        if not any(n.startswith("nodes' allocator") for n in self.info.notes):  # started once per workload
+        if pid is not None and not any(n.startswith("nodes' allocator") for n in self.info.notes):  # once
+            nodes = "jemalloc" if loaded_jemalloc(Path(f"/proc/{pid}/maps").read_text()) else "glibc malloc"
             own = "jemalloc" if loaded_jemalloc() else "glibc malloc"
-            self.info.notes.append(f"nodes' allocator: {'jemalloc' if jemalloc else 'glibc malloc'} "
-                                   f"(serve --allocator {os.environ.get('RAFTBROKER_ALLOCATOR', 'auto')}), "
+            mode = os.environ.get(ALLOCATOR_ENV, "auto")
+            self.info.notes.append(f"nodes' allocator: {nodes} (serve --allocator {mode}), "
                                    f"the client process's: {own}")
         probe = f"bench-probe-{self.durability}"
         with Client(self.cluster.addresses, timeout_s=5.0, retry_deadline_s=30.0) as client:

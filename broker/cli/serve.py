@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from broker.allocator import ENV as ALLOCATOR_ENV
 from broker.allocator import Allocator, AllocatorError, choose
 from broker.config import ConfigError, PeerConfig, load_config
 
@@ -66,7 +67,7 @@ def serve_command(
     http: Annotated[str | None, typer.Option("--http", help=(
         "Also serve the HTTP/JSON gateway (/v1, SSE, /openapi.json) on HOST:PORT, in this process"))] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
-    allocator: Annotated[Allocator, typer.Option(envvar="RAFTBROKER_ALLOCATOR", help=(
+    allocator: Annotated[Allocator, typer.Option(envvar=ALLOCATOR_ENV, help=(
         "Memory allocator: auto (jemalloc when the system has it, else glibc's), jemalloc (refuse to start "
         "without it) or system. The node re-executes itself once, same PID, with jemalloc preloaded"))]
     = Allocator.AUTO,
