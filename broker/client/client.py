@@ -256,15 +256,11 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         if call is None:
             return []
 
-        def send(req: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
-            return self._router.call(lambda addr, t: self._router.broker(addr).Publish(req, timeout=t),
+        def send(data: bytes) -> broker_pb2.PublishResponse:
+            return self._router.call(lambda addr, t: self._router.publisher(addr).Publish(data, timeout=t),
                                      write=True, what=f"publish to {topic}")
 
-        request = call.request
-        if not call.in_session:
-            response = send(request)
-        else:
-            response = publish_in_session(self._sessions, topic, request, send, call.count)
+        response = publish_in_session(self._sessions, call, send) if call.in_session else send(call.data())
         return wire.publish_results(response, call.count, call.keys)
 
     # -- producer-session watermarks --------------------------------------------------------------

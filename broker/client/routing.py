@@ -41,6 +41,7 @@ from broker.client.errors import (
     rpc_details,
     says_no_quorum,
 )
+from broker.client.packing import PublishBytesStub
 from broker.client.security import ClientSecurity
 from broker.reasons import Reason
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
@@ -183,6 +184,10 @@ class Router:
 
     def admin(self, address: str) -> admin_pb2_grpc.AdminStub:
         return self.stub(address, admin_pb2_grpc.AdminStub)
+
+    def publisher(self, address: str) -> PublishBytesStub:
+        """``Broker.Publish`` taking a request's bytes (``wire.PublishCall.data``)."""
+        return self.stub(address, PublishBytesStub)
 
     def close(self) -> None:
         with self._lock:

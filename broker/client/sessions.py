@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.client.errors import BrokerError, SessionOutOfSequence
+from broker.client.wire import PublishCall
 from broker.v1 import broker_pb2
 
 DEDUP_ID_PREFIX = "sdk-"  # a session opened by the SDK (the watermarks list shows it as such)
@@ -83,25 +84,21 @@ class SessionPool:
             self._free.pop(topic, None)
 
 
-Send = Callable[[broker_pb2.PublishRequest], broker_pb2.PublishResponse]
+Send = Callable[[bytes], broker_pb2.PublishResponse]  # one call (with its retries) of a serialized request
 
 
-def publish_in_session(pool: SessionPool, topic: str, request: broker_pb2.PublishRequest,
-                       send: Send, count: int | None = None) -> broker_pb2.PublishResponse:
-    """Send ``request`` (a batch of ``count`` records without caller keys; ``None``: as many as
-    ``request.records``) as the next range of a session of ``pool``; ``send`` makes one call with
-    its retries. A session out of sequence is replaced once."""
-    if count is None:
-        count = len(request.records)
+def publish_in_session(pool: SessionPool, call: PublishCall, send: Send) -> broker_pb2.PublishResponse:
+    """Send ``call`` (a batch without caller keys) as the next range of a session of ``pool``;
+    ``send`` makes one call with its retries. A session out of sequence is replaced once."""
+    topic = call.topic
     for attempt in range(2):
         session = pool.take(topic)
-        request.dedup_id, request.first_msg_id = session.dedup_id, session.next_msg_id
         try:
-            response = send(request)
+            response = send(call.data(session.dedup_id, session.next_msg_id))
         except BaseException as err:
             if pool.failed(topic, session, err) and attempt == 0:
                 continue
             raise
-        pool.stored(topic, session, count)
+        pool.stored(topic, session, call.count)
         return response
     raise AssertionError("unreachable: the second attempt returns or raises")

@@ -233,25 +233,42 @@ def pack_record(record: OutgoingRecord, idempotency_key: str = "", msg_id: int =
 
 @dataclass(frozen=True)
 class PublishCall:
-    """A ``publish_batch`` ready to send: its request, each record's idempotency key (``None``: no
-    per-record keys), and whether it goes in one of the client's producer sessions (which sets
-    ``dedup_id`` and ``first_msg_id`` on the request) rather than as it is."""
+    """A ``publish_batch`` ready to send: its request as pieces of bytes (:meth:`data` joins them),
+    each record's idempotency key (``None``: no per-record keys), and whether it goes in one of the
+    client's producer sessions (which set ``dedup_id`` and ``first_msg_id``) rather than as it is."""
 
-    request: broker_pb2.PublishRequest
+    header: broker_pb2.PublishRequest  # every field but the records
+    parts: list[bytes]  # [header bytes (set by data), then the packed_records elements' pieces]
     count: int
     keys: list[str] | None
     in_session: bool
+
+    @property
+    def topic(self) -> str:
+        return self.header.topic
+
+    def data(self, dedup_id: str | None = None, first_msg_id: int = 0) -> bytes:
+        """The serialized ``PublishRequest``; with ``dedup_id``: as that producer session's range
+        from ``first_msg_id``. One copy of the records, whatever the batch."""
+        header = self.header
+        if dedup_id is not None:
+            header = broker_pb2.PublishRequest()
+            header.CopyFrom(self.header)
+            header.dedup_id, header.first_msg_id = dedup_id, first_msg_id
+        self.parts[0] = header.SerializeToString()
+        return b"".join(self.parts)
 
 
 def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
                     first_msg_id: int | None) -> PublishCall | None:
     """The one request builder of the sync and asyncio clients (``None`` for an empty batch): the
     records packed, compact results asked for. Bare values (bytes or str, the common case) are
-    packed without an :class:`OutgoingRecord` each. Raises InvalidArgument before anything is sent."""
-    request = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "",
-                                        results=broker_pb2.RESULT_FORM_COMPACT)
+    packed without an :class:`OutgoingRecord` or a bytes object each. Raises InvalidArgument before
+    anything is sent."""
+    header = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "", results=broker_pb2.RESULT_FORM_COMPACT)
+    parts = [b""]
     if dedup_id is None and first_msg_id is None and all(isinstance(r, bytes | str) for r in records):
-        request.packed_records.extend(packing.pack_values(records))
+        packing.value_elements(records, parts)
         count, keys = len(records), None
     else:
         batch = [outgoing(r) for r in records]
@@ -260,13 +277,13 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
         # no generated key (a key would cost a lookup and a write per record on every node for nothing)
         keys = idempotency_keys(batch) if has_keys(batch) else None
         sent = keys or [""] * len(batch)
-        request.packed_records.extend([pack_record(r, k, m) for r, k, m in zip(batch, sent, ids, strict=True)])
+        packing.record_elements([pack_record(r, k, m) for r, k, m in zip(batch, sent, ids, strict=True)], parts)
         count = len(batch)
     if not count:
         return None
     if count > PUBLISH_BATCH_RECORDS_MAX:
         raise invalid_argument(f"a batch holds at most {PUBLISH_BATCH_RECORDS_MAX} records, got {count}")
-    return PublishCall(request, count, keys, in_session=dedup_id is None and keys is None)
+    return PublishCall(header, parts, count, keys, in_session=dedup_id is None and keys is None)
 
 
 def idempotency_keys(batch: Sequence[OutgoingRecord]) -> list[str]:

@@ -141,17 +141,15 @@ def watch_publishes(client: Client) -> list[broker_pb2.PublishRequest]:
     its way to the real stub."""
     sent: list[broker_pb2.PublishRequest] = []
     router = client._router
-    real = router.broker
+    real = router.publisher
 
     class Observed:
         def __init__(self, stub: Any) -> None:
             self._stub = stub
 
-        def Publish(self, request: broker_pb2.PublishRequest, **kwargs: Any) -> Any:  # noqa: N802 - gRPC's name
-            copy = broker_pb2.PublishRequest()
-            copy.CopyFrom(request)
-            sent.append(copy)
-            return self._stub.Publish(request, **kwargs)
+        def Publish(self, data: bytes, **kwargs: Any) -> Any:  # noqa: N802 - gRPC's name
+            sent.append(broker_pb2.PublishRequest.FromString(data))
+            return self._stub.Publish(data, **kwargs)
 
-    router.broker = lambda address: Observed(real(address))  # type: ignore[method-assign]
+    router.publisher = lambda address: Observed(real(address))  # type: ignore[method-assign]
     return sent

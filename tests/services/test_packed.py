@@ -168,6 +168,12 @@ def test_compact_ranges_and_the_fall_back_to_per_record_results() -> None:
         client_wire.publish_results(short, 1, None)
 
 
+def sent(call: client_wire.PublishCall | None) -> broker_pb2.PublishRequest:
+    """The request ``call`` sends (outside a session), parsed."""
+    assert call is not None
+    return broker_pb2.PublishRequest.FromString(call.data())
+
+
 def test_the_sdk_packs_each_record_as_its_message() -> None:
     records = [OutgoingRecord(b"v"), OutgoingRecord("", key="k"), OutgoingRecord(b"x" * 300, key=b"y" * 200),
                OutgoingRecord("v", op="tombstone"), OutgoingRecord("v", partition=2, headers={"a": "b"})]
@@ -176,17 +182,28 @@ def test_the_sdk_packs_each_record_as_its_message() -> None:
     assert client_wire.pack_record(records[0], "idem", 5) == client_wire.publish_record(records[0], "idem",
                                                                                         5).SerializeToString()
     values: list[bytes | str] = [b"", "", b"v", "ü", b"x" * 127, b"x" * 128, "y" * 20000]
+    values += [b"x" * n for n in (124, 125, 126, 127, 16381, 16382, 16383, 16384)]
     bare = client_wire.publish_request("t", values, None, None)
-    assert bare is not None and list(bare.request.packed_records) == [
+    assert bare is not None and list(sent(bare).packed_records) == [
         client_wire.publish_record(OutgoingRecord(v), "").SerializeToString() for v in values]
     call = client_wire.publish_request("t", [b"a", "b"], None, None)
-    assert call is not None and call.keys is None and call.count == 2
-    assert call.request.results == broker_pb2.RESULT_FORM_COMPACT and not call.request.records
-    assert [R.FromString(d).value for d in call.request.packed_records] == [b"a", b"b"]
-    lean = packed.packed_batch(call.request)
+    assert call is not None and call.keys is None and call.count == 2 and call.in_session
+    request = sent(call)
+    assert request.results == broker_pb2.RESULT_FORM_COMPACT and not request.records and request.topic == "t"
+    assert [R.FromString(d).value for d in request.packed_records] == [b"a", b"b"]
+    assert not request.dedup_id and not request.first_msg_id
+    lean = packed.packed_batch(request)
     assert lean.bodies is not None, "the SDK's plain records take the lean path"
+    in_session = broker_pb2.PublishRequest.FromString(call.data("sdk-1", 41))
+    assert (in_session.dedup_id, in_session.first_msg_id) == ("sdk-1", 41)
+    assert in_session.packed_records == request.packed_records
+    assert sent(call) == request, "a session's fields do not stay on the call"
     keyed = client_wire.publish_request("t", [OutgoingRecord("a", key="k"), b"b"], None, None)
-    assert keyed is not None and packed.packed_batch(keyed.request).keys == [b"k", None]
+    assert keyed is not None and packed.packed_batch(sent(keyed)).keys == [b"k", None]
+    own = client_wire.publish_request("t", [b"a", b"b"], "mine", 7)
+    assert own is not None and not own.in_session
+    assert [(R.FromString(d).value, R.FromString(d).msg_id) for d in sent(own).packed_records] == [(b"a", 7), (b"b", 8)]
+    assert sent(own).dedup_id == "mine"
     assert client_wire.publish_request("t", [], None, None) is None
     with pytest.raises(InvalidArgument, match="unknown op"):
         client_wire.publish_request("t", [OutgoingRecord("a", op="upsert")], None, None)

@@ -157,32 +157,32 @@ class AsyncClient:
             return []
         async with self._in_flight:
             if not call.in_session:
-                response = await self._send(call.request)
+                response = await self._send(topic, call.data())
             else:
-                response = await self._send_in_session(topic, call.request, call.count)
+                response = await self._send_in_session(call)
         results = wire.publish_results(response, call.count, call.keys)
         if self._on_event is not None:
             self._on_event("published", results)
         return results
 
-    async def _send(self, request: broker_pb2.PublishRequest) -> broker_pb2.PublishResponse:
+    async def _send(self, topic: str, data: bytes) -> broker_pb2.PublishResponse:
         try:
-            response: broker_pb2.PublishResponse = await self._broker("Publish", request, write=True,
-                                                                       what=f"publish to {request.topic}")
+            response: broker_pb2.PublishResponse = await self._router.call(
+                lambda a, t: self._router.publisher(a).Publish(data, timeout=t, metadata=metadata()),
+                write=True, what=f"publish to {topic}")
         except TopicExists as err:  # ALREADY_EXISTS from a publish: a repeat of dedup fields
             raise DuplicateMessageError(err.code, err.message,
                                         after_unknown_outcome=err.after_unknown_outcome) from None
         return response
 
-    async def _send_in_session(self, topic: str, request: broker_pb2.PublishRequest,
-                               count: int) -> broker_pb2.PublishResponse:
+    async def _send_in_session(self, call: wire.PublishCall) -> broker_pb2.PublishResponse:
         """The asyncio twin of :func:`broker.client.sessions.publish_in_session`: each in-flight call
         holds its own session, so concurrent tasks never interleave one session's numbers."""
+        topic, count = call.topic, call.count
         for attempt in range(2):
             session = self._sessions.take(topic)
-            request.dedup_id, request.first_msg_id = session.dedup_id, session.next_msg_id
             try:
-                response = await self._send(request)
+                response = await self._send(topic, call.data(session.dedup_id, session.next_msg_id))
             except BaseException as err:
                 if self._sessions.failed(topic, session, err) and attempt == 0:
                     continue

@@ -21,6 +21,7 @@ import grpc
 import grpc.aio
 
 from broker.client.errors import BrokerError, Unavailable, error_from_rpc, rpc_code, rpc_details
+from broker.client.packing import PublishBytesStub
 from broker.client.routing import _CHANNEL_OPTIONS, Backoff, Outcome, QuorumWatch, RetryPolicy, classify
 from broker.client.security import ClientSecurity
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
@@ -86,6 +87,10 @@ class AsyncRouter:
 
     def admin(self, address: str) -> admin_pb2_grpc.AdminStub:
         return self.stub(address, admin_pb2_grpc.AdminStub)
+
+    def publisher(self, address: str) -> PublishBytesStub:
+        """``Broker.Publish`` taking a request's bytes (``wire.PublishCall.data``)."""
+        return self.stub(address, PublishBytesStub)
 
     async def close(self) -> None:
         self._closed = True
