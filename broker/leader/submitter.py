@@ -66,6 +66,10 @@ class _Waiter:
         self.done.set()
 
 
+
+def _serialized(command: internal_pb2.Command | bytes) -> bytes:
+    return command if isinstance(command, bytes) else command.SerializeToString()
+
 class CommandSubmitter:
     """Leader-only submission with a bounded wait; never hangs a caller."""
 
@@ -117,18 +121,19 @@ class CommandSubmitter:
         self.ensure_leader()
         return self._replicator.status().term
 
-    def submit(self, command: internal_pb2.Command, *, sync: bool = False) -> object:
-        """Replicate ``command``; return the state machine's result once applied here.
+    def submit(self, command: internal_pb2.Command | bytes, *, sync: bool = False) -> object:
+        """Replicate ``command`` (a message, or one serialized already); return the state machine's
+        result once applied here.
 
         ``sync=True`` (``fsync`` topics): acknowledged only once a majority has fsynced it."""
         self.ensure_leader()
         waiter = _Waiter()
-        self._replicator.submit(command.SerializeToString(), waiter, sync=sync)
+        self._replicator.submit(_serialized(command), waiter, sync=sync)
         if not waiter.done.wait(self._timeout_s):
             raise self._not_committed()
         return self._outcome(waiter.result, waiter.error)
 
-    async def submit_async(self, command: internal_pb2.Command, *, sync: bool = False) -> object:
+    async def submit_async(self, command: internal_pb2.Command | bytes, *, sync: bool = False) -> object:
         """:meth:`submit` for a coroutine on an event loop: the same checks, bound, errors and
         messages, and no thread waits. The replicator's callback (its thread) hands the outcome to
         the loop with ``call_soon_threadsafe``; a caller cancelled meanwhile (client gone, or the
@@ -146,7 +151,7 @@ class CommandSubmitter:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 loop.call_soon_threadsafe(settle, result, error)
 
-        self._replicator.submit(command.SerializeToString(), callback, sync=sync)
+        self._replicator.submit(_serialized(command), callback, sync=sync)
         try:
             result, error = await asyncio.wait_for(outcome, self._timeout_s)
         except TimeoutError:
