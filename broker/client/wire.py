@@ -235,7 +235,8 @@ def pack_record(record: OutgoingRecord, idempotency_key: str = "", msg_id: int =
 class PublishCall:
     """A ``publish_batch`` ready to send: its request as pieces of bytes (:meth:`data` joins them),
     each record's idempotency key (``None``: no per-record keys), and whether it goes in one of the
-    client's producer sessions (which set ``dedup_id`` and ``first_msg_id``) rather than as it is."""
+    client's producer sessions (which set ``dedup_id`` and ``first_msg_id``) rather than as it is.
+    Used by one call at a time (:meth:`data` reuses ``parts``)."""
 
     header: broker_pb2.PublishRequest  # every field but the records
     parts: list[bytes]  # [header bytes (set by data), then the packed_records elements' pieces]

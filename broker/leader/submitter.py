@@ -66,9 +66,9 @@ class _Waiter:
         self.done.set()
 
 
-
 def _serialized(command: internal_pb2.Command | bytes) -> bytes:
     return command if isinstance(command, bytes) else command.SerializeToString()
+
 
 class CommandSubmitter:
     """Leader-only submission with a bounded wait; never hangs a caller."""

@@ -48,7 +48,8 @@ def append_command_bytes(append: internal_pb2.AppendCommand, bodies: list[bytes]
     ``bodies`` added to its ``bodies`` (which must be empty). Built from pieces: each body is copied
     once, into the result. Building the message instead copied every body into a new bytes object
     (the suffix), into the message, and again while the serializer grew its buffer: for 1000 x 1 KiB
-    records 4.1 against 0.6 us per record here (``bench/NOTE.md``)."""
+    records 4.1 against 0.6 us per record in a process on glibc's malloc; on a node (jemalloc) the
+    difference was within the noise of a cluster run (``bench/NOTE.md``)."""
     assert not append.bodies, "the bodies go in as pieces"
     head = append.SerializeToString()
     parts = [b"", head]
