@@ -46,7 +46,7 @@ class _TimedSubmitter(CommandSubmitter):
 
     submitted_at = 0.0
 
-    def submit(self, command: internal_pb2.Command, *, sync: bool = False) -> object:
+    def submit(self, command: internal_pb2.Command | bytes, *, sync: bool = False) -> object:
         self.submitted_at = time.perf_counter()
         return super().submit(command, sync=sync)
 
@@ -54,7 +54,10 @@ class _TimedSubmitter(CommandSubmitter):
 def _sdk_build(records: list[Any], session: tuple[str, int]) -> bytes:
     builder: Callable[..., Any] | None = getattr(client_wire, "publish_request", None)
     if builder is not None:  # the lean wire: one shared builder
-        request = builder("t", records, None, None).request
+        call = builder("t", records, None, None)
+        if hasattr(call, "data"):  # the request as bytes joined once (2026-11-28)
+            return bytes(call.data(*session))
+        request = call.request
     else:  # before: built inline in client.py
         batch = [client_wire.outgoing(r) for r in records]
         ids = client_wire.msg_ids(batch, None, None)

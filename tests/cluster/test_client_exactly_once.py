@@ -151,5 +151,5 @@ def watch_publishes(client: Client) -> list[broker_pb2.PublishRequest]:
             sent.append(broker_pb2.PublishRequest.FromString(data))
             return self._stub.Publish(data, **kwargs)
 
-    router.publisher = lambda address: Observed(real(address))  # type: ignore[method-assign]
+    router.publisher = lambda address: Observed(real(address))  # type: ignore[method-assign,assignment,return-value]
     return sent
