@@ -5,8 +5,13 @@ pysyncobj keeps its log in a ``Journal`` (``pysyncobj.syncobj.createJournal`` bu
 ``FileJournal`` is an mmap that is never synced, with 4-byte offsets. :class:`DurableJournal` keeps
 the same in-memory list of ``(command, index, term)`` entries and appends every change to one file:
 
-    header   magic(8) generation(8) crc32(4) | synced length(8) crc32(4)   (32 bytes)
-    record   length(4) crc32(4) type(1) payload      crc32 covers type + payload
+    header   magic(8) generation(8) crc(4) | synced length(8) crc(4)   (32 bytes)
+    record   length(4) crc(4) type(1) payload      crc covers type + payload
+
+The checksum is CRC32C (magic ``RBJRNL02``; hardware-assisted through ``google_crc32c``, about 7x
+cheaper per byte than zlib's CRC-32 here, and every entry is checksummed on every replica). A file
+of the first format (magic ``RBJRNL01``, zlib's CRC-32) is still read, and appended to in its own
+checksum; the next rewrite (log compaction, snapshot installed) writes the current format.
 
 Records: ENTRY (index, term, command), TRUNCATE (delete entries with index >= i), TERM (term,
 voted-for), COMMIT (commit index). Reading stops at the first short or corrupt record, so what is
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 from pysyncobj.journal import Journal
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
@@ -46,11 +52,12 @@ from broker.replication.stats import LatencyTally
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"RBJRNL01"
+MAGIC = b"RBJRNL02"  # what every new file is written in: CRC32C checksums
+MAGIC_ZLIB = b"RBJRNL01"  # the first format: zlib's CRC-32 (read, and appended to until rewritten)
 HEADER_BYTES = 32
-_HEAD = struct.Struct("<8sQI")  # magic, generation, crc32 of the first 16 bytes
-_SIM = struct.Struct("<QI")  # synced length, crc32 of it (at offset _HEAD.size)
-_REC = struct.Struct("<IIB")  # payload length (incl. type), crc32(type + payload), type
+_HEAD = struct.Struct("<8sQI")  # magic, generation, crc of the first 16 bytes
+_SIM = struct.Struct("<QI")  # synced length, crc of it (at offset _HEAD.size)
+_REC = struct.Struct("<IIB")  # payload length (incl. type), crc(type + payload), type
 _ENTRY = struct.Struct("<QQ")
 _U64 = struct.Struct("<Q")
 ENTRY, TRUNCATE, TERM, COMMIT = 1, 2, 3, 4
@@ -58,6 +65,18 @@ _NO_VOTE = b"\x00"
 _VOTE = b"\x01"
 
 Entry = tuple[bytes, int, int]
+Checksum = Callable[[bytes, int], int]  # (data, the checksum so far) -> the checksum extended by data
+
+
+def _crc32c(data: bytes, start: int = 0) -> int:
+    return int(google_crc32c.extend(start, data))
+
+
+def _crc32(data: bytes, start: int = 0) -> int:
+    return zlib.crc32(data, start)
+
+
+CHECKSUMS: dict[bytes, Checksum] = {MAGIC: _crc32c, MAGIC_ZLIB: _crc32}
 _datasync = getattr(os, "fdatasync", os.fsync)
 _WRITEV_PIECES = 512  # below Linux's IOV_MAX (1024); os.writev refuses more
 
@@ -78,16 +97,16 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _record(kind: int, payload: bytes) -> bytes:
-    return b"".join(_record_parts(kind, payload))
+def _record(crc: Checksum, kind: int, payload: bytes) -> bytes:
+    return b"".join(_record_parts(crc, kind, payload))
 
 
-def _record_parts(kind: int, payload: bytes, tail: bytes = b"") -> tuple[bytes, bytes]:
+def _record_parts(crc: Checksum, kind: int, payload: bytes, tail: bytes = b"") -> tuple[bytes, bytes]:
     """A record whose payload is ``payload + tail``, as (record head + ``payload``, ``tail``),
-    without copying ``tail``: a command is written as it came (``os.pwritev``), its CRC computed
-    over it in place."""
-    crc = zlib.crc32(tail, zlib.crc32(payload, zlib.crc32(bytes((kind,)))))
-    return _REC.pack(1 + len(payload) + len(tail), crc, kind) + payload, tail
+    without copying ``tail``: a command is written as it came (``os.pwritev``), its checksum
+    computed over it in place."""
+    check = crc(tail, crc(payload, crc(bytes((kind,)), 0)))
+    return _REC.pack(1 + len(payload) + len(tail), check, kind) + payload, tail
 
 
 def _write_all(fd: int, pieces: list[bytes]) -> None:
@@ -106,9 +125,11 @@ def _write_all(fd: int, pieces: list[bytes]) -> None:
 
 
 def _header(generation: int, synced_bytes: int) -> bytes:
+    """The header of a new file (always the current format)."""
+    crc = CHECKSUMS[MAGIC]
     head = _HEAD.pack(MAGIC, generation, 0)[:16]
     sim = _U64.pack(synced_bytes)
-    out = head + struct.pack("<I", zlib.crc32(head)) + sim + struct.pack("<I", zlib.crc32(sim))
+    out = head + struct.pack("<I", crc(head, 0)) + sim + struct.pack("<I", crc(sim, 0))
     assert len(out) == HEADER_BYTES
     return out
 
@@ -153,6 +174,7 @@ class DurableJournal(Journal):
         self.dropped_bytes = 0  # power-loss simulation: unsynced bytes cut off at open
         self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
         self._fd = -1
+        self._crc: Checksum = CHECKSUMS[MAGIC]  # the open file's (a first-format file keeps zlib's)
         if self._path.exists():
             self._open_existing()
         else:
@@ -161,21 +183,23 @@ class DurableJournal(Journal):
     # -- files -------------------------------------------------------------------------------
     def _open_existing(self) -> None:
         data = self._path.read_bytes()
-        magic, generation, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
-        if magic != MAGIC or crc != zlib.crc32(data[:16]):
+        magic, generation, check = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
+        crc = CHECKSUMS.get(magic)
+        if crc is None or check != crc(data[:16], 0):
             raise JournalError(
                 f"{self._path} is not a raftbroker journal (bad header; a journal of pysyncobj's own format is "
                 "not read any more): move the node's data directory away and let it catch up from the leader")
         self._generation = generation
+        self._crc = crc
         synced, synced_crc = _SIM.unpack_from(data, _HEAD.size)
-        if synced_crc != zlib.crc32(_U64.pack(synced)) or synced < HEADER_BYTES:
+        if synced_crc != crc(_U64.pack(synced), 0) or synced < HEADER_BYTES:
             logger.warning("journal %s: no valid synced length in the header", self._path)
             synced = HEADER_BYTES
         end = len(data)
         if self._simulate:
             self.dropped_bytes = max(0, end - synced)
             end = min(end, synced)
-        good = self._replay(memoryview(data)[:end])
+        good = self._replay(data, end)
         if good < min(synced, end):
             # A bad record inside what was fsynced is damage, not a torn write: refuse to guess.
             raise JournalError(f"{self._path}: corrupt record at offset {good}, inside the {synced} bytes it had "
@@ -194,15 +218,18 @@ class DurableJournal(Journal):
         self._record_synced_length()
         self._commit_written = self._commit
 
-    def _replay(self, data: memoryview) -> int:
-        """Apply every whole record in ``data``; return the offset after the last good one."""
-        pos = HEADER_BYTES
-        while pos + _REC.size <= len(data):
-            length, crc, kind = _REC.unpack_from(data, pos)
+    def _replay(self, data: bytes, stop: int) -> int:
+        """Apply every whole record in ``data[:stop]``; return the offset after the last good one."""
+        pos, crc = HEADER_BYTES, self._crc
+        while pos + _REC.size <= stop:
+            length, check, kind = _REC.unpack_from(data, pos)
             end = pos + 8 + length
-            if length < 1 or end > len(data) or zlib.crc32(data[pos + 8:end]) != crc:
+            if length < 1 or end > stop:
                 break
-            payload = data[pos + _REC.size:end]
+            record = data[pos + 8:end]  # type + payload (one copy: the checksums take no memoryview)
+            if crc(record, 0) != check:
+                break
+            payload = memoryview(record)[1:]
             if kind == ENTRY:
                 index, term = _ENTRY.unpack_from(payload)
                 self._entries.append((bytes(payload[_ENTRY.size:]), index, term))
@@ -242,9 +269,11 @@ class DurableJournal(Journal):
         self._generation += 1
         # the records as pieces, each command as it is (no copy of the log in Python: the rewrite
         # runs on the replication thread, so every pass over a tail of tens of MB is a stall)
-        pieces = [_record(TERM, _term_payload(self._term, self._voted_for)), _record(COMMIT, _U64.pack(self._commit))]
+        crc = CHECKSUMS[MAGIC]  # a new file is written in the current format
+        pieces = [_record(crc, TERM, _term_payload(self._term, self._voted_for)),
+                  _record(crc, COMMIT, _U64.pack(self._commit))]
         for command, index, term in self._entries:
-            pieces += _record_parts(ENTRY, _ENTRY.pack(index, term), command)
+            pieces += _record_parts(crc, ENTRY, _ENTRY.pack(index, term), command)
         size = HEADER_BYTES + sum(map(len, pieces))
         staged = self._path.with_name(self._path.name + ".rewrite")
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -258,6 +287,7 @@ class DurableJournal(Journal):
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(self._path, os.O_WRONLY)
+        self._crc = crc
         self._size = self._synced_size = size
         self._sync_pending = self._term_pending = False
         self._commit_written = self._commit
@@ -265,7 +295,7 @@ class DurableJournal(Journal):
 
     def _append(self, kind: int, payload: bytes, needs_sync: bool, tail: bytes = b"") -> None:
         """Write a record of ``payload + tail`` at the end (``tail``, a command, is not copied)."""
-        head, body = _record_parts(kind, payload, tail)
+        head, body = _record_parts(self._crc, kind, payload, tail)
         size = len(head) + len(body)
         try:
             written = os.pwritev(self._fd, (head, body), self._size) if body else os.pwrite(self._fd, head, self._size)
@@ -327,7 +357,7 @@ class DurableJournal(Journal):
         # Stable with the next fsync. At open, damage before it is corruption (refused), after it a
         # torn tail (cut); the power-loss simulation cuts the file back to it.
         synced = _U64.pack(self._synced_size)
-        os.pwrite(self._fd, synced + struct.pack("<I", zlib.crc32(synced)), _HEAD.size)
+        os.pwrite(self._fd, synced + struct.pack("<I", self._crc(synced, 0)), _HEAD.size)
 
     # -- pysyncobj's Journal interface -------------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:

@@ -4,6 +4,8 @@ entries need a sync, and the transport that holds messages back until the journa
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from broker.replication import raft
-from broker.replication.journal import ENTRY, HEADER_BYTES, DurableJournal, JournalError
+from broker.replication.journal import ENTRY, HEADER_BYTES, MAGIC, MAGIC_ZLIB, DurableJournal, JournalError
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port
@@ -121,6 +123,46 @@ def test_a_file_that_is_not_a_journal_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"PYSYNCOBJ" + bytes(40))
     with pytest.raises(JournalError):
         open_journal(path)
+
+
+def _first_format_file(entries_: list[tuple[bytes, int, int]], term: int, voted_for: str) -> bytes:
+    """A journal as the first format wrote it (magic RBJRNL01, zlib's CRC-32), built here from its
+    layout, not by the module: header, a TERM record, then ENTRY records; all of it synced."""
+    def record(kind: int, payload: bytes) -> bytes:
+        body = bytes((kind,)) + payload
+        return struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+    records = record(3, struct.pack("<Q", term) + b"\x01" + voted_for.encode())
+    for cmd, index, entry_term in entries_:
+        records += record(1, struct.pack("<QQ", index, entry_term) + cmd)
+    head = MAGIC_ZLIB + struct.pack("<Q", 7)
+    synced = struct.pack("<Q", HEADER_BYTES + len(records))
+    return head + struct.pack("<I", zlib.crc32(head)) + synced + struct.pack("<I", zlib.crc32(synced)) + records
+
+
+def test_a_first_format_journal_is_read_appended_to_and_rewritten_in_the_current_one(tmp_path: Path) -> None:
+    """Nodes upgraded in place keep their journals: a zlib-checksummed file opens with its entries,
+    takes appends in its own checksum (a reopen reads them all), and its next rewrite is CRC32C."""
+    path = tmp_path / "raft.wal"
+    old = [(command(PLAIN_ID, b"old%d" % index), index, 1) for index in range(1, 4)]
+    path.write_bytes(_first_format_file(old, 1, "127.0.0.1:9"))
+    journal = open_journal(path)
+    assert [journal[i] for i in range(len(journal))] == old
+    assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.generation) == (1, "127.0.0.1:9", 7)
+    journal.add(command(SYNCED_ID, b"new"), 4, 2)
+    journal.sync()
+    crash(journal)
+    assert path.read_bytes()[:8] == MAGIC_ZLIB
+    journal = open_journal(path)
+    assert entries(journal) == [(1, 1), (2, 1), (3, 1), (4, 2)]
+    journal.deleteEntriesTo(2)  # a compaction: the file is rewritten
+    crash(journal)
+    data = path.read_bytes()
+    assert data[:8] == MAGIC
+    assert zlib.crc32(data[:16]) != int.from_bytes(data[16:20], "little")  # no longer zlib's checksum
+    journal = open_journal(path)
+    assert entries(journal) == [(3, 1), (4, 2)] and journal[1][0] == command(SYNCED_ID, b"new")
+    journal._destroy()
 
 
 def test_sync_is_pending_after_term_and_synced_entries_only(tmp_path: Path) -> None:
@@ -310,7 +352,7 @@ def test_a_failed_fsync_is_final(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def _entry_records(data: bytes) -> list[bytes]:
-    """The raw ENTRY records of a journal file: length(4) crc32(4) type(1) payload, after the header."""
+    """The raw ENTRY records of a journal file: length(4) crc(4) type(1) payload, after the header."""
     out, pos = [], HEADER_BYTES
     while pos + 9 <= len(data):
         length = int.from_bytes(data[pos:pos + 4], "little")
