@@ -10,6 +10,7 @@ dedup state and the partition counters into the apply's batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -64,7 +65,7 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
         placements.extend((*place, True) for place in known_places)
     skip = session.fresh_from if session is not None else 0
     starts: dict[int, tuple[int, int]] = {}  # partition -> its first new offset (for the session)
-    items: dict[int, list[tuple[int, bytes]]] = {}  # partition -> (timestamp, body) to store, in offset order
+    items: dict[int, Sequence[bytes]] = {}  # partition -> bodies to store, in offset order (stamped growth[p][3])
     if not keys and not cmd.unique_keys and (fresh is None or all(fresh)):
         _place_all(sm, cmd, tid, skip, growth, starts, placements, items)
     for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True) if not items else ()):
@@ -107,15 +108,17 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
     # phase 2: write
     record_batch = sm.records_batch(tid, batch)
     if writes:  # the general path (keys, dedup fields, discarded records)
-        items = {p: [] for p in touched}
+        written_bodies: dict[int, list[bytes]] = {p: [] for p in touched}
         unique = cmd.unique_keys
-        for partition, _offset, ts, body, _key, i in writes:
+        for partition, _offset, _ts, body, _key, i in writes:
             if unique:
                 dedup.take_unique_key(batch, tid, unique[i])
-            items[partition].append((ts, body))
-    pending = {p: PendingRecords(starts[p][0], stored) for p, stored in items.items()}
-    for partition, written in pending.items():  # a partition's offsets of this apply are consecutive
-        record_log.append(record_batch, tid, partition, written.first, written.items)
+            written_bodies[partition].append(body)
+        items = dict(written_bodies)
+    # a partition's offsets of this apply are consecutive, all stamped alike (growth[p][3])
+    pending = {p: PendingRecords(starts[p][0], growth[p][3], stored) for p, stored in items.items()}
+    for partition, written in pending.items():
+        record_log.append(record_batch, tid, partition, written.first, written.timestamp_ms, written.bodies)
     if keys:
         dedup.remember_keys(batch, tid, window_now, window,
                             [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
@@ -132,7 +135,7 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
 
 def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int, skip: int,
                growth: dict[int, list[int]], starts: dict[int, tuple[int, int]],
-               placements: list[tuple[int, int, int, bool]], items: dict[int, list[tuple[int, bytes]]]) -> None:
+               placements: list[tuple[int, int, int, bool]], items: dict[int, Sequence[bytes]]) -> None:
     """Phase 1 of ``_append`` when every record from ``skip`` on is stored (no idempotency keys,
     no dedup fields, none below a watermark), the common batch: the same places as the
     per-record loop (offsets from each partition's end, one timestamp per partition: the
@@ -149,10 +152,11 @@ def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int
         ts, first = max(cmd.now_ms, base.last_timestamp_ms), base.end_offset
         placements.extend(zip(repeat(partition, n), range(first, first + n), repeat(ts, n), repeat(False, n),
                               strict=True))
-        items[partition] = list(zip(repeat(ts, n), bodies, strict=True))
+        items[partition] = bodies
         growth[partition] = [first + n, n, sum(map(len, bodies)), ts]
         starts[partition] = (first, 0)
         return
+    grown: dict[int, list[bytes]] = {}
     for partition, body in zip(partitions, bodies, strict=True):
         acc = growth.get(partition)
         if acc is None:
@@ -160,8 +164,8 @@ def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int
             ts = max(cmd.now_ms, base.last_timestamp_ms)
             acc = growth[partition] = [base.end_offset, 0, 0, ts]
             starts[partition] = (base.end_offset, 0)
-            items[partition] = []
+            items[partition] = grown[partition] = []
         offset, ts = acc[0], acc[3]
         acc[0], acc[1], acc[2] = offset + 1, acc[1] + 1, acc[2] + len(body)
         placements.append((partition, offset, ts, False))
-        items[partition].append((ts, body))
+        grown[partition].append(body)

@@ -8,6 +8,7 @@ machine itself.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -80,14 +81,15 @@ class ChangeSignal(Protocol):
 @dataclass(frozen=True, slots=True)
 class PendingRecords:
     """The records of one partition written by the apply in progress (in its batch, not yet in
-    the store): offsets ``first``, ``first + 1``…"""
+    the store): offsets ``first``, ``first + 1``…, all stamped ``timestamp_ms``."""
 
     first: int
-    items: Sequence[tuple[int, bytes]]  # (timestamp_ms, body)
+    timestamp_ms: int
+    bodies: Sequence[bytes]
 
     def sizes(self) -> Iterator[tuple[int, int]]:
         """(offset, body bytes) of each, oldest first."""
-        return ((self.first + i, len(body)) for i, (_, body) in enumerate(self.items))
+        return zip(itertools.count(self.first), map(len, self.bodies))
 
 
 class AppendPolicy(Protocol):

@@ -130,10 +130,11 @@ def test_a_body_that_passes_its_crc_but_does_not_parse_is_badmsg_not_a_broken_st
     meta = env.state.topic("t")
     assert meta is not None
     entries = list(record_log.read(env.state.store, meta.topic_id, 0, 0, 3))
-    bodies = [(e.timestamp_ms, e.body) for e in entries]
-    bodies[1] = (bodies[1][0], bad_body)  # CRC fine, no RecordBody
+    assert len({e.timestamp_ms for e in entries}) == 1, "one publish: one timestamp"
+    bodies = [e.body for e in entries]
+    bodies[1] = bad_body  # CRC fine, no RecordBody
     batch = env.state.store.batch()
-    record_log.append(batch, meta.topic_id, 0, 0, bodies)  # the same key: the stored value is replaced
+    record_log.append(batch, meta.topic_id, 0, 0, entries[0].timestamp_ms, bodies)  # same key: the value is replaced
     env.state.store.write(batch, sync=True)
     for packed in (False, True):
         responses = read(env, request("t"), packed=packed)

@@ -125,6 +125,30 @@ def test_large_records_split_stored_values_by_bytes(env: Env) -> None:
     check_counters(env, tid)
 
 
+def test_a_value_is_filled_to_the_byte_cap_exactly_with_every_element_prefix_width(env: Env) -> None:
+    """``record_log.append`` places the cut where the next element would pass the byte cap (an
+    element is its 1-byte tag, its length's varint and the body) and writes 2-, 3- and 4-byte
+    prefixes (body lengths around 127 and 16383) as they are read back."""
+    store = env.state.store
+    cap = record_log.STORED_BATCH_BYTES_MAX
+    first = 100_000  # element 1 + 3 + 100000
+    second = cap - (1 + 3 + first) - (1 + 3)  # fills the value exactly
+    lengths = [first, second, 0, 127, 128, 16383, 16384, 1]
+    bodies = [bytes([i % 251]) * n for i, n in enumerate(lengths)]
+    batch = store.batch()
+    record_log.append(batch, 9, 0, 40, 1234, bodies)
+    store.write(batch)
+    assert stored_values(store, 9, 0) == [(40, 2), (42, 6)]
+    got = list(record_log.read(store, 9, 0, 40, 48))
+    assert [(e.offset, e.error, e.timestamp_ms) for e in got] == [(40 + i, None, 1234) for i in range(8)]
+    assert [e.body for e in got] == bodies
+    batch = store.batch()
+    record_log.append(batch, 9, 1, 0, 5, [b"x" * first, b"y" * (second + 1)])  # one byte over: the second moves on
+    record_log.append(batch, 9, 1, 2, 6, [])  # nothing to write
+    store.write(batch)
+    assert stored_values(store, 9, 1) == [(0, 1), (1, 1)]
+
+
 def test_time_index_searches_batches(env: Env) -> None:
     env.topic("t")
     stamps = []

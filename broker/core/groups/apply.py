@@ -119,7 +119,7 @@ class _Apply:
         tid, partition = meta.topic_id, entry.partition % meta.config.partitions
         state = self.dlq_parts.get((tid, partition)) or self.sm.partition(tid, partition)
         ts = max(now_ms, state.last_timestamp_ms)
-        record_log.append(self.sm.records_batch(tid, self.batch), tid, partition, state.end_offset, [(ts, stored)])
+        record_log.append(self.sm.records_batch(tid, self.batch), tid, partition, state.end_offset, ts, [stored])
         self.dlq_parts[(tid, partition)] = replace(state, end_offset=state.end_offset + 1, records=state.records + 1,
                                                    bytes=state.bytes + len(stored), last_timestamp_ms=ts)
         return partition, state.end_offset
