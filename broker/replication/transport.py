@@ -17,6 +17,12 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   way) or not, per :func:`set_message_compression` (``RaftOptions.raft_message_compression``). The
   parser tells the two apart by the first byte (a pickle starts with 0x80, a zlib stream never does),
   so nodes with either setting talk to each other (a rolling change is safe);
+- finishes a message the socket took only in part: :func:`_send` asks the poller for a write event
+  while bytes are left, and :func:`_process_send` drops what the socket took from the front of the
+  write buffer in place. pysyncobj watched for write events only until a connection's first send,
+  so the rest of a message larger than the socket's free send buffer (a 1 MiB publish where
+  ``net.core.wmem_max`` caps ``SO_SNDBUF`` at its usual 208 KiB) waited for the node's next send to
+  that peer, a heartbeat away when nothing else was sent, and every partial send copied the rest;
 - provides :class:`GuardedTransport`: utility commands off, and an incoming connection must name a
   cluster member as its first message (no read-only or unknown peers), else it is logged and closed;
   one that has not done so within :attr:`HandshakeLimits.timeout_s` of its accept (a stalled or
@@ -53,6 +59,8 @@ import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pysyncobj.transport as pysyncobj_transport
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from broker.replication._patches import PINNED_VERSION, PysyncobjPatchError
 from broker.replication.snapshot_guard import StampingTransport
@@ -83,10 +91,13 @@ _PINNED_SHA256 = {
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processRead"): (
         "002c11f3c6f60907a12c9e402930e5e33bda022686475534bdcee04ee5570b67"
     ),
-    # relied upon: sends slice what the socket took off the front of the write buffer, which works
-    # unchanged on the bytearray _send keeps
+    # replaced by _process_send (the same errors and disconnects; what was sent deleted in place)
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processSend"): (
         "86b72a4075c0cd79ca83c1783c82ab3fd332868ced01af5f42937c347414e8e9"
+    ),
+    # relied upon: a write event sends what is buffered, then watches for writes only while bytes are left
+    (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processConnection"): (
+        "b2854d89c1b9724743800086d54841543148069bc9166890fec0eac0bba44462"
     ),
     (pysyncobj_transport.TCPTransport, "_onIncomingMessageReceived"): (
         "8b7217b0cc17c96de29c4b69b029cdb0b8d307f3eaf48fc8210060d47e48fcaf"
@@ -209,6 +220,35 @@ def _send(self: Any, message: Any) -> None:
     buffer += _LENGTH.pack(len(data))
     buffer += data
     self._TcpConnection__trySendBuffer()
+    if self._TcpConnection__writeBuffer and self.state == CONNECTION_STATE.CONNECTED:
+        # the socket's send buffer is full: the rest goes out on the next write event (pysyncobj's
+        # __processConnection stops watching for them once the buffer is empty)
+        self._TcpConnection__poller.subscribe(
+            self._TcpConnection__fileno, self._TcpConnection__processConnection,
+            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
+
+
+def _process_send(self: Any) -> bool:
+    """Replaces ``TcpConnection.__processSend``: one ``send`` of the write buffer, with pysyncobj's
+    errors and disconnects. What the socket took is deleted from the front of the bytearray in place
+    (CPython moves the start, copying nothing); pysyncobj sliced a copy of the rest after each send.
+    True when bytes went out (the caller sends again until False)."""
+    buffer = self._TcpConnection__writeBuffer
+    if not buffer:
+        return False
+    try:
+        sent = self._TcpConnection__socket.send(buffer)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            self.disconnect()
+        return False
+    if sent <= 0:
+        return False
+    if isinstance(buffer, bytearray):
+        del buffer[:sent]
+    else:  # pysyncobj's bytes (only before the first _send)
+        self._TcpConnection__writeBuffer = buffer[sent:]
+    return True
 
 
 def _own_buffer(conn: Any, attribute: str) -> bytearray:
@@ -484,6 +524,7 @@ def _install() -> None:
     pysyncobj_tcp_connection.TcpConnection._TcpConnection__processParseMessage = _parse_message
     pysyncobj_tcp_connection.TcpConnection._TcpConnection__processRead = _read
     pysyncobj_tcp_connection.TcpConnection.send = _send
+    pysyncobj_tcp_connection.TcpConnection._TcpConnection__processSend = _process_send
 
 
 _install()

@@ -331,3 +331,40 @@ def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: A
         for rep, sm in nodes:
             rep.close()
             sm.close()
+
+
+def test_a_message_larger_than_the_socket_buffer_goes_out_whole_without_waiting_for_a_heartbeat(tmp_path: Any) -> None:
+    """A command larger than what a socket's send buffer takes at once still reaches the followers at
+    once: the leader watches for write events while bytes are left and sends the rest as the
+    follower reads. pysyncobj stopped watching after a connection's first send, so the rest of a
+    large message waited for the leader's next send to that follower, one heartbeat
+    (``append_entries_period_s``) per send buffer's worth; with 64 KiB socket buffers, a 0.5 s period
+    and a 4 MiB command, a commit took tens of seconds, or never came as the followers, hearing no
+    heartbeat behind the stuck message, called elections."""
+    options = RaftOptions(raft_min_timeout_s=2.0, raft_max_timeout_s=3.0, append_entries_period_s=0.5,
+                          socket_send_buffer_bytes=64 * 1024, socket_receive_buffer_bytes=64 * 1024)
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = []
+    try:
+        for i, address in enumerate(addresses):
+            sm = ChainStateMachine(tmp_path / f"n{i}" / "sm")
+            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, options)
+            nodes.append((rep, sm))
+            rep.start()
+        leader, _ = wait_until(
+            lambda: next((n for n in nodes if n[0].status().role == Role.LEADER and n[0].status().leader_ready),
+                         None), 20, "a ready leader")
+        outcomes = Outcomes()
+        big = bytes(range(256)) * (4 * 1024 * 4)  # 4 MiB
+        leader.submit(big, outcomes.callback(0))
+        # Well under the 16 s a send-buffer's worth per heartbeat would take, and under an election
+        # timeout from the submit, so the command is committed by the leader it was submitted to.
+        wait_until(lambda: 0 in outcomes.results, 6, "the 4 MiB command committed")
+        result, error = outcomes.results[0]
+        assert error is None and isinstance(result, dict), (result, error)
+        wait_until(lambda: all(sm.applied_index() >= result["index"] for _, sm in nodes), 6, "every node applied it")
+        assert len({sm.chain() for _, sm in nodes}) == 1
+    finally:
+        for rep, sm in nodes:
+            rep.close()
+            sm.close()

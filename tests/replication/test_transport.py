@@ -12,6 +12,8 @@ import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pytest
 from pysyncobj.node import TCPNode
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from broker.replication import raft, transport
 from broker.replication._patches import PysyncobjPatchError
@@ -80,10 +82,22 @@ class _Connection:
         self._TcpConnection__readBuffer: Any = b""
         self._TcpConnection__socket = sock
         self._TcpConnection__recvBufferSize = recv_buffer_bytes
+        self._TcpConnection__fileno = sock.fileno() if sock is not None else None
+        self._TcpConnection__poller = self
+        self.state = CONNECTION_STATE.CONNECTED
         self.disconnected = False
+        self.subscriptions: list[tuple[Any, int]] = []  # (fileno, event mask) asked of the poller
+        self.sending = False  # the socket is written (pysyncobj's loop over __processSend)
 
     def _TcpConnection__trySendBuffer(self) -> None:  # noqa: N802 (pysyncobj's name)
+        while self.sending and transport._process_send(self):
+            pass
+
+    def _TcpConnection__processConnection(self, descr: int, event: int) -> None:  # noqa: N802
         pass
+
+    def subscribe(self, descr: Any, callback: Any, mask: int) -> None:  # the poller's
+        self.subscriptions.append((descr, mask))
 
     def disconnect(self) -> None:
         self.disconnected = True
@@ -111,6 +125,43 @@ def test_messages_are_sent_compressed_or_not_and_either_is_read(mode: str) -> No
     receiver = _Connection()
     receiver._TcpConnection__readBuffer = frame
     assert transport._parse_message(receiver) == message and not receiver.disconnected
+
+
+def test_a_frame_the_socket_takes_in_part_is_finished_on_write_events_in_place() -> None:
+    """A 1 MiB frame behind a 64 KiB send buffer: the first send takes part of it, the connection asks
+    the poller for write events, and each later send (as the peer reads) deletes what went out from
+    the front of the same bytearray. The peer receives the frame whole and in order."""
+    import os
+
+    left, right = socket.socketpair()
+    left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    left.setblocking(False)
+    message = {"type": "append_entries", "term": 2, "entries": [(os.urandom(1 << 20), 5, 2)]}
+    sender = _Connection(left)
+    sender.sending = True
+    transport.set_message_compression("none")
+    try:
+        pysyncobj_tcp_connection.TcpConnection.send(sender, message)
+        buffer = sender._TcpConnection__writeBuffer
+        assert isinstance(buffer, bytearray) and 0 < len(buffer) < (1 << 20)
+        assert sender.subscriptions == [(left.fileno(),
+                                         POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)]
+        received = bytearray()
+        while buffer:
+            received += right.recv(1 << 20)
+            while transport._process_send(sender):  # a write event
+                pass
+            assert sender._TcpConnection__writeBuffer is buffer
+        right.settimeout(5)
+        while len(received) < 4 or len(received) < 4 + struct.unpack_from("i", received)[0]:
+            received += right.recv(1 << 20)  # what the kernel still holds
+        receiver = _Connection()
+        receiver._TcpConnection__readBuffer = bytes(received)
+        assert transport._parse_message(receiver) == message and not sender.disconnected
+    finally:
+        transport.set_message_compression("zlib")
+        left.close()
+        right.close()
 
 
 def test_message_compression_is_validated_and_defaults_to_none() -> None:
