@@ -42,6 +42,14 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         changes["reps"] = args.reps
     if args.records is not None:
         changes["publish_records"] = args.records
+    if args.sizes:
+        try:
+            sizes = tuple(int(size) for size in args.sizes.split(","))
+        except ValueError:
+            raise SystemExit(f"--sizes takes comma-separated byte counts, not {args.sizes!r}") from None
+        if any(size < 8 for size in sizes):
+            raise SystemExit("--sizes: each record size is at least 8 bytes (the latency stamp)")
+        changes["record_sizes"] = sizes
     return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
 
@@ -66,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
     parser.add_argument("--workloads", help=f"comma-separated subset of {','.join(WORKLOADS)}")
     parser.add_argument("--reps", type=int, help="repetitions per workload (default 3)")
-    parser.add_argument("--records", type=int, help="records per publish run (default 200000)")
+    parser.add_argument("--records", type=int, help="records per publish run (default 1000000)")
+    parser.add_argument("--sizes", help="comma-separated record sizes in bytes of publish runs (default 100,1024)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output directory (default bench/results)")
     parser.add_argument("--render", type=Path, help="only re-render this results JSON")
     parser.add_argument("--latest", action="store_true", help="with --render: also write latest.* beside it")

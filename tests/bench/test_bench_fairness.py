@@ -3,6 +3,7 @@ like-for-like exactly-once marking and the transport-cost micro-benchmark's entr
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench import __main__ as bench_main
 from bench import cpu, report, transport_cost
 from bench.config import SMOKE, BenchConfig
 from bench.workloads import Payloads
@@ -36,6 +38,17 @@ def test_config_rejects_empty_runs() -> None:
     with pytest.raises(ValueError, match="publish_records"):
         BenchConfig(publish_records=0)
     assert BenchConfig().publish_records >= 1_000_000 and BenchConfig().publish_cap_s >= 10
+
+
+def test_sizes_option_chooses_the_record_sizes_and_refuses_bad_ones() -> None:
+    def config(sizes: str) -> BenchConfig:
+        return bench_main._config(argparse.Namespace(smoke=False, systems=None, workloads=None, reps=None,
+                                                     records=None, sizes=sizes))
+
+    assert config("1024,100").record_sizes == (1024, 100)
+    for bad in ("1k", "1024,,100", "4"):
+        with pytest.raises(SystemExit, match="--sizes"):
+            config(bad)
 
 
 def test_group_cpu_counts_a_busy_process_group() -> None:
