@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -276,6 +277,30 @@ def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_app
         sm.close()
 
 
+_Node = tuple[raft.PysyncobjReplicator, ChainStateMachine]
+
+
+@contextlib.contextmanager
+def _three_nodes(tmp_path: Any, options: RaftOptions) -> Iterator[tuple[list[_Node], raft.PysyncobjReplicator]]:
+    """Three in-process replicators on free ports with ``options``: (every node and its state machine,
+    the ready leader); all closed on the way out."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes: list[_Node] = []
+    try:
+        for i, address in enumerate(addresses):
+            sm = ChainStateMachine(tmp_path / f"n{i}" / "sm")
+            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, options)
+            nodes.append((rep, sm))
+            rep.start()
+        leader = wait_until(lambda: next((rep for rep, _ in nodes if rep.status().role == Role.LEADER
+                                          and rep.status().leader_ready), None), 20, "a ready leader")
+        yield nodes, leader
+    finally:
+        for rep, sm in nodes:
+            rep.close()
+            sm.close()
+
+
 def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: Any) -> None:
     """The leader appends every command queued since its last tick, then sends once: ten commands
     queued together reach each follower as one AppendEntries carrying all ten (stock pysyncobj sent
@@ -286,17 +311,8 @@ def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: A
     election timeouts keep the leader in place. The first message may also carry earlier entries
     the follower still lacks (the term's no-op)."""
     options = RaftOptions(raft_min_timeout_s=2.0, raft_max_timeout_s=3.0, append_entries_period_s=0.5)
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = []
-    try:
-        for i, address in enumerate(addresses):
-            sm = ChainStateMachine(tmp_path / f"n{i}" / "sm")
-            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, options)
-            nodes.append((rep, sm))
-            rep.start()
-        leader, leader_sm = wait_until(
-            lambda: next((n for n in nodes if n[0].status().role == Role.LEADER and n[0].status().leader_ready),
-                         None), 20, "a ready leader")
+    with _three_nodes(tmp_path, options) as (nodes, leader):
+        assert leader._node is not None
         transport = leader._node._SyncObj__transport
         carried: list[tuple[str, list[int]]] = []  # (follower, indexes) of each AppendEntries with entries
         stock_send = transport.send
@@ -321,16 +337,12 @@ def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: A
         indexes = sorted(result["index"] for result, error in outcomes.results.values()
                          if error is None and isinstance(result, dict))
         assert len(indexes) == 10 and indexes == list(range(indexes[0], indexes[0] + 10))
-        followers = {a for a in addresses if a != leader.status().self_address}
+        followers = {rep.status().self_address for rep, _ in nodes} - {leader.status().self_address}
         for follower in followers:
             messages = [ixs for to, ixs in carried if to == follower and set(ixs) & set(indexes)]
             assert messages and set(indexes) <= set(messages[0]), f"{follower} got the ten entries as {messages}"
         wait_until(lambda: all(sm.applied_index() >= indexes[-1] for _, sm in nodes), 10, "every node applied")
         assert len({sm.chain() for _, sm in nodes}) == 1
-    finally:
-        for rep, sm in nodes:
-            rep.close()
-            sm.close()
 
 
 def test_a_message_larger_than_the_socket_buffer_goes_out_whole_without_waiting_for_a_heartbeat(tmp_path: Any) -> None:
@@ -343,17 +355,7 @@ def test_a_message_larger_than_the_socket_buffer_goes_out_whole_without_waiting_
     heartbeat behind the stuck message, called elections."""
     options = RaftOptions(raft_min_timeout_s=2.0, raft_max_timeout_s=3.0, append_entries_period_s=0.5,
                           socket_send_buffer_bytes=64 * 1024, socket_receive_buffer_bytes=64 * 1024)
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = []
-    try:
-        for i, address in enumerate(addresses):
-            sm = ChainStateMachine(tmp_path / f"n{i}" / "sm")
-            rep = raft.PysyncobjReplicator(address, addresses, tmp_path / f"n{i}" / "raft", sm, options)
-            nodes.append((rep, sm))
-            rep.start()
-        leader, _ = wait_until(
-            lambda: next((n for n in nodes if n[0].status().role == Role.LEADER and n[0].status().leader_ready),
-                         None), 20, "a ready leader")
+    with _three_nodes(tmp_path, options) as (nodes, leader):
         outcomes = Outcomes()
         big = bytes(range(256)) * (4 * 1024 * 4)  # 4 MiB
         leader.submit(big, outcomes.callback(0))
@@ -364,7 +366,3 @@ def test_a_message_larger_than_the_socket_buffer_goes_out_whole_without_waiting_
         assert error is None and isinstance(result, dict), (result, error)
         wait_until(lambda: all(sm.applied_index() >= result["index"] for _, sm in nodes), 6, "every node applied it")
         assert len({sm.chain() for _, sm in nodes}) == 1
-    finally:
-        for rep, sm in nodes:
-            rep.close()
-            sm.close()
