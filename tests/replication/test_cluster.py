@@ -114,8 +114,13 @@ def test_raft_connections_use_the_configured_socket_buffers(cluster_factory: Clu
     caps = [int(Path(f"/proc/sys/net/core/{kind}mem_max").read_text()) for kind in ("w", "r")]
     expected = [2 * min(size, cap) for size, cap in zip(wanted, caps, strict=True)]
     for node in cluster.nodes:
-        buffers = node.request("socket_buffers")["buffers"]
-        assert len(buffers) >= len(cluster.nodes) - 1, f"{node.address} has too few Raft connections: {buffers}"
+        # one follower suffices for the commit above, and a peer dialled before it listened is
+        # retried every connection_retry_s: on a busy machine a link may still be coming up
+        def all_links(n: NodeProcess = node) -> list[list[int]] | None:
+            buffers: list[list[int]] = n.request("socket_buffers")["buffers"]
+            return buffers if len(buffers) >= len(cluster.nodes) - 1 else None
+
+        buffers = wait_until(all_links, 20, f"{node.address} to hold a Raft connection to each other member")
         assert all(pair == expected for pair in buffers), f"{node.address}: {buffers}, expected {expected} each"
 
 
