@@ -12,11 +12,11 @@ per 1 KiB record here (``bench/NOTE.md``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from broker.client.errors import BrokerError
 from broker.client.models import OPS, PublishResult
-from broker.protowire import ONE_BYTE, varint
+from broker.protowire import ByLength, varint
 from broker.v1 import broker_pb2
 
 VALUE_TAG = b"\x2a"  # PublishRecord.value: field 5, length-delimited
@@ -28,9 +28,17 @@ OP_NUMBERS = {name: i for i, name in enumerate(OPS)}
 PACKED_TAG = b"\x2a"  # PublishRequest.packed_records: field 5, length-delimited
 PUBLISH_METHOD = f"/{broker_pb2.DESCRIPTOR.services_by_name['Broker'].full_name}/Publish"
 
-# the head of a packed_records element holding a bare value of n < 126 bytes (the element's own
-# length, n + 2, is then one byte too); the empty value is the empty record
-ELEMENT_HEADS = [PACKED_TAG + b"\x00"] + [PACKED_TAG + ONE_BYTE[n + 2] + VALUE_TAG + ONE_BYTE[n] for n in range(1, 126)]
+def _element_head(n: int) -> bytes:
+    """The head of a ``packed_records`` element holding a bare value of ``n`` bytes: the element's
+    tag and length, then the value's tag and length; the empty value is the empty record."""
+    if not n:
+        return PACKED_TAG + b"\x00"
+    length = varint(n)
+    return PACKED_TAG + varint(n + 1 + len(length)) + VALUE_TAG + length
+
+
+_ELEMENT_HEADS = ByLength(_element_head)
+_BYTES_ONLY = frozenset((bytes,))
 
 
 def pack_value(data: bytes) -> bytes:
@@ -40,19 +48,16 @@ def pack_value(data: bytes) -> bytes:
 
 def value_elements(values: Sequence[bytes | str], parts: list[bytes]) -> None:
     """Append to ``parts`` each of ``values`` (str as UTF-8) as a ``packed_records`` element holding
-    :func:`pack_value` of it: its head, then the value itself (no per-value copy)."""
-    heads, add = ELEMENT_HEADS, parts.append
-    for value in values:
-        if type(value) is not bytes:
-            value = value.encode() if isinstance(value, str) else bytes(value)
-        size = len(value)
-        if size < 126:
-            add(heads[size])
-        else:
-            length = varint(size)
-            add(PACKED_TAG + varint(size + 1 + len(length)) + VALUE_TAG + length)
-        if size:
-            add(value)
+    :func:`pack_value` of it: its head, then the value itself (no per-value copy). For bytes, every
+    step is a loop in C (a Python loop here was a fifth of the SDK's CPU for 1 KiB values)."""
+    if set(map(type, values)) <= _BYTES_ONLY:
+        plain = cast(Sequence[bytes], values)
+    else:
+        plain = [v if type(v) is bytes else v.encode() if isinstance(v, str) else bytes(v) for v in values]
+    pieces: list[bytes] = [b""] * (2 * len(plain))
+    pieces[0::2] = map(_ELEMENT_HEADS.__getitem__, map(len, plain))
+    pieces[1::2] = plain
+    parts += pieces
 
 
 def record_elements(records: Sequence[bytes], parts: list[bytes]) -> None:

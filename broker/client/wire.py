@@ -260,6 +260,11 @@ class PublishCall:
         return b"".join(self.parts)
 
 
+def _bare_values(records: Sequence[Any]) -> bool:
+    """Whether every record is a bare value (bytes or str): the checks run once per distinct type."""
+    return all(issubclass(kind, bytes | str) for kind in set(map(type, records)))
+
+
 def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
                     first_msg_id: int | None) -> PublishCall | None:
     """The one request builder of the sync and asyncio clients (``None`` for an empty batch): the
@@ -268,7 +273,7 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
     anything is sent."""
     header = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "", results=broker_pb2.RESULT_FORM_COMPACT)
     parts = [b""]
-    if dedup_id is None and first_msg_id is None and all(isinstance(r, bytes | str) for r in records):
+    if dedup_id is None and first_msg_id is None and _bare_values(records):
         packing.value_elements(records, parts)
         count, keys = len(records), None
     else:

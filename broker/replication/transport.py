@@ -23,6 +23,7 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   so the rest of a message larger than the socket's free send buffer (a 1 MiB publish where
   ``net.core.wmem_max`` caps ``SO_SNDBUF`` at its usual 208 KiB) waited for the node's next send to
   that peer, a heartbeat away when nothing else was sent, and every partial send copied the rest;
+  a frame sent with nothing queued goes to the socket without a copy into the write buffer;
 - provides :class:`GuardedTransport`: utility commands off, and an incoming connection must name a
   cluster member as its first message (no read-only or unknown peers), else it is logged and closed;
   one that has not done so within :attr:`HandshakeLimits.timeout_s` of its accept (a stalled or
@@ -94,6 +95,13 @@ _PINNED_SHA256 = {
     # replaced by _process_send (the same errors and disconnects; what was sent deleted in place)
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processSend"): (
         "86b72a4075c0cd79ca83c1783c82ab3fd332868ced01af5f42937c347414e8e9"
+    ),
+    # relied upon by _send_now: the read timeout checked before a send, and what a send loop does
+    (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processConnectionTimeout"): (
+        "7828832eb85541f243cd3842628cfd058b928666a378ac192958d35c64f47dc4"
+    ),
+    (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__trySendBuffer"): (
+        "6fc748d9120c1dfc463a3a5c28735ae7ef88a110e318ed01496e93923117dd31"
     ),
     # relied upon: a write event sends what is buffered, then watches for writes only while bytes are left
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processConnection"): (
@@ -206,9 +214,12 @@ def set_message_compression(mode: str) -> None:
 
 
 def _send(self: Any, message: Any) -> None:
-    """Replaces ``TcpConnection.send``: the same frame, zlib only when compression is on. The write
-    buffer is a bytearray that frames are appended to in place (pysyncobj's bytes were copied whole
-    for every frame queued behind a socket that was full)."""
+    """Replaces ``TcpConnection.send``: the same frame, zlib only when compression is on. With
+    nothing queued, the frame goes straight to the socket in one ``sendmsg`` of its length and its
+    data, and only what the socket did not take is queued (pysyncobj copied every frame into the
+    write buffer first: a 1 MiB entry once more per follower). The write buffer is a bytearray that
+    frames are appended to in place (pysyncobj's bytes were copied whole for every frame queued
+    behind a socket that was full)."""
     if self.sendRandKey:
         message = (self.sendRandKey, message)
     data = RESTRICTED_PICKLE.dumps(message)
@@ -216,16 +227,43 @@ def _send(self: Any, message: Any) -> None:
         data = zlib.compress(data, _ZLIB_LEVEL)
     if self.encryptor:
         data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
+    head = _LENGTH.pack(len(data))
     buffer = _own_buffer(self, "_TcpConnection__writeBuffer")
-    buffer += _LENGTH.pack(len(data))
-    buffer += data
-    self._TcpConnection__trySendBuffer()
+    if buffer or self.state != CONNECTION_STATE.CONNECTED:
+        buffer += head
+        buffer += data
+        self._TcpConnection__trySendBuffer()
+    else:
+        sent = _send_now(self, head, data)
+        if sent < len(head):
+            buffer += head[sent:]
+            buffer += data
+        elif sent < len(head) + len(data):
+            buffer += memoryview(data)[sent - len(head):]
     if self._TcpConnection__writeBuffer and self.state == CONNECTION_STATE.CONNECTED:
         # the socket's send buffer is full: the rest goes out on the next write event (pysyncobj's
         # __processConnection stops watching for them once the buffer is empty)
         self._TcpConnection__poller.subscribe(
             self._TcpConnection__fileno, self._TcpConnection__processConnection,
             POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
+
+
+def _send_now(self: Any, head: bytes, data: bytes) -> int:
+    """What one ``sendmsg`` of ``head`` and ``data`` sent on a connected connection with nothing
+    queued; with ``__trySendBuffer``'s read timeout check first and ``__processSend``'s errors (a
+    full socket sends nothing, any other error disconnects, which empties the write buffer: the
+    frame is dropped as pysyncobj drops what it had queued)."""
+    self._TcpConnection__processConnectionTimeout()
+    if self.state == CONNECTION_STATE.DISCONNECTED:
+        return len(head) + len(data)
+    try:
+        sent: int = self._TcpConnection__socket.sendmsg((head, data))
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            self.disconnect()
+            return len(head) + len(data)
+        return 0
+    return sent
 
 
 def _process_send(self: Any) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes
 
+from broker import protowire
 from broker.core import record_log, records
 from broker.core.record_log import Entry
 from broker.leader.packed_reads import BatchWriter, CompactWriter, PackedBatch
@@ -78,6 +79,21 @@ def publish_varied(env: Env, topic: str, n: int) -> None:
 @pytest.mark.parametrize("varint_of", [0, 1, 127, 128, 300, 16_383, 16_384, 2**31, 2**63 - 1, 2**64 - 1])
 def test_varint_is_protobufs(varint_of: int) -> None:
     assert varint(varint_of) == _VarintBytes(varint_of)
+
+
+def test_heads_by_length_are_made_once_and_kept_up_to_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+
+    def head(n: int) -> bytes:
+        made.append(n)
+        return b"\x2a" + varint(n)
+
+    heads = protowire.ByLength(head)
+    assert list(map(heads.__getitem__, [5, 300, 5, 300])) == [b"\x2a\x05", b"\x2a" + varint(300)] * 2
+    assert made == [5, 300] and dict(heads) == {5: b"\x2a\x05", 300: b"\x2a\xac\x02"}
+    monkeypatch.setattr(protowire, "LENGTHS_KEPT", 2)
+    assert heads[16_384] == b"\x2a" + _VarintBytes(16_384) and heads[16_384] == heads[16_384]
+    assert 16_384 not in heads and made == [5, 300, 16_384, 16_384, 16_384], "past the bound: made, not kept"
 
 
 def test_every_start_and_batch_size_reads_the_same_records_and_tokens(env: Env) -> None:

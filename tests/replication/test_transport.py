@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 import socket
 import struct
@@ -71,6 +72,19 @@ def test_the_password_is_salted_per_cluster_and_the_bind_address_is_set(tmp_path
         raft.RaftOptions(password="pw", password_salt="")
 
 
+class _FullSocket:
+    """A socket whose send buffer is always full: every frame sent is queued in the write buffer."""
+
+    def sendmsg(self, buffers: Any) -> int:
+        raise BlockingIOError(errno.EAGAIN, "full")
+
+    def send(self, data: Any) -> int:
+        raise BlockingIOError(errno.EAGAIN, "full")
+
+    def getpeername(self) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+
 class _Connection:
     """The attributes of pysyncobj's TcpConnection that its send and frame parser touch."""
 
@@ -80,7 +94,7 @@ class _Connection:
         self.encryptor = None
         self._TcpConnection__writeBuffer = b""
         self._TcpConnection__readBuffer: Any = b""
-        self._TcpConnection__socket = sock
+        self._TcpConnection__socket: Any = sock if sock is not None else _FullSocket()
         self._TcpConnection__recvBufferSize = recv_buffer_bytes
         self._TcpConnection__fileno = sock.fileno() if sock is not None else None
         self._TcpConnection__poller = self
@@ -92,6 +106,9 @@ class _Connection:
     def _TcpConnection__trySendBuffer(self) -> None:  # noqa: N802 (pysyncobj's name)
         while self.sending and transport._process_send(self):
             pass
+
+    def _TcpConnection__processConnectionTimeout(self) -> None:  # noqa: N802
+        pass
 
     def _TcpConnection__processConnection(self, descr: int, event: int) -> None:  # noqa: N802
         pass
@@ -162,6 +179,53 @@ def test_a_frame_the_socket_takes_in_part_is_finished_on_write_events_in_place()
         transport.set_message_compression("zlib")
         left.close()
         right.close()
+
+
+class _TakesSome:
+    """A socket that takes ``take`` bytes of the next send, or fails it with ``error``."""
+
+    def __init__(self, take: int = 0, error: int = 0) -> None:
+        self.take, self.error, self.sent = take, error, bytearray()
+
+    def sendmsg(self, buffers: Any) -> int:
+        if self.error:
+            raise OSError(self.error, "send failed")
+        taken = b"".join(buffers)[:self.take]
+        self.sent += taken
+        return len(taken)
+
+    def fileno(self) -> int:
+        return 99
+
+
+@pytest.mark.parametrize("take", [0, 1, 4, 5, 1000, -1, None])  # -1: all but the last byte, None: all
+def test_a_frame_with_nothing_queued_goes_out_in_one_sendmsg_and_only_its_rest_is_queued(take: int | None) -> None:
+    """With an empty write buffer a frame goes to the socket at once (its length and data in one
+    ``sendmsg``, no copy into the buffer); whatever the socket did not take, inside the length or
+    inside the data, is queued in order and write events are asked for only then."""
+    message = {"type": "append_entries", "term": 4, "entries": [(bytes(range(256)) * 273, 9, 4)]}
+    transport.set_message_compression("none")
+    frame_bytes = 4 + len(transport.RESTRICTED_PICKLE.dumps(message))
+    sock = _TakesSome(frame_bytes if take is None else frame_bytes + take if take < 0 else take)
+    sender = _Connection()
+    sender._TcpConnection__socket, sender._TcpConnection__fileno = sock, 99
+    try:
+        pysyncobj_tcp_connection.TcpConnection.send(sender, message)
+        assert len(sock.sent) == sock.take
+        assert len(sock.sent) + len(sender._TcpConnection__writeBuffer) == frame_bytes
+        assert bool(sender.subscriptions) == (sock.take < frame_bytes), "write events only while bytes are left"
+        receiver = _Connection()
+        receiver._TcpConnection__readBuffer = bytes(sock.sent) + bytes(sender._TcpConnection__writeBuffer)
+        assert transport._parse_message(receiver) == message and not sender.disconnected
+    finally:
+        transport.set_message_compression("zlib")
+
+
+def test_a_failed_direct_send_disconnects_and_queues_nothing() -> None:
+    sender = _Connection()
+    sender._TcpConnection__socket = _TakesSome(error=errno.EPIPE)
+    pysyncobj_tcp_connection.TcpConnection.send(sender, {"type": "heartbeat", "term": 1})
+    assert sender.disconnected and not sender._TcpConnection__writeBuffer and not sender.subscriptions
 
 
 def test_message_compression_is_validated_and_defaults_to_none() -> None:

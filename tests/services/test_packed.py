@@ -183,9 +183,14 @@ def test_the_sdk_packs_each_record_as_its_message() -> None:
                                                                                         5).SerializeToString()
     values: list[bytes | str] = [b"", "", b"v", "ü", b"x" * 127, b"x" * 128, "y" * 20000]
     values += [b"x" * n for n in (124, 125, 126, 127, 16381, 16382, 16383, 16384)]
-    bare = client_wire.publish_request("t", values, None, None)
-    assert bare is not None and list(sent(bare).packed_records) == [
-        client_wire.publish_record(OutgoingRecord(v), "").SerializeToString() for v in values]
+    class Bytes(bytes):
+        pass
+
+    only_bytes = [v for v in values if type(v) is bytes]  # every step in C
+    for batch in (values, only_bytes, [Bytes(v) for v in only_bytes], [*only_bytes, Bytes(b"z" * 200)]):
+        bare = client_wire.publish_request("t", batch, None, None)
+        assert bare is not None and bare.keys is None and list(sent(bare).packed_records) == [
+            client_wire.publish_record(OutgoingRecord(v), "").SerializeToString() for v in batch]
     call = client_wire.publish_request("t", [b"a", "b"], None, None)
     assert call is not None and call.keys is None and call.count == 2 and call.in_session
     request = sent(call)
