@@ -13,6 +13,7 @@ Layout in ``Column.META``: ``applied`` -> >Q index; ``next_topic_id`` -> >I;
 
 from __future__ import annotations
 
+import collections
 import logging
 import shutil
 import struct
@@ -80,6 +81,10 @@ class BrokerStateMachine:
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
         self._drop_listeners: list[Callable[[str], None]] = []
+        # commands this process recorded as failed at the apply wall, by kind (not replicated: every
+        # node should count the same, and a node whose count differs runs code that applies
+        # differently; exported as raftbroker_apply_failures_total)
+        self.failed_applies: collections.Counter[str] = collections.Counter()
         self._changes = changes
         # commands at or below this index were in the journal before this start (journal_opened)
         self._replay_until = 0
@@ -230,7 +235,8 @@ class BrokerStateMachine:
             log.critical("storage failure while applying index %d: stopping rather than diverging", index)
             raise
         except Exception as exc:  # noqa: BLE001 - the wall: one command must never stop the log
-            result = self._failed(index, command, exc)
+            kind, result = self._failed(index, command, exc)
+            self.failed_applies[kind] += 1
             batch, commit, self._volatile_batch = self._store.batch(), CacheChanges(), None
         if index <= self._replay_until:
             self._forget_volatile_records(commit)
@@ -264,18 +270,20 @@ class BrokerStateMachine:
             return self._reset_watermark(cmd.reset_watermark, batch)
         if kind is not None and kind in self._handlers:
             return self._handlers[kind](getattr(cmd, kind), batch, commit)
+        self.failed_applies[kind or "empty"] += 1  # e.g. a kind only newer code knows
         return Rejected(ApplyFailed(f"unknown command {kind!r}"))
 
     @staticmethod
-    def _failed(index: int, command: bytes, exc: Exception) -> Rejected:
-        """The deterministic result of a command whose apply raised (see :meth:`apply`)."""
+    def _failed(index: int, command: bytes, exc: Exception) -> tuple[str, Rejected]:
+        """The command's kind and the deterministic result of a command whose apply raised (see
+        :meth:`apply`)."""
         try:
             kind = internal_pb2.Command.FromString(command).WhichOneof("body") or "empty"
         except Exception:  # noqa: BLE001 - an undecodable command is reported as such
             kind = "undecodable"
         log.error("command %s at index %d could not be applied (recorded as failed on every node)",
                   kind, index, exc_info=exc)
-        return Rejected(ApplyFailed(f"the {kind} command could not be applied: {type(exc).__name__}: {exc}"))
+        return kind, Rejected(ApplyFailed(f"the {kind} command could not be applied: {type(exc).__name__}: {exc}"))
 
     def _commit_caches(self, changes: CacheChanges) -> None:
         """Publish cache changes only after the batch is in the store.

@@ -25,6 +25,23 @@ class DeletionCollector(Collector):
         yield family
 
 
+class ApplyFailureCollector(Collector):
+    """``raftbroker_apply_failures_total{command}``: commands this node recorded as failed at the
+    apply wall since it started. Every node applies the same log, so every node should count the
+    same; one that counts differently applies differently (mixed code in a rolling upgrade, or a
+    bug) and its data has diverged (``docs/design/command-formats.md``)."""
+
+    def __init__(self, failed: Callable[[], Mapping[str, int]]) -> None:
+        self._failed = failed
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("raftbroker_apply_failures", "Committed commands this node recorded as "
+                                     "failed at the apply wall, by command kind", labels=["command"])
+        for kind, count in sorted(self._failed().items()):
+            family.add_metric([kind], count)
+        yield family
+
+
 class RouteCollector(Collector):
     """Per route: lag (source records not routed yet) and the leader's copied/skipped counts."""
 

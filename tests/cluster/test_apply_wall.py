@@ -26,6 +26,7 @@ from broker.node import Node
 from broker.replication import ReplicationError
 from broker.v1 import admin_pb2, broker_pb2, internal_pb2
 from tests.cluster.stubs import Stubs, stubs
+from tests.cluster.test_route_metrics import sample, scrape
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -190,6 +191,12 @@ def test_commands_that_cannot_be_applied_are_recorded_as_failed_and_the_cluster_
                 assert not any("\n" in n or n.startswith("x" * 245 + ".") for n in names), names
             finally:
                 s.close()
+        # every node counted the same failures, by kind (raftbroker_apply_failures_total)
+        kinds = {"append": 1, "group_settle": 1, "undecodable": 1}
+        for i in range(3):
+            text = scrape(mixed.cluster.metrics_address(i))
+            counted = {kind: sample(text, "raftbroker_apply_failures_total", command=kind) for kind in kinds}
+            assert counted == kinds, f"node {i} counted {counted}"
         # a node that rebuilds its store from the Raft log replays the failed commands the same way
         mixed.cluster.kill(0, signal.SIGKILL)
         shutil.rmtree(mixed.cluster.node_data_dir(0) / "store")

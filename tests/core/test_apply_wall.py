@@ -74,6 +74,7 @@ def test_a_raising_handler_is_recorded_as_failed_and_the_index_moves_on() -> Non
     assert sm.topic("ghost") is not None
     # replaying the failed index (a restart) changes nothing
     assert sm.apply(2, barrier(13)) is None
+    assert sm.failed_applies == {"group_barrier": 1}, "counted once, by kind (raftbroker_apply_failures_total)"
 
 
 def test_every_node_records_the_same_failure() -> None:
@@ -92,6 +93,7 @@ def test_undecodable_and_unknown_commands_are_rejected_not_raised() -> None:
     result = sm.apply(2, K.Command(create_group=K.CreateGroupCommand(topic="t", group="g")).SerializeToString())
     assert isinstance(result, Rejected) and "unknown command 'create_group'" in str(result.error)
     assert sm.applied_index() == 2
+    assert sm.failed_applies == {"undecodable": 1, "create_group": 1}
 
 
 class FailingStore(MemoryStore):
