@@ -1,7 +1,7 @@
 """Python SDK of raftbroker (synchronous): ``with Client(["127.0.0.1:7001"]) as c: ...``.
 
 Public API: :class:`Client`, the value types it returns (:class:`TopicInfo`,
-:class:`PartitionInfo`, :class:`PublishResult`, :class:`Record`, :class:`Event`,
+:class:`PartitionInfo`, :class:`PublishResult`, :class:`PublishResults`, :class:`Record`, :class:`Event`,
 :class:`NodeInfo`, :class:`ClusterStatus`, :class:`Retention`, :class:`OutgoingRecord`,
 :class:`Watermark`, :class:`RouteInfo`, :class:`Batch`), the iterators :class:`Subscription` and
 :class:`BatchSubscription` (``subscribe_batches``: one object per batch, for throughput), typed topics
@@ -49,6 +49,7 @@ from broker.client.models import (
     OutgoingRecord,
     PartitionInfo,
     PublishResult,
+    PublishResults,
     Record,
     Retention,
     TopicInfo,
@@ -98,6 +99,7 @@ __all__ = [
     "PartitionInfo",
     "PartitionLag",
     "PublishResult",
+    "PublishResults",
     "Record",
     "ResourceExhausted",
     "Retention",

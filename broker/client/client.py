@@ -31,7 +31,15 @@ from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
 from broker.client.errors import TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
 from broker.client.log_admin import LogAdminMixin
-from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, Retention, TopicInfo, Watermark
+from broker.client.models import (
+    ClusterStatus,
+    OutgoingRecord,
+    PublishResult,
+    PublishResults,
+    Retention,
+    TopicInfo,
+    Watermark,
+)
 from broker.client.ranges import RangesMixin
 from broker.client.routes import RoutesMixin
 from broker.client.routing import RetryPolicy, Router
@@ -226,7 +234,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         *,
         dedup_id: str | None = None,
         first_msg_id: int | None = None,
-    ) -> list[PublishResult]:
+    ) -> PublishResults:
         """Publish records all-or-nothing; one result per record, in request order.
 
         Records may be :class:`OutgoingRecord`, dicts of its fields (``value``, ``key``,
@@ -254,7 +262,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         """
         call = wire.publish_request(topic, records, dedup_id, first_msg_id)
         if call is None:
-            return []
+            return PublishResults(0, list)
 
         def send(data: bytes) -> broker_pb2.PublishResponse:
             return self._router.call(lambda addr, t: self._router.publisher(addr).Publish(data, timeout=t),

@@ -1,14 +1,15 @@
 """Plain, typed values the SDK returns and accepts (never protobuf messages).
 
-Every type is a frozen dataclass. Names of enumerations are lower-case strings
+Every type is a frozen dataclass (and :class:`PublishResults`, a read-only sequence of them).
+Names of enumerations are lower-case strings
 (``"disk"``, ``"discard_old"``, ``"skip_forward"``, ``"insert"``), the same words the CLI uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 DURABILITIES = ("ephemeral", "memory", "disk", "fsync")
 FULL_POLICIES = ("discard_old", "reject")
@@ -111,6 +112,60 @@ class PublishResult:
         """False only for a duplicate whose original place is not kept (a session ``msg_id`` at or
         below the watermark; the broker marks it with ``timestamp_ms`` 0, which no stored record has)."""
         return not (self.duplicate and self.timestamp_ms == 0)
+
+
+class PublishResults(Sequence[PublishResult]):
+    """One :class:`PublishResult` per published record, in request order: a read-only sequence
+    (``len``, indexing, slices, iteration, ``+`` and ``==`` with a list). The answer is checked when it
+    arrives; the per-record objects are made when the results are first read, so a caller that
+    only needs to know the batch is stored does not pay for them (about 0.5 us per record, a
+    fifth of the SDK's CPU for 100-byte values)."""
+
+    __slots__ = ("_count", "_make", "_made")
+
+    def __init__(self, count: int, make: Callable[[], list[PublishResult]]) -> None:
+        self._count = count
+        self._make = make
+        self._made: list[PublishResult] | None = None
+
+    def _all(self) -> list[PublishResult]:
+        made = self._made
+        if made is None:  # threads racing here both make the same list; either is kept
+            made = self._made = self._make()
+        return made
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> PublishResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[PublishResult]: ...
+
+    def __getitem__(self, index: int | slice) -> PublishResult | list[PublishResult]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[PublishResult]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PublishResults):
+            return self._all() == other._all()
+        if isinstance(other, list):
+            return self._all() == other
+        return NotImplemented
+
+    def __add__(self, other: Sequence[PublishResult]) -> list[PublishResult]:
+        return [*self._all(), *other]
+
+    def __radd__(self, other: Sequence[PublishResult]) -> list[PublishResult]:
+        return [*other, *self._all()]
+
+    __hash__ = None  # type: ignore[assignment]  # compared by content, like the list it stands for
+
+    def __repr__(self) -> str:
+        return repr(self._all())
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from broker.client.errors import BrokerError
-from broker.client.models import OPS, PublishResult
+from broker.client.models import OPS, PublishResult, PublishResults
 from broker.protowire import ByLength, varint
 from broker.v1 import broker_pb2
 
@@ -92,28 +92,37 @@ def _result(partition: int, offset: int, duplicate: bool, timestamp_ms: int, key
     return result
 
 
-def publish_results(response: broker_pb2.PublishResponse, count: int, keys: list[str] | None) -> list[PublishResult]:
+def publish_results(response: broker_pb2.PublishResponse, count: int, keys: list[str] | None) -> PublishResults:
     """One result per record from either answer form: per record, or compact (each record's
-    partition and one range per partition: offsets counted from the range's base in order)."""
-    sent = keys or [""] * count
+    partition and one range per partition: offsets counted from the range's base in order).
+    The answer is checked now (:class:`BrokerError` INTERNAL when it does not fit the request);
+    the results are made when first read (:class:`PublishResults`)."""
     if response.results or not response.ranges:
         if len(response.results) != count:
             raise BrokerError("INTERNAL", f"server answered {len(response.results)} results for {count} records")
-        return [_result(r.partition, r.offset, r.duplicate, r.timestamp_ms, k)
-                for r, k in zip(response.results, sent, strict=True)]
-    partitions = list(response.partitions)
+        return PublishResults(count, lambda: _per_record_results(response, keys or [""] * count))
     ranges = {r.partition: r for r in response.ranges}
-    if len(partitions) != count or sum(r.count for r in ranges.values()) != count:
-        raise BrokerError("INTERNAL", f"server answered places for {len(partitions)} records "
+    if len(response.partitions) != count or sum(r.count for r in ranges.values()) != count:
+        raise BrokerError("INTERNAL", f"server answered places for {len(response.partitions)} records "
                                       f"({sum(r.count for r in ranges.values())} in ranges) for {count} records")
-    missing = set(partitions) - ranges.keys()
+    missing = set(response.partitions) - ranges.keys()
     if missing:
         raise BrokerError("INTERNAL", f"server answered no range for partitions {sorted(missing)}")
+    return PublishResults(count, lambda: _compact_results(response, ranges, keys or [""] * count))
+
+
+def _per_record_results(response: broker_pb2.PublishResponse, sent: list[str]) -> list[PublishResult]:
+    return [_result(r.partition, r.offset, r.duplicate, r.timestamp_ms, k)
+            for r, k in zip(response.results, sent, strict=True)]
+
+
+def _compact_results(response: broker_pb2.PublishResponse, ranges: dict[int, broker_pb2.PartitionRange],
+                     sent: list[str]) -> list[PublishResult]:
     following = {p: r.base_offset for p, r in ranges.items()}
     stamps = {p: r.timestamp_ms for p, r in ranges.items()}
     results: list[PublishResult] = []
     append, new, set_dict = results.append, _new, _set
-    for partition, key in zip(partitions, sent, strict=True):  # _result inlined: the SDK's per-record cost
+    for partition, key in zip(response.partitions, sent, strict=True):  # _result inlined: the per-record cost
         offset = following[partition]
         following[partition] = offset + 1
         result = new(PublishResult)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from pydantic import BaseModel, ValidationError
 
 from broker.client.errors import SchemaMismatchError, TopicExists, invalid_argument
-from broker.client.models import Event, OutgoingRecord, PublishResult, Record, TopicInfo
+from broker.client.models import Event, OutgoingRecord, PublishResult, PublishResults, Record, TopicInfo
 from broker.client.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class TypedTopic(Generic[M]):
                                     idempotency_key=idempotency_key)
 
     def publish_batch(self, items: Sequence[M | Mapping[str, Any]], *,
-                      key: Callable[[M], bytes | str | None] | None = None) -> list[PublishResult]:
+                      key: Callable[[M], bytes | str | None] | None = None) -> PublishResults:
         """Publish instances all-or-nothing; ``key(instance)`` picks each record's key."""
         values = [self._value(item) for item in items]
         records = []

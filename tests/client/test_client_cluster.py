@@ -85,9 +85,9 @@ def batches(items: list[Batch | Event]) -> list[Batch]:
 
 def test_batches_carry_what_subscribe_delivers(client: Client) -> None:
     client.create_topic("bat", 3)
-    sent = client.publish_batch("bat", [{"value": f"v{i}", "key": f"k{i}" if i % 2 else None,
-                                         "headers": {"i": str(i)} if i % 3 else {},
-                                         "op": "update" if i % 4 else "insert"} for i in range(300)])
+    sent = [*client.publish_batch("bat", [{"value": f"v{i}", "key": f"k{i}" if i % 2 else None,
+                                          "headers": {"i": str(i)} if i % 3 else {},
+                                          "op": "update" if i % 4 else "insert"} for i in range(300)])]
     sent += client.publish_batch("bat", [{"value": b"", "partition": p} for p in range(3)])
     want = records(list(client.subscribe("bat", stop_at_end=True)))
     got = batches(list(client.subscribe_batches("bat", stop_at_end=True, max_batch=17)))

@@ -183,7 +183,7 @@ def test_the_sdks_send_the_packed_form_and_read_compact_answers(cluster: DevClus
     everything = [*results, *plain, *aio_results]
     assert len(found) == len(values) == len(everything)
     for r, value in zip(everything, values, strict=True):
-        back = found[(r.partition, r.offset)]  # type: ignore[attr-defined]
-        assert back.value == value and back.timestamp_ms == r.timestamp_ms and not r.duplicate  # type: ignore[attr-defined]
+        back = found[(r.partition, r.offset)]
+        assert back.value == value and back.timestamp_ms == r.timestamp_ms and not r.duplicate
     assert results[2].partition == 1 and results[3].partition == partition_for_key(b"k", PARTITIONS)
     assert found[(results[4].partition, results[4].offset)].op == common_pb2.OP_DELETE

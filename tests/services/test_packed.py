@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.client import OutgoingRecord
+from broker.client import OutgoingRecord, PublishResult, PublishResults
 from broker.client import wire as client_wire
 from broker.client.errors import BrokerError, InvalidArgument
 from broker.clock import ManualClock
@@ -166,6 +166,34 @@ def test_compact_ranges_and_the_fall_back_to_per_record_results() -> None:
     short = broker_pb2.PublishResponse(partitions=[1], ranges=[broker_pb2.PartitionRange(partition=1, count=2)])
     with pytest.raises(BrokerError, match="places for 1 records"):
         client_wire.publish_results(short, 1, None)
+    unranged = broker_pb2.PublishResponse(partitions=[1, 2], ranges=[broker_pb2.PartitionRange(partition=1, count=2)])
+    with pytest.raises(BrokerError, match="no range for partitions \\[2\\]"):
+        client_wire.publish_results(unranged, 2, None)
+    with pytest.raises(BrokerError, match="3 results for 2 records"):
+        client_wire.publish_results(per_record, 2, None)
+
+
+def test_publish_results_are_checked_at_once_and_made_when_first_read() -> None:
+    """A batch's results are a read-only sequence: the answer is checked when it arrives (above),
+    the per-record objects are made once, at the first read, and it reads as the list it stands for."""
+    fresh = Published([(1, 5, 70, False), (0, 9, 71, False), (1, 6, 70, False)], [1, 0, 1])
+    compact = wire.publish_response(fresh, broker_pb2.PublishRequest(results=broker_pb2.RESULT_FORM_COMPACT))
+    per_record = wire.publish_response(fresh, broker_pb2.PublishRequest())
+    for response, keys in ((compact, None), (per_record, ["a", "b", "c"])):
+        results = client_wire.publish_results(response, 3, keys)
+        assert isinstance(results, PublishResults) and len(results) == 3
+        assert results._made is None, "nothing made before a read"
+        sent = keys or ["", "", ""]
+        expected = [PublishResult(1, 5, False, 70, sent[0]), PublishResult(0, 9, False, 71, sent[1]),
+                    PublishResult(1, 6, False, 70, sent[2])]
+        assert results == expected and expected == results and list(results) == expected
+        made = results._made
+        assert results[0] == expected[0] and results[-1] == expected[2] and results[1:] == expected[1:]
+        assert results._made is made, "made once"
+        assert results + [expected[0]] == [*expected, expected[0]]
+        assert [expected[0]] + results == [expected[0], *expected]
+        assert repr(results) == repr(expected) and results != expected[:2] and results != "x"
+        assert [*results] == expected and sum(1 for _ in results) == 3
 
 
 def sent(call: client_wire.PublishCall | None) -> broker_pb2.PublishRequest:

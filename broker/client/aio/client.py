@@ -30,7 +30,7 @@ from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, Asy
 from broker.client.client import RecordLike
 from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.groups import GroupLag, PartitionLag
-from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, TopicInfo, Watermark
+from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, PublishResults, TopicInfo, Watermark
 from broker.client.routing import RetryPolicy
 from broker.client.security import ClientSecurity
 from broker.client.sessions import SessionPool
@@ -150,11 +150,11 @@ class AsyncClient:
         return (await self.publish_batch(topic, [record]))[0]
 
     async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
-                            first_msg_id: int | None = None) -> list[PublishResult]:
+                            first_msg_id: int | None = None) -> PublishResults:
         """Publish records all-or-nothing; one result per record, in order (see :meth:`Client.publish_batch`)."""
         call = wire.publish_request(topic, records, dedup_id, first_msg_id)
         if call is None:
-            return []
+            return PublishResults(0, list)
         async with self._in_flight:
             if not call.in_session:
                 response = await self._send(topic, call.data())
