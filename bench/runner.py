@@ -194,9 +194,21 @@ def run_all(config: BenchConfig, out_dir: Path) -> Json:
     return document
 
 
+def settle_disk() -> float:
+    """Write back every dirty page (``sync``) and return how long it took; run before each system,
+    so that none starts while the previous one's writes are still in flight (an fsync on ext4
+    commits the file system's journal with every other file's pending metadata). A precaution: the
+    extra CPU per record raftbroker shows after the peers have run is not explained by it alone
+    (bench/NOTE.md, 2026-11-29)."""
+    started = time.monotonic()
+    os.sync()
+    return round(time.monotonic() - started, 2)
+
+
 def _one_system(name: str, factories: Factories, config: BenchConfig, out_dir: Path) -> Json:
     entry: Json = {"name": name, "status": "ok"}
-    log(f"{name}: starting")
+    entry["sync_before_s"] = settle_disk()
+    log(f"{name}: starting (after {entry['sync_before_s']:g} s writing back the page cache)")
     deployment: Deployment | None = None
     t0 = time.monotonic()
     try:
