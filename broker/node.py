@@ -40,7 +40,7 @@ from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
-from broker.services.log_metrics import ApplyFailureCollector, DeletionCollector
+from broker.services.log_metrics import apply_failure_collector, deletion_collector
 from broker.services.metrics import NodeMetrics
 from broker.services.server import GrpcServer
 from broker.services.streams import StreamRuntime
@@ -95,8 +95,8 @@ class Node:
         self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay
         self.metrics.watch_replica(self.replicator.status, self.store.size_bytes, stats=self.replicator.stats,
                                    data_dir=config.data_dir)
-        self.metrics.registry.register(DeletionCollector(lambda: self.retention.deleted_records))
-        self.metrics.registry.register(ApplyFailureCollector(lambda: self.state.failed_applies))
+        self.metrics.registry.register(deletion_collector(lambda: self.retention.deleted_records))
+        self.metrics.registry.register(apply_failure_collector(lambda: self.state.failed_applies))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)

@@ -1,5 +1,6 @@
-"""Prometheus collectors read at scrape time: records deleted by retention and prune, and routes
-(lag from the replicated cursors on every node; copied/skipped counts of the leader's router)."""
+"""Prometheus collectors read at scrape time: records deleted by retention and prune, commands that
+failed to apply, and routes (lag from the replicated cursors on every node; copied/skipped counts of
+the leader's router)."""
 
 from __future__ import annotations
 
@@ -11,35 +12,33 @@ from prometheus_client.registry import Collector
 from broker.leader.route_admin import RouteAdmin
 
 
-class DeletionCollector(Collector):
-    """``raftbroker_records_deleted_total{reason="retention"|"prune"}`` applied by this node."""
+class CountsCollector(Collector):
+    """A counter family with one sample per key of ``counts()`` (read at scrape time), the key as
+    the value of its one label."""
 
-    def __init__(self, deleted: Callable[[], Mapping[str, int]]) -> None:
-        self._deleted = deleted
+    def __init__(self, name: str, documentation: str, label: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._name, self._documentation, self._label, self._counts = name, documentation, label, counts
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("raftbroker_records_deleted", "Records deleted by retention caps and by "
-                                     "prune/clear, as applied by this node", labels=["reason"])
-        for reason, count in sorted(self._deleted().items()):
-            family.add_metric([reason], count)
+        family = CounterMetricFamily(self._name, self._documentation, labels=[self._label])
+        for key, count in sorted(self._counts().items()):
+            family.add_metric([key], count)
         yield family
 
 
-class ApplyFailureCollector(Collector):
+def deletion_collector(deleted: Callable[[], Mapping[str, int]]) -> CountsCollector:
+    """``raftbroker_records_deleted_total{reason="retention"|"prune"}`` applied by this node."""
+    return CountsCollector("raftbroker_records_deleted", "Records deleted by retention caps and by prune/clear, "
+                           "as applied by this node", "reason", deleted)
+
+
+def apply_failure_collector(failed: Callable[[], Mapping[str, int]]) -> CountsCollector:
     """``raftbroker_apply_failures_total{command}``: commands this node recorded as failed at the
     apply wall since it started. Every node applies the same log, so every node should count the
     same; one that counts differently applies differently (mixed code in a rolling upgrade, or a
     bug) and its data has diverged (``docs/design/command-formats.md``)."""
-
-    def __init__(self, failed: Callable[[], Mapping[str, int]]) -> None:
-        self._failed = failed
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("raftbroker_apply_failures", "Committed commands this node recorded as "
-                                     "failed at the apply wall, by command kind", labels=["command"])
-        for kind, count in sorted(self._failed().items()):
-            family.add_metric([kind], count)
-        yield family
+    return CountsCollector("raftbroker_apply_failures", "Committed commands this node recorded as failed at "
+                           "the apply wall, by command kind", "command", failed)
 
 
 class RouteCollector(Collector):
