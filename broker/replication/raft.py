@@ -435,7 +435,7 @@ class PysyncobjReplicator:
         if node is None:
             return ReplicaStatus(self._self_address, Role.FOLLOWER, 0, 0, 0, None, False)
         if self._closed or node.halted:
-            failure = self._failure
+            failure = self._failure or node.halt_reason
             reason = None if failure is None else f"{type(failure).__name__}: {failure}"
             return ReplicaStatus(self._self_address, Role.FOLLOWER, node.raftCurrentTerm, node.raftCommitIndex,
                                  node.raftLastApplied, None, False, reason)

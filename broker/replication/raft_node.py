@@ -86,6 +86,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
+        self.halt_reason: BaseException | None = None  # why apply halted the node (status reports it)
         self.counters = counters or RaftCounters()  # elections here; fsyncs in the journal (metrics)
         self._configuration_replayed = False
         self._term_first_index = 0  # as leader: the index of its term's no-op (status_fields)
@@ -199,9 +200,12 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             if request is not None:
                 self._SyncObj__doChangeCluster(request)
 
-    def halt(self) -> None:
-        """Stop for good without another word to the leader (after a failed snapshot restore)."""
+    def halt(self, reason: BaseException | None = None) -> None:
+        """Stop for good without another word to the leader (after a failed snapshot restore, or a
+        storage failure while applying: ``reason``, which the replicator's status reports)."""
         self.halted = True
+        if reason is not None and self.halt_reason is None:
+            self.halt_reason = reason
         self.destroy()
 
     def _SyncObj__sendNextNodeIdx(self, node: object, reset: bool = False, nextNodeIdx: int | None = None,
@@ -233,9 +237,9 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         # result): the node cannot know what it wrote, so it halts for good instead of diverging.
         try:
             result = self._state_machine.apply(self.raftLastApplied + 1, command)
-        except StorageFailure:
+        except StorageFailure as exc:
             logger.critical("storage failure applying index %d: halting this node", self.raftLastApplied + 1)
-            self.halt()
+            self.halt(exc)
             raise
         self._applied_bytes_since_compaction += len(command)
         if self._applied_bytes_since_compaction >= self._compaction_max_log_bytes:

@@ -41,6 +41,8 @@ def test_a_storage_failure_during_apply_halts_the_node(tmp_path: Path) -> None:
         rep.submit(b"disk-gone", outcomes.callback(1))
         wait_until(lambda: rep.status().role != Role.LEADER, 10, "the node to halt")
         assert rep.status().applied_index == applied and not rep.status().has_quorum
+        # reported as halted, with why (raftbroker_raft_halted and the RaftbrokerNodeHalted alert read it)
+        assert rep.status().halted_reason == "StorageFailure: write failed: I/O error"
         rep.submit(b"after", outcomes.callback(2))
         wait_until(lambda: 2 in outcomes.results, 10, "a refusal")
         assert outcomes.results[2][1] is not None  # a halted node accepts nothing
