@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import replace
 
-from broker.core import append, dedup, record_log, records, sessions
+from broker.core import append, dedup, formats, record_log, records, sessions
 from broker.core.applied import (
     AppendPolicy,
     CacheChanges,
@@ -221,8 +221,11 @@ class BrokerStateMachine:
         of its work behind: its batch and cache changes are dropped, only the applied index is
         written, and the result is a :class:`Rejected` with an :class:`ApplyFailed` naming the
         command kind. That outcome depends only on the command and the replicated state, so every
-        node records the same failure and the log moves on. A storage failure is different: the
-        node cannot know what it wrote, so it is re-raised (logged CRITICAL) rather than skipped.
+        node records the same failure and the log moves on, as long as every node runs the same
+        code. Two cases are re-raised (logged CRITICAL), as :class:`~broker.storage.ApplyHalt`s
+        that halt the node before the command: a storage failure (the node cannot know what it
+        wrote), and a command of a newer format than this code applies (``core/formats.py``:
+        another node may apply it, so recording a failure here would diverge).
         """
         if index <= self._applied:
             return None
@@ -230,9 +233,12 @@ class BrokerStateMachine:
         commit = CacheChanges()
         batch = self._store.batch()
         try:
-            result = self._dispatch(command, batch, commit)
+            result = self._dispatch(index, command, batch, commit)
         except StorageFailure:
             log.critical("storage failure while applying index %d: stopping rather than diverging", index)
+            raise
+        except formats.FormatTooNew as exc:
+            log.critical("%s; stopping rather than diverging", exc)
             raise
         except Exception as exc:  # noqa: BLE001 - the wall: one command must never stop the log
             kind, result = self._failed(index, command, exc)
@@ -254,8 +260,9 @@ class BrokerStateMachine:
             self._changes.notify()
         return result
 
-    def _dispatch(self, command: bytes, batch: Batch, commit: CacheChanges) -> object:
+    def _dispatch(self, index: int, command: bytes, batch: Batch, commit: CacheChanges) -> object:
         cmd = internal_pb2.Command.FromString(command)
+        formats.check(index, cmd)  # before anything is written: a node that cannot apply it halts
         kind = cmd.WhichOneof("body")
         if kind == "append":
             return append.apply_append(self, cmd.append, batch, commit)

@@ -27,7 +27,7 @@ from broker.replication.snapshot_guard import SnapshotGuardMixin
 from broker.replication.stats import RaftCounters
 from broker.replication.transfer import LeadershipTransferMixin
 from broker.replication.transport import GuardedTransport, HandshakeLimits
-from broker.storage import StorageFailure
+from broker.storage import ApplyHalt
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +201,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                 self._SyncObj__doChangeCluster(request)
 
     def halt(self, reason: BaseException | None = None) -> None:
-        """Stop for good without another word to the leader (after a failed snapshot restore, or a
-        storage failure while applying: ``reason``, which the replicator's status reports)."""
+        """Stop for good without another word to the leader (after a failed snapshot restore, or an
+        apply that must not go on: ``reason``, which the replicator's status reports)."""
         self.halted = True
         if reason is not None and self.halt_reason is None:
             self.halt_reason = reason
@@ -233,12 +233,13 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def _apply(self, command: bytes) -> object:
         # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception
         # here makes the next tick retry the same index (the state machine skips what it has).
-        # The state machine raises only on a storage failure (it records any other failure as a
-        # result): the node cannot know what it wrote, so it halts for good instead of diverging.
+        # The state machine raises only an ApplyHalt (it records any other failure as a result): a
+        # storage failure, after which the node cannot know what it wrote, or a command its code
+        # cannot apply. Either way it halts for good instead of diverging.
         try:
             result = self._state_machine.apply(self.raftLastApplied + 1, command)
-        except StorageFailure as exc:
-            logger.critical("storage failure applying index %d: halting this node", self.raftLastApplied + 1)
+        except ApplyHalt as exc:
+            logger.critical("cannot apply index %d (%s): halting this node", self.raftLastApplied + 1, exc)
             self.halt(exc)
             raise
         self._applied_bytes_since_compaction += len(command)

@@ -11,7 +11,12 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
-class StorageFailure(Exception):
+class ApplyHalt(Exception):
+    """The state machine must not go on: the node halts before the command, writing nothing of it
+    (the replicator stops applying; a restart resumes from the same index)."""
+
+
+class StorageFailure(ApplyHalt):
     """The store could not read or write (I/O error, closed database). The caller cannot know what
     was written, so the state machine stops on it instead of carrying on (it would diverge)."""
 

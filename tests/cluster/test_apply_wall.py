@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import NodeConfig, PeerConfig
+from broker.core import formats
 from broker.core.applied import Rejected
 from broker.core.errors import ApplyFailed, InvalidArgument
 from broker.core.groups.config import normalized_group_config
@@ -205,5 +206,39 @@ def test_commands_that_cannot_be_applied_are_recorded_as_failed_and_the_cluster_
         target = max(mixed.applied())
         wait_until(lambda: min(mixed.applied()) >= target, 90, "the rebuilt node to catch up")
         assert contents(mixed.cluster.grpc_address(0), "t") == contents(mixed.cluster.grpc_address(LOCAL), "t")
+    finally:
+        leader.close()
+
+
+def test_a_command_of_a_newer_format_halts_the_nodes_whose_code_cannot_apply_it(
+        mixed: Mixed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rolling upgrade (docs/design/command-formats.md): the in-process node runs code one command
+    format newer than the two processes and leads. A command of that format commits (the others
+    append it before they apply it); the older nodes halt before it, recording nothing, instead of
+    failing it at the apply wall while the newer node applies it."""
+    mixed.make_local_leader()
+    newer = formats.APPLY_FORMAT + 1
+    monkeypatch.setattr(formats, "APPLY_FORMAT", newer)  # this process only: the in-process node
+    leader = stubs(mixed.cluster.grpc_address(LOCAL))
+    try:
+        leader.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="t")), timeout=30)
+        publish_canary(leader, "t", b"before")
+        config = K.TopicConfig(name="fmt", partitions=1, durability=K.DURABILITY_DISK)
+        mixed.submit_raw(K.Command(create_topic=K.CreateTopicCommand(config=config, now_ms=1),
+                                   format=newer).SerializeToString())
+        assert mixed.node is not None and mixed.node.state.topic("fmt") is not None, "the newer node applied it"
+        for i in range(2):
+            def halted(i: int = i) -> bool:
+                return sample(scrape(mixed.cluster.metrics_address(i)), "raftbroker_raft_halted") == 1
+
+            wait_until(halted, 60, f"node {i} to halt before the command")
+            assert sample(scrape(mixed.cluster.metrics_address(i)), "raftbroker_apply_failures_total",
+                          command="create_topic") is None, "nothing recorded as failed"
+            s = stubs(mixed.cluster.grpc_address(i))
+            try:
+                names = [t.config.name for t in s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30).topics]
+            finally:
+                s.close()
+            assert "t" in names and "fmt" not in names, f"node {i} applied up to the command, not it: {names}"
     finally:
         leader.close()
