@@ -5,11 +5,11 @@ Every process is killed by PID in :meth:`Cluster.kill_all` (the ``cluster`` fixt
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from broker.devcluster import free_base_port
 
 from .chain_sm import LOG_NAME, Record, read_records
 
@@ -31,11 +33,19 @@ TEST_OPTIONS: dict[str, Any] = {
 }
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=512)  # not handed out again soon
+
+
 def free_port() -> int:
-    """A port that was free a moment ago (bound to port 0 and released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port that is free right now, below the kernel's ephemeral range, as the dev cluster picks
+    its ports (``devcluster.free_base_port``). A port bound to 0 and released lies inside that range,
+    where any process's outgoing connection can take it before the node binds it: a node that
+    cannot bind its Raft port never joins, and no leader is agreed on (a CI run timed out so)."""
+    while True:
+        port = free_base_port(1)
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
