@@ -73,7 +73,10 @@ class NodeConfig(BaseModel):
     commit_timeout_ms: int = Field(default=5000, gt=0)
     raft_password: str | None = None  # encrypts and authenticates the Raft transport (Fernet)
     raft_password_salt: str | None = None  # random, per cluster, same on every node (default: from cluster_id)
-    housekeeping_period_ms: int = Field(default=10_000, ge=50)  # retention by age, dedup-key expiry
+    housekeeping_period_ms: int = Field(default=10_000, ge=50)  # retention by age, dedup-key expiry, formats
+    # keep the cluster's command format where it is although every member applies a newer one (a
+    # rollback window during an upgrade; docs/deploy.md, docs/design/command-formats.md)
+    hold_command_format: bool = False
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down

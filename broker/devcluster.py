@@ -86,6 +86,7 @@ class DevCluster:
         self.base_port = base_port if base_port is not None else free_base_port(nodes)
         self.extra_args = list(extra_args)
         self.env = env
+        self.env_by_node: dict[int, dict[str, str]] = {}  # more variables for node i only (on its next spawn)
         self.http = http  # also run each node's HTTP gateway (--http, port base+300+i)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
         self.security = security
@@ -164,6 +165,7 @@ class DevCluster:
         """Start node ``i`` (it must not be running)."""
         assert not self.alive(i), f"node {self.node_id(i)} is already running"
         env = dict(os.environ if self.env is None else self.env)
+        env.update(self.env_by_node.get(i, {}))
         env.setdefault("PYTHONUNBUFFERED", "1")
         with open(self.log_path(i), "ab") as out:
             self.procs[i] = subprocess.Popen(self.command(i), stdout=out, stderr=subprocess.STDOUT,

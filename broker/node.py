@@ -20,6 +20,7 @@ from types import FrameType
 from broker import node_groups
 from broker.clock import NodeClock
 from broker.config import NodeConfig
+from broker.core import formats
 from broker.core.errors import Unavailable
 from broker.core.members import MemberRegistry, Peer
 from broker.core.retention import Retention
@@ -27,6 +28,7 @@ from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
+from broker.leader.formats import FormatRaiser
 from broker.leader.housekeeping import Housekeeper
 from broker.leader.membership import MembershipChanges
 from broker.leader.reading import RESPONSE_BYTES_MAX, Reader
@@ -42,6 +44,7 @@ from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
 from broker.services.log_metrics import apply_failure_collector, deletion_collector
 from broker.services.metrics import NodeMetrics
+from broker.services.peer_status import PeerStatus
 from broker.services.server import GrpcServer
 from broker.services.streams import StreamRuntime
 from broker.storage.rocks import RocksStore
@@ -74,6 +77,7 @@ class Node:
         self.store = RocksStore(config.data_dir / "store")
         # journaled: applies are written without RocksDB's WAL, the Raft journal is the WAL (docs/design/log.md)
         self.state = BrokerStateMachine(self.store, Changes(), journaled=True)
+        formats.check_data(self.state.cluster_format)  # a downgrade past the cluster's format: refuse
         self.retention = Retention(self.state)
         self.member_registry = MemberRegistry(self.state)  # members added at run time
         group_applier = node_groups.group_applier(self.state, self.retention)  # consumer groups
@@ -103,10 +107,15 @@ class Node:
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock=self.clock, hub=hub)
         is_leader = self._is_leader
-        self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention],
-                                       is_leader, config.housekeeping_period_ms / 1000)
         security = server_security(config)  # TLS and authentication (None: plaintext, no auth)
         peers.attach(self.member_registry, self.replicator.members)
+        peer_status = PeerStatus(security.peer_channel if security is not None else None)
+        self.format_raiser = FormatRaiser(lambda: self.state.cluster_format, peers.all,
+                                          lambda peer: _apply_format(peer_status, peer), submitter,
+                                          self_id=config.node_id, hold=config.hold_command_format)
+        self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention,
+                                        self.format_raiser.raise_if_ready],
+                                       is_leader, config.housekeeping_period_ms / 1000)
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000)
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,
@@ -122,7 +131,7 @@ class Node:
                                 group_delivery=self.groups.delivery)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers, membership=membership,
                                    group_ops=self.groups.operations, route_admin=self.routes.admin,
-                                   peer_channel=security.peer_channel if security is not None else None)
+                                   peer_status=peer_status, cluster_format=lambda: self.state.cluster_format)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
                                  health_check=lambda: replica_health(self.replicator),
                                  extra=[self.routes.mirror_service()],
@@ -186,6 +195,12 @@ class Node:
         while time.monotonic() < deadline and self.replicator.status().role == Role.LEADER:
             time.sleep(0.01)
         log.info("handed leadership over (now %s)", self.replicator.status().role.value)
+
+
+def _apply_format(peer_status: PeerStatus, peer: Peer) -> int | None:
+    """The newest command format ``peer``'s code applies, or None when it does not answer."""
+    info = peer_status.info(peer)
+    return info.apply_format if info.reachable else None
 
 
 def serve(config: NodeConfig) -> None:

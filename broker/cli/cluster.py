@@ -1,14 +1,16 @@
-"""``raftbroker cluster status|add-node|remove-node``."""
+"""``raftbroker cluster status|formats|add-node|remove-node``."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
+from broker.client import ClusterStatus
 
 app = typer.Typer(help="Inspect the cluster and change its members.", no_args_is_help=True)
 
@@ -18,14 +20,32 @@ def status(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOpt
     """Every node: id, address, role, term, commit and applied index, pid, reachable.
 
     --json: {"leader_id", "nodes": [{"id", "address", "role", "term", "commit_index",
-    "applied_index", "pid", "reachable", "leader_id"}]}.
+    "applied_index", "pid", "reachable", "leader_id", "apply_format", "cluster_format"}]}.
     """
+    _show_status(ctx, render.status_json, render.print_status)
+
+
+@app.command("formats")
+def formats(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
+    """Command formats (docs/design/command-formats.md): the newest each node's code applies, the
+    cluster's, and what holds it back. The leader raises the cluster's format, within a
+    housekeeping period, once every member applies a newer one (unless hold_command_format is set).
+
+    --json: {"cluster_format", "members_apply" (the lowest format every reachable node applies, null
+    when a node does not answer), "held_by": [ids], "nodes": [{"id", "apply_format",
+    "cluster_format", "reachable"}]}.
+    """
+    _show_status(ctx, render.formats_json, render.print_formats)
+
+
+def _show_status(ctx: typer.Context, as_json: Callable[[ClusterStatus], dict[str, Any]],
+                 show: Callable[[Console, ClusterStatus], None]) -> None:
     with connect(ctx) as client:
         result = client.cluster_status()
     if state(ctx).json:
-        emit_json(render.status_json(result))
+        emit_json(as_json(result))
     else:
-        render.print_status(Console(), result)
+        show(Console(), result)
 
 
 @app.command("add-node")

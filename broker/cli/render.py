@@ -184,6 +184,8 @@ def status_json(status: ClusterStatus) -> dict[str, Any]:
                 "pid": n.pid,
                 "reachable": n.reachable,
                 "leader_id": n.leader_id,
+                "apply_format": n.apply_format,
+                "cluster_format": n.cluster_format,
             }
             for n in status.nodes
         ],
@@ -205,3 +207,49 @@ def print_status(console: Console, status: ClusterStatus) -> None:
         )
     console.print(table)
     console.print(f"leader: {status.leader_id or 'none'}")
+
+
+
+def formats_json(status: ClusterStatus) -> dict[str, Any]:
+    """The cluster's command formats (``raftbroker cluster formats``). The cluster's is the leader's
+    view (the highest any node has applied when there is no leader). ``held_by``: the nodes that keep
+    it from rising: those not answering, else those applying the least when some node applies more."""
+    nodes = status.nodes
+    leader = next((n for n in nodes if n.id == status.leader_id and n.reachable), None)
+    cluster = leader.cluster_format if leader is not None else max((n.cluster_format for n in nodes), default=0)
+    silent = [n.id for n in nodes if not n.reachable]
+    members_apply = None if silent or not nodes else min(n.apply_format for n in nodes)
+    if silent:
+        held_by = silent
+    elif members_apply is not None and members_apply <= cluster < max(n.apply_format for n in nodes):
+        held_by = [n.id for n in nodes if n.apply_format <= cluster]
+    else:
+        held_by = []
+    return {
+        "cluster_format": cluster,
+        "members_apply": members_apply,
+        "held_by": held_by,
+        "nodes": [{"id": n.id, "apply_format": n.apply_format if n.reachable else None,
+                   "cluster_format": n.cluster_format if n.reachable else None, "reachable": n.reachable}
+                  for n in nodes],
+    }
+
+
+def print_formats(console: Console, status: ClusterStatus) -> None:
+    found = formats_json(status)
+    table = Table("id", "applies up to", "cluster format here", "reachable", box=None)
+    for n in found["nodes"]:
+        table.add_row(n["id"], "-" if n["apply_format"] is None else str(n["apply_format"]),
+                      "-" if n["cluster_format"] is None else str(n["cluster_format"]),
+                      "yes" if n["reachable"] else "NO")
+    console.print(table)
+    cluster, ready, held = found["cluster_format"], found["members_apply"], ", ".join(found["held_by"])
+    if ready is None:
+        console.print(f"cluster format: {cluster}; held by {held} (not answering)")
+    elif ready > cluster:
+        console.print(f"cluster format: {cluster}; every member applies {ready}: the leader raises it within a "
+                      "housekeeping period (unless hold_command_format is set)")
+    elif held:
+        console.print(f"cluster format: {cluster}; to raise it, upgrade {held}")
+    else:
+        console.print(f"cluster format: {cluster}; every member applies it and none applies a newer one")

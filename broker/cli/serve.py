@@ -95,6 +95,7 @@ def serve_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    from broker.core.formats import DataFormatTooNew
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.storage import StoreCorruption
 
@@ -107,7 +108,8 @@ def serve_command(
 
     try:
         serve(cfg)
-    except StoreCorruption as exc:  # a damaged store file at start: say which and what to do, no traceback
+    except (StoreCorruption, DataFormatTooNew) as exc:  # a damaged store file, or a downgrade past the
+        # cluster's command format, at start: say which and what to do, no traceback
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None

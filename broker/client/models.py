@@ -274,6 +274,10 @@ class NodeInfo:
     leader_id: str
     raft_address: str = ""
     metrics_address: str = ""
+    # command formats (docs/design/command-formats.md): the newest this node's code applies, and the
+    # cluster's as this node has applied it; 0 for both from a node that predates formats
+    apply_format: int = 0
+    cluster_format: int = 0
 
 
 @dataclass(frozen=True)

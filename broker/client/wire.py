@@ -441,6 +441,8 @@ def node_info(n: admin_pb2.NodeInfo) -> NodeInfo:
         leader_id=n.leader_id,
         raft_address=n.raft_address,
         metrics_address=n.metrics_address,
+        apply_format=n.apply_format,
+        cluster_format=n.cluster_format,
     )
 
 

@@ -5,24 +5,51 @@ Every node applies every committed command with its own code, so nodes running d
 A command states the format it needs in ``Command.format``; :data:`APPLY_FORMAT` is the newest
 format this code applies. A node meeting a command of a newer format halts before it
 (:class:`FormatTooNew`, an :class:`~broker.storage.ApplyHalt`): it records nothing, so it cannot
-diverge, and after an upgrade it resumes from that command. Bump :data:`APPLY_FORMAT` with every
+diverge, and after an upgrade it resumes from that command. Bump :data:`CODE_FORMAT` with every
 change to what a command means (a new kind, a new field an apply reads, a change in whether an
 apply fails), and add a line below.
 
-The leader side builds every command in format 0 until the cluster's format is raised, which is
-not built yet (the design note's points 2 and 3).
+The cluster's format is replicated state (``Column.META`` ``cluster_format`` -> >I, 0 when
+absent), raised only by a ``set_format`` command and never lowered. The leader builds commands in
+the cluster's format, and submits ``set_format(n)`` only once every voting member reports that its
+code applies ``n`` (``broker/leader/formats.py``). ``set_format(n)`` itself states format ``n``, so
+a member that cannot apply ``n`` halts before it rather than agree to it. A node whose code applies
+less than its data's cluster format refuses to start, and halts after restoring such a snapshot
+(:class:`DataFormatTooNew`): a downgrade past the cluster's format is refused.
 
 Formats:
 
 - 0: every command built before formats existed (no ``format`` field).
+- 1: ``set_format`` (Command field 60) and the cluster's format.
 """
 
 from __future__ import annotations
 
-from broker.storage import ApplyHalt
+import os
+import struct
+
+from broker.storage import ApplyHalt, Batch, Column, Store
 from broker.v1 import internal_pb2
 
-APPLY_FORMAT = 0
+CODE_FORMAT = 1  # the newest command format this code applies
+# Tests only: run this node as a release that applies formats up to N <= CODE_FORMAT (an older node
+# in a rolling upgrade). Unset in production; a value above CODE_FORMAT is refused.
+APPLY_FORMAT_ENV = "RAFTBROKER_TEST_APPLY_FORMAT"
+
+CLUSTER_FORMAT_KEY = b"cluster_format"  # in Column.META
+_U32 = struct.Struct(">I")
+
+
+def _apply_format_from_env() -> int:
+    raw = os.environ.get(APPLY_FORMAT_ENV)
+    if raw is None or raw == "":
+        return CODE_FORMAT
+    if not raw.isdigit() or int(raw) > CODE_FORMAT:
+        raise ValueError(f"{APPLY_FORMAT_ENV}={raw!r}: expected a command format from 0 to {CODE_FORMAT}")
+    return int(raw)
+
+
+APPLY_FORMAT = _apply_format_from_env()
 
 
 class FormatTooNew(ApplyHalt):
@@ -34,7 +61,39 @@ class FormatTooNew(ApplyHalt):
         self.index, self.needed = index, needed
 
 
+class DataFormatTooNew(ApplyHalt):
+    """This node's data (its store, or a snapshot it restored) is at a cluster format its code does
+    not apply: a downgrade past the cluster's format."""
+
+    def __init__(self, cluster_format: int, applied: int) -> None:
+        super().__init__(f"this node's data is at cluster command format {cluster_format}, and its code applies "
+                         f"formats up to {applied}: run a release that applies format {cluster_format} (a "
+                         "downgrade past the cluster's command format is not possible; docs/deploy.md)")
+        self.cluster_format = cluster_format
+
+
 def check(index: int, cmd: internal_pb2.Command) -> None:
     """Raise :class:`FormatTooNew` when ``cmd`` needs a newer format than :data:`APPLY_FORMAT`."""
     if cmd.format > APPLY_FORMAT:
         raise FormatTooNew(index, cmd.format, APPLY_FORMAT)
+
+
+def stored_cluster_format(store: Store) -> int:
+    """The cluster's format as ``store`` holds it (0 when never raised)."""
+    raw = store.get(Column.META, CLUSTER_FORMAT_KEY)
+    return _U32.unpack(raw)[0] if raw else 0
+
+
+def check_data(cluster_format: int) -> None:
+    """Raise :class:`DataFormatTooNew` when this code cannot apply ``cluster_format``."""
+    if cluster_format > APPLY_FORMAT:
+        raise DataFormatTooNew(cluster_format, APPLY_FORMAT)
+
+
+def put_cluster_format(batch: Batch, value: int) -> None:
+    batch.put(Column.META, CLUSTER_FORMAT_KEY, _U32.pack(value))
+
+
+def set_format_command(value: int) -> internal_pb2.Command:
+    """The command that raises the cluster's format to ``value``; it needs format ``value`` itself."""
+    return internal_pb2.Command(set_format=internal_pb2.SetFormatCommand(format=value), format=value)

@@ -8,7 +8,8 @@ A command that cannot be applied (e.g. the topic vanished between submit and com
 deterministically: the result carries the error and nothing is written except the index.
 
 Layout in ``Column.META``: ``applied`` -> >Q index; ``next_topic_id`` -> >I;
-``t/<name>`` -> TopicMeta; ``p/`` + >II(topic_id, partition) -> PartitionMeta.
+``t/<name>`` -> TopicMeta; ``p/`` + >II(topic_id, partition) -> PartitionMeta; ``cluster_format`` ->
+>I (``core/formats.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from broker.core.applied import (
     PartitionState,
     Rejected,
 )
-from broker.core.errors import ApplyFailed, TopicExists, TopicNotFound
+from broker.core.errors import ApplyFailed, InvalidArgument, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, StorageFailure, Store
 from broker.storage.memory import MemoryStore
 from broker.v1 import internal_pb2
@@ -97,6 +98,7 @@ class BrokerStateMachine:
         self._applied = _U64.unpack(raw)[0] if raw else 0
         raw = self._store.get(Column.META, _NEXT_TOPIC_ID)
         self._next_topic_id = _U32.unpack(raw)[0] if raw else 1
+        self._cluster_format = formats.stored_cluster_format(self._store)
         topics: dict[str, internal_pb2.TopicMeta] = {}
         for _, value in self._store.scan(Column.META, b"t/", b"t0"):
             meta = internal_pb2.TopicMeta.FromString(value)
@@ -138,6 +140,11 @@ class BrokerStateMachine:
 
     def topics(self) -> list[internal_pb2.TopicMeta]:
         return sorted(self._topics.values(), key=lambda m: m.config.name)
+
+    @property
+    def cluster_format(self) -> int:
+        """The cluster's command format as applied here (``core/formats.py``; 0 until raised)."""
+        return self._cluster_format
 
     def partition(self, topic_id: int, partition: int) -> PartitionState:
         return self._partitions.get((topic_id, partition), PartitionState())
@@ -275,6 +282,8 @@ class BrokerStateMachine:
             return None
         if kind == "reset_watermark":
             return self._reset_watermark(cmd.reset_watermark, batch)
+        if kind == "set_format":
+            return self._set_format(cmd, batch, commit)
         if kind is not None and kind in self._handlers:
             return self._handlers[kind](getattr(cmd, kind), batch, commit)
         self.failed_applies[kind or "empty"] += 1  # e.g. a kind only newer code knows
@@ -328,6 +337,22 @@ class BrokerStateMachine:
             now_ms = dedup.window_now_ms(self._store, meta.topic_id, cmd.now_ms)
             dedup.expire_keys(batch, meta.topic_id, now_ms, meta.config.dedup_window_ms)
             sessions.expire(self._store, batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
+
+    def _set_format(self, cmd: internal_pb2.Command, batch: Batch, commit: CacheChanges) -> object:
+        """Raise the cluster's format (idempotent; never lowers it). The command must state the format
+        it sets, so that every node whose code cannot apply it halts before it (``formats.check``)."""
+        value = cmd.set_format.format
+        if value > cmd.format:
+            return Rejected(InvalidArgument(f"set_format {value} must itself state format {value}, not {cmd.format}"))
+        if value > self._cluster_format:
+            formats.put_cluster_format(batch, value)
+
+            def raised() -> None:
+                self._cluster_format = value
+                log.info("the cluster's command format is now %d", value)
+
+            commit.after_write.append(raised)
+        return None
 
     def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
         meta = self._topics.get(cmd.topic)
@@ -383,5 +408,6 @@ class BrokerStateMachine:
             return
         self._store.replace_with(directory)
         self._load_caches()
+        formats.check_data(self._cluster_format)  # a snapshot of a newer cluster: halt (the replicator does)
         log.info("restored snapshot at index %d (applied index now %d)", index, self._applied)
         self._changes.notify()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from broker.core import formats
 from broker.core.errors import ResourceExhausted
 from broker.core.members import Peer
 from broker.leader.groups.operations import GroupOperations
@@ -19,10 +19,10 @@ from broker.replication import Replicator
 from broker.services import errors, wire
 from broker.services.group_service import GroupAdminMethods
 from broker.services.membership_service import MembershipAdminMethods
+from broker.services.peer_status import PeerStatus
 from broker.services.route_service import RouteAdminMethods
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
-PEER_STATUS_TIMEOUT_S = 1.0
 # One topic listing at most (topic schemas are unbounded but for the message limit): past it
 # ListTopics (schemas left out: has_schema) past this fails with RESOURCE_EXHAUSTED and says what to do,
 # rather than with a transport error.
@@ -34,7 +34,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
 
     def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory, *,
                  membership: MembershipChanges, group_ops: GroupOperations, route_admin: RouteAdmin,
-                 peer_channel: Callable[[str], grpc.Channel] | None = None) -> None:
+                 peer_status: PeerStatus, cluster_format: Callable[[], int]) -> None:
+        """``cluster_format()``: the cluster's command format as this node applied it."""
         self._log = log
         self._membership = membership
         self._group_ops = group_ops
@@ -42,10 +43,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         self._replicator = replicator
         self._me = me
         self._peers = peers
-        self._channels: dict[str, grpc.Channel] = {}
-        # how a channel to another node is opened (a TLS node gives a secure one: broker.security.node)
-        self.peer_channel: Callable[[str], grpc.Channel] = peer_channel or grpc.insecure_channel
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-status")
+        self._peer_status = peer_status
+        self._cluster_format = cluster_format
 
     @errors.unary
     def CreateTopic(self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
@@ -82,7 +81,7 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     def ClusterStatus(self, request: admin_pb2.ClusterStatusRequest,
                       context: grpc.ServicerContext) -> admin_pb2.ClusterStatusResponse:
         others = [p for p in self._peers.all() if p.node_id != self._me.node_id]
-        infos = [self._local_info(), *self._pool.map(self._remote_info, others)]
+        infos = [self._local_info(), *self._peer_status.infos(others)]
         infos.sort(key=lambda n: n.id)
         leaders = {n.id for n in infos if n.reachable and n.role == "leader"}
         return admin_pb2.ClusterStatusResponse(nodes=infos, leader_id=next(iter(leaders)) if len(leaders) == 1 else "")
@@ -94,19 +93,8 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
             id=self._me.node_id, grpc_address=self._me.grpc_address, raft_address=self._me.raft_address,
             metrics_address=self._me.metrics_address, role=st.role.value, term=st.term,
             commit_index=st.commit_index, applied_index=st.applied_index, pid=os.getpid(),
-            leader_id=leader.node_id if leader else "", reachable=True)
-
-    def _remote_info(self, peer: Peer) -> admin_pb2.NodeInfo:
-        channel = self._channels.get(peer.grpc_address)
-        if channel is None:
-            channel = self._channels.setdefault(peer.grpc_address, self.peer_channel(peer.grpc_address))
-        try:
-            return admin_pb2_grpc.AdminStub(channel).NodeStatus(admin_pb2.NodeStatusRequest(),
-                                                                 timeout=PEER_STATUS_TIMEOUT_S)
-        except grpc.RpcError:
-            return admin_pb2.NodeInfo(id=peer.node_id, grpc_address=peer.grpc_address,
-                                      raft_address=peer.raft_address, metrics_address=peer.metrics_address,
-                                      role="unreachable", reachable=False)
+            leader_id=leader.node_id if leader else "", reachable=True,
+            apply_format=formats.APPLY_FORMAT, cluster_format=self._cluster_format())
 
     @errors.unary
     def AlterTopic(self, request: admin_pb2.AlterTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
@@ -139,6 +127,4 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         return admin_pb2.ResetWatermarkResponse()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        for channel in self._channels.values():
-            channel.close()
+        self._peer_status.close()

@@ -85,7 +85,7 @@ def test_cluster_status(bootstrap: str, cluster: DevCluster) -> None:
     leader = next(n for n in status["nodes"] if n["role"] == "leader")
     assert status["leader_id"] == leader["id"]
     assert set(leader) == {"id", "address", "role", "term", "commit_index", "applied_index", "pid",
-                           "reachable", "leader_id"}
+                           "reachable", "leader_id", "apply_format", "cluster_format"}
     assert all(n["reachable"] and n["pid"] > 0 for n in status["nodes"])
     human = cli(bootstrap, "cluster", "status").stdout
     assert "leader" in human and "applied" in human
