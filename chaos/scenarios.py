@@ -20,6 +20,7 @@ from chaos.nemeses.membership import membership
 from chaos.nemeses.network import loss, partition
 from chaos.nemeses.power import POWER_LOSS_ENV, power_loss
 from chaos.nemeses.process import kill, pause, rolling_restart
+from chaos.nemeses.upgrade import UPGRADE_ENV, rolling_upgrade
 
 # Snapshots every few seconds under the drill's load, so installs and SST files happen in a run.
 SNAPSHOT_OFTEN = {"RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "100"}
@@ -28,7 +29,7 @@ MAX_STEPS = 200
 NEMESES: dict[str, Nemesis] = {"kill": kill, "pause": pause, "partition": partition, "loss": loss,
                                "corrupt": corrupt, "rolling-restart": rolling_restart,
                                "power-loss": power_loss, "membership": membership, "clock-jump": clock_jump,
-                               "membership+fault": membership_under_fault}
+                               "membership+fault": membership_under_fault, "upgrade": rolling_upgrade}
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Scenario:
 def _estimate_s(step: Step) -> float:
     p: dict[str, Any] = step.params
     held = sum(float(p.get(k, 0.0)) for k in ("down_s", "pause_s", "hold_s", "install_kill_s", "side_hold_s"))
-    if step.kind == "rolling-restart":
+    if step.kind in ("rolling-restart", "upgrade"):
         held = 5.0 * len(p["order"])
     return held + float(p.get("quiet_s", 0.0)) + 1.0
 
@@ -127,6 +128,11 @@ def _rolling_restart(rng: random.Random, nodes: int) -> Step:
                                     "gap_s": round(rng.uniform(0.3, 1.5), 2), "quiet_s": _quiet(rng)})
 
 
+def _rolling_upgrade(rng: random.Random, nodes: int) -> Step:
+    step = _rolling_restart(rng, nodes)
+    return Step("upgrade", step.params)
+
+
 def _membership(rng: random.Random, nodes: int) -> Step:
     return Step("membership", {"target": rng.choice(["leader", "follower"]), "k": rng.randrange(16),
                                "hold_s": round(rng.uniform(1.0, 4.0), 2), "quiet_s": _quiet(rng)})
@@ -174,6 +180,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "add it back empty: it catches up by snapshot", _membership, node_env=SNAPSHOT_OFTEN),
     Scenario("rolling-restart", "restart every node in turn (mostly SIGTERM), waiting for each to catch up",
              _rolling_restart),
+    Scenario("rolling-upgrade", "start every node as the previous release (one command format lower), "
+             "restart them in turn onto this one while writing; then rolling restarts. The cluster's format "
+             "must rise only after the last", _rolling_restart, node_env=UPGRADE_ENV, opening=_rolling_upgrade),
     Scenario("clock-jump", "jump the node clock of the leader, a follower or every node by 1 s to 10 min, "
              "either way, for seconds (sometimes then kill the jumped leader), set it back", clock_jump_step,
              node_env=CLOCK_ENV),

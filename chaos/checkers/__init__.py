@@ -6,7 +6,8 @@ offset, two values; acks that disagree with the log; reads of values the log doe
 reordering within a partition, non-contiguous offsets, phantom writes, silent skips in reads,
 replicas that disagree after healing, record timestamps that go back within a partition, more
 than one leader per term, committed group positions that regress, records never delivered to a
-group, and recovery after the last fault heals; and liveness with stated bounds (publishes and a
+group, a cluster command format that rises before every member can apply it (or never rises after
+a rolling upgrade), and recovery after the last fault heals; and liveness with stated bounds (publishes and a
 leader soon after the last heal, expired leases delivered again, no group stalled).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from chaos.checkers.formats import check_formats
 from chaos.checkers.groups import check_groups
 from chaos.checkers.leaders import check_leaders, terms_seen
 from chaos.checkers.liveness import check_liveness
@@ -46,6 +48,7 @@ def check(entries: list[Entry], scenario: str = "", seed: int | None = None) -> 
     violations += check_timestamps(model)
     violations += check_leaders(model)
     violations += check_groups(model)
+    violations += check_formats(entries)
     violations += recovery_violations
     live, figures = check_liveness(model, recovery.last_heal_s, recovery.recovery_s)
     violations += live
@@ -111,6 +114,8 @@ def _skipped(model: Model, entries: list[Entry]) -> dict[str, str]:
     if not any(e.f == "fault" for e in entries):
         out["no-recovery"] = out["fault-not-healed"] = "no fault injected"
         out["slow-recovery"] = out["no-leader"] = "no fault injected"
+    if not any(e.f == "formats" for e in entries):
+        out["format-raised-early"] = out["format-not-raised"] = "no rolling upgrade"
     if not any(e.f == "group-config" and e.value.get("mode") == "queue" for e in entries):
         out["lease-not-redelivered"] = "no queue group (or a history without its configuration)"
     if not has_groups:

@@ -13,7 +13,7 @@ CHECKS = ("lost-write", "duplicate", "inconsistent-offset", "reorder", "non-cont
           "silent-skip", "replica-divergence", "final-read-failed", "timestamp-regression", "multiple-leaders",
           "group-regress",
           "undelivered", "redelivery-late", "no-recovery", "fault-not-healed", "slow-recovery", "no-leader",
-          "lease-not-redelivered", "group-stalled")
+          "lease-not-redelivered", "group-stalled", "format-raised-early", "format-not-raised")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from chaos.checkers import check
+from chaos.checkers.formats import check_formats
 from chaos.history import History, dump, load
 from tests.chaos.builders import TOPIC, Hist, clean
 
@@ -266,3 +267,36 @@ def test_a_record_delivered_again_long_after_its_previous_delivery_is_late() -> 
     report = check(h.entries)
     assert [v.kind for v in report.violations] == ["redelivery-late"]
     assert "delivered again after 600.0 s" in report.violations[0].records[0]
+
+
+def formats_seen(h: Hist, moment: str, nodes: dict[str, tuple[int, int]]) -> None:
+    """The rolling-upgrade nemesis's record: node -> (apply format, cluster format)."""
+    h.add("info", "nemesis", "formats", {"moment": moment, "code_format": 1,
+                                         "nodes": {n: {"apply": a, "cluster": c} for n, (a, c) in nodes.items()}})
+
+
+def test_a_rolling_upgrade_whose_format_rises_after_the_last_member_passes() -> None:
+    h = Hist()
+    formats_seen(h, "before upgrading n1", {"n1": (0, 0), "n2": (0, 0), "n3": (0, 0)})
+    formats_seen(h, "before upgrading n3", {"n1": (1, 0), "n2": (1, 0), "n3": (0, 0)})
+    formats_seen(h, "after the last upgrade", {"n1": (1, 1), "n2": (1, 1), "n3": (1, 0)})
+    formats_seen(h, "after the last upgrade", {"n1": (1, 1), "n2": (1, 1), "n3": (1, 1)})
+    assert check_formats(h.entries) == []
+    assert "format-raised-early" in check(Hist().entries).checks_skipped
+
+
+def test_a_format_raised_while_a_member_runs_the_older_release_is_found() -> None:
+    h = Hist()
+    formats_seen(h, "before upgrading n3", {"n1": (1, 1), "n2": (1, 0), "n3": (0, 0)})
+    found = check_formats(h.entries)
+    assert [v.kind for v in found] == ["format-raised-early"]
+    assert "n3" in found[0].detail and found[0].records == ("n1: cluster format 1",)
+
+
+def test_a_format_that_never_rises_after_the_upgrade_or_a_silent_node_is_found() -> None:
+    h = Hist()
+    formats_seen(h, "before upgrading n3", {"n1": (1, 0), "n2": (1, 0), "n3": (0, 0)})
+    formats_seen(h, "after the last upgrade", {"n1": (1, 1), "n2": (1, 0)})
+    found = check_formats(h.entries)
+    assert [v.kind for v in found] == ["format-not-raised"]
+    assert found[0].records == ("n2: cluster format 0", "n3: did not answer")

@@ -1,0 +1,81 @@
+"""A rolling upgrade across a command format (docs/design/command-formats.md).
+
+The nodes start as the previous release: one command format lower, through the test-only
+``RAFTBROKER_TEST_APPLY_FORMAT`` (a node of this code that applies only the older formats). The
+step restarts them one by one onto this code, in a seeded order (one turn goes to whoever leads
+then), mostly gracefully, waiting for each to catch up, while the workload writes. The leader
+checks the members' formats every housekeeping period (:data:`UPGRADE_ENV` makes that 200 ms, so
+a check lands inside nearly every turn).
+
+Before each turn and after the last, the nemesis records every answering node's formats in the
+history (``formats``); ``chaos.checkers.formats`` then proves the rule: the cluster's format never
+rises while a member runs the older release, and it does rise once the last member is upgraded.
+Replica divergence, had an old node applied a newer command differently, is the replicas
+checker's to find; a node that halted before one would fail the drill's convergence.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from broker.core import formats
+from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, NemesisError, Step
+
+OLDER = str(formats.CODE_FORMAT - 1)
+UPGRADE_ENV = {formats.APPLY_FORMAT_ENV: OLDER, "RAFTBROKER_HOUSEKEEPING_PERIOD_MS": "200"}
+UPGRADED = {formats.APPLY_FORMAT_ENV: ""}  # this code's formats (an empty setting is no setting)
+RAISE_WAIT_S = 30.0
+
+
+def record_formats(ctx: Ctx, moment: str) -> list[tuple[int, int]]:
+    """Record (and return) every answering node's (apply format, cluster format)."""
+    seen: dict[str, dict[str, int]] = {}
+    found: list[tuple[int, int]] = []
+    for i in range(ctx.cluster.nodes):
+        info = ctx.cluster.node_status(i) if ctx.cluster.alive(i) and i not in ctx.cluster.paused else None
+        if info is None:
+            continue
+        seen[ctx.node(i)] = {"apply": info.apply_format, "cluster": info.cluster_format}
+        found.append((info.apply_format, info.cluster_format))
+    ctx.history.info("nemesis", "formats", {"moment": moment, "code_format": formats.CODE_FORMAT, "nodes": seen})
+    return found
+
+
+def rolling_upgrade(ctx: Ctx, step: Step) -> None:
+    """Restart every node not yet upgraded onto this code's formats, in the planned ``order``."""
+    graceful = bool(step.params.get("graceful", True))
+    done = {i for i in range(ctx.cluster.nodes) if ctx.cluster.env_by_node.get(i) == UPGRADED}
+    for slot in step.params["order"]:
+        i = ctx.leader() if slot == "leader" else int(slot)
+        if i in done:
+            rest = [j for j in range(ctx.cluster.nodes) if j not in done]
+            if not rest:
+                break
+            i = rest[0]
+        record_formats(ctx, f"before upgrading {ctx.node(i)}")
+        done.add(i)
+        leader = ctx.cluster.current_leader()
+        view = ctx.cluster.view(leader) if leader is not None else None
+        target_index = view.commit_index if view is not None else 0
+        fid = ctx.fault("upgrade", [i], signal="SIGTERM" if graceful else "SIGKILL", was_leader=i == leader,
+                        to_format=formats.CODE_FORMAT)
+        try:
+            ctx.cluster.kill(i, signal.SIGTERM if graceful else signal.SIGKILL)
+        finally:
+            ctx.cluster.env_by_node[i] = dict(UPGRADED)
+            ctx.cluster.spawn(i)
+            ctx.heal(fid, "upgrade")
+        if not ctx.cluster.wait_caught_up(i, target_index, RECOVERY_TIMEOUT_S):
+            raise NemesisError(f"{ctx.node(i)} did not catch up to index {target_index} after its upgrade")
+        if ctx.cluster.wait_leader(RECOVERY_TIMEOUT_S) is None:
+            raise NemesisError("no leader after an upgrade step")
+        ctx.hold(float(step.params.get("gap_s", 0.5)))
+    deadline = time.monotonic() + RAISE_WAIT_S
+    while not ctx.abort.is_set():
+        seen = record_formats(ctx, "after the last upgrade")
+        if len(seen) == ctx.cluster.nodes and all(c == formats.CODE_FORMAT for _, c in seen):
+            return
+        if time.monotonic() > deadline:
+            return  # the checker reports it (format-not-raised)
+        ctx.hold(0.5)
