@@ -111,7 +111,7 @@ class Node:
         peers.attach(self.member_registry, self.replicator.members)
         peer_status = PeerStatus(security.peer_channel if security is not None else None)
         self.format_raiser = FormatRaiser(lambda: self.state.cluster_format, peers.all,
-                                          lambda peer: _apply_format(peer_status, peer), submitter,
+                                          lambda others: _apply_formats(peer_status, others), submitter,
                                           self_id=config.node_id, hold=config.hold_command_format)
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention,
                                         self.format_raiser.raise_if_ready],
@@ -197,10 +197,9 @@ class Node:
         log.info("handed leadership over (now %s)", self.replicator.status().role.value)
 
 
-def _apply_format(peer_status: PeerStatus, peer: Peer) -> int | None:
-    """The newest command format ``peer``'s code applies, or None when it does not answer."""
-    info = peer_status.info(peer)
-    return info.apply_format if info.reachable else None
+def _apply_formats(peer_status: PeerStatus, peers: list[Peer]) -> list[int | None]:
+    """The newest command format each of ``peers``' code applies, None for one that does not answer."""
+    return [info.apply_format if info.reachable else None for info in peer_status.infos(peers)]
 
 
 def serve(config: NodeConfig) -> None:

@@ -27,13 +27,13 @@ class FormatRaiser:
     """Submits ``set_format`` once every member's code applies a newer format than the cluster's."""
 
     def __init__(self, cluster_format: Callable[[], int], members: Callable[[], list[Peer]],
-                 member_format: Callable[[Peer], int | None], submitter: CommandSubmitter, *,
+                 member_formats: Callable[[list[Peer]], list[int | None]], submitter: CommandSubmitter, *,
                  self_id: str, hold: bool = False) -> None:
-        """``members()``: the voting members now; ``member_format(peer)``: the newest format that
-        member's code applies, or None when it cannot be asked."""
+        """``members()``: the voting members now; ``member_formats(peers)``: the newest format each
+        of those members' code applies (asked in parallel), None for one that does not answer."""
         self._cluster_format = cluster_format
         self._members = members
-        self._member_format = member_format
+        self._member_formats = member_formats
         self._submitter = submitter
         self._self_id = self_id
         self._hold = hold
@@ -41,9 +41,9 @@ class FormatRaiser:
 
     def members_formats(self) -> dict[str, int | None]:
         """Each voting member's apply format (this node's own without asking), by node id."""
-        found: dict[str, int | None] = {}
-        for peer in self._members():
-            found[peer.node_id] = formats.APPLY_FORMAT if peer.node_id == self._self_id else self._member_format(peer)
+        others = [p for p in self._members() if p.node_id != self._self_id]
+        found: dict[str, int | None] = {self._self_id: formats.APPLY_FORMAT}
+        found.update(zip((p.node_id for p in others), self._member_formats(others), strict=True))
         return found
 
     def target(self) -> int | None:

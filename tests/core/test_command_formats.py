@@ -158,8 +158,8 @@ class Members:
     def peers(self) -> list[Peer]:
         return [Peer(node_id, f"raft:{node_id}", f"grpc:{node_id}") for node_id in self.answers]
 
-    def format_of(self, peer: Peer) -> int | None:
-        return self.answers[peer.node_id]
+    def formats_of(self, peers: list[Peer]) -> list[int | None]:
+        return [self.answers[p.node_id] for p in peers]
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def leader() -> Iterator[tuple[BrokerStateMachine, CommandSubmitter]]:
 
 def raiser(leader: tuple[BrokerStateMachine, CommandSubmitter], members: Members, hold: bool = False) -> FormatRaiser:
     state, submitter = leader
-    return FormatRaiser(lambda: state.cluster_format, members.peers, members.format_of, submitter,
+    return FormatRaiser(lambda: state.cluster_format, members.peers, members.formats_of, submitter,
                         self_id="n1", hold=hold)
 
 
