@@ -42,7 +42,7 @@ from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
-from broker.services.log_metrics import apply_failure_collector, deletion_collector
+from broker.services.log_metrics import FormatCollector, apply_failure_collector, deletion_collector
 from broker.services.metrics import NodeMetrics
 from broker.services.peer_status import PeerStatus
 from broker.services.server import GrpcServer
@@ -101,6 +101,7 @@ class Node:
                                    data_dir=config.data_dir)
         self.metrics.registry.register(deletion_collector(lambda: self.retention.deleted_records))
         self.metrics.registry.register(apply_failure_collector(lambda: self.state.failed_applies))
+        self.metrics.registry.register(FormatCollector(formats.APPLY_FORMAT, lambda: self.state.cluster_format))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes)
         hub = EphemeralHub(self.state.notify_change)

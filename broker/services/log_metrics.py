@@ -1,5 +1,5 @@
 """Prometheus collectors read at scrape time: records deleted by retention and prune, commands that
-failed to apply, and routes (lag from the replicated cursors on every node; copied/skipped counts of
+failed to apply, command formats, and routes (lag from the replicated cursors on every node; copied/skipped counts of
 the leader's router)."""
 
 from __future__ import annotations
@@ -39,6 +39,20 @@ def apply_failure_collector(failed: Callable[[], Mapping[str, int]]) -> CountsCo
     bug) and its data has diverged (``docs/design/command-formats.md``)."""
     return CountsCollector("raftbroker_apply_failures", "Committed commands this node recorded as failed at "
                            "the apply wall, by command kind", "command", failed)
+
+
+class FormatCollector(Collector):
+    """``raftbroker_command_format_applies`` (the newest command format this node's code applies)
+    and ``raftbroker_command_format_cluster`` (the cluster's, as this node has applied it)."""
+
+    def __init__(self, applies: int, cluster: Callable[[], int]) -> None:
+        self._applies, self._cluster = applies, cluster
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("raftbroker_command_format_applies", "The newest command format this node's code "
+                                "applies (docs/design/command-formats.md)", value=self._applies)
+        yield GaugeMetricFamily("raftbroker_command_format_cluster", "The cluster's command format, as this node "
+                                "has applied it", value=self._cluster())
 
 
 class RouteCollector(Collector):

@@ -20,6 +20,7 @@ from broker.core import formats
 from broker.devcluster import DevCluster
 from tests.cli.helpers import cli
 from tests.cluster.digests import partition_contents, wait_converged
+from tests.cluster.test_route_metrics import sample, scrape
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -68,6 +69,9 @@ def test_the_format_rises_after_the_last_member_is_upgraded_and_a_downgrade_past
             found = formats_json(address)
             assert found["cluster_format"] == 0 and found["members_apply"] == 0 and found["held_by"] == ["n3"], found
             assert "to raise it, upgrade n3" in cli(address, "cluster", "formats").stdout
+            gauges = [(sample(scrape(c.metrics_address(i)), "raftbroker_command_format_applies"),
+                       sample(scrape(c.metrics_address(i)), "raftbroker_command_format_cluster")) for i in range(3)]
+            assert gauges == [(formats.CODE_FORMAT, 0)] * 2 + [(0, 0)], gauges
 
             # the upgrade of the last member: the leader raises the format, and every node applies it
             c.kill(2, signal.SIGTERM)
@@ -77,6 +81,8 @@ def test_the_format_rises_after_the_last_member_is_upgraded_and_a_downgrade_past
                        "the leader to raise the cluster's format once every member applies it")
             found = formats_json(address)
             assert found["cluster_format"] == formats.CODE_FORMAT and found["held_by"] == [], found
+            assert [sample(scrape(c.metrics_address(i)), "raftbroker_command_format_cluster") for i in range(3)] == [
+                formats.CODE_FORMAT] * 3
             publish(client, 50)
 
             # a downgrade of n3 past the cluster's format: it refuses to start and says why
