@@ -245,7 +245,8 @@ def print_formats(console: Console, status: ClusterStatus) -> None:
     console.print(table)
     cluster, ready, held = found["cluster_format"], found["members_apply"], ", ".join(found["held_by"])
     if ready is None:
-        console.print(f"cluster format: {cluster}; held by {held} (not answering)")
+        console.print(f"cluster format: {cluster}; {held} not answering: the leader raises the format only once "
+                      "every member answers that it applies the newer one")
     elif ready > cluster:
         console.print(f"cluster format: {cluster}; every member applies {ready}: the leader raises it within a "
                       "housekeeping period (unless hold_command_format is set)")
