@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+from collections.abc import Callable
 
 from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, NemesisError, Step
 
@@ -148,19 +149,29 @@ def rolling_restart(ctx: Ctx, step: Step) -> None:
         if i in done:
             i = next(j for j in range(ctx.cluster.nodes) if j not in done)
         done.add(i)
-        leader = ctx.cluster.current_leader()
-        target_index = 0
-        if leader is not None:
-            lv = ctx.cluster.view(leader)
-            target_index = lv.commit_index if lv is not None else 0
-        fid = ctx.fault("restart", [i], signal="SIGTERM" if graceful else "SIGKILL", was_leader=i == leader)
-        try:
-            ctx.cluster.kill(i, signal.SIGTERM if graceful else signal.SIGKILL)
-        finally:
-            ctx.cluster.spawn(i)
-            ctx.heal(fid, "restart")
-        if not ctx.cluster.wait_caught_up(i, target_index, RECOVERY_TIMEOUT_S):
-            raise NemesisError(f"{ctx.node(i)} did not catch up to index {target_index} after its restart")
-        if ctx.cluster.wait_leader(RECOVERY_TIMEOUT_S) is None:
-            raise NemesisError("no leader after a rolling-restart step")
-        ctx.hold(float(step.params.get("gap_s", 0.5)))
+        restart_node(ctx, i, graceful, float(step.params.get("gap_s", 0.5)))
+
+
+def restart_node(ctx: Ctx, i: int, graceful: bool, gap_s: float, kind: str = "restart",
+                 before_spawn: Callable[[], None] | None = None, **detail: object) -> None:
+    """Stop node ``i`` (SIGTERM or SIGKILL), start it again (``before_spawn`` first: e.g. a new
+    environment), wait until it has applied what was committed before it stopped and a leader is
+    agreed on, then hold ``gap_s``. Recorded as a ``kind`` fault."""
+    leader = ctx.cluster.current_leader()
+    target_index = 0
+    if leader is not None:
+        lv = ctx.cluster.view(leader)
+        target_index = lv.commit_index if lv is not None else 0
+    fid = ctx.fault(kind, [i], signal="SIGTERM" if graceful else "SIGKILL", was_leader=i == leader, **detail)
+    try:
+        ctx.cluster.kill(i, signal.SIGTERM if graceful else signal.SIGKILL)
+    finally:
+        if before_spawn is not None:
+            before_spawn()
+        ctx.cluster.spawn(i)
+        ctx.heal(fid, kind)
+    if not ctx.cluster.wait_caught_up(i, target_index, RECOVERY_TIMEOUT_S):
+        raise NemesisError(f"{ctx.node(i)} did not catch up to index {target_index} after its {kind}")
+    if ctx.cluster.wait_leader(RECOVERY_TIMEOUT_S) is None:
+        raise NemesisError(f"no leader after a {kind} step")
+    ctx.hold(gap_s)

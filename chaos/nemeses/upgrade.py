@@ -16,11 +16,12 @@ checker's to find; a node that halted before one would fail the drill's converge
 
 from __future__ import annotations
 
-import signal
+import functools
 import time
 
 from broker.core import formats
-from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, NemesisError, Step
+from chaos.nemeses import Ctx, Step
+from chaos.nemeses.process import restart_node
 
 OLDER = str(formats.CODE_FORMAT - 1)
 UPGRADE_ENV = {formats.APPLY_FORMAT_ENV: OLDER, "RAFTBROKER_HOUSEKEEPING_PERIOD_MS": "200"}
@@ -55,22 +56,9 @@ def rolling_upgrade(ctx: Ctx, step: Step) -> None:
             i = rest[0]
         record_formats(ctx, f"before upgrading {ctx.node(i)}")
         done.add(i)
-        leader = ctx.cluster.current_leader()
-        view = ctx.cluster.view(leader) if leader is not None else None
-        target_index = view.commit_index if view is not None else 0
-        fid = ctx.fault("upgrade", [i], signal="SIGTERM" if graceful else "SIGKILL", was_leader=i == leader,
-                        to_format=formats.CODE_FORMAT)
-        try:
-            ctx.cluster.kill(i, signal.SIGTERM if graceful else signal.SIGKILL)
-        finally:
-            ctx.cluster.env_by_node[i] = dict(UPGRADED)
-            ctx.cluster.spawn(i)
-            ctx.heal(fid, "upgrade")
-        if not ctx.cluster.wait_caught_up(i, target_index, RECOVERY_TIMEOUT_S):
-            raise NemesisError(f"{ctx.node(i)} did not catch up to index {target_index} after its upgrade")
-        if ctx.cluster.wait_leader(RECOVERY_TIMEOUT_S) is None:
-            raise NemesisError("no leader after an upgrade step")
-        ctx.hold(float(step.params.get("gap_s", 0.5)))
+        restart_node(ctx, i, graceful, float(step.params.get("gap_s", 0.5)), "upgrade",
+                     functools.partial(ctx.cluster.env_by_node.__setitem__, i, dict(UPGRADED)),
+                     to_format=formats.CODE_FORMAT)
     deadline = time.monotonic() + RAISE_WAIT_S
     while not ctx.abort.is_set():
         seen = record_formats(ctx, "after the last upgrade")
