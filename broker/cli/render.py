@@ -209,7 +209,6 @@ def print_status(console: Console, status: ClusterStatus) -> None:
     console.print(f"leader: {status.leader_id or 'none'}")
 
 
-
 def formats_json(status: ClusterStatus) -> dict[str, Any]:
     """The cluster's command formats (``raftbroker cluster formats``). The cluster's is the leader's
     view (the highest any node has applied when there is no leader). ``held_by``: the nodes that keep

@@ -51,10 +51,10 @@ class FormatRaiser:
         current = self._cluster_format()
         if current >= formats.APPLY_FORMAT:
             return None
-        found = self.members_formats()
-        if not found or any(f is None for f in found.values()):
+        found = list(self.members_formats().values())
+        if None in found:
             return None
-        lowest = min(f for f in found.values() if f is not None)
+        lowest = min(f for f in found if f is not None)
         return lowest if lowest > current else None
 
     def raise_if_ready(self) -> None:

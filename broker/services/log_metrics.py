@@ -1,6 +1,6 @@
 """Prometheus collectors read at scrape time: records deleted by retention and prune, commands that
-failed to apply, command formats, and routes (lag from the replicated cursors on every node; copied/skipped counts of
-the leader's router)."""
+failed to apply, command formats, and routes (lag from the replicated cursors on every node;
+copied/skipped counts of the leader's router)."""
 
 from __future__ import annotations
 
