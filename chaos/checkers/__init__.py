@@ -7,8 +7,8 @@ reordering within a partition, non-contiguous offsets, phantom writes, silent sk
 replicas that disagree after healing, record timestamps that go back within a partition, more
 than one leader per term, committed group positions that regress, records never delivered to a
 group, a cluster command format that rises before every member can apply it (or never rises after
-a rolling upgrade), and recovery after the last fault heals; and liveness with stated bounds (publishes and a
-leader soon after the last heal, expired leases delivered again, no group stalled).
+a rolling upgrade), and recovery after the last fault heals; and liveness with stated bounds
+(publishes and a leader soon after the last heal, expired leases delivered again, no group stalled).
 """
 
 from __future__ import annotations

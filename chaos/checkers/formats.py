@@ -15,7 +15,6 @@ def check_formats(entries: list[Entry]) -> list[Violation]:
     out: list[Violation] = []
     for e in records:
         value = e.value
-        assert isinstance(value, dict)
         nodes: dict[str, dict[str, int]] = value["nodes"]
         older = sorted(n for n, f in nodes.items() if f["apply"] < value["code_format"])
         early = sorted(f"{n}: cluster format {f['cluster']}" for n, f in nodes.items()
@@ -23,13 +22,12 @@ def check_formats(entries: list[Entry]) -> list[Violation]:
         if early:
             out.append(violation("format-raised-early", f"{value['moment']}: the cluster's command format rose past "
                                  f"what {', '.join(older)} apply", early, [e.index]))
-    finals = [e for e in records if isinstance(e.value, dict) and e.value["moment"] == "after the last upgrade"]
+    finals = [e for e in records if e.value["moment"] == "after the last upgrade"]
     if finals:
         last = finals[-1].value
-        assert isinstance(last, dict)
         behind = sorted(f"{n}: cluster format {f['cluster']}" for n, f in last["nodes"].items()
                         if f["cluster"] != last["code_format"])
-        named = {n for e in records if isinstance(e.value, dict) for n in e.value["nodes"]}
+        named = {n for e in records for n in e.value["nodes"]}
         behind += sorted(f"{n}: did not answer" for n in named - set(last["nodes"]))
         if behind:
             out.append(violation("format-not-raised", "every member runs the new release, and the cluster's "

@@ -29,18 +29,15 @@ UPGRADED = {formats.APPLY_FORMAT_ENV: ""}  # this code's formats (an empty setti
 RAISE_WAIT_S = 30.0
 
 
-def record_formats(ctx: Ctx, moment: str) -> list[tuple[int, int]]:
-    """Record (and return) every answering node's (apply format, cluster format)."""
+def record_formats(ctx: Ctx, moment: str) -> dict[str, dict[str, int]]:
+    """Record (and return) every answering node's formats: node -> {"apply", "cluster"}."""
     seen: dict[str, dict[str, int]] = {}
-    found: list[tuple[int, int]] = []
     for i in range(ctx.cluster.nodes):
         info = ctx.cluster.node_status(i) if ctx.cluster.alive(i) and i not in ctx.cluster.paused else None
-        if info is None:
-            continue
-        seen[ctx.node(i)] = {"apply": info.apply_format, "cluster": info.cluster_format}
-        found.append((info.apply_format, info.cluster_format))
+        if info is not None:
+            seen[ctx.node(i)] = {"apply": info.apply_format, "cluster": info.cluster_format}
     ctx.history.info("nemesis", "formats", {"moment": moment, "code_format": formats.CODE_FORMAT, "nodes": seen})
-    return found
+    return seen
 
 
 def rolling_upgrade(ctx: Ctx, step: Step) -> None:
@@ -62,7 +59,7 @@ def rolling_upgrade(ctx: Ctx, step: Step) -> None:
     deadline = time.monotonic() + RAISE_WAIT_S
     while not ctx.abort.is_set():
         seen = record_formats(ctx, "after the last upgrade")
-        if len(seen) == ctx.cluster.nodes and all(c == formats.CODE_FORMAT for _, c in seen):
+        if len(seen) == ctx.cluster.nodes and all(f["cluster"] == formats.CODE_FORMAT for f in seen.values()):
             return
         if time.monotonic() > deadline:
             return  # the checker reports it (format-not-raised)
