@@ -77,6 +77,8 @@ class NodeConfig(BaseModel):
     # keep the cluster's command format where it is although every member applies a newer one (a
     # rollback window during an upgrade; docs/deploy.md, docs/design/command-formats.md)
     hold_command_format: bool = False
+    # how often the leader compares the members' apply digests (docs/operations.md, "Verifying replicas")
+    verify_replicas_period_ms: int = Field(default=60_000, ge=50)
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down

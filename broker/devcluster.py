@@ -82,11 +82,14 @@ class DevCluster:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.nodes = nodes
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).absolute()  # nodes may run from another directory (tree_by_node)
         self.base_port = base_port if base_port is not None else free_base_port(nodes)
         self.extra_args = list(extra_args)
         self.env = env
         self.env_by_node: dict[int, dict[str, str]] = {}  # more variables for node i only (on its next spawn)
+        # node i runs the code of this source tree instead (its working directory and PYTHONPATH, on
+        # its next spawn): a cluster of mixed code, as during an upgrade
+        self.tree_by_node: dict[int, Path] = {}
         self.http = http  # also run each node's HTTP gateway (--http, port base+300+i)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
         self.security = security
@@ -167,8 +170,11 @@ class DevCluster:
         env = dict(os.environ if self.env is None else self.env)
         env.update(self.env_by_node.get(i, {}))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        tree = self.tree_by_node.get(i)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
         with open(self.log_path(i), "ab") as out:
-            self.procs[i] = subprocess.Popen(self.command(i), stdout=out, stderr=subprocess.STDOUT,
+            self.procs[i] = subprocess.Popen(self.command(i), stdout=out, stderr=subprocess.STDOUT, cwd=tree,
                                              stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def alive(self, i: int) -> bool:

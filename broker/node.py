@@ -32,6 +32,7 @@ from broker.leader.formats import FormatRaiser
 from broker.leader.housekeeping import Housekeeper
 from broker.leader.membership import MembershipChanges
 from broker.leader.reading import RESPONSE_BYTES_MAX, Reader
+from broker.leader.replica_check import ReplicaCheck
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.node_groups import NodeGroups
@@ -42,7 +43,12 @@ from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
-from broker.services.log_metrics import FormatCollector, apply_failure_collector, deletion_collector
+from broker.services.log_metrics import (
+    FormatCollector,
+    ReplicaCheckCollector,
+    apply_failure_collector,
+    deletion_collector,
+)
 from broker.services.metrics import NodeMetrics
 from broker.services.peer_status import PeerStatus
 from broker.services.server import GrpcServer
@@ -114,8 +120,11 @@ class Node:
         self.format_raiser = FormatRaiser(lambda: self.state.cluster_format, peers.all,
                                           lambda others: _apply_formats(peer_status, others), submitter,
                                           self_id=config.node_id, hold=config.hold_command_format)
+        self.replica_check = ReplicaCheck(lambda: _compare_replicas(self.admin),
+                                          config.verify_replicas_period_ms / 1000)
+        self.metrics.registry.register(ReplicaCheckCollector(lambda: len(self.replica_check.differing), is_leader))
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention,
-                                        self.format_raiser.raise_if_ready],
+                                        self.format_raiser.raise_if_ready, self.replica_check.check_if_due],
                                        is_leader, config.housekeeping_period_ms / 1000)
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000)
@@ -132,7 +141,8 @@ class Node:
                                 group_delivery=self.groups.delivery)
         self.admin = AdminServicer(self.topic_log, self.replicator, me, peers, membership=membership,
                                    group_ops=self.groups.operations, route_admin=self.routes.admin,
-                                   peer_status=peer_status, cluster_format=lambda: self.state.cluster_format)
+                                   peer_status=peer_status, cluster_format=lambda: self.state.cluster_format,
+                                   digests=lambda: self.state.digests)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
                                  health_check=lambda: replica_health(self.replicator),
                                  extra=[self.routes.mirror_service()],
@@ -201,6 +211,12 @@ class Node:
 def _apply_formats(peer_status: PeerStatus, peers: list[Peer]) -> list[int | None]:
     """The newest command format each of ``peers``' code applies, None for one that does not answer."""
     return [info.apply_format if info.reachable else None for info in peer_status.infos(peers)]
+
+
+def _compare_replicas(admin: AdminServicer) -> tuple[int, tuple[str, ...]]:
+    """(index compared, nodes whose apply digest differs there): ``VerifyReplicas`` in plain types."""
+    found = admin.verify_replicas()
+    return found.index, tuple(found.differing)
 
 
 def serve(config: NodeConfig) -> None:

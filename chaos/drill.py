@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.client import Client
+from broker.client import BrokerError, Client
 from chaos.checkers import Report, check
 from chaos.cluster import ChaosCluster
 from chaos.history import History
@@ -163,6 +163,7 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
         applied = cluster.wait_converged(opts.recovery_timeout_s)
         history.info("drill", "converged", {"applied_index": applied,
                                             "after_heal_s": None if applied is None else history.now() - healed_at})
+        _verify_replicas(cluster, history)
         ends = _final_reads(cluster, history, opts.partitions)
         _await_readers(readers, ends)
         if groups is not None:
@@ -210,6 +211,21 @@ def _await_recovery(producers: list[Producer], history: History, healed_at: floa
     tail_end = time.monotonic() + TAIL_AFTER_HEAL_S
     while time.monotonic() < min(tail_end, deadline):
         time.sleep(0.05)
+
+
+def _verify_replicas(cluster: ChaosCluster, history: History) -> None:
+    """Every node's digest of apply outcomes at one index (``VerifyReplicas``), into the history
+    (the ``apply-divergence`` check)."""
+    try:
+        with Client(cluster.addresses, timeout_s=10.0, retry_deadline_s=20.0) as client:
+            found = client.verify_replicas()
+    except BrokerError as err:
+        history.info("checker", "apply-digests", {"error": str(err)})
+        return
+    history.info("checker", "apply-digests", {
+        "index": found.index, "agreed": found.agreed, "differing": list(found.differing),
+        "digests": {n.id: f"{n.digest:08x}" for n in found.nodes if n.digest is not None},
+        "errors": {n.id: n.error for n in found.nodes if n.digest is None}})
 
 
 def _final_reads(cluster: ChaosCluster, history: History, partitions: int) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""``raftbroker cluster status|formats|add-node|remove-node``."""
+"""``raftbroker cluster status|formats|verify|add-node|remove-node``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,34 @@ def formats(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOp
     "cluster_format", "reachable"}]}.
     """
     _show_status(ctx, render.formats_json, render.print_formats)
+
+
+EXIT_DIFFERING = 3  # cluster verify: some member applied the log differently
+EXIT_INCOMPLETE = 4  # cluster verify: not every member gave a digest
+
+
+@app.command("verify")
+def verify(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
+    """Compare every member's digest of apply outcomes at the lowest index all of them have applied:
+    a member whose digest differs decided some command differently (it runs different code).
+    Digests begin when the cluster's command format reaches 2.
+
+    Exit code: 0 when every member agrees, 3 when some differ (named), 4 when not every member gave
+    a digest (not answering, or keeping none yet), 1 when the question could not be asked.
+
+    --json: {"index", "agreed", "differing": [ids], "nodes": [{"id", "reachable", "digest" (8 hex
+    digits, null when none), "error"}]}.
+    """
+    with connect(ctx) as client:
+        found = client.verify_replicas()
+    if state(ctx).json:
+        emit_json(render.verify_json(found))
+    else:
+        render.print_verify(Console(), found)
+    if found.differing:
+        raise typer.Exit(EXIT_DIFFERING)
+    if not found.agreed:
+        raise typer.Exit(EXIT_INCOMPLETE)
 
 
 def _show_status(ctx: typer.Context, as_json: Callable[[ClusterStatus], dict[str, Any]],

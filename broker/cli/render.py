@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from broker.client import ClusterStatus, Event, PublishResult, Record, TopicInfo
+from broker.client import ClusterStatus, Event, PublishResult, Record, ReplicaVerification, TopicInfo
 
 
 def topic_json(info: TopicInfo) -> dict[str, Any]:
@@ -253,3 +253,32 @@ def print_formats(console: Console, status: ClusterStatus) -> None:
         console.print(f"cluster format: {cluster}; to raise it, upgrade {held}")
     else:
         console.print(f"cluster format: {cluster}; every member applies it and none applies a newer one")
+
+
+def verify_json(found: ReplicaVerification) -> dict[str, Any]:
+    """``raftbroker cluster verify --json``: digests as 8 hex digits, null where a node gave none."""
+    return {
+        "index": found.index,
+        "agreed": found.agreed,
+        "differing": list(found.differing),
+        "nodes": [{"id": n.id, "reachable": n.reachable, "digest": None if n.digest is None else f"{n.digest:08x}",
+                   "error": n.error} for n in found.nodes],
+    }
+
+
+def print_verify(console: Console, found: ReplicaVerification) -> None:
+    table = Table("id", "digest", "", box=None)
+    for n in found.nodes:
+        mark = "DIFFERS" if n.id in found.differing else ("" if n.digest is not None else n.error)
+        table.add_row(n.id, "-" if n.digest is None else f"{n.digest:08x}", mark)
+    console.print(table)
+    if found.agreed:
+        console.print(f"every member applied the log alike through index {found.index}")
+    elif found.differing:
+        console.print(f"at index {found.index}, {', '.join(found.differing)} decided some command differently from "
+                      "the others (docs/operations.md, \"Verifying replicas\")")
+    elif any(n.digest is not None for n in found.nodes):
+        console.print(f"at index {found.index}, the members that gave a digest agree; not every member gave one")
+    else:
+        console.print("no member gave a digest (the reasons are above); the digests begin when the cluster's "
+                      "command format reaches 2: raftbroker cluster formats")

@@ -36,6 +36,7 @@ from broker.client.models import (
     OutgoingRecord,
     PublishResult,
     PublishResults,
+    ReplicaVerification,
     Retention,
     TopicInfo,
     Watermark,
@@ -394,6 +395,17 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             if node.grpc_address:
                 self._router.learn(node.grpc_address, is_leader=node.id == status.leader_id and node.reachable)
         return status
+
+    def verify_replicas(self) -> ReplicaVerification:
+        """Every member's digest of apply outcomes at the lowest index all reachable members have
+        applied (docs/operations.md, "Verifying replicas"). FAILED_PRECONDITION from no node: a node
+        that keeps no digest yet (the cluster's command format is below 2) is named with the reason."""
+        response = self._router.call(
+            lambda addr, t: self._router.admin(addr).VerifyReplicas(admin_pb2.VerifyReplicasRequest(), timeout=t),
+            write=False,
+            what="replica verification",
+        )
+        return wire.replica_verification(response)
 
     def add_node(self, node_id: str, raft_address: str, grpc_address: str) -> None:
         """Make a running node a member (start it first with the current members as its peers); it

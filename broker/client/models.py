@@ -281,6 +281,29 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
+class NodeDigest:
+    """One node's digest of apply outcomes at the compared index (``digest`` None, and ``error``
+    saying why, when it gave none)."""
+
+    id: str
+    reachable: bool
+    digest: int | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaVerification:
+    """Every member's apply digest at one index (``Client.verify_replicas``): ``differing`` names the
+    nodes that decided some command differently from the majority (every node with a digest when
+    there is no majority); ``agreed`` is true only when every member gave the same digest."""
+
+    index: int
+    nodes: tuple[NodeDigest, ...]
+    differing: tuple[str, ...]
+    agreed: bool
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     """Every node of the cluster and the leader's id (empty when there is none)."""
 

@@ -22,11 +22,13 @@ from broker.client.models import (
     Batch,
     ClusterStatus,
     Event,
+    NodeDigest,
     NodeInfo,
     OutgoingRecord,
     PartitionInfo,
     PublishResult,
     Record,
+    ReplicaVerification,
     Retention,
     TopicInfo,
     Watermark,
@@ -444,6 +446,14 @@ def node_info(n: admin_pb2.NodeInfo) -> NodeInfo:
         apply_format=n.apply_format,
         cluster_format=n.cluster_format,
     )
+
+
+def replica_verification(msg: admin_pb2.VerifyReplicasResponse) -> ReplicaVerification:
+    return ReplicaVerification(
+        index=msg.index,
+        nodes=tuple(NodeDigest(id=n.id, reachable=n.reachable, digest=None if n.error or not n.reachable else n.digest,
+                               error=n.error) for n in msg.nodes),
+        differing=tuple(msg.differing), agreed=msg.agreed)
 
 
 def cluster_status(msg: admin_pb2.ClusterStatusResponse) -> ClusterStatus:

@@ -21,6 +21,8 @@ Formats:
 
 - 0: every command built before formats existed (no ``format`` field).
 - 1: ``set_format`` (Command field 60) and the cluster's format.
+- 2: the apply digest (``core/apply_digest.py``): from the ``set_format`` that reaches 2, every apply
+  also writes ``META/apply_digest``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import struct
 from broker.storage import ApplyHalt, Batch, Column, Store
 from broker.v1 import internal_pb2
 
-CODE_FORMAT = 1  # the newest command format this code applies
+CODE_FORMAT = 2  # the newest command format this code applies
 # Tests only: run this node as a release that applies formats up to N <= CODE_FORMAT (an older node
 # in a rolling upgrade). Unset in production; a value above CODE_FORMAT is refused.
 APPLY_FORMAT_ENV = "RAFTBROKER_TEST_APPLY_FORMAT"

@@ -9,7 +9,7 @@ deterministically: the result carries the error and nothing is written except th
 
 Layout in ``Column.META``: ``applied`` -> >Q index; ``next_topic_id`` -> >I;
 ``t/<name>`` -> TopicMeta; ``p/`` + >II(topic_id, partition) -> PartitionMeta; ``cluster_format`` ->
->I (``core/formats.py``).
+>I (``core/formats.py``); ``apply_digest`` -> >QQI (``core/apply_digest.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from broker.core.applied import (
     PartitionState,
     Rejected,
 )
+from broker.core.apply_digest import DIGEST_FORMAT, ApplyDigests
 from broker.core.errors import ApplyFailed, InvalidArgument, TopicExists, TopicNotFound
 from broker.storage import Batch, Column, StorageFailure, Store
 from broker.storage.memory import MemoryStore
@@ -89,6 +90,7 @@ class BrokerStateMachine:
         self._changes = changes
         # commands at or below this index were in the journal before this start (journal_opened)
         self._replay_until = 0
+        self.digests = ApplyDigests()  # the running digest of apply outcomes (core/apply_digest.py)
         self._load_caches()
 
     # -- caches ------------------------------------------------------------------------------
@@ -99,6 +101,7 @@ class BrokerStateMachine:
         raw = self._store.get(Column.META, _NEXT_TOPIC_ID)
         self._next_topic_id = _U32.unpack(raw)[0] if raw else 1
         self._cluster_format = formats.stored_cluster_format(self._store)
+        self.digests.load(self._store)
         topics: dict[str, internal_pb2.TopicMeta] = {}
         for _, value in self._store.scan(Column.META, b"t/", b"t0"):
             meta = internal_pb2.TopicMeta.FromString(value)
@@ -253,6 +256,7 @@ class BrokerStateMachine:
             batch, commit, self._volatile_batch = self._store.batch(), CacheChanges(), None
         if index <= self._replay_until:
             self._forget_volatile_records(commit)
+        digest = self.digests.fold(batch, index, result) if self.digests.active else None
         batch.put(Column.META, _APPLIED, _U64.pack(index))
         try:
             if self._volatile_batch is not None:
@@ -262,6 +266,8 @@ class BrokerStateMachine:
             log.critical("storage failure while writing index %d: stopping rather than diverging", index)
             raise
         self._applied = index
+        if digest is not None:
+            self.digests.advance(index, digest)
         self._commit_caches(commit)
         if commit:
             self._changes.notify()
@@ -283,7 +289,7 @@ class BrokerStateMachine:
         if kind == "reset_watermark":
             return self._reset_watermark(cmd.reset_watermark, batch)
         if kind == "set_format":
-            return self._set_format(cmd, batch, commit)
+            return self._set_format(index, cmd, batch, commit)
         if kind is not None and kind in self._handlers:
             return self._handlers[kind](getattr(cmd, kind), batch, commit)
         self.failed_applies[kind or "empty"] += 1  # e.g. a kind only newer code knows
@@ -338,17 +344,23 @@ class BrokerStateMachine:
             dedup.expire_keys(batch, meta.topic_id, now_ms, meta.config.dedup_window_ms)
             sessions.expire(self._store, batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
 
-    def _set_format(self, cmd: internal_pb2.Command, batch: Batch, commit: CacheChanges) -> object:
+    def _set_format(self, index: int, cmd: internal_pb2.Command, batch: Batch, commit: CacheChanges) -> object:
         """Raise the cluster's format (idempotent; never lowers it). The command must state the format
-        it sets, so that every node whose code cannot apply it halts before it (``formats.check``)."""
+        it sets, so that every node whose code cannot apply it halts before it (``formats.check``).
+        Reaching :data:`DIGEST_FORMAT` begins the apply digests, at this index on every node."""
         value = cmd.set_format.format
         if value > cmd.format:
             return Rejected(InvalidArgument(f"set_format {value} must itself state format {value}, not {cmd.format}"))
         if value > self._cluster_format:
             formats.put_cluster_format(batch, value)
+            begins = value >= DIGEST_FORMAT and not self.digests.active
+            if begins:
+                self.digests.start(batch, index)
 
             def raised() -> None:
                 self._cluster_format = value
+                if begins:
+                    self.digests.advance(index, 0, started=True)
                 log.info("the cluster's command format is now %d", value)
 
             commit.after_write.append(raised)

@@ -164,6 +164,12 @@ def create_app(bootstrap: Sequence[str], **client_options: Any) -> FastAPI:
     async def cluster_status(request: Request) -> dict[str, Any]:
         return dataclasses.asdict(await client(request).cluster_status())
 
+    @app.get("/v1/cluster/verify", tags=["admin"])
+    async def verify_replicas(request: Request) -> dict[str, Any]:
+        """Every member's apply digest at one index (docs/operations.md, "Verifying replicas"):
+        ``agreed``, and ``differing`` naming the nodes that decided some command differently."""
+        return dataclasses.asdict(await client(request).verify_replicas())
+
     @app.post("/v1/topics/{topic}/prune", tags=["admin"])
     async def prune(topic: Topic, body: PruneBody, request: Request) -> dict[str, Any]:
         """Delete the records before ``before_offset`` (or up to a lead group's commits)."""

@@ -29,7 +29,7 @@ from broker.security.acl import ADMIN, CLUSTER_ADMIN, CONSUME, MIRROR, PUBLISH, 
 from broker.security.audit import audit
 from broker.security.tokens import AuthenticationError, TokenStore
 
-PUBLIC = "public"  # no credential needed: health probes, NodeStatus (nodes ask each other)
+PUBLIC = "public"  # no credential needed: health probes, NodeStatus and ApplyDigest (nodes ask each other)
 AUTHENTICATED = "authenticated"  # any authenticated principal
 
 
@@ -58,6 +58,8 @@ METHOD_RULES: dict[str, Rule] = {
     "/broker.v1.Admin/ListTopics": Rule(AUTHENTICATED),
     "/broker.v1.Admin/ClusterStatus": Rule(AUTHENTICATED),
     "/broker.v1.Admin/NodeStatus": Rule(PUBLIC),
+    "/broker.v1.Admin/ApplyDigest": Rule(PUBLIC),  # nodes ask each other for it (VerifyReplicas); a CRC32C
+    "/broker.v1.Admin/VerifyReplicas": Rule(AUTHENTICATED),
     "/broker.v1.Mirror/Identify": Rule(MIRROR),
     "/broker.v1.Mirror/Append": Rule(MIRROR, audited=True),
     "/grpc.health.v1.Health/Check": Rule(PUBLIC),

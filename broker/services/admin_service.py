@@ -8,6 +8,7 @@ from collections.abc import Callable
 import grpc
 
 from broker.core import formats
+from broker.core.apply_digest import ApplyDigests
 from broker.core.errors import ResourceExhausted
 from broker.core.members import Peer
 from broker.leader.groups.operations import GroupOperations
@@ -34,8 +35,10 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
 
     def __init__(self, log: TopicLog, replicator: Replicator, me: Peer, peers: PeerDirectory, *,
                  membership: MembershipChanges, group_ops: GroupOperations, route_admin: RouteAdmin,
-                 peer_status: PeerStatus, cluster_format: Callable[[], int]) -> None:
-        """``cluster_format()``: the cluster's command format as this node applied it."""
+                 peer_status: PeerStatus, cluster_format: Callable[[], int],
+                 digests: Callable[[], ApplyDigests]) -> None:
+        """``cluster_format()``: the cluster's command format as this node applied it; ``digests()``:
+        this node's apply digests."""
         self._log = log
         self._membership = membership
         self._group_ops = group_ops
@@ -45,6 +48,7 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         self._peers = peers
         self._peer_status = peer_status
         self._cluster_format = cluster_format
+        self._digests = digests
 
     @errors.unary
     def CreateTopic(self, request: admin_pb2.CreateTopicRequest, context: grpc.ServicerContext) -> admin_pb2.TopicInfo:
@@ -85,6 +89,26 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
         infos.sort(key=lambda n: n.id)
         leaders = {n.id for n in infos if n.reachable and n.role == "leader"}
         return admin_pb2.ClusterStatusResponse(nodes=infos, leader_id=next(iter(leaders)) if len(leaders) == 1 else "")
+
+    @errors.unary
+    def ApplyDigest(self, request: admin_pb2.ApplyDigestRequest,
+                    context: grpc.ServicerContext) -> admin_pb2.ApplyDigestResponse:
+        index = request.index or self._replicator.status().applied_index
+        digest, started = self._local_digest(index)
+        return admin_pb2.ApplyDigestResponse(index=index, digest=digest, started_index=started)
+
+    @errors.unary
+    def VerifyReplicas(self, request: admin_pb2.VerifyReplicasRequest,
+                       context: grpc.ServicerContext) -> admin_pb2.VerifyReplicasResponse:
+        return self.verify_replicas()
+
+    def verify_replicas(self) -> admin_pb2.VerifyReplicasResponse:
+        """Every member's apply digest compared at one index (also the leader's periodic check)."""
+        others = [p for p in self._peers.all() if p.node_id != self._me.node_id]
+        return self._peer_status.verify(self._local_info, self._local_digest, others)
+
+    def _local_digest(self, index: int) -> tuple[int, int]:
+        return self._digests().at(index, self._replicator.status().applied_index)
 
     def _local_info(self) -> admin_pb2.NodeInfo:
         st = self._replicator.status()

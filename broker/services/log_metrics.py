@@ -55,6 +55,20 @@ class FormatCollector(Collector):
                                 "has applied it", value=self._cluster())
 
 
+class ReplicaCheckCollector(Collector):
+    """``raftbroker_replicas_differing``: the nodes the leader's last comparison of apply digests
+    named (``broker/leader/replica_check.py``); exported by the leader only."""
+
+    def __init__(self, differing: Callable[[], int], is_leader: Callable[[], bool]) -> None:
+        self._differing, self._is_leader = differing, is_leader
+
+    def collect(self) -> Iterator[Metric]:
+        if self._is_leader():
+            yield GaugeMetricFamily("raftbroker_replicas_differing", "Nodes whose apply digest differed from the "
+                                    "others' at the leader's last comparison (raftbroker cluster verify)",
+                                    value=self._differing())
+
+
 class RouteCollector(Collector):
     """Per route: lag (source records not routed yet) and the leader's copied/skipped counts."""
 

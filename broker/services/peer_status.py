@@ -1,20 +1,31 @@
-"""Asking other nodes for their ``NodeStatus`` over gRPC: ``ClusterStatus`` gathers every member's
-view with it, and the leader reads the members' command formats with it (``broker/leader/formats``).
-A channel per address is kept open; a node that does not answer within
+"""Asking other nodes for their ``NodeStatus`` and ``ApplyDigest`` over gRPC: ``ClusterStatus`` gathers
+every member's view with it, the leader reads the members' command formats with it
+(``broker/leader/formats``), and ``VerifyReplicas`` compares the members' apply digests at one index
+(:meth:`PeerStatus.verify`). A channel per address is kept open; a node that does not answer within
 :data:`PEER_STATUS_TIMEOUT_S` is reported unreachable."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from broker.core import apply_digest
+from broker.core.errors import BrokerError, NotFound
 from broker.core.members import Peer
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
+VERIFY_ATTEMPTS = 5  # a node may move past the kept digests between the status and the digest asked
+
+LocalDigest = Callable[[int], tuple[int, int]]  # index -> (digest, started index); raises a BrokerError
+
+
+class _Gone(Exception):
+    """A node no longer keeps the digest at the index asked: ask all again at a newer one."""
 
 
 class PeerStatus:
@@ -49,6 +60,60 @@ class PeerStatus:
     def infos(self, peers: Iterable[Peer]) -> list[admin_pb2.NodeInfo]:
         """:meth:`info` of each of ``peers``, asked in parallel, in their order."""
         return list(self._pool.map(self.info, peers))
+
+    def digest(self, peer: Peer, index: int) -> admin_pb2.NodeDigest:
+        """``peer``'s apply digest at ``index`` (``error`` set when it gives none); raises :class:`_Gone`
+        when it no longer keeps that index."""
+        try:
+            answer = admin_pb2_grpc.AdminStub(self._channel(peer.grpc_address)).ApplyDigest(
+                admin_pb2.ApplyDigestRequest(index=index), timeout=PEER_STATUS_TIMEOUT_S)
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise _Gone(peer.node_id) from None
+            if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                detail = err.details() if isinstance(err, grpc.Call) else str(err)
+                return admin_pb2.NodeDigest(id=peer.node_id, reachable=True, error=detail or code.name)
+            return admin_pb2.NodeDigest(id=peer.node_id, reachable=False, error="did not answer")
+        return admin_pb2.NodeDigest(id=peer.node_id, reachable=True, digest=answer.digest)
+
+    def verify(self, me: Callable[[], admin_pb2.NodeInfo], local: LocalDigest,
+               peers: list[Peer]) -> admin_pb2.VerifyReplicasResponse:
+        """Every member's apply digest at the lowest index all reachable members have applied
+        (``me()``: this node's status; ``local``: its digest at an index; ``peers``: the others)."""
+        for _ in range(VERIFY_ATTEMPTS):
+            members: list[tuple[admin_pb2.NodeInfo, Peer | None]] = [
+                (me(), None), *zip(self.infos(peers), peers, strict=True)]
+            members.sort(key=lambda m: m[0].id)
+            index = min(info.applied_index for info, _ in members if info.reachable)
+            try:
+                found = list(self._pool.map(functools.partial(self._digest_of, index=index, local=local), members))
+            except _Gone:
+                continue
+            digests = {d.id: d.digest for d in found if d.reachable and not d.error}
+            differ = apply_digest.differing(digests)
+            return admin_pb2.VerifyReplicasResponse(
+                index=index, nodes=found, differing=differ,
+                agreed=not differ and len(digests) == len(found))
+        raise NotFound(f"could not compare the members at one index ({VERIFY_ATTEMPTS} attempts): a member is more "
+                       f"than {apply_digest.RECENT_MAX} entries behind the others (raftbroker cluster status), or "
+                       "they applied past the digests they keep while asked; ask again once it has caught up")
+
+    def _digest_of(self, member: tuple[admin_pb2.NodeInfo, Peer | None], index: int,
+                   local: LocalDigest) -> admin_pb2.NodeDigest:
+        """One member's digest at ``index`` (its status and its peer entry; no peer entry: this node)."""
+        info, peer = member
+        if not info.reachable:
+            return admin_pb2.NodeDigest(id=info.id, reachable=False, error="did not answer")
+        if peer is not None:
+            return self.digest(peer, index)
+        try:
+            value, _ = local(index)
+        except NotFound:
+            raise _Gone(info.id) from None
+        except BrokerError as err:
+            return admin_pb2.NodeDigest(id=info.id, reachable=True, error=str(err))
+        return admin_pb2.NodeDigest(id=info.id, reachable=True, digest=value)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -4,11 +4,12 @@ observations, and the final read of every node) into a :class:`Report` of violat
 Checks: lost acknowledged writes, duplicates of idempotent publishes, inconsistent offsets (one
 offset, two values; acks that disagree with the log; reads of values the log does not hold),
 reordering within a partition, non-contiguous offsets, phantom writes, silent skips in reads,
-replicas that disagree after healing, record timestamps that go back within a partition, more
-than one leader per term, committed group positions that regress, records never delivered to a
-group, a cluster command format that rises before every member can apply it (or never rises after
-a rolling upgrade), and recovery after the last fault heals; and liveness with stated bounds
-(publishes and a leader soon after the last heal, expired leases delivered again, no group stalled).
+replicas that disagree after healing or decided some command differently (apply digests), record
+timestamps that go back within a partition, more than one leader per term, committed group
+positions that regress, records never delivered to a group, a cluster command format that rises
+before every member can apply it (or never rises after a rolling upgrade), and recovery after the
+last fault heals; and liveness with stated bounds (publishes and a leader soon after the last heal,
+expired leases delivered again, no group stalled).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from chaos.checkers.log import check_log, reference_reads
 from chaos.checkers.model import Model, Violation, parse
 from chaos.checkers.readers import check_readers, reader_counts
 from chaos.checkers.recovery import measure
-from chaos.checkers.replicas import check_replicas
+from chaos.checkers.replicas import apply_digests_skipped, check_apply_digests, check_replicas
 from chaos.checkers.report import CHECKS, Report
 from chaos.checkers.timestamps import check_timestamps
 from chaos.history import Entry, pairs
@@ -45,6 +46,7 @@ def check(entries: list[Entry], scenario: str = "", seed: int | None = None) -> 
     violations += check_log(model)
     violations += check_readers(model)
     violations += check_replicas(model)
+    violations += check_apply_digests(entries)
     violations += check_timestamps(model)
     violations += check_leaders(model)
     violations += check_groups(model)
@@ -114,6 +116,9 @@ def _skipped(model: Model, entries: list[Entry]) -> dict[str, str]:
     if not any(e.f == "fault" for e in entries):
         out["no-recovery"] = out["fault-not-healed"] = "no fault injected"
         out["slow-recovery"] = out["no-leader"] = "no fault injected"
+    digests_skipped = apply_digests_skipped(entries)
+    if digests_skipped is not None:
+        out["apply-divergence"] = digests_skipped
     if not any(e.f == "formats" for e in entries):
         out["format-raised-early"] = out["format-not-raised"] = "no rolling upgrade"
     if not any(e.f == "group-config" and e.value.get("mode") == "queue" for e in entries):

@@ -1,11 +1,16 @@
 """After healing, every node holds the same log: each partition read from each node must equal the
 reference read, and every node must be readable at all. A ``badmsg`` event in a node's read (a
-stored record failed its checksum) means that node lost the record: it is a divergence too."""
+stored record failed its checksum) means that node lost the record: it is a divergence too.
+
+Every node also decided every command alike: their digests of apply outcomes
+(``broker/core/apply_digest.py``, read once the nodes converged) must agree (``apply-divergence``).
+That covers what the reads cannot see: groups, dedup state, topic metadata."""
 
 from __future__ import annotations
 
 from chaos.checkers.log import reference_reads
 from chaos.checkers.model import Model, Violation, violation
+from chaos.history import Entry
 
 
 def check_replicas(model: Model) -> list[Violation]:
@@ -40,3 +45,33 @@ def _divergence(ref_node: str, ref: list[tuple[int, str]], node: str, got: list[
     return violation("replica-divergence", f"{node} and {ref_node} disagree on {len(differing)} offset(s) of "
                      f"{topic}/{partition} (from offset {differing[0] if differing else '?'}; "
                      f"{len(got)} vs {len(ref)} records)", named, entries)
+
+
+def apply_digests(entries: list[Entry]) -> list[Entry]:
+    return [e for e in entries if e.type == "info" and e.f == "apply-digests" and isinstance(e.value, dict)]
+
+
+def check_apply_digests(entries: list[Entry]) -> list[Violation]:
+    out: list[Violation] = []
+    for e in apply_digests(entries):
+        differing = e.value.get("differing") or []
+        if differing:
+            digests = e.value.get("digests", {})
+            out.append(violation("apply-divergence", f"at index {e.value.get('index')}, {', '.join(differing)} "
+                                 "decided some command differently from the other nodes (their apply digests differ)",
+                                 [f"{n}={d}" for n, d in sorted(digests.items())], [e.index]))
+    return out
+
+
+def apply_digests_skipped(entries: list[Entry]) -> str | None:
+    """Why the apply digests could not be compared (None when they were)."""
+    found = apply_digests(entries)
+    if not found:
+        return "no verification"
+    value = found[-1].value
+    if "error" in value:
+        return f"the verification failed: {value['error']}"
+    if len(value.get("digests", {})) < 2:
+        errors = sorted(set(value.get("errors", {}).values()))
+        return "fewer than two nodes gave a digest" + (f" ({'; '.join(errors)})" if errors else "")
+    return None

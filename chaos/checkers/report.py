@@ -10,8 +10,8 @@ from chaos.checkers.model import Violation
 from chaos.checkers.recovery import Recovery
 
 CHECKS = ("lost-write", "duplicate", "inconsistent-offset", "reorder", "non-contiguous", "phantom-write",
-          "silent-skip", "replica-divergence", "final-read-failed", "timestamp-regression", "multiple-leaders",
-          "group-regress",
+          "silent-skip", "replica-divergence", "apply-divergence", "final-read-failed", "timestamp-regression",
+          "multiple-leaders", "group-regress",
           "undelivered", "redelivery-late", "no-recovery", "fault-not-healed", "slow-recovery", "no-leader",
           "lease-not-redelivered", "group-stalled", "format-raised-early", "format-not-raised")
 

@@ -300,3 +300,31 @@ def test_a_format_that_never_rises_after_the_upgrade_or_a_silent_node_is_found()
     found = check_formats(h.entries)
     assert [v.kind for v in found] == ["format-not-raised"]
     assert found[0].records == ("n2: cluster format 0", "n3: did not answer")
+
+
+def digests_seen(h: Hist, digests: dict[str, str], differing: list[str], errors: dict[str, str] | None = None) -> None:
+    h.add("info", "checker", "apply-digests", {"index": 42, "agreed": not differing and not errors,
+                                               "differing": differing, "digests": digests, "errors": errors or {}})
+
+
+def test_apply_digests_that_agree_pass_and_a_differing_node_is_named() -> None:
+    h = clean()
+    digests_seen(h, {"n1": "0000abcd", "n2": "0000abcd", "n3": "0000abcd"}, [])
+    report = check(h.entries)
+    assert report.violations == [] and "apply-divergence" not in report.checks_skipped
+    h = clean()
+    digests_seen(h, {"n1": "0000abcd", "n2": "0000abcd", "n3": "0000ffff"}, ["n3"])
+    found = [v for v in check(h.entries).violations if v.kind == "apply-divergence"]
+    assert len(found) == 1 and "n3 decided some command differently" in found[0].detail
+    assert found[0].records == ("n1=0000abcd", "n2=0000abcd", "n3=0000ffff")
+
+
+def test_apply_digests_not_compared_are_reported_as_skipped_with_the_reason() -> None:
+    assert check(clean().entries).checks_skipped["apply-divergence"] == "no verification"
+    h = clean()
+    digests_seen(h, {}, [], {n: "they begin when the cluster's command format reaches 2" for n in ("n1", "n2")})
+    assert "fewer than two nodes gave a digest (they begin" in check(h.entries).checks_skipped["apply-divergence"]
+    h = clean()
+    h.add("info", "checker", "apply-digests", {"error": "UNAVAILABLE: no node answered"})
+    skipped = check(h.entries).checks_skipped["apply-divergence"]
+    assert skipped == "the verification failed: UNAVAILABLE: no node answered"

@@ -130,6 +130,11 @@ def test_admin_endpoints(http_cluster: DevCluster) -> None:
     with gateway(http_cluster, follower=True) as h, Client(http_cluster.addresses) as sync:
         status = h.get("/v1/cluster").json()
         assert status["leader_id"] and len(status["nodes"]) == 3
+        # the digests begin once the leader raises the format (within a housekeeping period)
+        verified = wait_until(lambda: (lambda v: v if v["agreed"] else None)(h.get("/v1/cluster/verify").json()),
+                              60, "every member's apply digest agrees")
+        assert isinstance(verified, dict) and verified["differing"] == [] and len(verified["nodes"]) == 3, verified
+        assert len({n["digest"] for n in verified["nodes"]}) == 1 and verified["index"] > 0, verified
         h.put("/v1/topics/h-adm", json={"partitions": 1})
         sync.publish_batch("h-adm", ["a", "b"], dedup_id="prod", first_msg_id=1)
         assert h.get("/v1/topics/h-adm/watermarks").json()["watermarks"] == [{"dedup_id": "prod", "msg_id": 2}]

@@ -30,7 +30,15 @@ from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, Asy
 from broker.client.client import RecordLike
 from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.groups import GroupLag, PartitionLag
-from broker.client.models import ClusterStatus, OutgoingRecord, PublishResult, PublishResults, TopicInfo, Watermark
+from broker.client.models import (
+    ClusterStatus,
+    OutgoingRecord,
+    PublishResult,
+    PublishResults,
+    ReplicaVerification,
+    TopicInfo,
+    Watermark,
+)
 from broker.client.routing import RetryPolicy
 from broker.client.security import ClientSecurity
 from broker.client.sessions import SessionPool
@@ -333,6 +341,12 @@ class AsyncClient:
         return []
 
     # -- cluster --------------------------------------------------------------------------------
+    async def verify_replicas(self) -> ReplicaVerification:
+        """Every member's digest of apply outcomes compared at one index (``Client.verify_replicas``)."""
+        response = await self._admin("VerifyReplicas", admin_pb2.VerifyReplicasRequest(), write=False,
+                                     what="replica verification")
+        return wire.replica_verification(response)
+
     async def cluster_status(self) -> ClusterStatus:
         response = await self._admin("ClusterStatus", admin_pb2.ClusterStatusRequest(), write=False,
                                      what="cluster status")
