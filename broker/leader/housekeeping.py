@@ -1,26 +1,36 @@
-"""Leader housekeeping: periodic replicated maintenance commands (dedup expiry for now)."""
+"""Leader housekeeping: periodic maintenance on the leader (dedup expiry, retention by age, the
+cluster's command format, the replicas' apply digests)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from broker.core.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
+LEADER_POLL_S = 0.5  # how soon a node that became leader runs the tasks (when the period is longer)
+
 
 class Housekeeper:
-    """Runs ``tasks`` every ``period_s`` on a daemon thread; a task that fails (e.g. this node is
-    not the leader) is simply tried again next period."""
+    """Runs ``tasks`` on a daemon thread while this node leads: at once when it becomes the leader,
+    then every ``period_s``. A task that fails is tried again next period: a BrokerError (e.g. this
+    node stopped leading) quietly, anything else logged with its traceback; no task stops the others
+    or the thread."""
 
-    def __init__(self, tasks: list[Callable[[], None]], is_leader: Callable[[], bool], period_s: float) -> None:
+    def __init__(self, tasks: list[Callable[[], None]], is_leader: Callable[[], bool], period_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._tasks = tasks
         self._is_leader = is_leader
         self._period_s = period_s
+        self._clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="housekeeping", daemon=True)
+        self._leading = False
+        self._next_run = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -30,11 +40,24 @@ class Housekeeper:
         self._thread.join(self._period_s + 5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._period_s):
-            if not self._is_leader():
-                continue
-            for task in self._tasks:
-                try:
-                    task()
-                except BrokerError as exc:
-                    log.debug("housekeeping task skipped: %s", exc)
+        while not self._stop.wait(min(self._period_s, LEADER_POLL_S)):
+            self.tick()
+
+    def tick(self) -> None:
+        """One wake-up of the thread: run the tasks if this node just became the leader or a period
+        has passed since they last ran."""
+        if not self._is_leader():
+            self._leading = False
+            return
+        now = self._clock()
+        if self._leading and now < self._next_run:
+            return
+        self._leading, self._next_run = True, now + self._period_s
+        for task in self._tasks:
+            try:
+                task()
+            except BrokerError as exc:
+                log.debug("housekeeping task skipped: %s", exc)
+            except Exception:  # noqa: BLE001 - a bug in one task must not end housekeeping
+                log.exception("housekeeping task %s failed; it runs again next period",
+                              getattr(task, "__qualname__", task))

@@ -59,7 +59,7 @@ def test_a_comparison_that_fails_keeps_the_last_result_and_is_tried_next_period(
     answers.fail = True
     now[0] += 10.0
     with pytest.raises(RuntimeError):
-        check.check_if_due()  # the housekeeper logs it and goes on
+        check.check_if_due()  # the housekeeper logs it and goes on (tests/core/test_housekeeping.py)
     assert check.differing == ("n2",)
     answers.fail, answers.differing = False, []
     check.check_if_due()
