@@ -45,8 +45,8 @@ EXIT_INCOMPLETE = 4  # cluster verify: not every member gave a digest
 @app.command("verify")
 def verify(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOption = None) -> None:
     """Compare every member's digest of apply outcomes at the lowest index all of them have applied:
-    a member whose digest differs decided some command differently (it runs different code).
-    Digests begin when the cluster's command format reaches 2.
+    a member whose digest differs decided some command differently (most often: it runs different
+    code). Digests begin when the cluster's command format reaches 2.
 
     Exit code: 0 when every member agrees, 3 when some differ (named), 4 when not every member gave
     a digest (not answering, or keeping none yet), 1 when the question could not be asked.
