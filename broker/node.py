@@ -125,7 +125,8 @@ class Node:
         self.metrics.registry.register(ReplicaCheckCollector(lambda: len(self.replica_check.differing), is_leader))
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention,
                                         self.format_raiser.raise_if_ready, self.replica_check.check_if_due],
-                                       is_leader, config.housekeeping_period_ms / 1000)
+                                       is_leader, config.housekeeping_period_ms / 1000,
+                                       on_lead=[self.replica_check.make_due])
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000)
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,

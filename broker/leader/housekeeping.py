@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from broker.core.errors import BrokerError
 
@@ -22,8 +22,12 @@ class Housekeeper:
     or the thread."""
 
     def __init__(self, tasks: list[Callable[[], None]], is_leader: Callable[[], bool], period_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_lead: Sequence[Callable[[], None]] = ()) -> None:
+        """``on_lead``: called each time this node becomes the leader, before the tasks run (e.g. a
+        task with a period of its own makes itself due, so that a node leading again does not go on
+        from what it found when it last led)."""
         self._tasks = tasks
+        self._on_lead = list(on_lead)
         self._is_leader = is_leader
         self._period_s = period_s
         self._clock = clock
@@ -52,8 +56,9 @@ class Housekeeper:
         now = self._clock()
         if self._leading and now < self._next_run:
             return
+        became_leader = not self._leading
         self._leading, self._next_run = True, now + self._period_s
-        for task in self._tasks:
+        for task in [*self._on_lead, *self._tasks] if became_leader else self._tasks:
             try:
                 task()
             except BrokerError as exc:

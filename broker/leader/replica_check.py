@@ -4,7 +4,9 @@ replicas"), so that a node deciding commands differently is reported without any
 :meth:`ReplicaCheck.check_if_due`, a housekeeping task, runs ``VerifyReplicas``' comparison every
 ``period_s``. The nodes it names are logged (ERROR, once per change) and counted in the gauge
 ``raftbroker_replicas_differing``, which only the leader exports: a former leader's last count
-would otherwise keep an alert firing after the divergence was repaired.
+would otherwise keep an alert firing after the divergence was repaired. A node that becomes the
+leader again compares at once (:meth:`ReplicaCheck.make_due`, called by the housekeeper) rather
+than a period after its last comparison.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ class ReplicaCheck:
         self._next = 0.0
         self.differing: tuple[str, ...] = ()  # named by the last comparison that could be made
         self.checked_index = 0
+
+    def make_due(self) -> None:
+        """Compare at the next :meth:`check_if_due` (this node has just become the leader: what it
+        found when it last led may be out of date, and the gauge exports it again from now on)."""
+        self._next = 0.0
 
     def check_if_due(self) -> None:
         """Compare the digests when ``period_s`` has passed since the last time (a housekeeping

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import Client
@@ -107,6 +108,19 @@ def test_a_unary_publish_takes_no_call_pool_thread_and_schema_checks_do(lone_nod
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert pool.publish_handlers() == 0, f"{pool.publish_handlers()} publishes ran a call-pool thread"
         assert pool.prepares() == 6, pool.tasks
+    finally:
+        s.close()
+
+
+def test_the_server_runs_on_uvloop(lone_node: Node) -> None:
+    """The node's gRPC server, its handlers and its streams run on uvloop's event loop."""
+    assert isinstance(lone_node.server.loop, uvloop.Loop), type(lone_node.server.loop)
+    s = stubs(lone_node.config.grpc_address)
+    try:
+        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="t")), timeout=30)
+        response = s.broker.Publish(broker_pb2.PublishRequest(
+            topic="t", records=[broker_pb2.PublishRecord(value=b"v")]), timeout=30)
+        assert response.results[0].offset == 0
     finally:
         s.close()
 

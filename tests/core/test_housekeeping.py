@@ -10,6 +10,7 @@ import pytest
 
 from broker.core.errors import NotLeader
 from broker.leader.housekeeping import Housekeeper
+from broker.leader.replica_check import ReplicaCheck
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +55,36 @@ def test_a_failing_task_stops_neither_the_others_nor_the_next_period(caplog: pyt
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2 and "broken failed" in errors[0].getMessage() and errors[0].exc_info
     assert "housekeeping task skipped: this node is not the leader" in caplog.text
+
+
+def test_on_lead_runs_before_the_tasks_each_time_the_node_becomes_leader_only() -> None:
+    now, leading, calls = [0.0], [True], []
+    keeper = Housekeeper([lambda: calls.append("task")], lambda: leading[0], 10.0, clock=lambda: now[0],
+                         on_lead=[lambda: calls.append("lead")])
+    keeper.tick()
+    now[0] = 10.0
+    keeper.tick()
+    assert calls == ["lead", "task", "task"]
+    leading[0] = False
+    keeper.tick()
+    leading[0], now[0] = True, 11.0
+    keeper.tick()
+    assert calls == ["lead", "task", "task", "lead", "task"]
+
+
+def test_a_node_leading_again_compares_replicas_at_once() -> None:
+    """The leader's replica comparison has a period of its own (60 s by default): a node that
+    leads again compares at once instead of exporting what it found when it last led."""
+    now, leading = [0.0], [True]
+    answers: list[tuple[str, ...]] = [("n3",)]
+    check = ReplicaCheck(lambda: (1, answers[0]), 60.0, clock=lambda: now[0])
+    keeper = Housekeeper([check.check_if_due], lambda: leading[0], 1.0, clock=lambda: now[0],
+                         on_lead=[check.make_due])
+    keeper.tick()
+    assert check.differing == ("n3",)
+    leading[0] = False
+    keeper.tick()
+    answers[0] = ()  # repaired while another node led
+    leading[0], now[0] = True, 5.0
+    keeper.tick()
+    assert check.differing == (), "compared at once, not 60 s after the last comparison"
