@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
+import uvloop
 
 from broker.client import Batch, Client, Record, TopicExists, TopicNotFound
 from broker.client.aio import AsyncClient, AsyncMessage
@@ -17,7 +19,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 T = TypeVar("T")
 
 
-def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster) -> None:
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_topics_publish_and_subscribe_match_the_sync_client(
+        cluster: DevCluster, run: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+    """On asyncio's own event loop and on uvloop's (which many services run)."""
     seen: list[tuple[str, object]] = []
 
     async def main() -> None:
@@ -52,7 +57,7 @@ def test_topics_publish_and_subscribe_match_the_sync_client(cluster: DevCluster)
             with pytest.raises(TopicNotFound):
                 await c.describe_topic("aio-t")
 
-    asyncio.run(main())
+    run(main())
     kinds = {k for k, _ in seen}
     assert {"published", "record"} <= kinds
     records = [item for k, item in seen if k == "record"]
