@@ -1,7 +1,7 @@
 """The gRPC server of one node: Broker, Admin, health checking and reflection.
 
 A ``grpc.aio`` server on an event loop of its own thread: uvloop's, on which the leader spends
-about 5 % less CPU per publish than on asyncio's own loop (bench/NOTE.md, 2026-11-29). Unary
+about 7 % less CPU per publish than on asyncio's own loop (bench/NOTE.md, 2026-11-29). Unary
 handlers are sync and run on the call pool (``migration_thread_pool``,
 :attr:`StreamRuntime.call_pool`), except ``Publish``, a coroutine that awaits its commit without a
 thread; streaming handlers are coroutines that hold no thread while idle
