@@ -1,10 +1,11 @@
 """raftbroker as the benchmark runs it: a :class:`~broker.devcluster.DevCluster` of 1 or 3 nodes, topics of
-one durability class, driven through the public Python SDK (:class:`broker.client.Client`).
-
-The SDK is synchronous; the endpoint runs its calls on a thread pool so several batches are in
-flight at once (the SDK is thread-safe and shares one channel per node). Every batch goes as one
-range of an SDK producer session (exactly-once in effect: one check and one write per batch on
-every replica), which the peers' fast paths do not do.
+one durability class, driven through the public asyncio SDK (:class:`broker.client.aio.AsyncClient`) on
+the workloads' event loop, as nats-py, aio-pika and redis-py's asyncio client drive the peers. Until
+2026-11-29 it drove the synchronous SDK through a thread pool: every call then paid a hop to a pool
+thread and back, and the asyncio SDK measured 10-20 % more 1 KiB msg/s and 20 % lower ack p50 (disk-3)
+in the same runs (bench/NOTE.md). Every batch goes as one range of an SDK producer session
+(exactly-once in effect: one check and one write per batch on every replica), which the peers' fast
+paths do not do.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 import os
 import subprocess
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.procs import REGISTRY
@@ -21,13 +21,14 @@ from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoin
 from broker.allocator import ENV as ALLOCATOR_ENV
 from broker.allocator import loaded_jemalloc
 from broker.client import Batch, Client, Unimplemented
+from broker.client.aio import AsyncClient
 from broker.devcluster import DevCluster
 
 TUNING = ClientTuning(batch_records=1000, inflight_batches=4)
 # records per consume response asked for (the server also bounds a response at 1 MiB): a Kafka
 # consumer fetches up to 1 MiB per partition by default too
 CONSUME_BATCH_RECORDS = 5000
-POOL_THREADS = 32  # failover keeps up to this many publishes waiting in the SDK's retry loop
+MAX_IN_FLIGHT = 1000
 _GUARANTEE = {
     "disk": "ack after a Raft majority has the batch (OS-buffered, not fsynced)",
     "fsync": "ack after a Raft majority has fsynced the batch",
@@ -50,49 +51,42 @@ def _version() -> str:
 
 
 class RaftbrokerEndpoint(Endpoint):
-    """The SDK on a thread pool; ``durability`` is the class of the topics it creates."""
+    """The asyncio SDK (:class:`~broker.client.aio.AsyncClient`) on the workload's event loop;
+    ``durability`` is the class of the topics it creates."""
 
     def __init__(self, addresses: Sequence[str], durability: str) -> None:
         self.tuning = TUNING
         self._durability = durability
-        self._client = Client(list(addresses), timeout_s=2.0, retry_deadline_s=30.0)
-        self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="raftbroker-bench")
-
-    async def _run(self, fn: Callable[[], object]) -> object:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        # the failover workload keeps up to a few hundred publishes waiting in the SDK's retry loop
+        self._client = AsyncClient(list(addresses), timeout_s=2.0, retry_deadline_s=30.0,
+                                   max_in_flight_batches=MAX_IN_FLIGHT)
 
     async def create(self, stream: str) -> None:
         try:
-            await self._run(lambda: self._client.create_topic(stream, 1, durability=self._durability))
+            await self._client.create_topic(stream, 1, durability=self._durability)
         except Unimplemented as err:
             raise NotAvailable(f"durability class {self._durability!r}: not available yet ({err})") from err
 
     async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
-        await self._run(lambda: self._client.publish_batch(stream, payloads))
+        await self._client.publish_batch(stream, payloads)
 
     async def consume(self, stream: str, count: int, on_value: Callable[[bytes], None],
                       ready: asyncio.Event | None = None) -> int:
-        loop = asyncio.get_running_loop()
-
-        def read() -> int:
-            seen = 0
-            with self._client.subscribe_batches(stream, start="earliest", max_batch=CONSUME_BATCH_RECORDS) as sub:
-                if ready is not None:
-                    loop.call_soon_threadsafe(ready.set)
-                for item in sub:
-                    if isinstance(item, Batch):
-                        for value in item.values[:count - seen]:
-                            on_value(value)
-                        seen += min(len(item), count - seen)
-                        if seen >= count:
-                            break
-            return seen
-
-        return int(await asyncio.get_running_loop().run_in_executor(None, read))
+        seen = 0
+        async with self._client.subscribe_batches(stream, start="earliest", max_batch=CONSUME_BATCH_RECORDS) as sub:
+            if ready is not None:
+                ready.set()
+            async for item in sub:
+                if isinstance(item, Batch):
+                    for value in item.values[:count - seen]:
+                        on_value(value)
+                    seen += min(len(item), count - seen)
+                    if seen >= count:
+                        break
+        return seen
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+        await self._client.close()
 
 
 class RaftbrokerDeployment(Deployment):
@@ -104,9 +98,9 @@ class RaftbrokerDeployment(Deployment):
         self.workdir = workdir  # the caller owns (and removes) it
         self.info = DeploymentInfo(
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
-            guarantee=_GUARANTEE[durability], client="raftbroker SDK publish_batch(1000), 4 in flight; "
-                                                   f"subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, the "
-                                                   "server's 1 MiB bound): one object per batch",
+            guarantee=_GUARANTEE[durability], client="raftbroker asyncio SDK (AsyncClient) publish_batch(1000), "
+                                                   f"4 in flight; subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, "
+                                                   "the server's 1 MiB bound): one object per batch",
             publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight",
             exactly_once="SDK default: a producer session, one (dedup_id, first_msg_id) range per batch",
         )
