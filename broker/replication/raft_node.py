@@ -78,7 +78,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                  state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
                  pre_vote: bool | None = None, simulate_power_loss: bool = False,
                  stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None,
-                 handshake_limits: HandshakeLimits | None = None) -> None:
+                 handshake_limits: HandshakeLimits | None = None, commit_notice_delay_s: float = 0.0) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once, and its transport
         # (GuardedTransport) reads handshake_limits when it is built.
         self.handshake_limits = handshake_limits or HandshakeLimits()
@@ -91,6 +91,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self._configuration_replayed = False
         self._term_first_index = 0  # as leader: the index of its term's no-op (status_fields)
         self._coalescing_sends = False  # _checkCommandsToApply: one send for the commands it appends
+        self._commit_notice_delay_s = commit_notice_delay_s  # RaftOptions.commit_notice_delay_s
+        self._commit_notice_at: float | None = None  # leader: when to send followers a commit not yet sent
         self._init_transfer()
         active = _patches.active_patches()
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
@@ -160,7 +162,15 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         journal = self.journal
         if journal is not None and journal.sync_pending and self.raftCommitIndex > self.raftLastApplied:
             self.release_held_messages()
-        return bool(super()._SyncObj__applyLogEntries())
+        need_send = bool(super()._SyncObj__applyLogEntries())
+        if need_send and self._commit_notice_delay_s > 0 and self._SyncObj__raftState == _LEADER_STATE:
+            # pysyncobj would send every follower a commit-only AppendEntries now, and each would answer
+            # it. The next AppendEntries carries the commit index anyway; send one only if none has
+            # gone out by then (_onTick).
+            if self._commit_notice_at is None:
+                self._commit_notice_at = pysyncobj_monotonic() + self._commit_notice_delay_s
+            return False
+        return need_send
 
     def _SyncObj__setState(self, newState: int) -> None:
         if newState == _LEADER_STATE:  # __onBecomeLeader appends its no-op right after this call
@@ -185,6 +195,11 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             self._poller.poll(0)
         self._advance_transfer()
         super()._onTick(timeToWait)
+        notice_at = self._commit_notice_at
+        if notice_at is not None and pysyncobj_monotonic() >= notice_at:
+            self._commit_notice_at = None
+            if self._SyncObj__raftState == _LEADER_STATE:
+                self._SyncObj__sendAppendEntries()
 
     def _replay_log_configuration(self) -> None:
         """Raft uses the latest configuration in its log, committed or not. pysyncobj changes its
@@ -282,6 +297,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def _SyncObj__sendAppendEntries(self) -> None:
         if self._coalescing_sends:  # _checkCommandsToApply sends once when it has appended them all
             return
+        self._commit_notice_at = None  # every follower gets this message, and it carries the commit index
         super()._SyncObj__sendAppendEntries()
 
     def _advance_leader_commit(self) -> bool:

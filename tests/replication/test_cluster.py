@@ -178,6 +178,11 @@ def test_node_killed_under_load_restarts_without_applying_anything_twice(cluster
     cluster = cluster_factory()
     leader = cluster.leader()
     assert leader.request("submit", timeout_s=20, count=300, size=500, prefix="before")["ok"] == 300
+    # Followers learn the last commits up to commit_notice_delay_s later; a forced compaction before
+    # a node has applied past its last snapshot is a no-op (pysyncobj then drops the request).
+    committed = status_of(leader)["commit_index"]
+    wait_until(lambda: all(status_of(n)["applied_index"] >= committed for n in cluster.nodes), 10,
+               "every node to apply the 300 commands")
     for node in cluster.nodes:  # restart then loads a snapshot and replays the journal after it
         node.request("compact")
     wait_until(lambda: all(n.request("entry_size", index=5)["size"] is None for n in cluster.nodes),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -342,6 +343,54 @@ def test_commands_queued_together_reach_each_follower_in_one_message(tmp_path: A
             messages = [ixs for to, ixs in carried if to == follower and set(ixs) & set(indexes)]
             assert messages and set(indexes) <= set(messages[0]), f"{follower} got the ten entries as {messages}"
         wait_until(lambda: all(sm.applied_index() >= indexes[-1] for _, sm in nodes), 10, "every node applied")
+        assert len({sm.chain() for _, sm in nodes}) == 1
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3])
+def test_followers_learn_a_commit_from_the_next_append_entries_or_after_the_notice_delay(
+        tmp_path: Any, delay_s: float) -> None:
+    """``commit_notice_delay_s``: after a commit the leader sends no commit-only AppendEntries while
+    its next message (the next command's) would carry the commit index anyway; if none goes out within
+    the delay, it sends one then, so idle followers still apply the last command well before the next
+    heartbeat. With 0 (pysyncobj's behaviour) every apply is followed at once by a commit-only message
+    to each follower: a closed loop of 40 commands makes at least one per command.
+
+    The heartbeat period is long (1 s), so heartbeats add at most a few commit-only messages to the
+    count, and the followers' apply of the last command cannot be a heartbeat's doing."""
+    options = RaftOptions(raft_min_timeout_s=4.0, raft_max_timeout_s=6.0, append_entries_period_s=1.0,
+                          connection_timeout_s=6.0, commit_notice_delay_s=delay_s)
+    commands = 40
+    with _three_nodes(tmp_path, options) as (nodes, leader):
+        assert leader._node is not None
+        transport = leader._node._SyncObj__transport
+        notices: list[tuple[float, int]] = []  # (when, commit index) of each commit-only AppendEntries
+        stock_send = transport.send
+
+        def send(node: Any, message: Any) -> Any:
+            if isinstance(message, dict) and message.get("type") == "append_entries" \
+                    and "prevLogIdx" in message and not message.get("entries") and "transmission" not in message:
+                notices.append((time.monotonic(), message["commit_index"]))
+            return stock_send(node, message)
+
+        transport.send = send  # pysyncobj looks the method up per call
+        outcomes = Outcomes()
+        for i in range(commands):  # a closed loop: each command once the previous one is committed
+            leader.submit(b"loop-%d" % i, outcomes.callback(i))
+            outcomes.wait(i + 1)
+        committed_at = time.monotonic()
+        assert all(error is None for _, error in outcomes.results.values()), outcomes.results
+        last = outcomes.index(commands - 1)
+        during = len(notices)
+        wait_until(lambda: all(sm.applied_index() >= last for _, sm in nodes), 10, "every node applied the last")
+        applied_after_s = time.monotonic() - committed_at
+        if delay_s == 0:
+            assert during >= commands, f"{during} commit-only messages for {commands} commands"
+        else:
+            assert during < commands // 2, f"{during} commit-only messages for {commands} commands"
+            # the followers heard of the last commit from the notice, not from a heartbeat a second later
+            assert applied_after_s < 0.9, f"followers applied the last command {applied_after_s:.2f} s after it"
+            told = [at for at, commit in notices if commit >= last]
+            assert told and told[0] - committed_at >= delay_s / 2, (told[:1], committed_at)
         assert len({sm.chain() for _, sm in nodes}) == 1
 
 
