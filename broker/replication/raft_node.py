@@ -4,7 +4,9 @@ Two ``@replicated`` methods (plain and synced) hand each committed ``bytes`` com
 :class:`StateMachine` with its Raft index. The node also: uses :class:`journal.DurableJournal` and
 holds messages back until it is synced (``journal.SyncingTransport``), asks for pre-votes
 (``prevote.PreVoteMixin``), fails commands queued on a non-leader instead of forwarding them,
-spreads and defers compactions, reads waiting messages before an election, replays the log's
+sends the commands queued in a tick together, leaves a new commit index to its next AppendEntries
+(``commit_notice_delay_s``) instead of a commit-only message after every apply, spreads and defers
+compactions, reads waiting messages before an election, replays the log's
 membership changes after a restart, and halts after a failed snapshot restore.
 """
 
