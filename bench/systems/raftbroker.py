@@ -28,7 +28,7 @@ TUNING = ClientTuning(batch_records=1000, inflight_batches=4)
 # records per consume response asked for (the server also bounds a response at 1 MiB): a Kafka
 # consumer fetches up to 1 MiB per partition by default too
 CONSUME_BATCH_RECORDS = 5000
-MAX_IN_FLIGHT = 1000
+MAX_IN_FLIGHT = 1000  # publish calls at once: failover keeps a few hundred waiting in the SDK's retry loop
 _GUARANTEE = {
     "disk": "ack after a Raft majority has the batch (OS-buffered, not fsynced)",
     "fsync": "ack after a Raft majority has fsynced the batch",
@@ -57,7 +57,6 @@ class RaftbrokerEndpoint(Endpoint):
     def __init__(self, addresses: Sequence[str], durability: str) -> None:
         self.tuning = TUNING
         self._durability = durability
-        # the failover workload keeps up to a few hundred publishes waiting in the SDK's retry loop
         self._client = AsyncClient(list(addresses), timeout_s=2.0, retry_deadline_s=30.0,
                                    max_in_flight_batches=MAX_IN_FLIGHT)
 
