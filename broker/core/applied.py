@@ -77,6 +77,13 @@ class ChangeSignal(Protocol):
         """Block until :attr:`version` differs from ``seen_version`` or ``timeout_s`` passes; the version."""
         ...
 
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` on the notifying thread after every :meth:`notify` (quick, non-blocking)."""
+        ...
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PendingRecords:

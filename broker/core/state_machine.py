@@ -214,6 +214,14 @@ class BrokerStateMachine:
         """Wake every reader waiting in :meth:`wait_for_change`."""
         self._changes.notify()
 
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change, on the thread that made it (often the apply's):
+        it must be quick and never block (:meth:`ChangeSignal.add_listener`)."""
+        self._changes.add_listener(listener)
+
+    def remove_change_listener(self, listener: Callable[[], None]) -> None:
+        self._changes.remove_listener(listener)
+
     # -- StateMachine protocol ---------------------------------------------------------------
     def applied_index(self) -> int:
         return self._applied

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -31,49 +30,42 @@ log = logging.getLogger(__name__)
 
 STREAMS_MAX = 4096  # open server streams per node; one more gets RESOURCE_EXHAUSTED
 READ_THREADS = 8  # threads that run stream steps (reads), shared by every stream of a node
-PUMP_WAKE_S = 0.5  # how often the change pump checks that it should still run
 
 T = TypeVar("T")
 _END = object()
 
 
 class ChangeFeed:
-    """The state machine's version, observable from the event loop: one thread waits on the
-    state's condition and wakes the loop with ``call_soon_threadsafe`` after a change, when a
-    stream waits for one."""
+    """The state machine's version, observable from the event loop: a change listener
+    (``BrokerStateMachine.add_change_listener``) wakes the loop with ``call_soon_threadsafe`` after a
+    change, when a stream waits for one. It runs on the thread that made the change (the apply's,
+    mostly) and holds no thread of its own: until 2026-11-29 a thread waited on the state's
+    condition and cost every node two context switches per apply, streams or not (bench/NOTE.md)."""
 
     def __init__(self, state: BrokerStateMachine) -> None:
         self._state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Future[None] | None = None
-        self._stop = threading.Event()
-        self.pumped_version = 0  # the last version the pump thread handled (tests, diagnostics)
-        self._thread = threading.Thread(target=self._pump, name="change-feed", daemon=True)
+        self.loop_wakes = 0  # wake-ups asked of the event loop (tests, diagnostics)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._thread.start()
+        self._state.add_change_listener(self._on_change)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._state.remove_change_listener(self._on_change)
 
-    def _pump(self) -> None:
-        assert self._loop is not None
-        seen = self._state.version
-        while not self._stop.is_set():
-            now = self._state.wait_for_change(seen, PUMP_WAKE_S)
-            # Wake the loop only when a stream waits (every apply bumps the version; a node
-            # without idle streams, a follower say, would wake its event loop for nothing).
-            # ``wait`` arms the future before it reads the version, so a change it has not seen
-            # finds the future armed here.
-            if now != seen and self._changed is not None:
-                try:
-                    self._loop.call_soon_threadsafe(self._wake)
-                except RuntimeError:  # the loop closed under us: the server is gone
-                    return
-            seen = self.pumped_version = now
+    def _on_change(self) -> None:
+        """After a change, on the changing thread. Wakes the loop only when a stream waits (every
+        apply bumps the version; a node without idle streams, a follower say, would wake its event
+        loop for nothing). ``wait`` arms the future before it reads the version, and the version moved
+        before this runs, so a change that ``wait`` has not seen finds the future armed here."""
+        loop = self._loop
+        if self._changed is None or loop is None:
+            return
+        self.loop_wakes += 1
+        with contextlib.suppress(RuntimeError):  # the loop closed under us: the server is gone
+            loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, None

@@ -1,5 +1,6 @@
 """The change feed (``broker.services.streams.ChangeFeed``): it wakes the event loop after a change
-only when a stream waits for one, and a waiting stream is always woken."""
+only when a stream waits for one, a waiting stream is always woken, and it holds no thread; and the
+listeners of ``broker.leader.changes.Changes`` it is built on."""
 
 from __future__ import annotations
 
@@ -60,10 +61,8 @@ def test_changes_wake_the_loop_only_when_a_stream_waits(
         feed: tuple[ChangeFeed, BrokerStateMachine, CountingLoop]) -> None:
     changes, state, loop = feed
     for _ in range(20):
-        state.notify_change()
-        time.sleep(0.002)  # not a wait for state: lets the pump thread run between changes
-    wait_until(lambda: changes.pumped_version == state.version, "the pump to see every change")
-    assert loop.wakes == 0  # nobody waited: the event loop slept through 20 changes
+        state.notify_change()  # the listener runs here, on this thread, before notify returns
+    assert loop.wakes == 0 and changes.loop_wakes == 0  # nobody waited: the loop slept through 20 changes
 
     seen = state.version
     waiting = asyncio.run_coroutine_threadsafe(changes.wait(seen, 30.0), loop)
@@ -79,5 +78,41 @@ def test_a_change_between_arming_and_reading_the_version_is_not_missed(
     changes, state, loop = feed
     seen = state.version
     state.notify_change()
-    wait_until(lambda: changes.pumped_version == state.version, "the pump to see the change")
     asyncio.run_coroutine_threadsafe(changes.wait(seen, 30.0), loop).result(timeout=5)
+
+
+def test_the_feed_holds_no_thread_and_stops_listening_when_stopped() -> None:
+    state = BrokerStateMachine(MemoryStore(), Changes())
+    loop = CountingLoop()
+    before = threading.active_count()
+    feed = ChangeFeed(state)
+    feed.start(loop)
+    assert threading.active_count() == before
+    feed._changed = loop.create_future()  # a stream waits (the loop need not run for this)
+    state.notify_change()
+    assert feed.loop_wakes == 1
+    feed.stop()
+    state.notify_change()
+    assert feed.loop_wakes == 1  # stopped: no longer called
+    loop.close()
+
+
+def test_a_failing_listener_neither_breaks_notify_nor_silences_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    changes = Changes()
+    heard: list[int] = []
+
+    def broken() -> None:
+        raise RuntimeError("listener bug")
+
+    def counting() -> None:
+        heard.append(changes.version)
+
+    changes.add_listener(broken)
+    changes.add_listener(counting)
+    changes.notify()
+    changes.notify()
+    assert heard == [1, 2]  # called after the version moved, every time
+    assert "listener bug" in caplog.text
+    changes.remove_listener(counting)
+    changes.notify()
+    assert heard == [1, 2] and changes.version == 3
