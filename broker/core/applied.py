@@ -82,6 +82,7 @@ class ChangeSignal(Protocol):
         ...
 
     def remove_listener(self, listener: Callable[[], None]) -> None:
+        """Stop calling ``listener`` (matched with ``==``, so the same bound method given again matches)."""
         ...
 
 

@@ -52,5 +52,6 @@ class Changes:
             self._listeners = (*self._listeners, listener)
 
     def remove_listener(self, listener: Callable[[], None]) -> None:
+        """Stop calling ``listener``; matched with ``==``, as a bound method is a new object each time."""
         with self._changed:
-            self._listeners = tuple(known for known in self._listeners if known != listener)  # == : bound methods
+            self._listeners = tuple(known for known in self._listeners if known != listener)
