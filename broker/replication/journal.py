@@ -487,14 +487,20 @@ class SyncingTransport(TCPTransport):
 
 
 class ReleasingPoller:
-    """Wraps pysyncobj's poller: releases held messages before waiting and after dispatching."""
+    """Wraps pysyncobj's poller: releases held messages before waiting and after dispatching.
+    ``wait_s`` (optional) turns a positive timeout into the one to wait (the node's idle poll,
+    ``_RaftNode._poll_wait_s``); it is asked after the release, so it sees what the tick left."""
 
-    def __init__(self, inner: Any, release: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, release: Callable[[], None],
+                 wait_s: Callable[[float], float] | None = None) -> None:
         self._inner = inner
         self._release = release
+        self._wait_s = wait_s
 
     def poll(self, timeout: float) -> None:
         self._release()  # what the tick appended and sent
+        if timeout > 0 and self._wait_s is not None:
+            timeout = self._wait_s(timeout)
         self._inner.poll(timeout)
         self._release()  # replies to the messages just handled
 

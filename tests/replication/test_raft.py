@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import pickle
 import threading
 import time
@@ -43,6 +44,8 @@ class GatedStateMachine(ChainStateMachine):
     ({"socket_receive_buffer_bytes": 128 * 1024 * 1024}, "socket buffers between 64 KiB and 64 MiB"),
     ({"append_entries_batch_bytes": 1024}, "append_entries_batch_bytes is None or between 64 KiB"),
     ({"append_entries_batch_bytes": 32 * 1024 * 1024}, "append_entries_batch_bytes is None or between"),
+    ({"idle_poll_max_s": 0.005}, "auto_tick_period_s <= idle_poll_max_s <= 1"),
+    ({"idle_poll_max_s": 2.0}, "auto_tick_period_s <= idle_poll_max_s <= 1"),
 ])
 def test_inconsistent_options_are_rejected(overrides: dict[str, Any], rule: str) -> None:
     with pytest.raises(ValueError, match=rule):
@@ -232,6 +235,69 @@ def test_a_lone_leader_commits_in_the_tick_that_appends_the_entry(single_node: C
         assert done.wait(10), f"command {i} not committed"
     assert len(committed_in) == 20
     assert {index: appended_in[index] for index in committed_in} == committed_in
+
+
+def _tick_times(node: Any) -> list[float]:
+    """The monotonic time of each of ``node``'s ticks from now on (its tick callbacks run as a tick ends)."""
+    times: list[float] = []
+    node.addOnTickCallback(lambda: times.append(time.monotonic()))
+    return times
+
+
+def test_idle_nodes_poll_until_their_next_timer(tmp_path: Any) -> None:
+    """``idle_poll_max_s``: pysyncobj's tick thread polls for ``auto_tick_period_s`` (10 ms) whatever
+    the node does, so an idle node ticked ~100 times a second. Idle, a leader now waits for its next
+    heartbeat (every 0.2 s here) and the followers' replies, a follower for the heartbeats it receives
+    and at most ``idle_poll_max_s`` (0.1 s). Counted over a second, with a bound far below pysyncobj's
+    and far above what the nodes need; a busy machine can only lower the count. The longer waits do not
+    depose the leader, and a command still commits on every node."""
+    options = RaftOptions(raft_min_timeout_s=0.8, raft_max_timeout_s=1.2, append_entries_period_s=0.2,
+                          connection_timeout_s=2.0)
+    assert options.idle_poll_max_s == 0.1
+    with _three_nodes(tmp_path, options) as (nodes, leader):
+        outcomes = Outcomes()
+        leader.submit(b"first", outcomes.callback(0))
+        outcomes.wait(1)
+        first = outcomes.index(0)
+        wait_until(lambda: all(sm.applied_index() >= first for _, sm in nodes), 10, "every node applied")
+        wait_until(lambda: all(rep._node is not None and rep._node._idle() for rep, _ in nodes), 10, "idle nodes")
+        term = leader.status().term
+        ticks = {rep.status().self_address: _tick_times(rep._node) for rep, _ in nodes}
+        start = time.monotonic()
+        wait_until(lambda: all(times and times[-1] > start + 1.0 for times in ticks.values()), 10,
+                   "every node ticked after the counted second")
+        counts = {address: sum(1 for at in times if at <= start + 1.0) for address, times in ticks.items()}
+        assert all(count < 40 for count in counts.values()), f"ticks in 1 s: {counts}"
+        assert leader.status().role == Role.LEADER and leader.status().term == term
+        leader.submit(b"second", outcomes.callback(1))
+        outcomes.wait(2)
+        second = outcomes.index(1)
+        wait_until(lambda: all(sm.applied_index() >= second for _, sm in nodes), 10, "every node applied")
+        assert len({sm.chain() for _, sm in nodes}) == 1
+
+
+def test_an_idle_node_wakes_at_once_for_a_request_to_its_tick_thread(single_node: Callable[..., Any]) -> None:
+    """A lone leader with a 1 s heartbeat and ``idle_poll_max_s`` 1 s polls about a second at a time
+    when idle. A forced compaction (like a leadership transfer and ``close``, work for the tick thread
+    asked from another thread) wakes it: the next tick comes long before the next heartbeat was due."""
+    options = RaftOptions(raft_min_timeout_s=3.5, raft_max_timeout_s=4.0, append_entries_period_s=1.0,
+                          connection_timeout_s=4.0, idle_poll_max_s=1.0)
+    rep, _ = single_node(options)
+    node = rep._node
+    outcomes = Outcomes()
+    rep.submit(b"c", outcomes.callback(0))
+    outcomes.wait(1)
+    wait_until(node._idle, 10, "an idle node")
+    times = _tick_times(node)
+    wait_until(lambda: len(times) >= 2, 10, "two idle ticks")
+    gaps = [b - a for a, b in itertools.pairwise(list(times))]
+    assert max(gaps) > 0.5, f"idle ticks {gaps} apart: the poll did not wait for the heartbeat"
+    seen = len(times)
+    wait_until(lambda: len(times) > seen, 10, "an idle tick")  # a heartbeat's tick: the next is ~1 s away
+    asked_at = time.monotonic()
+    rep.force_compaction()
+    wait_until(lambda: not node._SyncObj__forceLogCompaction, 10, "the compaction's tick")
+    assert time.monotonic() - asked_at < 0.5, "the tick thread slept through the request"
 
 
 def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_applied(tmp_path: Any) -> None:
