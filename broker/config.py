@@ -82,7 +82,7 @@ class NodeConfig(BaseModel):
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...
     raft_compaction_min_time_s: float = Field(default=300.0, gt=0)  # ...or this long after the last one
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down
-    raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a silent Raft peer counts as disconnected
+    raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a peer sent to, silent this long: disconnected
     max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams
     insecure: bool = False
     # security (SPEC §8, docs/security.md): TLS for gRPC, bearer tokens, ACLs, the Raft secret from a file

@@ -24,6 +24,9 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   ``net.core.wmem_max`` caps ``SO_SNDBUF`` at its usual 208 KiB) waited for the node's next send to
   that peer, a heartbeat away when nothing else was sent, and every partial send copied the rest;
   a frame sent with nothing queued goes to the socket without a copy into the write buffer;
+- keeps idle links: :func:`_process_connection_timeout` treats a connection quiet both ways for
+  longer than ``connection_timeout_s`` as idle rather than dead (pysyncobj dropped two followers'
+  link at the first message of an election, which cost a failover an extra timeout or reconnect);
 - provides :class:`GuardedTransport`: utility commands off, and an incoming connection must name a
   cluster member as its first message (no read-only or unknown peers), else it is logged and closed;
   one that has not done so within :attr:`HandshakeLimits.timeout_s` of its accept (a stalled or
@@ -45,6 +48,7 @@ import hashlib
 import inspect
 import io
 import logging
+import math
 import pickle
 import socket
 import struct
@@ -96,7 +100,8 @@ _PINNED_SHA256 = {
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processSend"): (
         "86b72a4075c0cd79ca83c1783c82ab3fd332868ced01af5f42937c347414e8e9"
     ),
-    # relied upon by _send_now: the read timeout checked before a send, and what a send loop does
+    # replaced by _process_connection_timeout (a link quiet both ways is idle, not dead); relied upon
+    # by _send_now: the read timeout is checked before a send
     (pysyncobj_tcp_connection.TcpConnection, "_TcpConnection__processConnectionTimeout"): (
         "7828832eb85541f243cd3842628cfd058b928666a378ac192958d35c64f47dc4"
     ),
@@ -240,6 +245,7 @@ def _send(self: Any, message: Any) -> None:
             buffer += data
         elif sent < len(head) + len(data):
             buffer += memoryview(data)[sent - len(head):]
+    self._raftbroker_sent_at = pysyncobj_monotonic()  # after the timeout check: see _process_connection_timeout
     if self._TcpConnection__writeBuffer and self.state == CONNECTION_STATE.CONNECTED:
         # the socket's send buffer is full: the rest goes out on the next write event (pysyncobj's
         # __processConnection stops watching for them once the buffer is empty)
@@ -252,9 +258,12 @@ def _send_now(self: Any, head: bytes, data: bytes) -> int:
     """What one ``sendmsg`` of ``head`` and ``data`` sent on a connected connection with nothing
     queued; with ``__trySendBuffer``'s read timeout check first and ``__processSend``'s errors (a
     full socket sends nothing, any other error disconnects, which empties the write buffer: the
-    frame is dropped as pysyncobj drops what it had queued)."""
+    frame is dropped as pysyncobj drops what it had queued). A timeout there disconnects, and the
+    disconnect callback may at once dial the peer again on this same object: the frame is dropped
+    then too, never sent on the new socket, where it would arrive before this node's address (the
+    peer rejects such a connection, and the next dial waits ``connection_retry_s``)."""
     self._TcpConnection__processConnectionTimeout()
-    if self.state == CONNECTION_STATE.DISCONNECTED:
+    if self.state != CONNECTION_STATE.CONNECTED:
         return len(head) + len(data)
     try:
         sent: int = self._TcpConnection__socket.sendmsg((head, data))
@@ -264,6 +273,29 @@ def _send_now(self: Any, head: bytes, data: bytes) -> int:
             return len(head) + len(data)
         return 0
     return sent
+
+
+def _process_connection_timeout(self: Any) -> None:
+    """Replaces ``TcpConnection.__processConnectionTimeout`` (run before every send and on every event
+    of the connection): pysyncobj disconnects when nothing was read for ``connection_timeout_s``. On
+    a link where neither side sends, two followers' between elections, that is true of a live link:
+    a candidate's first message to the other follower (its pre-vote) disconnected it and was lost,
+    or was sent on the re-dialled socket ahead of the address (see :func:`_send_now`), and the other
+    follower disconnected on reading one for the same reason. A failover then took an election
+    timeout or a reconnect (1 s) more: 1.5-2.1 s instead of 0.4-0.6 in a cluster that had run for a
+    while (bench/NOTE.md, 2026-11-29 17:20 UTC). Now a link quiet both ways for longer than the timeout
+    (nothing read and nothing sent) is idle, and its timeout starts again from now. A link this node
+    sends on without reading a reply for that long is still dead, as before: a leader's heartbeats to
+    a partitioned follower, a candidate's requests to a silent peer. Dead peers that close or reset
+    the socket are seen at once, as before, through the poller's error and end-of-stream events."""
+    now = pysyncobj_monotonic()
+    timeout = self._TcpConnection__timeout
+    if now - self._TcpConnection__lastReadTime <= timeout:
+        return
+    if now - getattr(self, "_raftbroker_sent_at", -math.inf) > timeout:
+        self._TcpConnection__lastReadTime = now
+        return
+    self.disconnect()
 
 
 def _process_send(self: Any) -> bool:
@@ -563,6 +595,7 @@ def _install() -> None:
     pysyncobj_tcp_connection.TcpConnection._TcpConnection__processRead = _read
     pysyncobj_tcp_connection.TcpConnection.send = _send
     pysyncobj_tcp_connection.TcpConnection._TcpConnection__processSend = _process_send
+    pysyncobj_tcp_connection.TcpConnection._TcpConnection__processConnectionTimeout = _process_connection_timeout
 
 
 _install()

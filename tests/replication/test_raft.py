@@ -300,6 +300,45 @@ def test_an_idle_node_wakes_at_once_for_a_request_to_its_tick_thread(single_node
     assert time.monotonic() - asked_at < 0.5, "the tick thread slept through the request"
 
 
+def test_a_failover_after_a_quiet_spell_keeps_the_followers_link(tmp_path: Any) -> None:
+    """Followers send each other nothing between elections. pysyncobj's read timeout
+    (``connection_timeout_s``) then made their link look dead: the first pre-vote after the leader died
+    disconnected it (the message lost, a redial, another election timeout; 1.5-2.1 s failovers in a
+    cluster that had run a while). After a quiet spell longer than the timeout, the followers' link
+    survives the election and a new leader is elected over it."""
+    options = RaftOptions(connection_timeout_s=1.0)  # elections 0.4-0.8 s, heartbeats 50 ms
+    with _three_nodes(tmp_path, options) as (nodes, leader):
+        outcomes = Outcomes()
+        leader.submit(b"before", outcomes.callback(0))
+        outcomes.wait(1)
+        followers = [rep for rep, _ in nodes if rep is not leader]
+        addresses = {rep.status().self_address for rep in followers}
+        dropped: list[str] = []
+        for rep in followers:
+            assert rep._node is not None
+            transport = rep._node._SyncObj__transport
+            for node, conn in list(transport._connections.items()):
+                if str(node.id) in addresses:  # the other follower
+                    stock = conn.disconnect
+
+                    def disconnect(stock: Any = stock, who: str = rep.status().self_address) -> None:
+                        dropped.append(who)
+                        stock()
+
+                    conn.disconnect = disconnect  # pysyncobj calls self.disconnect()
+        quiet_until = time.monotonic() + 1.5 * options.connection_timeout_s
+        wait_until(lambda: time.monotonic() > quiet_until, 5, "a quiet spell between the followers")
+        term = leader.status().term
+        leader.close()
+        new = wait_until(lambda: next((rep for rep in followers if rep.status().role == Role.LEADER
+                                       and rep.status().leader_ready), None), 20, "a new ready leader")
+        assert new.status().term > term
+        assert not dropped, f"the followers' link was dropped during the failover by {dropped}"
+        new.submit(b"after", outcomes.callback(1))
+        outcomes.wait(2)
+        assert outcomes.results[1][1] is None
+
+
 def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_applied(tmp_path: Any) -> None:
     """``journal_opened`` (the replay bound of BrokerStateMachine's `memory` topics): 0 for a new
     journal; after a restart, the last index the journal held, told before the first apply."""

@@ -6,6 +6,7 @@ import errno
 import pickle
 import socket
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,86 @@ def test_a_refused_frame_still_disconnects_after_good_ones() -> None:
     receiver._TcpConnection__readBuffer = bytes(good._TcpConnection__writeBuffer) + b"\x10\x00\x00\x00" + b"\x00" * 16
     assert transport._parse_message(receiver) == {"type": "heartbeat", "term": 1}
     assert transport._parse_message(receiver) is None and receiver.disconnected
+
+
+def test_a_timeout_that_redials_during_a_send_drops_the_frame_instead_of_sending_it_first() -> None:
+    """The read timeout checked before a send may disconnect, and pysyncobj's disconnect callback may
+    at once dial the peer again on the same connection object (state CONNECTING, a new socket). The
+    frame is dropped, as pysyncobj drops what it had queued: sent on the new socket it would reach the
+    peer before this node's address, and the peer would reject the connection."""
+    redialled = _TakesSome(take=10_000)
+
+    class _Redials(_Connection):
+        def _TcpConnection__processConnectionTimeout(self) -> None:  # noqa: N802 (pysyncobj's name)
+            self._TcpConnection__socket, self._TcpConnection__writeBuffer = redialled, b""
+            self.state = CONNECTION_STATE.CONNECTING
+
+    sender = _Redials()
+    sender._TcpConnection__socket = _TakesSome(take=10_000)
+    pysyncobj_tcp_connection.TcpConnection.send(sender, {"type": "pre_vote", "term": 2})
+    assert not redialled.sent and not sender._TcpConnection__writeBuffer and not sender.subscriptions
+
+
+class _Link:
+    """Two real pysyncobj TcpConnections over loopback (one dialled, one accepted) on one poller, with
+    a read timeout of ``timeout_s``; messages each side received."""
+
+    def __init__(self, timeout_s: float) -> None:
+        from pysyncobj.poller import createPoller
+
+        self.poller = createPoller("auto")
+        self.got: dict[str, list[Any]] = {"dialled": [], "accepted": []}
+        server = socket.create_server(("127.0.0.1", 0))
+        self.dialled = pysyncobj_tcp_connection.TcpConnection(
+            self.poller, onMessageReceived=self.got["dialled"].append, timeout=timeout_s)
+        assert self.dialled.connect("127.0.0.1", server.getsockname()[1])
+        server.settimeout(10)
+        accepted, _ = server.accept()
+        server.close()
+        accepted.setblocking(False)
+        self.accepted = pysyncobj_tcp_connection.TcpConnection(
+            self.poller, socket=accepted, onMessageReceived=self.got["accepted"].append, timeout=timeout_s)
+        self.pump_until(lambda: self.dialled.state == CONNECTION_STATE.CONNECTED, "the dial completes")
+
+    def pump_until(self, done: Any, what: str, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert time.monotonic() < deadline, f"timed out: {what}"
+            self.poller.poll(0.01)
+
+    def close(self) -> None:
+        self.dialled.disconnect()
+        self.accepted.disconnect()
+
+
+def test_a_link_quiet_both_ways_past_the_timeout_still_carries_the_next_message() -> None:
+    """pysyncobj counts its read timeout from the last read, so a live link where neither side sends
+    (two followers between elections) timed out at the first message after ``connection_timeout_s``:
+    the candidate's pre-vote was dropped on one side, or the other side disconnected on reading it.
+    A link quiet both ways is idle: the next message gets through on it, both ways. A side that keeps
+    sending without reading a reply still times out (a dead or partitioned peer)."""
+    timeout_s = 0.3
+    link = _Link(timeout_s)
+    try:
+        link.dialled.send("n3:4")  # a member's handshake
+        link.pump_until(lambda: link.got["accepted"] == ["n3:4"], "the handshake")
+        quiet_until = time.monotonic() + 2 * timeout_s
+        link.pump_until(lambda: time.monotonic() > quiet_until, "a quiet link")  # nothing to read meanwhile
+        link.dialled.send({"type": "pre_vote", "term": 2})
+        link.pump_until(lambda: len(link.got["accepted"]) == 2, "the pre-vote after the quiet spell")
+        link.accepted.send({"type": "pre_vote_resp", "term": 2, "granted": True})
+        link.pump_until(lambda: link.got["dialled"], "the answer")
+        assert link.dialled.state == link.accepted.state == CONNECTION_STATE.CONNECTED
+        # Now the accepted side goes silent while the dialled side keeps sending: that is a dead link.
+        sent_from = time.monotonic()
+
+        def sending_until_disconnected() -> bool:
+            if link.dialled.state == CONNECTION_STATE.DISCONNECTED:
+                return True
+            link.dialled.send({"type": "append_entries", "term": 2})
+            return False
+
+        link.pump_until(sending_until_disconnected, "the timeout of a link that gets no replies")
+        assert time.monotonic() - sent_from >= timeout_s
+    finally:
+        link.close()
