@@ -283,7 +283,7 @@ def _process_connection_timeout(self: Any) -> None:
     or was sent on the re-dialled socket ahead of the address (see :func:`_send_now`), and the other
     follower disconnected on reading one for the same reason. A failover then took an election
     timeout or a reconnect (1 s) more: 1.5-2.1 s instead of 0.4-0.6 in a cluster that had run for a
-    while (bench/NOTE.md, 2026-11-29 17:20 UTC). Now a link quiet both ways for longer than the timeout
+    while (bench/NOTE.md, 2026-11-29 16:25-17:25 UTC). Now a link quiet both ways past the timeout
     (nothing read and nothing sent) is idle, and its timeout starts again from now. A link this node
     sends on without reading a reply for that long is still dead, as before: a leader's heartbeats to
     a partitioned follower, a candidate's requests to a silent peer. Dead peers that close or reset
