@@ -190,13 +190,25 @@ async def latency(deployment: Deployment, size_bytes: int, rate_per_s: float, du
 
 async def _open_loop(ep: Endpoint, stream: str, payloads: Payloads, rate_per_s: float, total: int,
                      record_from_ns: int, ack: HdrHistogram) -> None:
-    """Offer ``total`` records at ``rate_per_s`` on a schedule; coalesce what waits into the next request.
-    Each record is its scheduled send time followed by the rest of its own random payload."""
+    """Offer ``total`` records at ``rate_per_s`` on a schedule. Each record is its scheduled send time
+    followed by the rest of its own random payload. A client that coalesces concurrent calls itself
+    (``ep.publishes_one_by_one``) gets one ``publish_one`` call per record at its time, as a service
+    publishing one event per request it serves; for the others what waits is coalesced here into the
+    next of ``ep.tuning.inflight_batches`` requests."""
     pending: list[int] = []  # scheduled send times of records not yet handed to a sender
     wake = asyncio.Event()
     finished = False
     start_ns = time.perf_counter_ns()
     interval_ns = int(1e9 / rate_per_s)
+
+    def value(s: int) -> bytes:
+        return _STAMP.pack(s) + payloads.get((s - start_ns) // interval_ns)[_STAMP.size:]
+
+    def acked(stamps: list[int]) -> None:
+        now = time.perf_counter_ns()
+        for s in stamps:
+            if s >= record_from_ns:
+                ack.record_value(max(1, (now - s) // 1000))
 
     async def sender() -> None:
         while True:
@@ -207,25 +219,34 @@ async def _open_loop(ep: Endpoint, stream: str, payloads: Payloads, rate_per_s: 
                 await wake.wait()
             stamps = pending[:ep.tuning.batch_records]
             del pending[:len(stamps)]
-            await ep.publish(stream, [_STAMP.pack(s) + payloads.get((s - start_ns) // interval_ns)[_STAMP.size:]
-                                      for s in stamps])
-            now = time.perf_counter_ns()
-            for s in stamps:
-                if s >= record_from_ns:
-                    ack.record_value(max(1, (now - s) // 1000))
+            await ep.publish(stream, [value(s) for s in stamps])
+            acked(stamps)
 
-    senders = [asyncio.create_task(sender()) for _ in range(ep.tuning.inflight_batches)]
+    async def one(s: int) -> None:
+        await ep.publish_one(stream, value(s))
+        acked([s])
+
+    one_by_one = ep.publishes_one_by_one
+    senders = [] if one_by_one else [asyncio.create_task(sender()) for _ in range(ep.tuning.inflight_batches)]
+    calls: set[asyncio.Task[None]] = set()
     issued = 0
     while issued < total:
         due = min(total, (time.perf_counter_ns() - start_ns) // interval_ns + 1)
         if due > issued:
-            pending.extend(start_ns + k * interval_ns for k in range(issued, due))
+            stamps = [start_ns + k * interval_ns for k in range(issued, due)]
             issued = due
-            wake.set()
+            if one_by_one:
+                for s in stamps:
+                    task = asyncio.create_task(one(s))
+                    calls.add(task)
+                    task.add_done_callback(calls.discard)
+            else:
+                pending.extend(stamps)
+                wake.set()
         await asyncio.sleep(0.0005)
     finished = True
     wake.set()
-    await asyncio.gather(*senders)
+    await asyncio.gather(*senders, *calls)
 
 
 async def _wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float) -> float | None:

@@ -8,7 +8,8 @@ client's producer sessions (:mod:`broker.client.sessions`; each in-flight call h
 session), records with caller keys are sent with per-record keys; every retry resends the same
 request, so a retry of an attempt applied unseen stores nothing new and answers ``duplicate=True``
 with the original places. Back-pressure: ``max_in_flight_batches`` publish calls run at once per
-client; more wait their turn.
+client; more wait their turn. Concurrent ``publish`` calls to one topic share requests, one request
+in flight per topic (:mod:`broker.client.aio.coalescing`; ``coalesce_publishes=False`` turns it off).
 
 ``on_event(kind, item)`` observes what the broker committed: "published" (a list of
 :class:`PublishResult` after a publish returned), and, from subscriptions and consumers, "record",
@@ -25,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from broker.client import wire
+from broker.client.aio.coalescing import PublishCoalescer
 from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
 from broker.client.client import RecordLike
@@ -51,8 +53,10 @@ class AsyncClient:
     """A connection to a raftbroker cluster for asyncio code; ``async with`` it or ``await close()``."""
 
     def __init__(self, bootstrap: Sequence[str] | str, *, timeout_s: float = 10.0, retry_deadline_s: float = 30.0,
-                 no_quorum_grace_s: float = 1.0, max_in_flight_batches: int = 64,
+                 no_quorum_grace_s: float = 1.0, max_in_flight_batches: int = 64, coalesce_publishes: bool = True,
                  on_event: Observer | None = None, security: ClientSecurity | None = None) -> None:
+        """``coalesce_publishes``: concurrent :meth:`publish` calls to one topic go together, one request
+        in flight per topic (:mod:`broker.client.aio.coalescing`); False sends each as its own call."""
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         if max_in_flight_batches < 1:
             raise ValueError("max_in_flight_batches must be at least 1")
@@ -61,6 +65,7 @@ class AsyncClient:
         self._in_flight = asyncio.Semaphore(max_in_flight_batches)
         self._sessions = SessionPool()
         self._on_event = on_event
+        self._coalescer = PublishCoalescer(self.publish_batch) if coalesce_publishes else None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -69,6 +74,9 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        """Wait for the answers of the publishes already made, then close every channel."""
+        if self._coalescer is not None:
+            await self._coalescer.drain()
         await self._router.close()
 
     @property
@@ -153,9 +161,13 @@ class AsyncClient:
     async def publish(self, topic: str, value: bytes | str, *, key: bytes | str | None = None,
                       partition: int | None = None, headers: Mapping[str, str] | None = None,
                       idempotency_key: str | None = None) -> PublishResult:
+        """Publish one record. Calls made while this topic's request is in flight go together in the
+        next request (see :mod:`broker.client.aio.coalescing`); each caller gets its own result or error."""
         record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
                                 idempotency_key=idempotency_key)
-        return (await self.publish_batch(topic, [record]))[0]
+        if self._coalescer is None or idempotency_key is not None:
+            return (await self.publish_batch(topic, [record]))[0]
+        return await self._coalescer.publish(topic, record)
 
     async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
                             first_msg_id: int | None = None) -> PublishResults:
