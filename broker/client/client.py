@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from broker.client import wire
+from broker.client.coalescing import ThreadCoalescer
 from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
 from broker.client.errors import TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
@@ -78,7 +79,11 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         no_quorum_grace_s: float = 1.0,
         security: ClientSecurity | None = None,
         client_config: str | Path | None = None,
+        coalesce_publishes: bool = True,
     ) -> None:
+        """``coalesce_publishes``: :meth:`publish` calls made from several threads to one topic go
+        together, one request in flight per topic (:mod:`broker.client.coalescing`); False sends each
+        as its own call."""
         if security is None:
             loaded = load_client_config(client_config)
             if loaded is not None:
@@ -92,6 +97,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                                                      no_quorum_grace_s=no_quorum_grace_s), security)
         self._sessions = SessionPool()
+        self._coalescer = ThreadCoalescer(self.publish_batch) if coalesce_publishes else None
 
     def __enter__(self) -> Client:
         return self
@@ -222,11 +228,15 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         ``idempotency_key``: yours, to deduplicate repeats across calls (``None``: the client's
         producer session deduplicates this call's own retries). ``dedup_id`` + ``msg_id``: your
         own producer session (see :meth:`publish_batch`). ``result.duplicate`` tells whether the
-        broker had it already.
+        broker had it already. Calls made from other threads while this topic's request is in
+        flight go together in the next request (:mod:`broker.client.coalescing`); each caller gets
+        its own result or error.
         """
         record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
                                 idempotency_key=idempotency_key, msg_id=msg_id)
-        return self.publish_batch(topic, [record], dedup_id=dedup_id)[0]
+        if self._coalescer is None or idempotency_key is not None or dedup_id is not None or msg_id is not None:
+            return self.publish_batch(topic, [record], dedup_id=dedup_id)[0]
+        return self._coalescer.publish(topic, record)
 
     def publish_batch(
         self,

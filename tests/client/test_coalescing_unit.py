@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from broker.client.aio.coalescing import MAX_BYTES, MAX_RECORDS, Item, PublishCoalescer
+from broker.client.aio.coalescing import PublishCoalescer
+from broker.client.coalescing import MAX_BYTES, MAX_RECORDS, Item
 from broker.client.errors import InvalidArgument, Unavailable
 from broker.client.models import OutgoingRecord, PublishResult, PublishResults
 

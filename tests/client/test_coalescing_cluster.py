@@ -1,17 +1,19 @@
-"""Concurrent ``AsyncClient.publish`` calls against a real 3-node cluster: they share requests
-(counted by the nodes' own gRPC metrics), every record is stored once, and a bad record among
-good ones fails only its own caller (:mod:`broker.client.aio.coalescing`)."""
+"""Concurrent ``publish`` calls (asyncio tasks, and threads on the sync client) against a real
+3-node cluster: they share requests (counted by the nodes' own gRPC metrics), every record is
+stored once, and a bad record among good ones fails only its own caller
+(:mod:`broker.client.coalescing`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client import DuplicateMessageError, InvalidArgument, Record
+from broker.client import Client, DuplicateMessageError, InvalidArgument, Record
 from broker.client.aio import AsyncClient
 from broker.client.models import PublishResult
 from broker.devcluster import DevCluster
@@ -78,3 +80,30 @@ def test_a_bad_record_among_concurrent_publishes_fails_only_its_own_caller(clust
     assert isinstance(outcomes[11], DuplicateMessageError), outcomes[11]
     good = [o for i, o in enumerate(outcomes) if i not in (7, 11)]
     assert all(isinstance(o, PublishResult) and not o.duplicate for o in good)
+
+
+def test_threads_publishing_on_one_sync_client_share_requests(cluster: DevCluster) -> None:
+    threads, each = 20, 20
+    with Client(cluster.addresses) as c:
+        c.create_topic("co-sync", 2)
+        c.publish("co-sync", "warm-up")
+        before = publish_calls(cluster)
+        results: list[PublishResult] = []
+        start = threading.Barrier(threads)
+
+        def publisher(n: int) -> None:
+            start.wait()
+            for i in range(each):  # one after another, as a request handler publishing its events
+                results.append(c.publish("co-sync", f"t{n}-{i}"))
+
+        workers = [threading.Thread(target=publisher, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        calls = publish_calls(cluster) - before
+        assert len(results) == threads * each
+        assert len({(r.partition, r.offset) for r in results}) == threads * each
+        stored = [r.value for r in c.subscribe("co-sync", stop_at_end=True) if isinstance(r, Record)]
+    assert sorted(stored) == sorted([b"warm-up"] + [f"t{n}-{i}".encode() for n in range(threads) for i in range(each)])
+    assert calls <= threads * each / 2, f"{threads * each} publishes from {threads} threads took {calls:.0f} requests"
