@@ -48,6 +48,16 @@ class Broker:
         return PublishResults(len(values), lambda: [PublishResult(0, first + k, False, 0) for k in range(len(values))])
 
 
+async def _held(value: bytes = b"a") -> tuple[Broker, PublishCoalescer, asyncio.Task[PublishResult]]:
+    """A coalescer whose first publish (of ``value``) is in flight, held until ``broker.gate`` is set."""
+    broker = Broker()
+    broker.hold = True
+    co = PublishCoalescer(broker.send)
+    first = asyncio.create_task(co.publish("t", OutgoingRecord(value)))
+    await _until(lambda: len(broker.requests) == 1)
+    return broker, co, first
+
+
 async def _until(check: object, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():  # type: ignore[operator]
@@ -57,11 +67,7 @@ async def _until(check: object, timeout_s: float = 5.0) -> None:
 
 def test_calls_made_while_a_request_is_in_flight_go_together_in_call_order() -> None:
     async def main() -> None:
-        broker = Broker()
-        broker.hold = True
-        co = PublishCoalescer(broker.send)
-        first = asyncio.create_task(co.publish("t", OutgoingRecord(b"a")))
-        await _until(lambda: len(broker.requests) == 1)
+        broker, co, first = await _held()
         rest = [asyncio.create_task(co.publish("t", OutgoingRecord(f"r{i}".encode()))) for i in range(5)]
         await asyncio.sleep(0.01)
         assert len(broker.requests) == 1, "nothing more is sent while the topic's request is in flight"
@@ -141,11 +147,7 @@ def test_an_error_about_the_cluster_reaches_every_caller_without_a_resend() -> N
 
 def test_a_call_cancelled_before_its_record_is_taken_sends_nothing() -> None:
     async def main() -> None:
-        broker = Broker()
-        broker.hold = True
-        co = PublishCoalescer(broker.send)
-        first = asyncio.create_task(co.publish("t", OutgoingRecord(b"a")))
-        await _until(lambda: len(broker.requests) == 1)
+        broker, co, first = await _held()
         gone = asyncio.create_task(co.publish("t", OutgoingRecord(b"gone")))
         kept = asyncio.create_task(co.publish("t", OutgoingRecord(b"kept")))
         await asyncio.sleep(0.01)

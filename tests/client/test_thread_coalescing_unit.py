@@ -67,18 +67,24 @@ class Caller(threading.Thread):
             self.outcome = err
 
 
-def _queued(co: ThreadCoalescer, topic: str = "t") -> int:
-    queue = co._queues.get(topic)
-    return len(queue) if queue is not None else 0
-
-
-def test_threads_that_publish_during_a_request_go_together_and_the_head_of_the_queue_sends() -> None:
+def _held() -> tuple[Broker, ThreadCoalescer, Caller]:
+    """A coalescer whose first publish (b"a", topic "t") is in flight, held until ``broker.gate`` is released."""
     broker = Broker()
     broker.hold.set()
     co = ThreadCoalescer(broker.send)
     first = Caller(co, b"a")
     first.start()
     _until(lambda: len(broker.requests) == 1)
+    return broker, co, first
+
+
+def _queued(co: ThreadCoalescer, topic: str = "t") -> int:
+    queue = co._queues.get(topic)
+    return len(queue) if queue is not None else 0
+
+
+def test_threads_that_publish_during_a_request_go_together_and_the_head_of_the_queue_sends() -> None:
+    broker, co, first = _held()
     rest = []
     for i in range(4):  # one at a time, so the queue's order is known
         caller = Caller(co, b"r%d" % i)
@@ -126,12 +132,7 @@ def test_a_refused_request_is_sent_again_record_by_record_so_only_the_bad_one_fa
                                    Unavailable("UNAVAILABLE", "no leader within the retry deadline")],
                          ids=["unknown-outcome", "cluster-wide"])
 def test_an_unknown_outcome_or_a_cluster_error_reaches_every_caller_and_is_not_resent(error: Exception) -> None:
-    broker = Broker()
-    broker.hold.set()
-    co = ThreadCoalescer(broker.send)
-    first = Caller(co, b"a")
-    first.start()
-    _until(lambda: len(broker.requests) == 1)
+    broker, co, first = _held()
     rest = [Caller(co, b"b"), Caller(co, b"c")]
     for caller in rest:
         caller.start()
@@ -148,12 +149,7 @@ def test_an_unknown_outcome_or_a_cluster_error_reaches_every_caller_and_is_not_r
 
 
 def test_topics_do_not_wait_for_each_other_and_a_bad_record_fails_at_its_own_call() -> None:
-    broker = Broker()
-    broker.hold.set()
-    co = ThreadCoalescer(broker.send)
-    first = Caller(co, b"a", topic="t")
-    first.start()
-    _until(lambda: len(broker.requests) == 1)
+    broker, co, first = _held()
     broker.hold.clear()
     assert co.publish("u", OutgoingRecord(b"x")).offset == 0, "another topic's request is not queued behind"
     with pytest.raises(InvalidArgument, match="op"):
