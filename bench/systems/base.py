@@ -58,13 +58,16 @@ class Endpoint(abc.ABC):
     async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
         """Publish ``payloads``; return once every one is acknowledged under the deployment's guarantee."""
 
-    publishes_one_by_one = False  # True: the latency workload calls publish_one per record (see there)
-
     async def publish_one(self, stream: str, payload: bytes) -> None:
         """Publish one record as an application does, one call per event; return once it is
-        acknowledged. Systems whose client coalesces concurrent calls itself provide it and set
-        ``publishes_one_by_one``; the latency workload then leaves the batching to the client."""
+        acknowledged. Systems whose client coalesces concurrent calls itself provide it; the latency
+        workload then leaves the batching to the client (:attr:`publishes_one_by_one`)."""
         raise NotImplementedError
+
+    @property
+    def publishes_one_by_one(self) -> bool:
+        """Whether this endpoint's client batches concurrent calls itself (it provides :meth:`publish_one`)."""
+        return type(self).publish_one is not Endpoint.publish_one
 
     @abc.abstractmethod
     async def consume(self, stream: str, count: int, on_value: Callable[[bytes], None],

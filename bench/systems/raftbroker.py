@@ -69,9 +69,8 @@ class RaftbrokerEndpoint(Endpoint):
     async def publish(self, stream: str, payloads: Sequence[bytes]) -> None:
         await self._client.publish_batch(stream, payloads)
 
-    publishes_one_by_one = True  # the SDK's publish() coalesces concurrent calls (one request in flight per topic)
-
     async def publish_one(self, stream: str, payload: bytes) -> None:
+        """The SDK's ``publish`` coalesces concurrent calls (one request in flight per topic)."""
         await self._client.publish(stream, payload)
 
     async def consume(self, stream: str, count: int, on_value: Callable[[bytes], None],
