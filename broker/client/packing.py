@@ -27,6 +27,7 @@ OP_NUMBERS = {name: i for i, name in enumerate(OPS)}
 
 PACKED_TAG = b"\x2a"  # PublishRequest.packed_records: field 5, length-delimited
 PUBLISH_METHOD = f"/{broker_pb2.DESCRIPTOR.services_by_name['Broker'].full_name}/Publish"
+PUBLISH_STREAM_METHOD = f"{PUBLISH_METHOD}Stream"
 
 def _element_head(n: int) -> bytes:
     """The head of a ``packed_records`` element holding a bare value of ``n`` bytes: the element's

@@ -1,5 +1,7 @@
 """The asyncio SDK's failover guarantee: 20 leader kills (kill -9) while publishing concurrently,
-and every acknowledged record is stored exactly once (own cluster)."""
+and every acknowledged record is stored exactly once (own cluster). Half the publishers call
+``publish_batch`` (unary calls), half make concurrent ``publish`` calls, which the SDK coalesces and
+sends on a ``PublishStream`` per topic (:mod:`broker.client.aio.publish_streams`)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ def test_twenty_leader_kills_while_publishing_every_record_exactly_once(fresh_cl
                 i = 0
                 while not done.is_set():
                     values = [f"p{n}-{i}-{j}" for j in range(3)]
-                    await c.publish_batch("aio-fo", values)
+                    if n % 2:
+                        await asyncio.gather(*(c.publish("aio-fo", v) for v in values))
+                    else:
+                        await c.publish_batch("aio-fo", values)
                     acked.extend(values)
                     i += 1
 

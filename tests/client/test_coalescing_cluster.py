@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,15 +23,15 @@ from broker.devcluster import DevCluster
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
-def publish_calls(cluster: DevCluster) -> float:
-    """Publish RPCs started on every node so far (a redirected one counts on each node it reached)."""
+def publish_calls(cluster: DevCluster, method: str = "Publish") -> float:
+    """``method`` RPCs started on every node so far (a redirected one counts on each node it reached)."""
     total = 0.0
     for i in range(cluster.nodes):
         text = urllib.request.urlopen(f"http://{cluster.metrics_address(i)}/metrics", timeout=5).read().decode()
         for family in text_string_to_metric_families(text):
             if family.name == "raftbroker_grpc_server_started":
                 total += sum(s.value for s in family.samples
-                             if s.name.endswith("_total") and s.labels.get("grpc_method") == "Publish")
+                             if s.name.endswith("_total") and s.labels.get("grpc_method") == method)
     return total
 
 
@@ -57,6 +59,95 @@ def test_concurrent_publishes_share_requests_and_each_record_is_stored_once(clus
     coalesced, separate = asyncio.run(main())
     assert coalesced <= 10, f"300 concurrent publishes took {coalesced:.0f} requests"
     assert separate >= 30, "with coalescing off each publish is its own request"
+
+
+def test_coalesced_requests_travel_on_one_stream_per_topic(cluster: DevCluster) -> None:
+    """``PublishStream`` carries the coalesced requests (:mod:`broker.client.aio.publish_streams`):
+    once a topic's stream is open, concurrent publishes start no call at all."""
+
+    async def main() -> tuple[float, float, float, float]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("co-st1", 2)
+            await c.create_topic("co-st2")
+            await c.publish("co-st1", "warm-up")
+            await c.publish("co-st2", "warm-up")
+            unary, streams = publish_calls(cluster), publish_calls(cluster, "PublishStream")
+            results = await asyncio.gather(*(c.publish(f"co-st{1 + i % 2}", f"v{i}") for i in range(300)))
+            unary, streams = publish_calls(cluster) - unary, publish_calls(cluster, "PublishStream") - streams
+            places = {(i % 2, r.partition, r.offset) for i, r in enumerate(results)}
+            assert len(places) == 300 and not any(r.duplicate for r in results)
+            stored = await _read_all(c, "co-st1") + await _read_all(c, "co-st2")
+            assert sorted(stored) == sorted([b"warm-up"] * 2 + [f"v{i}".encode() for i in range(300)])
+        async with AsyncClient(cluster.addresses, stream_publishes=False) as c:
+            await c.publish("co-st1", "warm-up")
+            off_unary, off_streams = publish_calls(cluster), publish_calls(cluster, "PublishStream")
+            await asyncio.gather(*(c.publish("co-st1", f"w{i}") for i in range(30)))
+            off_unary = publish_calls(cluster) - off_unary
+            off_streams = publish_calls(cluster, "PublishStream") - off_streams
+        return unary, streams, off_unary, off_streams
+
+    unary, streams, off_unary, off_streams = asyncio.run(main())
+    assert (unary, streams) == (0, 0), f"{unary:.0f} Publish and {streams:.0f} PublishStream calls started"
+    assert off_unary >= 1 and off_streams == 0, "stream_publishes=False: unary calls"
+
+
+def test_a_node_that_refuses_more_streams_is_published_to_with_unary_calls(tmp_path: Path) -> None:
+    """A node at its ``max_streams`` refuses the publish stream (RESOURCE_EXHAUSTED); the request goes
+    again as a unary call and the caller never sees the refusal."""
+    env = dict(os.environ, RAFTBROKER_MAX_STREAMS="1")
+    node = DevCluster(1, tmp_path / "c", env=env).start()
+    try:
+        node.wait_ready(60)
+
+        async def main() -> list[PublishResult]:
+            async with AsyncClient(node.addresses) as c:
+                await c.create_topic("co-full")
+                await c.publish_batch("co-full", ["first"])  # a unary call
+            async with AsyncClient(node.addresses) as holder, AsyncClient(node.addresses) as c:
+                sub = holder.subscribe("co-full")  # holds the node's one stream slot
+                first = await sub.__anext__()
+                assert isinstance(first, Record) and first.value == b"first"
+                results = await asyncio.gather(*(c.publish("co-full", f"v{i}") for i in range(20)))
+                results.append(await c.publish("co-full", "after"))
+                await sub.close()
+                return results
+
+        before = publish_calls(node)
+        results = asyncio.run(main())
+        assert len({r.offset for r in results}) == 21 and not any(r.duplicate for r in results)
+        assert publish_calls(node) - before >= 2, "the refused stream's requests went as unary calls"
+        with Client(node.addresses) as c:
+            stored = [r.value for r in c.subscribe("co-full", stop_at_end=True) if isinstance(r, Record)]
+        assert sorted(stored) == sorted([b"first", b"after"] + [f"v{i}".encode() for i in range(20)])
+    finally:
+        node.stop()
+
+
+def test_a_publish_stream_broken_by_a_killed_node_is_retried_and_stores_once(tmp_path: Path) -> None:
+    """kill -9 of the node under an open publish stream: the next request's write fails (grpc says
+    INTERNAL "Internal error from Core"), which is UNAVAILABLE to the router: it retries until the node
+    is back, and the record is stored once."""
+    node = DevCluster(1, tmp_path / "c").start()
+    try:
+        node.wait_ready(60)
+
+        async def main() -> PublishResult:
+            async with AsyncClient(node.addresses, retry_deadline_s=60) as c:
+                await c.create_topic("co-kill")
+                await c.publish("co-kill", "before")  # the topic's stream is open
+                node.kill(0)
+                after = asyncio.create_task(c.publish("co-kill", "after"))
+                await asyncio.sleep(0.2)
+                node.spawn(0)
+                return await after
+
+        result = asyncio.run(main())
+        assert not result.duplicate
+        with Client(node.addresses, retry_deadline_s=60) as c:
+            stored = [r.value for r in c.subscribe("co-kill", stop_at_end=True) if isinstance(r, Record)]
+        assert stored == [b"before", b"after"]
+    finally:
+        node.stop()
 
 
 def test_a_bad_record_among_concurrent_publishes_fails_only_its_own_caller(cluster: DevCluster) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import pytest
 
 from broker.client.aio.coalescing import PublishCoalescer
+from broker.client.aio.routing import call_metadata
 from broker.client.coalescing import MAX_BYTES, MAX_RECORDS, Item
 from broker.client.errors import InvalidArgument, Unavailable
 from broker.client.models import OutgoingRecord, PublishResult, PublishResults
@@ -190,3 +191,35 @@ def test_drain_waits_for_the_answers_of_queued_calls() -> None:
         assert all(c.done() for c in calls) and len(broker.stored) == 3
 
     asyncio.run(main())
+
+
+def test_calls_with_different_call_metadata_never_share_a_request() -> None:
+    """Each request carries the metadata of the call that started its sender (``call_metadata``: a
+    caller's credentials, say), so only calls made with the same metadata go together."""
+    seen: list[tuple[tuple[tuple[str, str], ...], list[bytes]]] = []
+    broker = Broker()
+
+    async def send(topic: str, items: Sequence[Item]) -> PublishResults:
+        raw = [i.value if isinstance(i, OutgoingRecord) else i for i in items]
+        seen.append((call_metadata.get(), [v.encode() if isinstance(v, str) else v for v in raw]))
+        return await broker.send(topic, items)
+
+    async def publish_as(co: PublishCoalescer, who: str, value: bytes) -> PublishResult:
+        call_metadata.set((("authorization", who),))
+        return await co.publish("t", OutgoingRecord(value))
+
+    async def main() -> None:
+        broker.hold = True
+        co = PublishCoalescer(send)
+        calls = [asyncio.create_task(publish_as(co, who, value))
+                 for who, value in (("A", b"a1"), ("B", b"b1"), ("A", b"a2"), ("B", b"b2"))]
+        await _until(lambda: len(broker.requests) == 2)  # one sender per caller's metadata
+        while not all(c.done() for c in calls):
+            broker.gate.set()
+            await asyncio.sleep(0.001)
+
+    asyncio.run(main())
+    for metadata, values in seen:
+        who = dict(metadata)["authorization"]
+        assert all(v.decode().startswith(who.lower()) for v in values), (metadata, values)
+    assert sorted(v for _, values in seen for v in values) == [b"a1", b"a2", b"b1", b"b2"]
