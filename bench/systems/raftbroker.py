@@ -105,7 +105,8 @@ class RaftbrokerDeployment(Deployment):
                                                    f"4 in flight; subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, "
                                                    "the server's 1 MiB bound): one object per batch",
             publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight; latency: "
-                        "publish() per record, concurrent calls coalesced by the SDK, 1 request in flight",
+                        "publish() per record, concurrent calls coalesced by the SDK, 1 request in flight "
+                        "(on a PublishStream)",
             exactly_once="SDK default: a producer session, one (dedup_id, first_msg_id) range per batch",
         )
         self.cluster = DevCluster(nodes, self.workdir / "cluster")

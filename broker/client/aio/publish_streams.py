@@ -1,9 +1,9 @@
 """Coalesced publishes over long-lived ``PublishStream`` calls instead of one ``Publish`` call each.
 
 Why: a unary call costs the node more than a message on an open stream (a new HTTP/2 stream, the
-call's set-up and the interceptors, every time). Measured on a 1-node disk cluster, a closed loop of
-1-record publishes: 1.03-1.17 ms of the node's CPU per unary call against 0.77-0.85 ms per stream
-message, and p50 1.31-1.45 against 0.90-1.00 ms (``bench/NOTE.md``, 2026-12-02).
+call's set-up and the interceptors, every time). Measured with a closed loop of 1-record publishes
+through the SDK (``bench/NOTE.md``, 2026-12-02): the leader's CPU per request 1,287-1,663 us as calls
+against 913-1,060 us on a stream (3 nodes, disk), p50 1.81-2.40 against 1.41-1.55 ms.
 
 The contract: :meth:`PublishStreams.publish` has the meaning of one unary ``Publish`` of the same
 bytes to the same node, errors included, so the router's retry loop (redirects, unknown outcomes,
