@@ -60,7 +60,8 @@ class ScriptedNode:
             self.streams_ended += 1
 
 
-async def serving(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]], idle_s: float = 30.0) -> None:
+async def serving(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]], idle_s: float = 30.0,
+                  max_open: int = 32) -> None:
     node = ScriptedNode()
     server = node.server
     serialize = broker_pb2.PublishResponse.SerializeToString
@@ -71,7 +72,7 @@ async def serving(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     router = AsyncRouter([f"127.0.0.1:{port}"], RetryPolicy(timeout_s=5.0, retry_deadline_s=5.0))
-    streams = PublishStreams(router, idle_s=idle_s)
+    streams = PublishStreams(router, idle_s=idle_s, max_open=max_open)
     try:
         await test(node, streams)
     finally:
@@ -80,8 +81,9 @@ async def serving(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]
         await server.stop(None)
 
 
-def run(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]], idle_s: float = 30.0) -> None:
-    asyncio.run(serving(test, idle_s))
+def run(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]], idle_s: float = 30.0,
+        max_open: int = 32) -> None:
+    asyncio.run(serving(test, idle_s, max_open))
 
 
 def via(response: broker_pb2.PublishResponse) -> tuple[str, int]:
@@ -217,3 +219,15 @@ def test_a_node_gone_under_an_open_stream_is_unavailable_which_the_router_retrie
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value
 
     run(test)
+
+
+def test_a_client_holds_at_most_max_open_streams_and_sends_the_rest_as_unary_calls() -> None:
+    """Call metadata that differs per call (a trace id, say) must not open a stream per publish."""
+    async def test(node: ScriptedNode, streams: PublishStreams) -> None:
+        a = address(streams)
+        answers = [via(await streams.publish(a, "t", b"r", 5.0, (("trace", str(i)),))) for i in range(6)]
+        assert [way for way, _ in answers] == ["stream"] * 3 + ["unary"] * 3
+        assert node.streams_opened == 3
+        assert via(await streams.publish(a, "t", b"again", 5.0, (("trace", "0"),)))[0] == "stream", "open ones serve"
+
+    run(test, max_open=3)

@@ -27,7 +27,9 @@ twice whichever way each attempt travelled.
   router resends.
 - ``timeout_s`` bounds the wait for the answer; past it the stream is cancelled and the error is
   DEADLINE_EXCEEDED, as a unary call's deadline would be.
-- A stream unused for ``idle_s`` is closed, so idle clients hold no slot of a node's ``max_streams``.
+- A stream unused for ``idle_s`` is closed, so idle clients hold no slot of a node's ``max_streams``,
+  and a client holds at most ``max_open`` streams: requests for any other (node, topic, metadata)
+  go as unary calls meanwhile.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from broker.client.packing import PUBLISH_STREAM_METHOD
 from broker.v1 import broker_pb2
 
 IDLE_S = 30.0
+# streams one client keeps open at most: a caller whose call metadata differs per call (a trace id,
+# say) would otherwise open a stream per publish and hold them all for IDLE_S, filling the node's
+# max_streams (which its subscribers share); past this, new (node, topic, metadata) go unary
+MAX_OPEN = 32
 # a stream's first request failing so: the node refuses streams (max_streams reached, or no such method)
 _REFUSED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED})
 
@@ -86,9 +92,10 @@ class _Stream:
 class PublishStreams:
     """Open ``PublishStream`` calls of one client (see the module). Use from one event loop."""
 
-    def __init__(self, router: AsyncRouter, idle_s: float = IDLE_S) -> None:
+    def __init__(self, router: AsyncRouter, idle_s: float = IDLE_S, max_open: int = MAX_OPEN) -> None:
         self._router = router
         self._idle_s = idle_s
+        self._max_open = max_open
         self._streams: dict[_Key, _Stream] = {}
         self._unary_until: dict[_Key, float] = {}  # streams refused there: unary calls until then
 
@@ -100,6 +107,8 @@ class PublishStreams:
         if (stream is not None and stream.busy) or (self._unary_until and self._refused(key)):
             return await self._unary(address, data, timeout_s, metadata)
         if stream is None or stream.call.done():
+            if stream is None and len(self._streams) >= self._max_open:
+                return await self._unary(address, data, timeout_s, metadata)
             stream = self._open(key, metadata)
         stream.busy = True
         loop = asyncio.get_running_loop()
