@@ -181,31 +181,31 @@ class AsyncClient:
     async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
                             first_msg_id: int | None = None) -> PublishResults:
         """Publish records all-or-nothing; one result per record, in order (see :meth:`Client.publish_batch`)."""
-        return await self._publish_batch(topic, records, dedup_id, first_msg_id, streamed=False)
+        return await self._publish_batch(topic, records, dedup_id, first_msg_id, None)
 
     async def _publish_coalesced(self, topic: str, records: Sequence[RecordLike]) -> PublishResults:
         """One request of the coalescer: on the topic's ``PublishStream`` (unless ``stream_publishes=False``)."""
-        return await self._publish_batch(topic, records, None, None, streamed=self._streams is not None)
+        return await self._publish_batch(topic, records, None, None, self._streams)
 
     async def _publish_batch(self, topic: str, records: Sequence[RecordLike], dedup_id: str | None,
-                             first_msg_id: int | None, *, streamed: bool) -> PublishResults:
+                             first_msg_id: int | None, streams: PublishStreams | None) -> PublishResults:
+        """``streams``: send on them (the coalescer's requests), else as a unary call."""
         call = wire.publish_request(topic, records, dedup_id, first_msg_id)
         if call is None:
             return PublishResults(0, list)
         async with self._in_flight:
             if not call.in_session:
-                response = await self._send(topic, call.data(), streamed)
+                response = await self._send(topic, call.data(), streams)
             else:
-                response = await self._send_in_session(call, streamed)
+                response = await self._send_in_session(call, streams)
         results = wire.publish_results(response, call.count, call.keys)
         if self._on_event is not None:
             self._on_event("published", results)
         return results
 
-    async def _send(self, topic: str, data: bytes, streamed: bool) -> broker_pb2.PublishResponse:
-        streams = self._streams
+    async def _send(self, topic: str, data: bytes, streams: PublishStreams | None) -> broker_pb2.PublishResponse:
         try:
-            if streamed and streams is not None:
+            if streams is not None:
                 response: broker_pb2.PublishResponse = await self._router.call(
                     lambda a, t: streams.publish(a, topic, data, t, metadata()), write=True, what=f"publish to {topic}")
             else:
@@ -217,14 +217,15 @@ class AsyncClient:
                                         after_unknown_outcome=err.after_unknown_outcome) from None
         return response
 
-    async def _send_in_session(self, call: wire.PublishCall, streamed: bool) -> broker_pb2.PublishResponse:
+    async def _send_in_session(self, call: wire.PublishCall,
+                               streams: PublishStreams | None) -> broker_pb2.PublishResponse:
         """The asyncio twin of :func:`broker.client.sessions.publish_in_session`: each in-flight call
         holds its own session, so concurrent tasks never interleave one session's numbers."""
         topic, count = call.topic, call.count
         for attempt in range(2):
             session = self._sessions.take(topic)
             try:
-                response = await self._send(topic, call.data(session.dedup_id, session.next_msg_id), streamed)
+                response = await self._send(topic, call.data(session.dedup_id, session.next_msg_id), streams)
             except BaseException as err:
                 if self._sessions.failed(topic, session, err) and attempt == 0:
                     continue
