@@ -15,6 +15,13 @@ same period.
 
 By default the store is written as a node writes it, through RocksDB's write-ahead log;
 ``--no-store-wal`` measures ``journaled=True`` (the Raft journal as the WAL, as nodes run).
+
+``--idle-ms`` sleeps that long before each apply, as a node's tick thread idles between lone
+requests, so the apply runs after the CPU went idle. On a VM that halts idle vCPUs at once the code
+then runs cold: a 1-record apply measured 26-29 us back to back and 52-107 us with ``--idle-ms 0.5``
+(bench/NOTE.md, 2026-12-02 04:10):
+
+    .venv/bin/python -m bench.apply_cost --records 1 --rounds 2000 --no-store-wal --idle-ms 0.5
 """
 
 from __future__ import annotations
@@ -48,8 +55,10 @@ def append_command(topic_id: int, records: int, size_bytes: int, rng: random.Ran
     return internal_pb2.Command(append=append).SerializeToString()
 
 
-def measure(records: int, size_bytes: int, rounds: int, seed: int, store_wal: bool = True) -> dict[str, float]:
-    """Median and minimum wall and CPU µs per record of ``rounds`` applies (commands built beforehand)."""
+def measure(records: int, size_bytes: int, rounds: int, seed: int, store_wal: bool = True,
+            idle_s: float = 0.0) -> dict[str, float]:
+    """Median and minimum wall and CPU µs per record of ``rounds`` applies (commands built beforehand),
+    each after ``idle_s`` of sleep (not measured)."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp:
         store = RocksStore(Path(tmp) / "db")
@@ -64,6 +73,8 @@ def measure(records: int, size_bytes: int, rounds: int, seed: int, store_wal: bo
         commands = [append_command(meta.topic_id, records, size_bytes, rng, 1 + i * records) for i in range(total)]
         wall, cpu = [], []
         for i, command in enumerate(commands):
+            if idle_s:
+                time.sleep(idle_s)
             w0, c0 = time.perf_counter(), time.process_time()
             result = sm.apply(2 + i, command)
             w1, c1 = time.perf_counter(), time.process_time()
@@ -85,11 +96,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--no-store-wal", dest="store_wal", action="store_false",
                         help="write applies without RocksDB's WAL (journaled=True)")
+    parser.add_argument("--idle-ms", type=float, default=0.0,
+                        help="sleep this long before each apply (the CPU idles between lone requests)")
     args = parser.parse_args()
     if not (1 <= args.records <= 100_000 and 1 <= args.size <= 1 << 20 and 1 <= args.rounds <= 10_000):
         parser.error("need 1 <= records <= 100000, 1 <= size <= 1 MiB, 1 <= rounds <= 10000")
-    figures = measure(args.records, args.size, args.rounds, args.seed, args.store_wal)
-    print(json.dumps({"records": args.records, "size": args.size, "store_wal": args.store_wal} | figures))
+    if not 0 <= args.idle_ms <= 1000:
+        parser.error("need 0 <= idle-ms <= 1000")
+    figures = measure(args.records, args.size, args.rounds, args.seed, args.store_wal, args.idle_ms / 1000)
+    print(json.dumps({"records": args.records, "size": args.size, "store_wal": args.store_wal,
+                      "idle_ms": args.idle_ms} | figures))
 
 
 if __name__ == "__main__":
