@@ -18,7 +18,7 @@ By default the store is written as a node writes it, through RocksDB's write-ahe
 
 ``--idle-ms`` sleeps that long before each apply, as a node's tick thread idles between lone
 requests, so the apply runs after the CPU went idle. On a VM that halts idle vCPUs at once the code
-then runs cold: a 1-record apply measured 26-29 us back to back and 52-107 us with ``--idle-ms 0.5``
+then runs cold: a 1-record apply measured 26-31 us back to back and 52-127 us with ``--idle-ms 0.5``
 (bench/NOTE.md, 2026-12-02 04:10):
 
     .venv/bin/python -m bench.apply_cost --records 1 --rounds 2000 --no-store-wal --idle-ms 0.5
