@@ -42,6 +42,7 @@ from broker.client.models import (
     TopicInfo,
     Watermark,
 )
+from broker.client.publish_streams import PublishStreams
 from broker.client.ranges import RangesMixin
 from broker.client.routes import RoutesMixin
 from broker.client.routing import RetryPolicy, Router
@@ -80,10 +81,12 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         security: ClientSecurity | None = None,
         client_config: str | Path | None = None,
         coalesce_publishes: bool = True,
+        stream_publishes: bool = True,
     ) -> None:
         """``coalesce_publishes``: :meth:`publish` calls made from several threads to one topic go
         together, one request in flight per topic (:mod:`broker.client.coalescing`); False sends each
-        as its own call."""
+        as its own call. ``stream_publishes``: those coalesced requests travel on a ``PublishStream``
+        per topic (:mod:`broker.client.publish_streams`); False: one unary ``Publish`` call each."""
         if security is None:
             loaded = load_client_config(client_config)
             if loaded is not None:
@@ -97,7 +100,8 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                                                      no_quorum_grace_s=no_quorum_grace_s), security)
         self._sessions = SessionPool()
-        self._coalescer = ThreadCoalescer(self.publish_batch) if coalesce_publishes else None
+        self._streams = PublishStreams(self._router) if stream_publishes else None
+        self._coalescer = ThreadCoalescer(self._publish_coalesced) if coalesce_publishes else None
 
     def __enter__(self) -> Client:
         return self
@@ -107,6 +111,8 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
 
     def close(self) -> None:
         """Close every channel; open subscriptions end with an error."""
+        if self._streams is not None:
+            self._streams.close()
         self._router.close()
 
     @property
@@ -271,11 +277,23 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         watermark is what deduplicates such a batch: its records get no generated key (unless one
         of them brings its own ``idempotency_key``).
         """
+        return self._publish_batch(topic, records, dedup_id, first_msg_id, None)
+
+    def _publish_coalesced(self, topic: str, records: Sequence[RecordLike]) -> PublishResults:
+        """One request of the coalescer: on the topic's ``PublishStream`` (unless ``stream_publishes=False``)."""
+        return self._publish_batch(topic, records, None, None, self._streams)
+
+    def _publish_batch(self, topic: str, records: Sequence[RecordLike], dedup_id: str | None,
+                       first_msg_id: int | None, streams: PublishStreams | None) -> PublishResults:
+        """``streams``: send on them (the coalescer's requests), else as a unary call."""
         call = wire.publish_request(topic, records, dedup_id, first_msg_id)
         if call is None:
             return PublishResults(0, list)
 
         def send(data: bytes) -> broker_pb2.PublishResponse:
+            if streams is not None:
+                return self._router.call(lambda addr, t: streams.publish(addr, topic, data, t),
+                                         write=True, what=f"publish to {topic}")
             return self._router.call(lambda addr, t: self._router.publisher(addr).Publish(data, timeout=t),
                                      write=True, what=f"publish to {topic}")
 

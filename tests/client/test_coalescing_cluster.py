@@ -174,8 +174,9 @@ def test_a_bad_record_among_concurrent_publishes_fails_only_its_own_caller(clust
 
 
 def test_threads_publishing_on_one_sync_client_share_requests(cluster: DevCluster) -> None:
+    """Counted as unary calls (``stream_publishes=False``): on streams no call starts at all."""
     threads, each = 20, 20
-    with Client(cluster.addresses) as c:
+    with Client(cluster.addresses, stream_publishes=False) as c:
         c.create_topic("co-sync", 2)
         c.publish("co-sync", "warm-up")
         before = publish_calls(cluster)
@@ -198,3 +199,88 @@ def test_threads_publishing_on_one_sync_client_share_requests(cluster: DevCluste
         stored = [r.value for r in c.subscribe("co-sync", stop_at_end=True) if isinstance(r, Record)]
     assert sorted(stored) == sorted([b"warm-up"] + [f"t{n}-{i}".encode() for n in range(threads) for i in range(each)])
     assert calls <= threads * each / 2, f"{threads * each} publishes from {threads} threads took {calls:.0f} requests"
+
+
+def test_sync_coalesced_requests_travel_on_one_stream_per_topic(cluster: DevCluster) -> None:
+    """The sync client's twin (:mod:`broker.client.publish_streams`): once a topic's stream is open,
+    publishes from many threads start no call at all, and each record is stored once."""
+    threads, each = 8, 25
+    with Client(cluster.addresses) as c:
+        c.create_topic("co-sst1", 2)
+        c.create_topic("co-sst2")
+        c.publish("co-sst1", "warm-up")
+        c.publish("co-sst2", "warm-up")
+        unary, streams = publish_calls(cluster), publish_calls(cluster, "PublishStream")
+        results: list[tuple[int, PublishResult]] = []
+
+        def publisher(n: int) -> None:
+            for i in range(each):
+                topic = 1 + (n + i) % 2
+                results.append((topic, c.publish(f"co-sst{topic}", f"t{n}-{i}")))
+
+        workers = [threading.Thread(target=publisher, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        unary, streams = publish_calls(cluster) - unary, publish_calls(cluster, "PublishStream") - streams
+        assert len({(t, r.partition, r.offset) for t, r in results}) == threads * each
+        assert not any(r.duplicate for _, r in results)
+        stored = [r.value for t in (1, 2) for r in c.subscribe(f"co-sst{t}", stop_at_end=True) if isinstance(r, Record)]
+    sent = [f"t{n}-{i}".encode() for n in range(threads) for i in range(each)]
+    assert sorted(stored) == sorted([b"warm-up"] * 2 + sent)
+    assert (unary, streams) == (0, 0), f"{unary:.0f} Publish and {streams:.0f} PublishStream calls started"
+
+
+def test_a_node_that_refuses_more_streams_gets_the_sync_clients_publishes_as_unary_calls(tmp_path: Path) -> None:
+    env = dict(os.environ, RAFTBROKER_MAX_STREAMS="1")
+    node = DevCluster(1, tmp_path / "c", env=env).start()
+    try:
+        node.wait_ready(60)
+        with Client(node.addresses) as c:
+            c.create_topic("co-sfull")
+            c.publish_batch("co-sfull", ["first"])  # a unary call
+        with Client(node.addresses) as holder, Client(node.addresses) as c:
+            sub = iter(holder.subscribe("co-sfull"))  # holds the node's one stream slot
+            first = next(sub)
+            assert isinstance(first, Record) and first.value == b"first"
+            before = publish_calls(node)
+            results = [c.publish("co-sfull", f"v{i}") for i in range(5)]
+            assert publish_calls(node) - before == 5, "the refused stream's request and the next ones went unary"
+        assert len({r.offset for r in results}) == 5 and not any(r.duplicate for r in results)
+        with Client(node.addresses) as c:
+            stored = [r.value for r in c.subscribe("co-sfull", stop_at_end=True) if isinstance(r, Record)]
+        assert stored == [b"first"] + [f"v{i}".encode() for i in range(5)]
+    finally:
+        node.stop()
+
+
+def test_a_sync_publish_stream_broken_by_a_killed_node_is_retried_and_stores_once(tmp_path: Path) -> None:
+    """kill -9 of the node under the sync client's open publish stream: the next request finds the
+    stream ended with its connection and opens another, which cannot connect (UNAVAILABLE, not sent)
+    until the node is back; the router retries meanwhile and the record is stored once."""
+    node = DevCluster(1, tmp_path / "c").start()
+    try:
+        node.wait_ready(60)
+        with Client(node.addresses, retry_deadline_s=60) as c:
+            c.create_topic("co-skill")
+            c.publish("co-skill", "before")  # the topic's stream is open
+            node.kill(0)
+            outcome: list[PublishResult | BaseException] = []
+
+            def after() -> None:
+                try:
+                    outcome.append(c.publish("co-skill", "after"))
+                except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+                    outcome.append(err)
+
+            thread = threading.Thread(target=after)
+            thread.start()
+            node.spawn(0)
+            thread.join(90)
+            assert len(outcome) == 1 and isinstance(outcome[0], PublishResult), outcome
+            assert not outcome[0].duplicate
+            stored = [r.value for r in c.subscribe("co-skill", stop_at_end=True) if isinstance(r, Record)]
+        assert stored == [b"before", b"after"]
+    finally:
+        node.stop()

@@ -42,28 +42,17 @@ import grpc.aio
 
 from broker.client.aio.routing import AsyncRouter, Metadata
 from broker.client.packing import PUBLISH_STREAM_METHOD
+from broker.client.publish_streams import IDLE_S, MAX_OPEN, REFUSED, stream_error
 from broker.v1 import broker_pb2
-
-IDLE_S = 30.0
-# streams one client keeps open at most: a caller whose call metadata differs per call (a trace id,
-# say) would otherwise open a stream per publish and hold them all for IDLE_S, filling the node's
-# max_streams (which its subscribers share); past this, new (node, topic, metadata) go unary
-MAX_OPEN = 32
-# a stream's first request failing so: the node refuses streams (max_streams reached, or no such method)
-_REFUSED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED})
 
 _Key = tuple[str, str, Metadata]
 
 
-def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-
-async def _ended(call: Any) -> grpc.aio.AioRpcError:
+async def _ended(call: Any) -> grpc.RpcError:
     """The error of a stream that ended before a request could be written: its own status, if not OK."""
     code = await call.code()
     if code == grpc.StatusCode.OK:
-        return _rpc_error(grpc.StatusCode.UNAVAILABLE, "the publish stream ended before the request")
+        return stream_error(grpc.StatusCode.UNAVAILABLE, "the publish stream ended before the request")
     return grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
                                 await call.details())
 
@@ -72,9 +61,9 @@ def _unsent(err: grpc.RpcError) -> grpc.RpcError:
     """The error of a write that failed: the stream had ended, so the request was not sent. A node's
     refusal of the stream is kept as it is; anything else (grpc reports a connection that broke under
     a write as INTERNAL "Internal error from Core") is UNAVAILABLE, which the router retries."""
-    if err.code() in _REFUSED:
+    if err.code() in REFUSED:
         return err
-    return _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the publish stream ended before the request was sent "
+    return stream_error(grpc.StatusCode.UNAVAILABLE, f"the publish stream ended before the request was sent "
                                                    f"({err.code().name}: {err.details()})")
 
 
@@ -116,7 +105,7 @@ class PublishStreams:
             response = await self._exchange(stream, data, timeout_s)
         except grpc.RpcError as err:
             self._drop(key, stream)
-            if stream.answered or err.code() not in _REFUSED:
+            if stream.answered or err.code() not in REFUSED:
                 raise
             self._unary_until[key] = loop.time() + self._idle_s
             return await self._unary(address, data, timeout_s, metadata)
@@ -153,12 +142,12 @@ class PublishStreams:
                     raise _unsent(err) from None
                 response = await call.read()
         except TimeoutError:
-            raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED,
+            raise stream_error(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"no answer on the publish stream within {timeout_s:g}s") from None
         except asyncio.InvalidStateError:  # the stream ended between our check and the write
             raise await _ended(call) from None
         if response is grpc.aio.EOF:
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the publish stream ended without an answer")
+            raise stream_error(grpc.StatusCode.UNAVAILABLE, "the publish stream ended without an answer")
         result: broker_pb2.PublishResponse = response
         return result
 
