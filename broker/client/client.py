@@ -17,6 +17,11 @@ gets a random key), deduplicated within the topic's dedup window (``dedup_window
 minutes; keep ``retry_deadline_s`` below it). A call that finally raises leaves its outcome unknown
 (``after_unknown_outcome``); to repeat it without risking a second copy, publish again with your
 own keys (or a ``dedup_id``).
+
+Concurrent ``publish`` calls to one topic share requests, one request in flight per topic
+(:mod:`broker.client.coalescing`; ``coalesce_publishes=False`` turns it off), and those requests
+travel on one ``PublishStream`` per topic, cheaper for the node than a call each
+(:mod:`broker.client.publish_streams`; ``stream_publishes=False``: unary calls).
 """
 
 from __future__ import annotations
