@@ -27,7 +27,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, Generic, TypeVar
 
 import grpc
 import grpc.aio
@@ -47,6 +48,34 @@ REFUSED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLE
 KEEPER_TICK_S = 1.0  # the keeper thread's longest sleep while a stream is open
 
 _Key = tuple[str, str]
+K = TypeVar("K", bound=Hashable)
+
+
+class Refusals(Generic[K]):
+    """Where a node refused a stream (both SDKs'): requests for those keys go as unary calls for
+    ``hold_s``, then a stream is tried again. Times are the caller's clock, in seconds."""
+
+    __slots__ = ("_hold_s", "_until")
+
+    def __init__(self, hold_s: float) -> None:
+        self._hold_s = hold_s
+        self._until: dict[K, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._until)
+
+    def note(self, key: K, now: float) -> None:
+        self._until[key] = now + self._hold_s
+
+    def holds(self, key: K, now: float) -> bool:
+        """True while ``key``'s refusal holds (an expired one is forgotten)."""
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if now < until:
+            return True
+        del self._until[key]
+        return False
 
 
 def stream_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
@@ -109,7 +138,7 @@ class PublishStreams:
         self._max_open = max_open
         self._lock = threading.Condition()
         self._streams: dict[_Key, _Stream] = {}
-        self._unary_until: dict[_Key, float] = {}  # streams refused there: unary calls until then
+        self._refusals: Refusals[_Key] = Refusals(idle_s)
         self._keeper: threading.Thread | None = None
         self._wake_at = float("inf")  # when the keeper wakes next (notified only for an earlier deadline)
 
@@ -127,7 +156,7 @@ class PublishStreams:
                 self._drop(key, stream)
                 if stream.answered or err.code() not in REFUSED:
                     raise
-                self._unary_until[key] = time.monotonic() + self._idle_s
+                self._refusals.note(key, time.monotonic())
             return self._unary(address, data, timeout_s)
         except BaseException:
             with self._lock:
@@ -149,7 +178,8 @@ class PublishStreams:
     def _take(self, key: _Key, timeout_s: float) -> _Stream | None:
         """The stream to send on, marked busy until ``timeout_s`` from now; None: send a unary call."""
         stream = self._streams.get(key)
-        if (stream is not None and stream.busy) or (self._unary_until and self._refused(key)):
+        now = time.monotonic()
+        if (stream is not None and stream.busy) or (self._refusals and self._refusals.holds(key, now)):
             return None
         if stream is None or stream.call.done():
             if stream is None and len(self._streams) >= self._max_open:
@@ -159,7 +189,7 @@ class PublishStreams:
             stream = self._open(key)
         stream.busy = True
         stream.timed_out = False
-        stream.deadline = time.monotonic() + timeout_s
+        stream.deadline = now + timeout_s
         if stream.deadline < self._wake_at:
             self._lock.notify_all()
         return stream
@@ -191,15 +221,6 @@ class PublishStreams:
     def _unary(self, address: str, data: bytes, timeout_s: float) -> broker_pb2.PublishResponse:
         response: broker_pb2.PublishResponse = self._router.publisher(address).Publish(data, timeout=timeout_s)
         return response
-
-    def _refused(self, key: _Key) -> bool:
-        until = self._unary_until.get(key)
-        if until is None:
-            return False
-        if time.monotonic() < until:
-            return True
-        del self._unary_until[key]
-        return False
 
     def _drop(self, key: _Key, stream: _Stream) -> None:
         """Forget and end ``stream`` (under the lock)."""

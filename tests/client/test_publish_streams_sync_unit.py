@@ -17,27 +17,20 @@ import pytest
 from broker.client.publish_streams import PublishStreams
 from broker.client.routing import RetryPolicy, Router
 from broker.v1 import broker_pb2
+from tests.client.publish_script import PublishScript, via
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
-class ScriptedNode:
+class ScriptedNode(PublishScript):
     """What the server was sent and how; ``actions`` scripts the stream requests in arrival order:
     "answer", "end" (end the stream without answering), "hang", "internal" (INTERNAL without the
     broker's details trailer, as grpc reports a broken connection), or a status code to abort with."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         self.lock = threading.Lock()
-        self.actions: list[object] = []
-        self.streams_opened = 0
-        self.streams_ended = 0
-        self.stream_requests: list[bytes] = []
-        self.unary_requests: list[bytes] = []
-
-    def answer(self, via: str, n: int) -> broker_pb2.PublishResponse:
-        partition = {"stream": 0, "unary": 1}[via]  # the way it travelled, in a field the answer has
-        return broker_pb2.PublishResponse(results=[broker_pb2.PublishResult(partition=partition, offset=n)])
 
     def publish(self, request: bytes, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:
         with self.lock:
@@ -90,10 +83,6 @@ def run(test: Callable[[ScriptedNode, PublishStreams, str], None], idle_s: float
         streams.close()
         router.close()
         node.server.stop(None)
-
-
-def via(response: broker_pb2.PublishResponse) -> tuple[str, int]:
-    return ("stream", "unary")[response.results[0].partition], response.results[0].offset
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
@@ -173,26 +162,18 @@ def test_a_first_request_refused_otherwise_is_the_callers_error_and_streams_stay
     run(test)
 
 
-def test_a_stream_that_ends_without_an_answer_is_an_unknown_outcome() -> None:
+@pytest.mark.parametrize(("action", "said"), [
+    ("end", "without an answer"),  # a clean end
+    ("internal", "INTERNAL"),  # INTERNAL without the broker's details trailer: a broken connection
+])
+def test_a_stream_that_ends_without_an_answer_is_an_unknown_outcome(action: str, said: str) -> None:
     def test(node: ScriptedNode, streams: PublishStreams, a: str) -> None:
         streams.publish(a, "t", b"first", 5.0)
-        node.actions = ["end"]
+        node.actions = [action]
         with pytest.raises(grpc.RpcError) as err:
             streams.publish(a, "t", b"lost", 5.0)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "without an answer" in (err.value.details() or "")
-
-    run(test)
-
-
-def test_internal_without_the_brokers_details_is_a_broken_stream_so_unavailable() -> None:
-    def test(node: ScriptedNode, streams: PublishStreams, a: str) -> None:
-        streams.publish(a, "t", b"first", 5.0)
-        node.actions = ["internal"]
-        with pytest.raises(grpc.RpcError) as err:
-            streams.publish(a, "t", b"broken", 5.0)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "INTERNAL" in (err.value.details() or "")
+        assert said in (err.value.details() or "")
 
     run(test)
 

@@ -16,25 +16,18 @@ from broker.client.aio.publish_streams import PublishStreams
 from broker.client.aio.routing import AsyncRouter
 from broker.client.routing import RetryPolicy
 from broker.v1 import broker_pb2
+from tests.client.publish_script import PublishScript, via
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
-class ScriptedNode:
+class ScriptedNode(PublishScript):
     """What the server was sent and how; ``actions`` scripts the stream requests in arrival order:
     "answer", "end" (end the stream without answering), "hang", or a status code to abort with."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.server = grpc.aio.server()
-        self.actions: list[object] = []
-        self.streams_opened = 0
-        self.streams_ended = 0
-        self.stream_requests: list[bytes] = []
-        self.unary_requests: list[bytes] = []
-
-    def answer(self, via: str, n: int) -> broker_pb2.PublishResponse:
-        partition = {"stream": 0, "unary": 1}[via]  # the way it travelled, in a field the answer has
-        return broker_pb2.PublishResponse(results=[broker_pb2.PublishResult(partition=partition, offset=n)])
 
     async def publish(self, request: bytes, context: grpc.aio.ServicerContext) -> broker_pb2.PublishResponse:
         self.unary_requests.append(request)
@@ -84,10 +77,6 @@ async def serving(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]
 def run(test: Callable[[ScriptedNode, PublishStreams], Awaitable[None]], idle_s: float = 30.0,
         max_open: int = 32) -> None:
     asyncio.run(serving(test, idle_s, max_open))
-
-
-def via(response: broker_pb2.PublishResponse) -> tuple[str, int]:
-    return ("stream", "unary")[response.results[0].partition], response.results[0].offset
 
 
 async def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:

@@ -42,7 +42,7 @@ import grpc.aio
 
 from broker.client.aio.routing import AsyncRouter, Metadata
 from broker.client.packing import PUBLISH_STREAM_METHOD
-from broker.client.publish_streams import IDLE_S, MAX_OPEN, REFUSED, stream_error
+from broker.client.publish_streams import IDLE_S, MAX_OPEN, REFUSED, Refusals, stream_error
 from broker.v1 import broker_pb2
 
 _Key = tuple[str, str, Metadata]
@@ -86,28 +86,28 @@ class PublishStreams:
         self._idle_s = idle_s
         self._max_open = max_open
         self._streams: dict[_Key, _Stream] = {}
-        self._unary_until: dict[_Key, float] = {}  # streams refused there: unary calls until then
+        self._refusals: Refusals[_Key] = Refusals(idle_s)
 
     async def publish(self, address: str, topic: str, data: bytes, timeout_s: float,
                       metadata: Metadata | None) -> broker_pb2.PublishResponse:
         """Publish the serialized ``PublishRequest`` ``data`` to ``address`` (a unary ``Publish``'s meaning)."""
         key = (address, topic, metadata or ())
         stream = self._streams.get(key)
-        if (stream is not None and stream.busy) or (self._unary_until and self._refused(key)):
+        loop = asyncio.get_running_loop()
+        if (stream is not None and stream.busy) or (self._refusals and self._refusals.holds(key, loop.time())):
             return await self._unary(address, data, timeout_s, metadata)
         if stream is None or stream.call.done():
             if stream is None and len(self._streams) >= self._max_open:
                 return await self._unary(address, data, timeout_s, metadata)
             stream = self._open(key, metadata)
         stream.busy = True
-        loop = asyncio.get_running_loop()
         try:
             response = await self._exchange(stream, data, timeout_s)
         except grpc.RpcError as err:
             self._drop(key, stream)
             if stream.answered or err.code() not in REFUSED:
                 raise
-            self._unary_until[key] = loop.time() + self._idle_s
+            self._refusals.note(key, loop.time())
             return await self._unary(address, data, timeout_s, metadata)
         except BaseException:
             self._drop(key, stream)
@@ -156,15 +156,6 @@ class PublishStreams:
         response: broker_pb2.PublishResponse = await self._router.publisher(address).Publish(
             data, timeout=timeout_s, metadata=metadata)
         return response
-
-    def _refused(self, key: _Key) -> bool:
-        until = self._unary_until.get(key)
-        if until is None:
-            return False
-        if asyncio.get_running_loop().time() < until:
-            return True
-        del self._unary_until[key]
-        return False
 
     def _drop(self, key: _Key, stream: _Stream) -> None:
         if self._streams.get(key) is stream:
