@@ -328,6 +328,11 @@ def test_redirect_to_the_leader_over_tls(secure: SecureCluster, orders: str) -> 
 def test_audit_log_has_admin_actions_and_refusals(secure: SecureCluster, orders: str) -> None:
     with secure.client(TOKENS["mallory"]) as mallory, pytest.raises(PermissionDenied):
         mallory.drop_topic(orders)
+    with secure.client(None) as anonymous:
+        with pytest.raises(Unauthenticated):
+            anonymous.publish_batch(orders, [b"x"])  # a unary Publish
+        with pytest.raises(Unauthenticated):
+            anonymous.publish(orders, b"x")  # on a PublishStream: refused before its first request is read
     with admin_client(secure) as admin:
         admin.create_topic("audited", 1, exist_ok=True)
 
@@ -345,6 +350,8 @@ def test_audit_log_has_admin_actions_and_refusals(secure: SecureCluster, orders:
                "the admin action in the audit log")
     wait_until(lambda: has("", "/broker.v1.Broker/Publish", "topic:orders", "unauthenticated"), 30,
                "the unauthenticated publish in the audit log")
+    wait_until(lambda: has("", "/broker.v1.Broker/PublishStream", "cluster", "unauthenticated"), 30,
+               "the unauthenticated publish stream in the audit log")
 
 
 def test_cli_and_sdk_with_the_printed_client_config(secure: SecureCluster) -> None:
