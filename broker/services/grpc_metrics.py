@@ -7,7 +7,11 @@ go-grpc-prometheus with our prefix):
 - ``raftbroker_grpc_server_started_total``: calls started;
 - ``raftbroker_grpc_server_handled_total`` (+ ``grpc_code``): calls finished, by status code;
 - ``raftbroker_grpc_server_handling_seconds``: histogram of the time from start to status (for a
-  stream, its whole life).
+  stream, its whole life);
+- ``raftbroker_grpc_server_msg_received_total`` and ``raftbroker_grpc_server_msg_sent_total``:
+  messages read from and written to the client, for streaming methods only (a unary call is one of
+  each: its ``handled`` count). Both SDKs publish on long-lived ``PublishStream`` calls, whose
+  requests only these show.
 
 Only methods the server has a handler for are counted (an unknown method name sent by a client
 creates no series), so the label sets are bounded by the services and the 17 status codes.
@@ -56,6 +60,10 @@ class GrpcServerMetrics:
         self.handling = Histogram("raftbroker_grpc_server_handling_seconds", "Time from the start of an RPC "
                                   "to its status (a stream's whole life)", _LABELS, registry=registry,
                                   buckets=HANDLING_BUCKETS_S)
+        self.msg_received = Counter("raftbroker_grpc_server_msg_received", "Messages received on streaming RPCs",
+                                    _LABELS, registry=registry)
+        self.msg_sent = Counter("raftbroker_grpc_server_msg_sent", "Messages sent on streaming RPCs", _LABELS,
+                                registry=registry)
         # method -> (handler, wrapped handler): the interceptor runs for every call; bounded by the methods
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -98,6 +106,28 @@ class _Call:
         self._handling = metrics.handling.labels(*self._labels)
         self._handled = metrics.handled
         self._by_code: dict[str, Any] = {}  # status code name -> its child of ``handled``
+        self._requests_stream = rpc_type in ("client_stream", "bidi_stream")
+        self._received = metrics.msg_received.labels(*self._labels) if self._requests_stream else None
+        self._sent = metrics.msg_sent.labels(*self._labels) if rpc_type in ("server_stream", "bidi_stream") else None
+
+    def _incoming(self, request: Any) -> Any:
+        """The handler's request, or for a client-streaming call its requests, each counted as read."""
+        if not self._requests_stream:
+            return request
+        received = self._received
+        assert received is not None
+        if hasattr(request, "__aiter__"):
+            async def counted_async() -> AsyncIterator[Any]:
+                async for item in request:
+                    received.inc()
+                    yield item
+            return counted_async()
+
+        def counted() -> Iterator[Any]:
+            for item in request:
+                received.inc()
+                yield item
+        return counted()
 
     def _begin(self) -> float:
         self._started.inc()
@@ -125,7 +155,7 @@ class _Call:
             started = self._begin()
             context = _with_code(context)
             try:
-                result = behavior(request, context)
+                result = behavior(self._incoming(request), context)
             except BaseException as exc:
                 self._end(started, context, exc)
                 raise
@@ -139,23 +169,35 @@ class _Call:
 
     def _drain(self, items: Iterator[Any], started: float, context: Any) -> Iterator[Any]:
         try:
-            yield from items
+            yield from (items if self._sent is None else self._counted(items, self._sent))
         except BaseException as exc:
             self._end(started, context, exc)
             raise
         self._end(started, context, None)
 
+    @staticmethod
+    def _counted(items: Iterator[Any], sent: Any) -> Iterator[Any]:
+        """``items``, each counted as sent; closed with this generator (a client gone: its finally runs now)."""
+        try:
+            for item in items:
+                sent.inc()
+                yield item
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
     def _generator(self, behavior: Callable[[Any, Any], Iterator[Any]]) -> Callable[[Any, Any], Iterator[Any]]:
         def call(request: Any, context: Any) -> Iterator[Any]:
             started, context = self._begin(), _with_code(context)
-            yield from self._drain(behavior(request, context), started, context)
+            yield from self._drain(behavior(self._incoming(request), context), started, context)
         return call
 
     def _coroutine(self, behavior: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
         async def call(request: Any, context: Any) -> Any:
             started = self._begin()
             try:
-                result = await behavior(request, context)
+                result = await behavior(self._incoming(request), context)
             except BaseException as exc:
                 self._end(started, context, exc)
                 raise
@@ -167,8 +209,11 @@ class _Call:
                    ) -> Callable[[Any, Any], AsyncIterator[Any]]:
         async def call(request: Any, context: Any) -> AsyncIterator[Any]:
             started = self._begin()
+            sent = self._sent
             try:
-                async for item in behavior(request, context):
+                async for item in behavior(self._incoming(request), context):
+                    if sent is not None:
+                        sent.inc()
                     yield item
             except BaseException as exc:
                 self._end(started, context, exc)

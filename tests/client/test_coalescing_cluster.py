@@ -23,16 +23,23 @@ from broker.devcluster import DevCluster
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
-def publish_calls(cluster: DevCluster, method: str = "Publish") -> float:
-    """``method`` RPCs started on every node so far (a redirected one counts on each node it reached)."""
+def publish_calls(cluster: DevCluster, method: str = "Publish",
+                  family_name: str = "raftbroker_grpc_server_started") -> float:
+    """``method`` RPCs started on every node so far (a redirected one counts on each node it reached);
+    another ``family_name`` of the per-RPC metrics counts what it counts."""
     total = 0.0
     for i in range(cluster.nodes):
         text = urllib.request.urlopen(f"http://{cluster.metrics_address(i)}/metrics", timeout=5).read().decode()
         for family in text_string_to_metric_families(text):
-            if family.name == "raftbroker_grpc_server_started":
+            if family.name == family_name:
                 total += sum(s.value for s in family.samples
                              if s.name.endswith("_total") and s.labels.get("grpc_method") == method)
     return total
+
+
+def stream_requests(cluster: DevCluster) -> float:
+    """Requests read on ``PublishStream`` calls on every node so far."""
+    return publish_calls(cluster, "PublishStream", "raftbroker_grpc_server_msg_received")
 
 
 async def _read_all(c: AsyncClient, topic: str) -> list[bytes]:
@@ -211,6 +218,7 @@ def test_sync_coalesced_requests_travel_on_one_stream_per_topic(cluster: DevClus
         c.publish("co-sst1", "warm-up")
         c.publish("co-sst2", "warm-up")
         unary, streams = publish_calls(cluster), publish_calls(cluster, "PublishStream")
+        requests = stream_requests(cluster)
         results: list[tuple[int, PublishResult]] = []
 
         def publisher(n: int) -> None:
@@ -224,6 +232,8 @@ def test_sync_coalesced_requests_travel_on_one_stream_per_topic(cluster: DevClus
         for w in workers:
             w.join(120)
         unary, streams = publish_calls(cluster) - unary, publish_calls(cluster, "PublishStream") - streams
+        requests = stream_requests(cluster) - requests
+        assert 1 <= requests <= threads * each, f"{threads * each} publishes read as {requests:.0f} stream requests"
         assert len({(t, r.partition, r.offset) for t, r in results}) == threads * each
         assert not any(r.duplicate for _, r in results)
         stored = [r.value for t in (1, 2) for r in c.subscribe(f"co-sst{t}", stop_at_end=True) if isinstance(r, Record)]

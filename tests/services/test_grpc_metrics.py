@@ -98,6 +98,12 @@ def _check_sync_methods(channel: grpc.Channel, registry: CollectorRegistry) -> N
     _expect_handled(registry, "Stream", "NOT_FOUND", "server_stream", 1)
     wait_until(lambda: _value(registry, "raftbroker_grpc_server_handling_seconds_count", grpc_method="Unary",
                               grpc_type="unary") == 4, 20, "4 Unary latencies observed")
+    # messages are counted for streams only: the one that answered sent two, the refused one none
+    sent = _value(registry, "raftbroker_grpc_server_msg_sent_total", grpc_method="Stream", grpc_type="server_stream")
+    assert sent == 2
+    for family in ("raftbroker_grpc_server_msg_sent_total", "raftbroker_grpc_server_msg_received_total"):
+        assert registry.get_sample_value(family, {"grpc_service": SERVICE, "grpc_method": "Unary",
+                                                  "grpc_type": "unary"}) is None, f"{family} has unary series"
 
 
 def _check_unknown_method_adds_no_series(channel: grpc.Channel, registry: CollectorRegistry) -> None:
@@ -155,9 +161,12 @@ def test_aio_server_counts_sync_and_async_handlers_and_cancelled_streams() -> No
             hanging.cancel()
             bidi = channel.stream_stream(f"/{SERVICE}/Bidi")
             assert list(bidi(iter([b"a", b"b"]), timeout=10)) == [b"a", b"b"]
+            assert list(bidi(iter([b"c", b"d", b"e"]), timeout=10)) == [b"c", b"d", b"e"]
+            for family in ("raftbroker_grpc_server_msg_received_total", "raftbroker_grpc_server_msg_sent_total"):
+                assert _value(registry, family, grpc_method="Bidi", grpc_type="bidi_stream") == 5, family
             _expect_handled(registry, "AsyncStream", "OK", "server_stream", 1)
             _expect_handled(registry, "AsyncStream", "RESOURCE_EXHAUSTED", "server_stream", 1)
-            _expect_handled(registry, "Bidi", "OK", "bidi_stream", 1)
+            _expect_handled(registry, "Bidi", "OK", "bidi_stream", 2)
             _expect_handled(registry, "AsyncStream", "CANCELLED", "server_stream", 1)
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
