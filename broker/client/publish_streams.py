@@ -3,8 +3,9 @@
 both share.
 
 Why here too: measured with a lone thread publishing 1-record requests through ``Client.publish``
-to 3 nodes (disk, ``bench/NOTE.md`` 2026-12-02 06:15 UTC): p50 1.61-1.67 ms as unary calls against
-1.11-1.31 ms on a stream, the leader's CPU per request 1,193-1,267 us against 760-920 us.
+to 3 nodes (disk, ``bench/NOTE.md`` 2026-12-02 06:05-06:12 UTC): p50 1.35-1.51 ms as unary calls
+against 1.19-1.28 ms on the topic's stream, the leader's CPU per request 1,010-1,143 us against
+797-857 us.
 
 How the sync side differs from the asyncio one:
 
@@ -169,7 +170,8 @@ class PublishStreams:
         return response
 
     def close(self) -> None:
-        """End every stream (none carries a request by then: callers have returned) and the keeper."""
+        """End every stream and the keeper (a request still in flight on one, from another thread,
+        ends with UNAVAILABLE, and its retry finds the client's channels closed)."""
         with self._lock:
             for key, stream in list(self._streams.items()):
                 self._drop(key, stream)

@@ -29,7 +29,8 @@ class ScriptedNode(PublishScript):
 
     def __init__(self) -> None:
         super().__init__()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        self.executor = futures.ThreadPoolExecutor(max_workers=16)
+        self.server = grpc.server(self.executor)
         self.lock = threading.Lock()
 
     def publish(self, request: bytes, context: grpc.ServicerContext) -> broker_pb2.PublishResponse:
@@ -82,7 +83,8 @@ def run(test: Callable[[ScriptedNode, PublishStreams, str], None], idle_s: float
     finally:
         streams.close()
         router.close()
-        node.server.stop(None)
+        node.server.stop(None).wait(10)
+        node.executor.shutdown(wait=True)
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:

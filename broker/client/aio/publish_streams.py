@@ -64,7 +64,7 @@ def _unsent(err: grpc.RpcError) -> grpc.RpcError:
     if err.code() in REFUSED:
         return err
     return stream_error(grpc.StatusCode.UNAVAILABLE, f"the publish stream ended before the request was sent "
-                                                   f"({err.code().name}: {err.details()})")
+                                                     f"({err.code().name}: {err.details()})")
 
 
 class _Stream:
@@ -143,7 +143,7 @@ class PublishStreams:
                 response = await call.read()
         except TimeoutError:
             raise stream_error(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"no answer on the publish stream within {timeout_s:g}s") from None
+                               f"no answer on the publish stream within {timeout_s:g}s") from None
         except asyncio.InvalidStateError:  # the stream ended between our check and the write
             raise await _ended(call) from None
         if response is grpc.aio.EOF:
