@@ -75,6 +75,7 @@ class PreparedPublish:
     bodies: list[bytes]  # each record's stored body, without ``suffix``
     suffix: bytes  # what every body ends with (the origin and producer), when not in ``bodies``
     count: int  # records in the batch
+    partitions: list[int]  # each record's partition, as in ``command``
 
     @property
     def ephemeral(self) -> bool:  # published by the leader's hub, without Raft
@@ -171,9 +172,9 @@ class TopicLog:
         return self._meta(name)
 
     def _meta(self, name: str) -> internal_pb2.TopicMeta:
-        validate_name(name)
-        meta = self._state.topic(name)
+        meta = self._state.topic(name)  # only valid names were ever created
         if meta is None:
+            validate_name(name)  # a bad name is INVALID_ARGUMENT, not NOT_FOUND
             raise TopicNotFound(name)
         return meta
 
@@ -223,15 +224,17 @@ class TopicLog:
         runs on the caller's loop, except for topics that check records against a JSON schema or
         dedup fields (``check_documents`` may take long for a big batch): ``offload`` (a runner of
         blocking functions, the call pool) runs it there when given."""
-        if offload is not None and self.checks_documents(request.topic):
+        offloaded = offload is not None and self.checks_documents(request.topic)
+        if offload is not None and offloaded:
             prepared = await offload(functools.partial(self.prepare_publish, request, producer))
         else:
             prepared = self.prepare_publish(request, producer)
         result: object
         if prepared.ephemeral:
             result = self._publish_ephemeral(prepared)
-        else:
-            result = await self._submitter.submit_async(prepared.data(), sync=prepared.sync)
+        else:  # prepared in this step of the loop: its leader check still holds
+            result = await self._submitter.submit_async(prepared.data(), sync=prepared.sync,
+                                                        leader_checked=not offloaded)
         return self.finish_publish(prepared, result)
 
     def checks_documents(self, topic: str) -> bool:
@@ -247,7 +250,8 @@ class TopicLog:
         append = cmd.append
         append.topic = request.topic
         append.topic_id = meta.topic_id
-        append.partitions.extend(self._place(request, meta.config.partitions))
+        placed = self._place(request, meta.config.partitions)
+        append.partitions.extend(placed)
         publish_ids.check_into(request, append)
         config = meta.config
         if config.schema_json or config.dedup_fields:
@@ -255,13 +259,13 @@ class TopicLog:
                 meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))
         bodies, suffix = self._bodies(request, producer)
         append.now_ms = self._clock.now_ms()
-        return PreparedPublish(meta, cmd, bodies, suffix, request.count)
+        return PreparedPublish(meta, cmd, bodies, suffix, request.count, placed)
 
     def finish_publish(self, prepared: PreparedPublish, result: object) -> Published:
         """The answer to a prepared publish once submitted: its placements, or the rejection it met."""
         self._raise_rejected(result)
         assert isinstance(result, Appended) and len(result.placements) == prepared.count
-        return Published(result.placements, list(prepared.command.append.partitions))
+        return Published(result.placements, prepared.partitions)
 
     def _publish_ephemeral(self, prepared: PreparedPublish) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is
@@ -272,7 +276,7 @@ class TopicLog:
         if append.dedup_id and not append.first_msg_id:
             raise InvalidArgument("ephemeral topics do not deduplicate: drop dedup_id and msg_id")
         term = self._submitter.leader_term()
-        return Appended(self._hub.publish(prepared.meta.topic_id, term, list(append.partitions),
+        return Appended(self._hub.publish(prepared.meta.topic_id, term, prepared.partitions,
                                           prepared.stored_bodies(), append.now_ms))
 
     # -- retention, prune, clear ---------------------------------------------------------------
@@ -394,7 +398,9 @@ class TopicLog:
     def _bodies(self, request: PublishBatch, producer: str = "") -> tuple[list[bytes], bytes]:
         """(bodies, suffix): each record's stored body is ``body + suffix``; checked against the
         record and batch limits."""
-        origin = self._origin_bytes + (internal_pb2.RecordBody(producer=producer).SerializeToString())
+        origin = self._origin_bytes
+        if producer:  # without authentication there is none
+            origin += internal_pb2.RecordBody(producer=producer).SerializeToString()
         if request.bodies is not None:
             return self._lean_bodies(request.bodies, origin), origin
         limit = self._limits.record_bytes_max

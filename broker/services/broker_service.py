@@ -55,8 +55,7 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
         self._metrics.publish_latency.observe(time.perf_counter() - started)
-        self._metrics.publish_records.labels(request.topic).inc(batch.count)
-        self._metrics.publish_bytes.labels(request.topic).inc(batch.value_bytes())
+        self._metrics.published(request.topic, batch.count, batch.value_bytes())
         return response
 
     @errors.unary_async

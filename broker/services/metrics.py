@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -59,11 +60,21 @@ class NodeMetrics:
         self.deliver_bytes = Counter("raftbroker_deliver_bytes", "Value bytes delivered to subscribers",
                                      ["topic"], registry=self.registry)
         self.subscribers = Gauge("raftbroker_subscribers", "Open subscription streams", registry=self.registry)
+        self._published: dict[str, tuple[Any, Any]] = {}  # topic -> its series of publish_records, _bytes
         self._http: tuple[WSGIServer, threading.Thread] | None = None
+
+    def published(self, topic: str, records: int, value_bytes: int) -> None:
+        """Count an acknowledged publish: ``labels()`` looked up once per topic, not per request."""
+        series = self._published.get(topic)
+        if series is None:
+            series = self._published[topic] = (self.publish_records.labels(topic), self.publish_bytes.labels(topic))
+        series[0].inc(records)
+        series[1].inc(value_bytes)
 
     def forget_topic(self, topic: str) -> None:
         """Remove the series labelled with ``topic`` (after it was dropped), so a churn of topics
         does not grow the exposition without bound; a re-created topic starts from zero."""
+        self._published.pop(topic, None)
         for metric in (self.publish_records, self.publish_bytes, self.deliver_records, self.deliver_bytes):
             metric.remove(topic)  # a no-op when there is no such series
 

@@ -103,6 +103,12 @@ def compact_ranges(published: Published) -> list[broker_pb2.PartitionRange] | No
         return None
     partitions = published.partitions
     n = len(partitions)
+    if n and partitions.count(partitions[0]) == n:  # one partition (every publish to a 1-partition topic)
+        _, base, ts, _ = placements[0]
+        _, end, end_ts, _ = placements[-1]
+        if end - base != n - 1 or end_ts != ts:
+            return None
+        return [broker_pb2.PartitionRange(partition=partitions[0], base_offset=base, count=n, timestamp_ms=ts)]
     first = dict(zip(reversed(partitions), range(n - 1, -1, -1), strict=True))  # the earliest index wins
     last = dict(zip(partitions, range(n), strict=True))
     counts = Counter(partitions)
