@@ -224,17 +224,18 @@ class TopicLog:
         runs on the caller's loop, except for topics that check records against a JSON schema or
         dedup fields (``check_documents`` may take long for a big batch): ``offload`` (a runner of
         blocking functions, the call pool) runs it there when given."""
-        offloaded = offload is not None and self.checks_documents(request.topic)
-        if offload is not None and offloaded:
+        if offload is not None and self.checks_documents(request.topic):
             prepared = await offload(functools.partial(self.prepare_publish, request, producer))
+            leader_checked = False  # the loop ran other work meanwhile
         else:
             prepared = self.prepare_publish(request, producer)
+            leader_checked = True  # in this step of the loop: the prepare's leader check still holds
         result: object
         if prepared.ephemeral:
             result = self._publish_ephemeral(prepared)
-        else:  # prepared in this step of the loop: its leader check still holds
+        else:
             result = await self._submitter.submit_async(prepared.data(), sync=prepared.sync,
-                                                        leader_checked=not offloaded)
+                                                        leader_checked=leader_checked)
         return self.finish_publish(prepared, result)
 
     def checks_documents(self, topic: str) -> bool:

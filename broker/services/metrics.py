@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -60,7 +59,7 @@ class NodeMetrics:
         self.deliver_bytes = Counter("raftbroker_deliver_bytes", "Value bytes delivered to subscribers",
                                      ["topic"], registry=self.registry)
         self.subscribers = Gauge("raftbroker_subscribers", "Open subscription streams", registry=self.registry)
-        self._published: dict[str, tuple[Any, Any]] = {}  # topic -> its series of publish_records, _bytes
+        self._published: dict[str, tuple[Counter, Counter]] = {}  # topic -> its series of publish_records, _bytes
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def published(self, topic: str, records: int, value_bytes: int) -> None:

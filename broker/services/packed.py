@@ -104,23 +104,29 @@ def compact_ranges(published: Published) -> list[broker_pb2.PartitionRange] | No
     partitions = published.partitions
     n = len(partitions)
     if n and partitions.count(partitions[0]) == n:  # one partition (every publish to a 1-partition topic)
-        _, base, ts, _ = placements[0]
-        _, end, end_ts, _ = placements[-1]
-        if end - base != n - 1 or end_ts != ts:
-            return None
-        return [broker_pb2.PartitionRange(partition=partitions[0], base_offset=base, count=n, timestamp_ms=ts)]
+        one = _range(partitions[0], n, placements[0], placements[-1])
+        return None if one is None else [one]
     first = dict(zip(reversed(partitions), range(n - 1, -1, -1), strict=True))  # the earliest index wins
     last = dict(zip(partitions, range(n), strict=True))
     counts = Counter(partitions)
     ranges = []
     for partition, i in sorted(first.items(), key=operator.itemgetter(1)):
-        count = counts[partition]
-        _, base, ts, _ = placements[i]
-        _, end, end_ts, _ = placements[last[partition]]
-        if end - base != count - 1 or end_ts != ts:
+        found = _range(partition, counts[partition], placements[i], placements[last[partition]])
+        if found is None:
             return None
-        ranges.append(broker_pb2.PartitionRange(partition=partition, base_offset=base, count=count, timestamp_ms=ts))
+        ranges.append(found)
     return ranges
+
+
+def _range(partition: int, count: int, first: tuple[int, int, int, bool],
+           last: tuple[int, int, int, bool]) -> broker_pb2.PartitionRange | None:
+    """The range of ``count`` records of ``partition`` from the placements of its first and last
+    record, or None unless they are ``count - 1`` offsets apart with one timestamp."""
+    _, base, ts, _ = first
+    _, end, end_ts, _ = last
+    if end - base != count - 1 or end_ts != ts:
+        return None
+    return broker_pb2.PartitionRange(partition=partition, base_offset=base, count=count, timestamp_ms=ts)
 
 
 def compact_response(published: Published) -> broker_pb2.PublishResponse | None:
