@@ -19,14 +19,16 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from broker.cli.context import BootstrapOption, JsonFlag, emit_json, fail, reported_errors, state
-from broker.client import Client, TopicExists
+
+if TYPE_CHECKING:  # the SDK is imported by the commands that use it: the CLI starts fast
+    from broker.client import Client
 
 app = typer.Typer(help="Measure the cluster.", no_args_is_help=True)
 
@@ -115,6 +117,8 @@ def run_publish_bench(
     own_topic = topic is None
     name = topic or f"bench-{uuid.uuid4().hex[:8]}"
     results = []
+    from broker.client import Client, TopicExists
+
     with Client(bootstrap, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                 client_config=client_config) as client:
         with contextlib.suppress(TopicExists):

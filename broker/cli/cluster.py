@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
-from broker.client import ClusterStatus
+
+if TYPE_CHECKING:  # annotations only: the SDK is imported when a command runs (broker/cli/context.py)
+    from broker.client import ClusterStatus
 
 app = typer.Typer(help="Inspect the cluster and change its members.", no_args_is_help=True)
 

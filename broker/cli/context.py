@@ -16,11 +16,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from broker.client import BrokerError, Client, ClientConfigError, load_client_config
+if TYPE_CHECKING:  # the SDK (grpc, protobuf: ~0.3 s) is imported when a command needs it, so that
+    # `--help`, `--version`, usage errors and `serve` do not wait for it
+    from broker.client import Client
 
 EXIT_SERVER_ERROR = 1
 EXIT_USAGE = 2
@@ -63,6 +65,8 @@ def bootstrap_from_config(ctx: typer.Context, client_config: str | None) -> tupl
     source = ctx.get_parameter_source("bootstrap")  # typer's click: compared by name, not imported
     if client_config is None or source is None or source.name != "DEFAULT":
         return None
+    from broker.client import ClientConfigError, load_client_config
+
     try:
         loaded = load_client_config(client_config)
     except ClientConfigError as err:
@@ -113,6 +117,8 @@ def fail(message: str, code: int = EXIT_SERVER_ERROR) -> NoReturn:
 @contextmanager
 def reported_errors() -> Iterator[None]:
     """Turn SDK errors into one stderr line and exit 1; Ctrl-C exits 130; a closed pipe exits 0."""
+    from broker.client import BrokerError, ClientConfigError
+
     try:
         yield
     except (typer.Exit, typer.Abort, typer.TyperException):  # usage errors and exits keep their codes
@@ -135,6 +141,8 @@ def reported_errors() -> Iterator[None]:
 @contextmanager
 def connect(ctx: typer.Context) -> Iterator[Client]:
     """A client for the command's cluster, inside :func:`reported_errors`."""
+    from broker.client import Client
+
     opts = state(ctx)
     with reported_errors(), Client(
         opts.bootstrap, timeout_s=opts.timeout_s, retry_deadline_s=opts.retry_deadline_s,

@@ -8,14 +8,15 @@ import select
 import sys
 from collections.abc import Iterator
 from datetime import datetime
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
-from broker.client import Client, Event, InvalidArgument, OutgoingRecord, PublishResult
-from broker.client.wire import check_id
+
+if TYPE_CHECKING:  # the SDK is imported when a command runs (broker/cli/context.py)
+    from broker.client import Client, Event, OutgoingRecord, PublishResult
 
 STDIN_BATCH_RECORDS = 500
 STDIN_BATCH_BYTES_MAX = 1024 * 1024  # keeps one Publish well below gRPC's message limit
@@ -150,6 +151,8 @@ def publish(
     headers = parse_headers(header)
     _check_ids(idempotency_key, dedup_id, msg_id)
     json_output = state(ctx).json
+    from broker.client import OutgoingRecord
+
     with connect(ctx) as client:
         if values:
             batches: Iterator[list[bytes]] = iter([[v.encode() for v in values]])
@@ -173,6 +176,9 @@ def _check_ids(idempotency_key: str | None, dedup_id: str | None, msg_id: int | 
     """Usage errors of the dedup options (exit 2), before anything is read or sent."""
     if (dedup_id is None) != (msg_id is None):
         raise typer.BadParameter("--dedup-id and --msg-id go together", param_hint="--dedup-id/--msg-id")
+    from broker.client import InvalidArgument
+    from broker.client.wire import check_id
+
     for value, hint in ((idempotency_key, "--idempotency-key"), (dedup_id, "--dedup-id")):
         if value is not None:
             try:
@@ -350,6 +356,8 @@ def consume(
     start, timestamp_ms = parse_from(from_)
     json_output = state(ctx).json
     delivered = 0
+    from broker.client import Event
+
     with connect(ctx) as client, client.subscribe(
         topic, partition=partition, start=start, timestamp_ms=timestamp_ms, stop_at_end=not follow, filter=filter_
     ) as subscription:

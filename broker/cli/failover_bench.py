@@ -18,7 +18,6 @@ from typing import Annotated
 import typer
 
 from broker.cli.context import JsonFlag, emit_json, fail, reported_errors, state
-from broker.client import Client
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,7 @@ class FailoverResult:
 def run_failover_bench(trials: int, nodes: int = 3, data_dir: Path | None = None,
                        ready_timeout_s: float = 60.0) -> FailoverResult:
     """Kill the leader ``trials`` times; the cluster lives in ``data_dir`` (default: a temp dir)."""
+    from broker.client import Client
     from broker.devcluster import DevCluster
 
     if nodes < 3:

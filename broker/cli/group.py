@@ -14,7 +14,7 @@ Commands (``consume --group`` is :mod:`broker.cli.group_consume`): ``create``,
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,7 +23,9 @@ from rich.table import Table
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 from broker.cli.data import FROM_HELP, parse_from
-from broker.client import GroupLag
+
+if TYPE_CHECKING:  # annotations only: the SDK is imported when a command runs (broker/cli/context.py)
+    from broker.client import GroupLag
 
 app = typer.Typer(help="Consumer groups: lag, seek and replay, pause and resume, dead letters.",
                   no_args_is_help=True)

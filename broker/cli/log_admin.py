@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -10,7 +10,9 @@ from rich.console import Console
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 from broker.cli.topic import FullPolicy
-from broker.client import Retention
+
+if TYPE_CHECKING:
+    from broker.client import Retention
 
 
 def register(topic_app: typer.Typer, app: typer.Typer) -> None:
@@ -23,6 +25,8 @@ def register(topic_app: typer.Typer, app: typer.Typer) -> None:
 def merged_retention(current: Retention, max_age_ms: int | None, max_records: int | None,
                      max_bytes: int | None) -> Retention:
     """``current`` with the given caps replaced; 0 removes a cap, None keeps it."""
+    from broker.client import Retention
+
     def pick(new: int | None, old: int | None) -> int | None:
         if new is None:
             return old

@@ -20,12 +20,13 @@ JSON shapes (stable, for scripts):
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from broker.client import ClusterStatus, Event, PublishResult, Record, ReplicaVerification, TopicInfo
+if TYPE_CHECKING:  # annotations only: the SDK is imported when a command runs (broker/cli/context.py)
+    from broker.client import ClusterStatus, Event, PublishResult, Record, ReplicaVerification, TopicInfo
 
 
 def topic_json(info: TopicInfo) -> dict[str, Any]:

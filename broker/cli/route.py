@@ -8,15 +8,19 @@ JSON shape of a route (``route list --json`` prints an array of them): ``{"name"
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, parse_bootstrap, state
-from broker.client import RouteInfo
-from broker.client.models import OPS
+
+if TYPE_CHECKING:  # annotations only: the SDK is imported when a command runs (broker/cli/context.py)
+    from broker.client import RouteInfo
+
+# the SDK's broker.client.models.OPS, written out so that the help does not import the SDK (a unit test compares)
+OPS_TEXT = "insert, update, delete, tombstone"
 
 app = typer.Typer(help="Copy matching records of a topic into another topic, here or in another cluster.",
                   no_args_is_help=True)
@@ -37,6 +41,8 @@ def parse_ops(text: str | None) -> list[str] | None:
     """``insert,update`` as a list; raises ``typer.BadParameter`` for an unknown op."""
     if text is None:
         return None
+    from broker.client.models import OPS
+
     ops = [o.strip().lower() for o in text.split(",") if o.strip()]
     unknown = [o for o in ops if o not in OPS]
     if unknown or not ops:
@@ -58,7 +64,7 @@ def create(
                                                       "result is hashed to pick the target partition "
                                                       "(default: the record's key).", show_default=False)] = None,
     op: Annotated[str | None, typer.Option("--op", help="Copy only these ops: comma-separated "
-                                           f"{', '.join(OPS)}.", show_default=False)] = None,
+                                           f"{OPS_TEXT}.", show_default=False)] = None,
     to_cluster: Annotated[str | None, typer.Option("--to-cluster", help="Mirror into another cluster: its node "
                                                    "addresses host:port,... (records that came from that cluster "
                                                    "are never sent back).", show_default=False)] = None,

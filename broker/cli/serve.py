@@ -14,7 +14,6 @@ import typer
 
 from broker.allocator import ENV as ALLOCATOR_ENV
 from broker.allocator import Allocator, AllocatorError, choose
-from broker.config import ConfigError, PeerConfig, load_config
 
 if TYPE_CHECKING:  # the SDK is imported late: `raftbroker --help` stays fast
     from broker.client.security import ClientSecurity
@@ -80,6 +79,8 @@ def serve_command(
         raise typer.Exit(2) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("broker.node").info("%s", allocator_line)
+    from broker.config import ConfigError, PeerConfig, load_config  # pydantic: imported when it serves
+
     try:
         overrides = {
             "node_id": node_id, "cluster_id": cluster_id, "data_dir": data_dir, "grpc_address": grpc,

@@ -14,12 +14,14 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from broker.cli.context import BootstrapOption, JsonFlag, reported_errors, state
-from broker.pipeline import Pipeline, as_pipeline
+
+if TYPE_CHECKING:  # pydantic and the SDK, imported when a command runs
+    from broker.pipeline import Pipeline
 
 app = typer.Typer(help="Run pipelines (source.pipe(fn).to(target) DAGs) on Spark, or draw them.",
                   no_args_is_help=True)
@@ -48,6 +50,8 @@ def load_target(reference: str) -> tuple[Pipeline, Path | None]:
         raise typer.BadParameter(f"cannot import {module_name!r}: {err}", param_hint="TARGET") from None
     if not hasattr(module, attr):
         raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}", param_hint="TARGET")
+    from broker.pipeline import as_pipeline
+
     try:
         pipeline = as_pipeline(getattr(module, attr))
     except (TypeError, ValueError) as err:

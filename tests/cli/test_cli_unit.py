@@ -6,6 +6,8 @@ import base64
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -170,6 +172,27 @@ def test_every_documented_command_is_wired_into_the_cli() -> None:
                     ["dedup", "watermarks"], ["cluster", "add-node"], ["bench", "failover"]):
         result = CliRunner().invoke(real_app, [*command, "--help"])
         assert result.exit_code == 0, f"raftbroker {' '.join(command)}: {result.output}"
+
+
+def test_the_cli_imports_the_sdk_only_when_a_command_needs_it() -> None:
+    """`raftbroker --help`, `--version`, usage errors and the start of `serve` do not wait for grpc,
+    protobuf, pydantic or the CEL library (about half a second of imports): the command modules
+    import the SDK inside the commands."""
+    heavy = ("broker.client", "grpc", "google.protobuf", "pydantic", "cel", "broker.pipeline")
+    script = ("import sys\n"
+              "import broker.cli.main\n"
+              f"print(','.join(m for m in {heavy!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"importing the CLI imports {done.stdout.strip()}"
+
+
+def test_the_route_help_names_every_op_of_the_sdk() -> None:
+    from broker.cli.route import OPS_TEXT
+    from broker.client.models import OPS
+
+    assert ", ".join(OPS) == OPS_TEXT
 
 
 def test_version_prints_the_installed_distribution_version() -> None:
