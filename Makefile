@@ -24,7 +24,7 @@ $(BIN)/python:
 # Byte-code for our own sources, written before anything runs them. A shell that sets
 # PYTHONDONTWRITEBYTECODE (this machine's do, CI's included) leaves no .pyc behind, so every node, CLI
 # and Spark worker process would compile broker/ again from source: ~0.45 s of CPU per node start,
-# a fifth of the cluster tests' time (bench/NOTE.md, 2026-12-02 14:15). compileall skips what is up to date.
+# a fifth of the cluster tests' time (bench/NOTE.md, 2026-12-02 14:00). compileall skips what is up to date.
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q broker chaos bench tests deploy
 
