@@ -32,6 +32,7 @@ from broker.client import CLIENT_CONFIG_ENV, BrokerError, Client, ClientConfigEr
 from broker.config import ConfigError, PeerConfig
 
 NODE_WAIT_S_MAX = 600.0  # how long a new pod may take to start answering, and then to catch up
+RETRY_DEADLINE_S = 60.0  # how long a request is retried while no leader answers
 POLL_S = 1.0
 
 
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True, help="gRPC addresses of any nodes (the leader is found)")
     parser.add_argument("--desired", required=True, help="ID=RAFT_HOST:PORT/GRPC_HOST:PORT, comma-separated")
     parser.add_argument("--wait-s", type=float, default=NODE_WAIT_S_MAX, help="per new node")
+    parser.add_argument("--retry-deadline-s", type=float, default=RETRY_DEADLINE_S,
+                        help="how long a request is retried while no leader answers (a failover, a cluster "
+                             "starting; also a node that cannot be reached at all, e.g. TLS without the CA)")
     parser.add_argument("--client-config", default=os.environ.get(CLIENT_CONFIG_ENV) or None, metavar="PATH",
                         help=f"client config (CA, cluster-admin token), default ${CLIENT_CONFIG_ENV}")
     parser.add_argument("phase", choices=["shrink", "grow"])
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print("membership: error: --desired names no member", file=sys.stderr)
         return 2
     security = loaded.security if loaded else None
-    with Client(args.bootstrap, retry_deadline_s=60.0, security=security) as client:
+    with Client(args.bootstrap, retry_deadline_s=args.retry_deadline_s, security=security) as client:
         try:
             if args.phase == "shrink":
                 shrink(client, desired)

@@ -126,7 +126,10 @@ def test_health_and_membership_hook_against_a_tls_token_cluster(tmp_path: Path) 
         node = "n1"  # `raftbroker dev` names its nodes n1..nN
         hook = [sys.executable, str(MEMBERSHIP), "--bootstrap", address, "--wait-s", "60",
                 "--desired", f"{node}=127.0.0.1:1/{address}", "grow"]
-        no_config = subprocess.run(hook, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        # without the CA the TLS port cannot be reached at all: retried as a failover would be, for
+        # the --retry-deadline-s given (60 s by default)
+        no_config = subprocess.run([*hook[:-1], "--retry-deadline-s", "3", "grow"], capture_output=True, text=True,
+                                   timeout=120, stdin=subprocess.DEVNULL,
                                    env={k: v for k, v in os.environ.items() if k != "RAFTBROKER_CLIENT_CONFIG"})
         assert no_config.returncode == 1 and "membership: error" in no_config.stderr, no_config.stderr
         grown = subprocess.run([*hook[:-1], "--client-config", str(config), "grow"], capture_output=True, text=True,
