@@ -11,7 +11,7 @@ from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 from broker.cli.topic import FullPolicy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the SDK is imported when a command runs (broker/cli/context.py)
     from broker.client import Retention
 
 
