@@ -50,13 +50,27 @@ def _is_damage(exc: Exception) -> bool:
     return text.startswith(("Corruption:", "IO error:")) or "Corruption" in text.split(":", 1)[0]
 
 
-def _options(point_lookups: bool = False) -> Options:
+# META's memtable. Applies run without RocksDB's WAL (the Raft journal is the WAL), so a node that
+# crashes re-applies every command since the store's last flush when it restarts, and it answers
+# "no leader known" until it has. With RocksDB's default 64 MiB memtables, and commands of a few
+# small records, the store flushed only at each log compaction (every 20,000 commands): a follower
+# killed under load then took up to 11 s to serve again (the 20-leader-kill tests). META's
+# memtable grows ~130 bytes per applied command (applied index, digest, counters), so 512 KiB
+# fills after ~4,000 of them, and its flush takes every column family along (atomic flush).
+# Large commands fill the records' memtable first, as before.
+META_WRITE_BUFFER_BYTES = 512 * 1024
+
+
+def _options(point_lookups: bool = False, write_buffer_bytes: int | None = None) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     # column families flush together, so no crash can leave one ahead of another (e.g. the
-    # applied index in META ahead of the records it covers)
+    # applied index in META ahead of the records it covers); a flush that one memtable triggers
+    # flushes every column family that holds writes
     opts.set_atomic_flush(True)
+    if write_buffer_bytes is not None:
+        opts.set_write_buffer_size(write_buffer_bytes)
     if point_lookups:  # dedup keys: mostly lookups of keys that are not there
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
@@ -139,7 +153,9 @@ class RocksStore:
 
     @staticmethod
     def _open(path: Path) -> _Handles:
-        column_families = {c.value: _options(point_lookups=c == Column.DEDUP) for c in Column}
+        column_families = {c.value: _options(point_lookups=c == Column.DEDUP,
+                                             write_buffer_bytes=META_WRITE_BUFFER_BYTES if c == Column.META else None)
+                           for c in Column}
         db = Rdict(str(path), options=_options(), column_families=column_families,
                    access_type=AccessType.read_write())
         cfs = {c: db.get_column_family(c.value) for c in Column}
