@@ -22,7 +22,7 @@ _WRITER = textwrap.dedent("""
     from broker.storage.rocks import RocksStore
     store = RocksStore(sys.argv[1])
     wal = sys.argv[2] == "wal"
-    record = int(sys.argv[5]) if len(sys.argv) > 5 else 1000
+    record = int(sys.argv[5])
     for i in range(int(sys.argv[3])):
         batch = store.batch()
         batch.put(Column.RECORDS, i.to_bytes(8, "big"), b"x" * record)
