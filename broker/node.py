@@ -97,6 +97,7 @@ class Node:
                               max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
                               compaction_min_entries=config.raft_compaction_min_entries,
                               compaction_min_time_s=config.raft_compaction_min_time_s,
+                              journal_segment_bytes=config.raft_journal_segment_bytes,
                               leader_fallback_timeout_s=config.raft_leader_fallback_timeout_s,
                               connection_timeout_s=config.raft_connection_timeout_s)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],

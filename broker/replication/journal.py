@@ -1,25 +1,43 @@
-"""The Raft journal: an append-only file of checksummed records that is fsynced before any Raft
-message reflecting it leaves the node (etcd's rule: persist entries and hard state, then send).
+"""The Raft journal: a directory of append-only segment files of checksummed records, fsynced before
+any Raft message reflecting them leaves the node (etcd's rule: persist entries and hard state, then
+send).
 
 pysyncobj keeps its log in a ``Journal`` (``pysyncobj.syncobj.createJournal`` builds it). Its stock
 ``FileJournal`` is an mmap that is never synced, with 4-byte offsets. :class:`DurableJournal` keeps
-the same in-memory list of ``(command, index, term)`` entries and appends every change to one file:
+the same in-memory list of ``(command, index, term)`` entries and appends every change to the last
+segment of its directory:
 
-    header   magic(8) generation(8) crc(4) | synced length(8) crc(4)   (32 bytes)
+    <dir>/<sequence: 16 hex digits>.seg      sequences 1, 2, 3, ... with no gap
+    header   magic(8) sequence(8) crc(4) | synced length(8) crc(4)   (32 bytes)
     record   length(4) crc(4) type(1) payload      crc covers type + payload
 
 The checksum is CRC32C (magic ``RBJRNL02``; hardware-assisted through ``google_crc32c``, about 7x
-cheaper per byte than zlib's CRC-32 here, and every entry is checksummed on every replica). A file
-of the first format (magic ``RBJRNL01``, zlib's CRC-32) is still read, and appended to in its own
-checksum; the next rewrite (log compaction, snapshot installed) writes the current format.
+cheaper per byte than zlib's CRC-32 here, and every entry is checksummed on every replica). A
+segment of the first format (magic ``RBJRNL01``, zlib's CRC-32) is still read, and appended to in its
+own checksum; the next segment is written in the current one.
 
-Records: ENTRY (index, term, command), TRUNCATE (delete entries with index >= i), TERM (term,
-voted-for), COMMIT (commit index). Reading stops at the first short or corrupt record, so what is
-recovered is always a prefix of what was written; past the synced length recorded in the header
-that is a torn tail and is cut off, before it it is damage and the journal refuses to open.
-Dropping the covered prefix (log compaction) and ``clear`` (snapshot installed) write a new file
-of the next generation, fsync it and rename it in place, after fsyncing the snapshot file they
-rely on (``snapshot_barrier``).
+Records: ENTRY (index, term, command), TRUNCATE (drop the held entries with index >= i), TERM (term,
+voted-for), COMMIT (commit index), COMPACT (drop the held entries with index < i). Replaying the
+segments in order rebuilds the state. Reading a segment stops at its first short or corrupt record,
+so what is recovered is always a prefix of what was written; past the synced length recorded in its
+header that is a torn tail and is cut off, before it it is damage and the journal refuses to open.
+
+No byte is ever rewritten (``docs/design/log-is-the-store.md`` builds on it): a segment is appended
+to, sealed, and later deleted whole.
+- **Sealing.** Once the last segment holds ``segment_bytes``, the next entry goes to a new segment.
+  The full one is fsynced and its header records its whole length. The new one is written under a
+  temporary name with the state that is not an entry (TERM, COMMIT, and COMPACT up to the first
+  entry held), fsynced and renamed in place. So a sealed segment matters only for its entries.
+- **Log compaction** (``deleteEntriesTo``) fsyncs the snapshot that covers the dropped prefix
+  (``snapshot_barrier``), appends COMPACT, and deletes the sealed segments whose every entry is now
+  below the first one kept. Most compactions delete nothing and write one small record: the whole
+  file is no longer rewritten on the replication thread.
+- **``clear``** (a snapshot installed) fsyncs the snapshot, starts a new segment whose COMPACT drops
+  every entry, and deletes all the older segments.
+- **Upgrade.** The single-file journal of earlier releases (``legacy_file``, the same header and
+  records) is renamed into the directory as segment 1 at the first open, and a short file with
+  another magic (``LEGACY_MARKER``) takes its place: a node rolled back to an earlier release
+  refuses it rather than start with no journal.
 
 What is synced and when (see ``docs/design/replication.md``): TERM records always mark the journal
 "sync pending"; ENTRY and TRUNCATE records do when ``needs_sync(command)`` says so (entries of the
@@ -28,7 +46,7 @@ What is synced and when (see ``docs/design/replication.md``): TERM records alway
 releases them (group commit); a node applies nothing that still needs a sync. A journal opened after
 a crash is fsynced once, so whatever was recovered is durable from then on.
 
-Power-loss simulation (tests): on open the file is cut back to the synced length recorded in the
+Power-loss simulation (tests): on open each segment is cut back to the synced length recorded in its
 header, dropping every byte written but not fsynced.
 """
 
@@ -39,6 +57,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +71,23 @@ from broker.replication.stats import LatencyTally
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"RBJRNL02"  # what every new file is written in: CRC32C checksums
-MAGIC_ZLIB = b"RBJRNL01"  # the first format: zlib's CRC-32 (read, and appended to until rewritten)
+MAGIC = b"RBJRNL02"  # what every new segment is written in: CRC32C checksums
+MAGIC_ZLIB = b"RBJRNL01"  # the first format: zlib's CRC-32 (read, and appended to until sealed)
 HEADER_BYTES = 32
-_HEAD = struct.Struct("<8sQI")  # magic, generation, crc of the first 16 bytes
+SEGMENT_SUFFIX = ".seg"
+JOURNAL_DIR_NAME = "journal"  # beside the single-file journal of earlier releases (raft.py's JOURNAL_FILE_NAME)
+SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
+_NEW_SUFFIX = ".new"  # a segment being created: renamed into place once fsynced
+# Left where the single-file journal of earlier releases was: they refuse it ("not a raftbroker
+# journal", bad header) instead of starting with an empty journal, which could vote twice in a term.
+LEGACY_MARKER = b"RBJSEGS1"
+_HEAD = struct.Struct("<8sQI")  # magic, sequence (a generation in the single-file journal), crc of the first 16 bytes
 _SIM = struct.Struct("<QI")  # synced length, crc of it (at offset _HEAD.size)
 _REC = struct.Struct("<IIB")  # payload length (incl. type), crc(type + payload), type
 _ENTRY = struct.Struct("<QQ")
 _U64 = struct.Struct("<Q")
-ENTRY, TRUNCATE, TERM, COMMIT = 1, 2, 3, 4
+ENTRY, TRUNCATE, TERM, COMMIT, COMPACT = 1, 2, 3, 4, 5
+_EVERY_INDEX = (1 << 64) - 1  # COMPACT up to it: no entry is kept
 _NO_VOTE = b"\x00"
 _VOTE = b"\x01"
 
@@ -78,11 +105,10 @@ def _crc32(data: bytes, start: int = 0) -> int:
 
 CHECKSUMS: dict[bytes, Checksum] = {MAGIC: _crc32c, MAGIC_ZLIB: _crc32}
 _datasync = getattr(os, "fdatasync", os.fsync)
-_WRITEV_PIECES = 512  # below Linux's IOV_MAX (1024); os.writev refuses more
 
 
 class JournalError(Exception):
-    """A journal file that is not one of ours."""
+    """A journal that is not one of ours, or whose fsynced records are damaged or missing."""
 
 
 def fsync_path(path: Path) -> None:
@@ -97,6 +123,20 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def segment_name(sequence: int) -> str:
+    return f"{sequence:016x}{SEGMENT_SUFFIX}"
+
+
+def segment_sequences(directory: Path) -> list[int]:
+    """The sequences of the segments in ``directory``, ascending (files of other names are ignored)."""
+    found = []
+    for path in directory.glob("*" + SEGMENT_SUFFIX):
+        stem = path.name[:-len(SEGMENT_SUFFIX)]
+        if len(stem) == 16 and all(c in "0123456789abcdef" for c in stem):
+            found.append(int(stem, 16))
+    return sorted(found)
+
+
 def _record(crc: Checksum, kind: int, payload: bytes) -> bytes:
     return b"".join(_record_parts(crc, kind, payload))
 
@@ -109,25 +149,10 @@ def _record_parts(crc: Checksum, kind: int, payload: bytes, tail: bytes = b"") -
     return _REC.pack(1 + len(payload) + len(tail), check, kind) + payload, tail
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> None:
-    """Write ``pieces`` in order at the file's position, a few hundred per ``writev``."""
-    for start in range(0, len(pieces), _WRITEV_PIECES):
-        batch = pieces[start:start + _WRITEV_PIECES]
-        written = os.writev(fd, batch)
-        for piece in batch:  # a short write (rare for a file): the rest one piece at a time
-            if written >= len(piece):
-                written -= len(piece)
-                continue
-            view = memoryview(piece)[written:]
-            written = 0
-            while view:
-                view = view[os.write(fd, view):]
-
-
-def _header(generation: int, synced_bytes: int) -> bytes:
-    """The header of a new file (always the current format)."""
+def _header(sequence: int, synced_bytes: int) -> bytes:
+    """The header of a new segment (always the current format)."""
     crc = CHECKSUMS[MAGIC]
-    head = _HEAD.pack(MAGIC, generation, 0)[:16]
+    head = _HEAD.pack(MAGIC, sequence, 0)[:16]
     sim = _U64.pack(synced_bytes)
     out = head + struct.pack("<I", crc(head, 0)) + sim + struct.pack("<I", crc(sim, 0))
     assert len(out) == HEADER_BYTES
@@ -139,33 +164,45 @@ def _term_payload(term: int, voted_for: str | None) -> bytes:
     return _U64.pack(term) + vote
 
 
+@dataclass(slots=True)
+class _Segment:
+    sequence: int
+    path: Path
+    max_index: int = 0  # the highest entry index written into it (0: none)
+
+
 class DurableJournal(Journal):
-    """pysyncobj's ``Journal`` on an append-only, checksummed, fsync-on-demand file.
+    """pysyncobj's ``Journal`` on append-only, checksummed, fsync-on-demand segment files.
 
     Only the replication thread calls it. ``needs_sync(command)`` classifies appended entries;
     ``sync_entries`` is "flagged" (ask ``needs_sync``), "all" or "never" (negative controls: only
-    TERM records are synced). ``snapshot_barrier`` is called before the file is replaced.
+    TERM records are synced). ``snapshot_barrier`` is called before a compaction or ``clear`` drops
+    entries. ``legacy_file``: a single-file journal of an earlier release, adopted as segment 1.
     """
 
-    def __init__(self, path: Path, *, needs_sync: Callable[[bytes], bool], sync_entries: str = "flagged",
+    def __init__(self, directory: Path, *, needs_sync: Callable[[bytes], bool], sync_entries: str = "flagged",
                  snapshot_barrier: Callable[[], None] | None = None, simulate_power_loss: bool = False,
-                 fsync_latency: LatencyTally | None = None) -> None:
+                 fsync_latency: LatencyTally | None = None, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+                 legacy_file: Path | None = None) -> None:
         """``fsync_latency``: where each append fsync's duration is observed (metrics), if given."""
         if sync_entries not in ("flagged", "all", "never"):
             raise ValueError(f"sync_entries must be flagged, all or never, not {sync_entries!r}")
-        self._path = Path(path)
+        if segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be positive, not {segment_bytes}")
+        self._dir = Path(directory)
         self._needs_sync = needs_sync
         self._sync_entries = sync_entries
         self._snapshot_barrier = snapshot_barrier
         self._simulate = simulate_power_loss
+        self._segment_bytes = segment_bytes
         self._entries: list[Entry] = []
+        self._segments: list[_Segment] = []  # oldest first; the last one is appended to
         self._term = 0
         self._voted_for: str | None = None
         self._commit = 1
         self._commit_written = 1
-        self._generation = 0
-        self._size = 0  # bytes written to the file
-        self._synced_size = 0  # bytes known to be on stable storage
+        self._size = 0  # bytes written to the last segment
+        self._synced_size = 0  # of which known to be on stable storage
         self._sync_pending = False  # a written record must be fsynced before any message leaves
         self._term_pending = False  # ...and it is a term/vote record
         self.fsyncs = 0
@@ -174,53 +211,88 @@ class DurableJournal(Journal):
         self.dropped_bytes = 0  # power-loss simulation: unsynced bytes cut off at open
         self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
         self._fd = -1
-        self._crc: Checksum = CHECKSUMS[MAGIC]  # the open file's (a first-format file keeps zlib's)
-        if self._path.exists():
-            self._open_existing()
+        self._crc: Checksum = CHECKSUMS[MAGIC]  # the last segment's (a first-format one keeps zlib's)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        if legacy_file is not None:
+            self._adopt(Path(legacy_file))
+        for leftover in self._dir.glob("*" + SEGMENT_SUFFIX + _NEW_SUFFIX):
+            leftover.unlink()  # a segment whose creation a crash cut short: never renamed, never used
+        sequences = segment_sequences(self._dir)
+        if sequences:
+            self._open_existing(sequences)
         else:
-            self._rewrite()
+            self._start_segment(1)
 
     # -- files -------------------------------------------------------------------------------
-    def _open_existing(self) -> None:
-        data = self._path.read_bytes()
-        magic, generation, check = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
-        crc = CHECKSUMS.get(magic)
-        if crc is None or check != crc(data[:16], 0):
-            raise JournalError(
-                f"{self._path} is not a raftbroker journal (bad header; a journal of pysyncobj's own format is "
-                "not read any more): move the node's data directory away and let it catch up from the leader")
-        self._generation = generation
-        self._crc = crc
-        synced, synced_crc = _SIM.unpack_from(data, _HEAD.size)
-        if synced_crc != crc(_U64.pack(synced), 0) or synced < HEADER_BYTES:
-            logger.warning("journal %s: no valid synced length in the header", self._path)
-            synced = HEADER_BYTES
-        end = len(data)
+    def _adopt(self, legacy: Path) -> None:
+        """Move a single-file journal of an earlier release in as segment 1 (one rename: a crash leaves
+        either the old file or the segment), then leave ``LEGACY_MARKER`` in its place."""
+        if legacy.is_file() and legacy.read_bytes()[:len(LEGACY_MARKER)] != LEGACY_MARKER:
+            if segment_sequences(self._dir):
+                raise JournalError(f"{legacy} is a journal of an earlier release beside the segments of {self._dir}: "
+                                   "move the node's data directory away and let it catch up from the leader")
+            os.replace(legacy, self._dir / segment_name(1))
+            fsync_path(self._dir)
+            logger.info("journal %s: adopted %s as its first segment", self._dir, legacy)
+        if not legacy.exists():
+            staged = legacy.with_name(legacy.name + _NEW_SUFFIX)
+            staged.write_bytes(LEGACY_MARKER + f" the Raft journal is the directory {self._dir.name}/\n".encode())
+            fsync_path(staged)
+            os.replace(staged, legacy)
+            fsync_path(legacy.parent)
+
+    def _open_existing(self, sequences: list[int]) -> None:
+        expected = list(range(sequences[0], sequences[0] + len(sequences)))
+        if sequences != expected:
+            missing = sorted(set(expected) - set(sequences))
+            raise JournalError(f"{self._dir}: segment {segment_name(missing[0])} is missing: move the node's data "
+                               "directory away and let it catch up from the leader")
+        for position, sequence in enumerate(sequences):
+            self._replay_segment(_Segment(sequence, self._dir / segment_name(sequence)),
+                                 last=position == len(sequences) - 1)
         if self._simulate:
-            self.dropped_bytes = max(0, end - synced)
-            end = min(end, synced)
-        good = self._replay(data, end)
-        if good < min(synced, end):
-            # A bad record inside what was fsynced is damage, not a torn write: refuse to guess.
-            raise JournalError(f"{self._path}: corrupt record at offset {good}, inside the {synced} bytes it had "
-                               "fsynced: move the node's data directory away and let it catch up from the leader")
-        if self._simulate:
-            logger.warning("power-loss simulation: %s cut back to its last fsync (dropped %d bytes)",
-                           self._path, self.dropped_bytes)
-        if good < len(data):
-            logger.warning("journal %s: cutting %d bytes after the last whole record", self._path, len(data) - good)
-            os.truncate(self._path, good)
-        self._fd = os.open(self._path, os.O_WRONLY)
-        self._size = good
+            logger.warning("power-loss simulation: %s cut back to its last fsyncs (dropped %d bytes)",
+                           self._dir, self.dropped_bytes)
+        self._fd = os.open(self._segments[-1].path, os.O_WRONLY)
         # Whatever was recovered (written before a process crash) is made durable once, now.
         os.fsync(self._fd)
-        self._synced_size = good
+        self._synced_size = self._size
         self._record_synced_length()
         self._commit_written = self._commit
 
-    def _replay(self, data: bytes, stop: int) -> int:
+    def _replay_segment(self, segment: _Segment, *, last: bool) -> None:
+        path = segment.path
+        data = path.read_bytes()
+        magic, _sequence, check = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
+        crc = CHECKSUMS.get(magic)
+        if crc is None or check != crc(data[:16], 0):
+            raise JournalError(
+                f"{path} is not a raftbroker journal segment (bad header; a journal of pysyncobj's own format is "
+                "not read any more): move the node's data directory away and let it catch up from the leader")
+        synced, synced_crc = _SIM.unpack_from(data, _HEAD.size)
+        if synced_crc != crc(_U64.pack(synced), 0) or synced < HEADER_BYTES:
+            logger.warning("journal %s: no valid synced length in the header", path)
+            synced = HEADER_BYTES
+        end = len(data)
+        if self._simulate:
+            self.dropped_bytes += max(0, end - synced)
+            end = min(end, synced)
+        good = self._replay(data, end, crc, segment)
+        if good < min(synced, end):
+            # A bad record inside what was fsynced is damage, not a torn write: refuse to guess.
+            raise JournalError(f"{path}: corrupt record at offset {good}, inside the {synced} bytes it had "
+                               "fsynced: move the node's data directory away and let it catch up from the leader")
+        if good < len(data):
+            logger.warning("journal %s: cutting %d bytes after the last whole record", path, len(data) - good)
+            os.truncate(path, good)
+        self._segments.append(segment)
+        if last:
+            self._crc = crc
+            self._size = good
+
+    def _replay(self, data: bytes, stop: int, crc: Checksum, segment: _Segment) -> int:
         """Apply every whole record in ``data[:stop]``; return the offset after the last good one."""
-        pos, crc = HEADER_BYTES, self._crc
+        pos = HEADER_BYTES
         while pos + _REC.size <= stop:
             length, check, kind = _REC.unpack_from(data, pos)
             end = pos + 8 + length
@@ -233,6 +305,7 @@ class DurableJournal(Journal):
             if kind == ENTRY:
                 index, term = _ENTRY.unpack_from(payload)
                 self._entries.append((bytes(payload[_ENTRY.size:]), index, term))
+                segment.max_index = max(segment.max_index, index)
             elif kind == TRUNCATE:
                 self._drop_from_index(_U64.unpack_from(payload)[0])
             elif kind == TERM:
@@ -241,6 +314,9 @@ class DurableJournal(Journal):
                 self._voted_for = vote[1:].decode() if vote[:1] == _VOTE else None
             elif kind == COMMIT:
                 self._commit = _U64.unpack_from(payload)[0]
+            elif kind == COMPACT:
+                keep = _U64.unpack_from(payload)[0]
+                self._entries = [entry for entry in self._entries if entry[1] >= keep]
             else:
                 break
             pos = end
@@ -251,47 +327,60 @@ class DurableJournal(Journal):
             self._entries.pop()
 
     def _fail(self, exc: OSError) -> None:
-        logger.critical("raft journal %s failed; this node sends nothing more", self._path, exc_info=exc)
+        logger.critical("raft journal %s failed; this node sends nothing more", self._dir, exc_info=exc)
         self.failure = exc
         self._sync_pending = self._term_pending = True  # holds every message back for good
 
-    def _rewrite(self) -> None:
-        """Write the whole state into a new file of the next generation, fsync it, rename it in place."""
+    def _first_kept(self) -> int:
+        return self._entries[0][1] if self._entries else _EVERY_INDEX
+
+    def _start_segment(self, sequence: int) -> None:
+        """Write a new last segment holding the state that is not an entry, fsync it and rename it in
+        place; appends go to it from now on."""
+        crc = CHECKSUMS[MAGIC]  # a new segment is written in the current format
+        records = (_record(crc, TERM, _term_payload(self._term, self._voted_for))
+                   + _record(crc, COMMIT, _U64.pack(self._commit))
+                   + _record(crc, COMPACT, _U64.pack(self._first_kept())))
+        data = _header(sequence, HEADER_BYTES + len(records)) + records
+        path = self._dir / segment_name(sequence)
+        staged = path.with_name(path.name + _NEW_SUFFIX)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            self._rewrite_file()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(staged, path)
+        fsync_path(self._dir)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(path, os.O_WRONLY)
+        self._segments.append(_Segment(sequence, path))
+        self._crc = crc
+        self._size = self._synced_size = len(data)
+        self._sync_pending = self._term_pending = False  # term and vote are in the fsynced segment
+        self._commit_written = self._commit
+        self.fsyncs += 1
+
+    def _seal(self) -> None:
+        """fsync the last segment and record its whole length as synced, then start the next one."""
+        self._fsync()
+        try:
+            _datasync(self._fd)  # the header's synced length, which _fsync wrote after its fsync
+            self._start_segment(self._segments[-1].sequence + 1)
         except OSError as exc:
             self._fail(exc)
             raise
 
-    def _rewrite_file(self) -> None:
-        if self._snapshot_barrier is not None and self._fd >= 0:
-            self._snapshot_barrier()  # the snapshot that replaces the dropped prefix is on disk first
-        self._generation += 1
-        # the records as pieces, each command as it is (no copy of the log in Python: the rewrite
-        # runs on the replication thread, so every pass over a tail of tens of MB is a stall)
-        crc = CHECKSUMS[MAGIC]  # a new file is written in the current format
-        pieces = [_record(crc, TERM, _term_payload(self._term, self._voted_for)),
-                  _record(crc, COMMIT, _U64.pack(self._commit))]
-        for command, index, term in self._entries:
-            pieces += _record_parts(crc, ENTRY, _ENTRY.pack(index, term), command)
-        size = HEADER_BYTES + sum(map(len, pieces))
-        staged = self._path.with_name(self._path.name + ".rewrite")
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_all(fd, [_header(self._generation, size), *pieces])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(staged, self._path)
-        fsync_path(self._path.parent)
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = os.open(self._path, os.O_WRONLY)
-        self._crc = crc
-        self._size = self._synced_size = size
-        self._sync_pending = self._term_pending = False
-        self._commit_written = self._commit
-        self.fsyncs += 1
+    def _delete_segments(self, count: int) -> None:
+        """Delete the ``count`` oldest segments (never the last one)."""
+        assert count < len(self._segments)
+        for segment in self._segments[:count]:
+            segment.path.unlink(missing_ok=True)
+        fsync_path(self._dir)
+        del self._segments[:count]
 
     def _append(self, kind: int, payload: bytes, needs_sync: bool, tail: bytes = b"") -> None:
         """Write a record of ``payload + tail`` at the end (``tail``, a command, is not copied)."""
@@ -355,18 +444,30 @@ class DurableJournal(Journal):
 
     def _record_synced_length(self) -> None:
         # Stable with the next fsync. At open, damage before it is corruption (refused), after it a
-        # torn tail (cut); the power-loss simulation cuts the file back to it.
+        # torn tail (cut); the power-loss simulation cuts the segment back to it.
         synced = _U64.pack(self._synced_size)
         os.pwrite(self._fd, synced + struct.pack("<I", self._crc(synced, 0)), _HEAD.size)
 
     # -- pysyncobj's Journal interface -------------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
+        if self._size >= self._segment_bytes:
+            self._seal()
         self._entries.append((command, idx, term))
         self._append(ENTRY, _ENTRY.pack(idx, term), self._entry_needs_sync(command), command)
+        segment = self._segments[-1]
+        if idx > segment.max_index:
+            segment.max_index = idx
 
     def clear(self) -> None:
+        if self._snapshot_barrier is not None:
+            self._snapshot_barrier()  # the snapshot that replaces every entry is on disk first
         self._entries = []
-        self._rewrite()
+        try:
+            self._start_segment(self._segments[-1].sequence + 1)  # its COMPACT drops every entry
+            self._delete_segments(len(self._segments) - 1)
+        except OSError as exc:
+            self._fail(exc)
+            raise
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (pysyncobj's name)
         if entryFrom >= len(self._entries):
@@ -376,8 +477,25 @@ class DurableJournal(Journal):
         self._append(TRUNCATE, _U64.pack(index), self._sync_entries != "never")
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
+        if entryTo <= 0:
+            return
+        if self._snapshot_barrier is not None:
+            self._snapshot_barrier()  # the snapshot that replaces the dropped prefix is on disk first
         self._entries = self._entries[entryTo:]
-        self._rewrite()
+        keep = self._first_kept()
+        self._append(COMPACT, _U64.pack(keep), False)
+        covered = 0
+        for segment in self._segments[:-1]:
+            if segment.max_index >= keep:
+                break
+            covered += 1
+        if covered:
+            self._fsync()  # the COMPACT record first: no replay looks for an entry of a deleted segment
+            try:
+                self._delete_segments(covered)
+            except OSError as exc:
+                self._fail(exc)
+                raise
 
     def __getitem__(self, item: Any) -> Any:
         return self._entries[item]
@@ -421,12 +539,18 @@ class DurableJournal(Journal):
 
     @property
     def path(self) -> Path:
-        return self._path
+        """The journal's directory."""
+        return self._dir
 
     @property
     def generation(self) -> int:
-        return self._generation
+        """The sequence of the segment appended to."""
+        return self._segments[-1].sequence
 
+    @property
+    def segment_paths(self) -> list[Path]:
+        """The segments, oldest first."""
+        return [segment.path for segment in self._segments]
 
 
 class SyncingTransport(TCPTransport):

@@ -27,6 +27,7 @@ from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
+from broker.replication.journal import SEGMENT_BYTES_DEFAULT
 from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
 from broker.replication.stats import LeadershipTracker, RaftCounters, RaftStats
@@ -39,7 +40,9 @@ logger = logging.getLogger(__name__)
 
 _patches.apply_patches_from_env()
 
-JOURNAL_FILE_NAME = "raft.journal"  # journal.DurableJournal; refuses files of pysyncobj's own format
+# pysyncobj's journalFile: the key _patches builds our journal under, and the single-file journal of earlier
+# releases, which journal.DurableJournal adopts as the first segment of its directory (journal.JOURNAL_DIR_NAME)
+JOURNAL_FILE_NAME = "raft.journal"
 ENV_SIMULATE_POWER_LOSS = "RAFTBROKER_SIMULATE_POWER_LOSS"
 ENV_JOURNAL_SYNC = "RAFTBROKER_JOURNAL_SYNC"
 DUMP_FILE_NAME = "raft.snapshot"
@@ -125,6 +128,9 @@ class RaftOptions:
     # HandshakeLimits itself, and not tied to connection_timeout_s (silence on a member's connection:
     # drills set 60 s).
     handshake: HandshakeLimits = field(default_factory=HandshakeLimits)
+    # The journal's segment files (journal.DurableJournal): a full one is sealed and the next started;
+    # a compaction deletes the sealed segments it has passed, instead of rewriting the journal.
+    journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT
     journal_sync: str = "flagged"  # fsync entries submitted with sync=True ("flagged") or every entry ("all")
     pre_vote: bool = True  # ask a majority before campaigning (a restarting node cannot depose the leader)
     # Raft messages on the wire: "none" (pickle as is) or "zlib" (pysyncobj's). bench/NOTE.md, 2026-11-24:
@@ -164,6 +170,7 @@ class RaftOptions:
              0 <= o.commit_notice_delay_s <= o.append_entries_period_s),
             ("auto_tick_period_s <= idle_poll_max_s <= 1", o.auto_tick_period_s <= o.idle_poll_max_s <= 1.0),
             ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
+            ("journal_segment_bytes between 64 KiB and 1 GiB", 64 * 1024 <= o.journal_segment_bytes <= 1 << 30),
             ("raft_message_compression is none or zlib", o.raft_message_compression in ("none", "zlib")),
             ("socket buffers between 64 KiB and 64 MiB",
              all(64 * 1024 <= size <= 64 * 1024 * 1024 for size in (o.socket_send_buffer_bytes,
@@ -293,7 +300,8 @@ class PysyncobjReplicator:
                          simulate_power_loss=options.simulate_power_loss or simulate_power_loss_from_env(),
                          counters=self._counters,
                          handshake_limits=options.handshake, commit_notice_delay_s=options.commit_notice_delay_s,
-                         idle_poll_max_s=options.idle_poll_max_s)
+                         idle_poll_max_s=options.idle_poll_max_s,
+                         journal_segment_bytes=options.journal_segment_bytes)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))

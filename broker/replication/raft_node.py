@@ -23,7 +23,14 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Role, StateMachine, _patches
-from broker.replication.journal import DurableJournal, ReleasingPoller, SyncingTransport, fsync_path
+from broker.replication.journal import (
+    JOURNAL_DIR_NAME,
+    SEGMENT_BYTES_DEFAULT,
+    DurableJournal,
+    ReleasingPoller,
+    SyncingTransport,
+    fsync_path,
+)
 from broker.replication.prevote import PreVoteMixin
 from broker.replication.snapshot import read_raft_data
 from broker.replication.snapshot_guard import SnapshotGuardMixin
@@ -85,7 +92,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                  pre_vote: bool | None = None, simulate_power_loss: bool = False,
                  stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None,
                  handshake_limits: HandshakeLimits | None = None, commit_notice_delay_s: float = 0.0,
-                 idle_poll_max_s: float = 0.0) -> None:
+                 idle_poll_max_s: float = 0.0, journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once, and its transport
         # (GuardedTransport) reads handshake_limits when it is built.
         self.handshake_limits = handshake_limits or HandshakeLimits()
@@ -120,7 +127,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
 
         def open_journal() -> DurableJournal:  # pysyncobj calls it in SyncObj.__init__, before any apply
             journal = DurableJournal(
-                Path(journal_path), needs_sync=lambda command: command_needs_sync(command, synced_id),
+                Path(journal_path).with_name(JOURNAL_DIR_NAME), legacy_file=Path(journal_path),
+                segment_bytes=journal_segment_bytes, needs_sync=lambda command: command_needs_sync(command, synced_id),
                 sync_entries=journal_sync if "journal_sync" in active else "never",
                 snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
                 fsync_latency=self.counters.fsync)

@@ -2,7 +2,7 @@
 down (kill -9), then the node is restarted and watched.
 
 Modes: ``flip-sst`` (bytes of a RocksDB table file), ``truncate-wal`` (the newest RocksDB WAL),
-``flip-journal`` / ``truncate-journal`` (the Raft journal), ``flip-snapshot`` (the Raft snapshot
+``flip-journal`` / ``truncate-journal`` (a segment of the Raft journal), ``flip-snapshot`` (the Raft snapshot
 file). A mode whose file does not exist on the node falls back to the next in that order.
 
 What the node does is recorded: it refuses to start, or it starts and catches up, and a scrub
@@ -19,6 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
+from broker.replication.journal import JOURNAL_DIR_NAME, SEGMENT_SUFFIX
 from chaos.nemeses import RECOVERY_TIMEOUT_S, Ctx, Step
 from chaos.reads import read_partition
 
@@ -32,7 +33,7 @@ def _files(node_dir: Path, mode: str) -> list[Path]:
     elif mode == "truncate-wal":
         found = sorted((node_dir / "store").rglob("*.log"), key=lambda p: p.stat().st_mtime)[-1:]
     elif mode in ("flip-journal", "truncate-journal"):
-        found = sorted((node_dir / "raft").glob("raft.journal*"))
+        found = sorted((node_dir / "raft" / JOURNAL_DIR_NAME).glob("*" + SEGMENT_SUFFIX))
     else:
         found = sorted((node_dir / "raft").glob("raft.snapshot"))
     return [p for p in found if p.is_file() and p.stat().st_size > 0]

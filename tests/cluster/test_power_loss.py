@@ -22,6 +22,7 @@ import pytest
 
 from broker.client import Client, TopicNotFound
 from broker.devcluster import DevCluster
+from broker.replication.journal import JOURNAL_DIR_NAME, segment_sequences
 from tests.cluster.digests import digest, partition_contents, wait_converged
 from tests.conftest import wait_until
 
@@ -188,7 +189,7 @@ def test_fsync_topic_keeps_every_acknowledged_record_through_power_losses(tmp_pa
 
 @pytest.mark.timeout(300)
 def test_without_journal_syncs_power_losses_lose_acknowledged_records(tmp_path: Path) -> None:
-    # No early compactions here: rewriting the journal after a snapshot is a sync point of its own.
+    # No early compactions here: a compaction that deletes journal segments is a sync point of its own.
     env = {"RAFTBROKER_SIMULATE_POWER_LOSS": "1", "RAFTBROKER_PYSYNCOBJ_PATCHES_OFF": "journal_sync"}
     outcome = drill(tmp_path, "fsync", rounds=1, env=env)
     lost = outcome.missing + outcome.topic_lost
@@ -201,12 +202,11 @@ def test_disk_topic_keeps_every_acknowledged_record_through_kill9_of_every_node(
     assert_nothing_lost(outcome)
 
 
-def _journal_inode(c: DevCluster, i: int) -> int:
-    """The inode of node ``i``'s Raft journal: a compaction rewrites it into a new file (prefix dropped)."""
-    try:
-        return (c.node_data_dir(i) / "raft" / "raft.journal").stat().st_ino
-    except FileNotFoundError:
-        return -1
+def _oldest_segment(c: DevCluster, i: int) -> int:
+    """The sequence of node ``i``'s oldest journal segment: a compaction that has passed every entry
+    of a segment deletes it (the dropped prefix is gone for good)."""
+    found = segment_sequences(c.node_data_dir(i) / "raft" / JOURNAL_DIR_NAME)
+    return found[0] if found else -1
 
 
 @pytest.mark.timeout(300)
@@ -215,20 +215,20 @@ def test_kill9_of_every_node_right_after_a_log_compaction_loses_nothing(tmp_path
     restarts then needs the store or that snapshot for everything before it (and, as applies are
     written without RocksDB's WAL, ``journaled=True``, the snapshot's flush of the store). The
     riskiest moment is the one right after the prefix is gone: each round kills every node the
-    moment one of them has rewritten its journal, then checks that every acknowledged record is
-    there once, in order, on every node."""
+    moment one of them has deleted a journal segment (small segments, so that compactions pass
+    whole ones), then checks that every acknowledged record is there once, in order, on every node."""
     def right_after_a_compaction(c: DevCluster, publisher: Publisher, round_: int) -> None:
-        before = [_journal_inode(c, i) for i in range(c.nodes)]
+        before = [_oldest_segment(c, i) for i in range(c.nodes)]
         compacted = wait_until(
-            lambda: [c.node_id(i) for i in range(c.nodes) if _journal_inode(c, i) != before[i]] or publisher.error,
-            120, "a node to compact its log")
+            lambda: [c.node_id(i) for i in range(c.nodes) if _oldest_segment(c, i) > before[i]] or publisher.error,
+            120, "a node's compaction to delete a journal segment")
         for i in range(c.nodes):
             c.kill(i)
         print(f"round {round_}: {publisher.count} acked; {compacted} compacted: killed every node")
         for i in range(c.nodes):
             c.spawn(i)
 
-    outcome = drill(tmp_path, "disk", rounds=3, env={"RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "300"},
-                    crash_round=right_after_a_compaction)
+    env = {"RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "300", "RAFTBROKER_RAFT_JOURNAL_SEGMENT_BYTES": "65536"}
+    outcome = drill(tmp_path, "disk", rounds=3, env=env, crash_round=right_after_a_compaction)
     assert sum(len(v) for v in outcome.acked.values()) > 0
     assert_nothing_lost(outcome)

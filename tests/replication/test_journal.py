@@ -1,4 +1,4 @@
-"""The durable Raft journal: recovery, torn tails, rewrites, the power-loss simulation, which
+"""The durable Raft journal: recovery, torn tails, segments and compaction, the power-loss simulation, which
 entries need a sync, and the transport that holds messages back until the journal is synced."""
 
 from __future__ import annotations
@@ -10,13 +10,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from broker.replication import raft
-from broker.replication.journal import ENTRY, HEADER_BYTES, MAGIC, MAGIC_ZLIB, DurableJournal, JournalError
+from broker.replication.journal import (
+    ENTRY,
+    HEADER_BYTES,
+    LEGACY_MARKER,
+    MAGIC,
+    MAGIC_ZLIB,
+    DurableJournal,
+    JournalError,
+    segment_name,
+    segment_sequences,
+)
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port
@@ -44,6 +55,10 @@ def crash(journal: DurableJournal) -> None:
     """A process crash: the descriptor goes away without the final fsync of a clean close."""
     os.close(journal._fd)
     journal._fd = -1
+
+
+def last_segment(path: Path) -> Path:
+    return path / segment_name(segment_sequences(path)[-1])
 
 
 def entries(journal: DurableJournal) -> list[tuple[int, int]]:
@@ -88,8 +103,9 @@ def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
     journal.add(command(PLAIN_ID), 1, 1)
     journal.add(command(PLAIN_ID), 2, 1)
     crash(journal)  # neither record was fsynced: a crash may tear the last one
-    whole = path.stat().st_size
-    with open(path, "r+b") as f:
+    segment = last_segment(path)
+    whole = segment.stat().st_size
+    with open(segment, "r+b") as f:
         f.truncate(whole - 3)  # the second record loses its last bytes
     again = open_journal(path)
     assert entries(again) == [(1, 1)]
@@ -105,64 +121,77 @@ def test_damage_inside_what_was_fsynced_is_refused(tmp_path: Path) -> None:
     journal.add(command(SYNCED_ID), 2, 1)
     journal.sync()
     crash(journal)
-    clean = path.read_bytes()
+    segment = last_segment(path)
+    clean = segment.read_bytes()
     flipped = bytearray(clean)
-    flipped[HEADER_BYTES + 30] ^= 0xFF  # a bit flip in an fsynced record, not a torn write
-    path.write_bytes(bytes(flipped))
+    flipped[-30] ^= 0xFF  # a bit flip in an fsynced record, not a torn write
+    segment.write_bytes(bytes(flipped))
     with pytest.raises(JournalError, match="corrupt record at offset"):
         open_journal(path)
-    path.write_bytes(clean[:-5])  # fsynced bytes missing: damage too
+    segment.write_bytes(clean[:-5])  # fsynced bytes missing: damage too
     with pytest.raises(JournalError, match="corrupt record at offset"):
         open_journal(path)
-    path.write_bytes(clean)
+    segment.write_bytes(clean)
     assert entries(open_journal(path)) == [(1, 1), (2, 1)]
 
 
 def test_a_file_that_is_not_a_journal_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "raft.wal"
-    path.write_bytes(b"PYSYNCOBJ" + bytes(40))
-    with pytest.raises(JournalError):
+    path.mkdir()
+    (path / segment_name(1)).write_bytes(b"PYSYNCOBJ" + bytes(40))
+    with pytest.raises(JournalError, match="not a raftbroker journal segment"):
         open_journal(path)
 
 
-def _first_format_file(entries_: list[tuple[bytes, int, int]], term: int, voted_for: str) -> bytes:
-    """A journal as the first format wrote it (magic RBJRNL01, zlib's CRC-32), built here from its
-    layout, not by the module: header, a TERM record, then ENTRY records; all of it synced."""
+def _legacy_file(entries_: list[tuple[bytes, int, int]], term: int, voted_for: str, *, magic: bytes) -> bytes:
+    """A single-file journal as earlier releases wrote it (magic RBJRNL01 with zlib's CRC-32, or
+    RBJRNL02 with CRC32C), built here from its layout, not by the module: header (generation 7), a
+    TERM record, then ENTRY records; all of it synced."""
+    crc = zlib.crc32 if magic == MAGIC_ZLIB else (lambda data: int(google_crc32c.value(data)))
+
     def record(kind: int, payload: bytes) -> bytes:
         body = bytes((kind,)) + payload
-        return struct.pack("<II", len(body), zlib.crc32(body)) + body
+        return struct.pack("<II", len(body), crc(body)) + body
 
     records = record(3, struct.pack("<Q", term) + b"\x01" + voted_for.encode())
     for cmd, index, entry_term in entries_:
         records += record(1, struct.pack("<QQ", index, entry_term) + cmd)
-    head = MAGIC_ZLIB + struct.pack("<Q", 7)
+    head = magic + struct.pack("<Q", 7)
     synced = struct.pack("<Q", HEADER_BYTES + len(records))
-    return head + struct.pack("<I", zlib.crc32(head)) + synced + struct.pack("<I", zlib.crc32(synced)) + records
+    return head + struct.pack("<I", crc(head)) + synced + struct.pack("<I", crc(synced)) + records
 
 
-def test_a_first_format_journal_is_read_appended_to_and_rewritten_in_the_current_one(tmp_path: Path) -> None:
-    """Nodes upgraded in place keep their journals: a zlib-checksummed file opens with its entries,
-    takes appends in its own checksum (a reopen reads them all), and its next rewrite is CRC32C."""
-    path = tmp_path / "raft.wal"
+@pytest.mark.parametrize("magic", [MAGIC_ZLIB, MAGIC])
+def test_a_single_file_journal_of_earlier_releases_becomes_the_first_segment(tmp_path: Path, magic: bytes) -> None:
+    """Nodes upgraded in place keep their journals: the single file is moved in as segment 1 and
+    opens with its entries; a first-format (zlib) one takes appends in its own checksum until it is
+    sealed, and the next segment is CRC32C."""
+    legacy, path = tmp_path / "raft.journal", tmp_path / "journal"
     old = [(command(PLAIN_ID, b"old%d" % index), index, 1) for index in range(1, 4)]
-    path.write_bytes(_first_format_file(old, 1, "127.0.0.1:9"))
-    journal = open_journal(path)
+    legacy.write_bytes(_legacy_file(old, 1, "127.0.0.1:9", magic=magic))
+    journal = open_journal(path, legacy_file=legacy, segment_bytes=4096)
+    assert journal.segment_paths == [path / segment_name(1)]
+    # in the old file's place: a marker that an earlier release refuses (bad header), never an empty journal
+    assert legacy.read_bytes()[:8] == LEGACY_MARKER and LEGACY_MARKER not in (MAGIC, MAGIC_ZLIB)
     assert [journal[i] for i in range(len(journal))] == old
-    assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.generation) == (1, "127.0.0.1:9", 7)
+    assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.generation) == (1, "127.0.0.1:9", 1)
     journal.add(command(SYNCED_ID, b"new"), 4, 2)
     journal.sync()
     crash(journal)
-    assert path.read_bytes()[:8] == MAGIC_ZLIB
-    journal = open_journal(path)
+    assert (path / segment_name(1)).read_bytes()[:8] == magic
+    journal = open_journal(path, legacy_file=legacy, segment_bytes=4096)
     assert entries(journal) == [(1, 1), (2, 1), (3, 1), (4, 2)]
-    journal.deleteEntriesTo(2)  # a compaction: the file is rewritten
-    crash(journal)
-    data = path.read_bytes()
-    assert data[:8] == MAGIC
-    assert zlib.crc32(data[:16]) != int.from_bytes(data[16:20], "little")  # no longer zlib's checksum
-    journal = open_journal(path)
-    assert entries(journal) == [(3, 1), (4, 2)] and journal[1][0] == command(SYNCED_ID, b"new")
+    journal.add(command(PLAIN_ID, os.urandom(5000)), 5, 2)  # fills segment 1
+    journal.add(command(PLAIN_ID, b"next"), 6, 2)  # goes to segment 2
     journal._destroy()
+    assert [p.read_bytes()[:8] for p in journal.segment_paths] == [magic, MAGIC]
+    journal = open_journal(path, legacy_file=legacy, segment_bytes=4096)
+    assert entries(journal) == [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2)]
+    assert journal[3][0] == command(SYNCED_ID, b"new") and journal.getVotedForNodeId() == "127.0.0.1:9"
+    journal._destroy()
+    legacy.write_bytes(_legacy_file(old, 1, "127.0.0.1:9", magic=magic))  # a journal beside the segments
+    with pytest.raises(JournalError, match="beside the segments"):
+        open_journal(path, legacy_file=legacy)
 
 
 def test_sync_is_pending_after_term_and_synced_entries_only(tmp_path: Path) -> None:
@@ -220,23 +249,130 @@ def test_without_syncs_a_simulated_power_loss_takes_everything_since_the_last_on
     assert entries(again) == [] and again.getCurrentTerm() == 1
 
 
-def test_compaction_rewrites_a_synced_file_after_the_snapshot_barrier(tmp_path: Path) -> None:
+def test_compaction_drops_the_prefix_after_the_snapshot_barrier_and_writes_one_record(tmp_path: Path) -> None:
     path = tmp_path / "raft.wal"
     barriers: list[int] = []
     journal = open_journal(path, simulate_power_loss=True, snapshot_barrier=lambda: barriers.append(1))
     for index in range(1, 11):
         journal.add(command(PLAIN_ID), index, 1)
     journal.setCurrentTerm(1, "a:1")
-    generation = journal.generation
+    journal.sync()
+    size, generation = last_segment(path).stat().st_size, journal.generation
     journal.deleteEntriesTo(7)  # keep list positions 7.. (indexes 8..10)
-    assert barriers == [1] and journal.generation == generation + 1
-    assert journal.unsynced_bytes == 0 and not journal.sync_pending
-    assert not path.with_name(path.name + ".rewrite").exists()
+    assert barriers == [1] and journal.generation == generation  # no new file: one COMPACT record
+    assert 0 < last_segment(path).stat().st_size - size < 40 and not journal.sync_pending
+    saved = last_segment(path).read_bytes()
+    journal.onOneSecondTimer()  # the periodic fsync: the COMPACT record is durable from here on
     crash(journal)
+    durable = last_segment(path).read_bytes()
+    last_segment(path).write_bytes(saved)  # a power loss just before that fsync keeps the prefix: harmless
+    assert entries(open_journal(path, simulate_power_loss=True)) == [(index, 1) for index in range(1, 11)]
+    last_segment(path).write_bytes(durable)
     again = open_journal(path, simulate_power_loss=True)
     assert entries(again) == [(8, 1), (9, 1), (10, 1)] and again.getVotedForNodeId() == "a:1"
     again.clear()
-    assert len(again) == 0 and path.stat().st_size > HEADER_BYTES
+    assert barriers == [1] and len(again) == 0 and len(again.segment_paths) == 1
+    crash(again)
+    again = open_journal(path, simulate_power_loss=True)
+    assert len(again) == 0 and again.getVotedForNodeId() == "a:1"
+
+
+def fill(journal: DurableJournal, first: int, last: int, size: int = 300) -> None:
+    for index in range(first, last + 1):
+        journal.add(command(PLAIN_ID, os.urandom(size)), index, 1)
+
+
+def test_segments_are_sealed_whole_and_a_power_loss_keeps_them(tmp_path: Path) -> None:
+    """A full segment is fsynced and its header records its whole length before the next one starts,
+    so the power-loss simulation (cut every segment to its synced length) keeps every sealed entry."""
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, simulate_power_loss=True, sync_entries="never", segment_bytes=4096)
+    journal.setCurrentTerm(2, "b:2")
+    fill(journal, 1, 40)  # ~12 KiB: three sealed segments and a fourth being written
+    assert len(journal.segment_paths) >= 4
+    sealed = journal.segment_paths[:-1]
+    crash(journal)
+    for segment in sealed:
+        data = segment.read_bytes()
+        assert struct.unpack_from("<Q", data, 20)[0] == len(data)  # synced length: all of it
+    again = open_journal(path, simulate_power_loss=True, segment_bytes=4096)
+    held = entries(again)
+    assert held == [(index, 1) for index in range(1, len(held) + 1)] and len(held) >= 30
+    assert again.dropped_bytes > 0 and (again.getCurrentTerm(), again.getVotedForNodeId()) == (2, "b:2")
+
+
+def test_a_compaction_deletes_only_the_segments_wholly_before_the_first_kept_entry(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    barriers: list[int] = []
+    journal = open_journal(path, segment_bytes=4096, snapshot_barrier=lambda: barriers.append(1))
+    fill(journal, 1, 60)
+    first_indexes = {p: open_segment_indexes(p) for p in journal.segment_paths}
+    keep = 25
+    journal.deleteEntriesTo(keep - 1)  # indexes keep.. stay
+    assert barriers == [1] and entries(journal)[0] == (keep, 1)
+    gone = [p for p, held in first_indexes.items() if held and max(held) < keep]
+    assert gone and all(not p.exists() for p in gone)
+    assert all(p.exists() for p, held in first_indexes.items() if not held or max(held) >= keep)
+    assert journal.segment_paths == sorted(p for p in first_indexes if p.exists())
+    fill(journal, 61, 70)
+    crash(journal)
+    again = open_journal(path, segment_bytes=4096)
+    assert entries(again) == [(index, 1) for index in range(keep, 71)]
+    again.deleteEntriesTo(len(again) - 1)  # everything but the last entry
+    assert len(again.segment_paths) <= 2
+    again._destroy()
+    assert entries(open_journal(path, segment_bytes=4096)) == [(70, 1)]
+
+
+def open_segment_indexes(segment: Path) -> list[int]:
+    """The entry indexes a segment file holds, read from its records."""
+    return [struct.unpack_from("<Q", record, 9)[0] for record in _entry_records(segment.read_bytes())]
+
+
+def test_a_truncation_reaches_back_into_a_sealed_segment(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=4096)
+    fill(journal, 1, 30)
+    assert len(journal.segment_paths) >= 3
+    journal.deleteEntriesFrom(5)  # list position 5: index 6 and after, most of them sealed
+    journal.add(command(PLAIN_ID, b"new"), 6, 2)
+    crash(journal)
+    again = open_journal(path, segment_bytes=4096)
+    assert entries(again) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 2)]
+    again.deleteEntriesTo(5)  # the sealed segments still hold index 6..30 (truncated): they stay
+    again._destroy()
+    assert entries(open_journal(path, segment_bytes=4096)) == [(6, 2)]
+
+
+def test_a_clear_cut_short_by_a_crash_still_drops_every_entry(tmp_path: Path) -> None:
+    """``clear`` starts a new segment whose COMPACT drops every entry, then deletes the older ones: a
+    crash between the two leaves old segments that the replay must not resurrect."""
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=4096)
+    journal.setCurrentTerm(3, "c:3")
+    fill(journal, 1, 30)
+    saved = {p: p.read_bytes() for p in journal.segment_paths}
+    journal.clear()
+    journal.add(command(PLAIN_ID, b"after"), 31, 3)
+    crash(journal)
+    for segment, data in saved.items():  # as if the deletes had not happened
+        segment.write_bytes(data)
+    again = open_journal(path, segment_bytes=4096)
+    assert entries(again) == [(31, 3)] and again.getVotedForNodeId() == "c:3"
+
+
+def test_a_missing_segment_is_refused_and_a_half_created_one_is_removed(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=4096)
+    fill(journal, 1, 30)
+    journal._destroy()
+    staged = path / (segment_name(99) + ".new")
+    staged.write_bytes(b"half")  # a crash while a segment was being created: never renamed
+    open_journal(path, segment_bytes=4096)._destroy()
+    assert not staged.exists()
+    journal.segment_paths[1].unlink()
+    with pytest.raises(JournalError, match=f"segment {segment_name(2)} is missing"):
+        open_journal(path, segment_bytes=4096)
 
 
 # --- the send gate ------------------------------------------------------------------------------
@@ -363,42 +499,15 @@ def _entry_records(data: bytes) -> list[bytes]:
     return out
 
 
-def test_an_appended_entry_and_the_same_entry_rewritten_are_the_same_bytes(tmp_path: Path) -> None:
+def test_an_appended_entry_reopens_as_the_very_command(tmp_path: Path) -> None:
     """``add`` writes a command without copying it (the record head and the command through
-    ``pwritev``, the CRC computed over both in place); a compaction writes the same pieces with ``writev``.
-    Both give the same record bytes, and the appended file reopens with the very commands."""
+    ``pwritev``, the CRC computed over both in place); the segment reopens with the very commands."""
     big, small = command(PLAIN_ID, os.urandom(200_000)), command(SYNCED_ID, b"x")
     journal = open_journal(tmp_path / "j")
     for index, cmd in enumerate([big, small, big], start=2):
         journal.add(cmd, index, 1)
-    appended = _entry_records((tmp_path / "j").read_bytes())
+    assert len(_entry_records(last_segment(tmp_path / "j").read_bytes())) == 3
     crash(journal)
     journal = open_journal(tmp_path / "j")
     assert [journal[i][0] for i in range(len(journal))] == [big, small, big]
     assert entries(journal) == [(2, 1), (3, 1), (4, 1)]
-    journal._rewrite()  # what a compaction does with the entries it keeps
-    rewritten = _entry_records((tmp_path / "j").read_bytes())
-    crash(journal)
-    assert len(appended) == 3 and appended == rewritten
-
-
-def test_a_rewrite_survives_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``writev`` may write less than asked (a signal, a nearly full disk): the rest still goes out
-    in order, whatever piece the cut falls in."""
-    cmds = [command(PLAIN_ID, os.urandom(size)) for size in (3, 70_000, 0, 5_000, 1)] * 300  # > one writev
-    journal = open_journal(tmp_path / "j")
-    for index, cmd in enumerate(cmds, start=1):
-        journal.add(cmd, index, 1)
-    real_writev = os.writev
-    cuts = iter([1, 17, 4_000, 70_050, 10**9] * 10)
-
-    def short_writev(fd: int, buffers: list[bytes]) -> int:
-        joined = b"".join(buffers)
-        return os.write(fd, joined[:min(len(joined), next(cuts))])
-
-    monkeypatch.setattr(os, "writev", short_writev)
-    journal._rewrite()
-    monkeypatch.setattr(os, "writev", real_writev)
-    crash(journal)
-    again = open_journal(tmp_path / "j")
-    assert [again[i][0] for i in range(len(again))] == cmds and entries(again)[-1] == (len(cmds), 1)

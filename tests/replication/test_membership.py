@@ -11,7 +11,7 @@ import pytest
 from pysyncobj.node import TCPNode
 
 from broker.replication import raft
-from broker.replication.journal import DurableJournal
+from broker.replication.journal import JOURNAL_DIR_NAME, DurableJournal
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port
@@ -34,7 +34,7 @@ def restarted(tmp_path: Path) -> Iterator[Callable[[list[bytes]], Any]]:
     built: list[tuple[Any, ChainStateMachine]] = []
 
     def make(commands: list[bytes]) -> Any:
-        journal = DurableJournal(tmp_path / "raft.wal", needs_sync=lambda command: True)
+        journal = DurableJournal(tmp_path / JOURNAL_DIR_NAME, needs_sync=lambda command: True)
         journal.add(NO_OP, 1, 0)
         for index, command in enumerate(commands, start=2):
             journal.add(command, index, 1)
