@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +53,9 @@ def open_journal(path: Path, **kwargs: Any) -> DurableJournal:
 
 
 def crash(journal: DurableJournal) -> None:
-    """A process crash: the descriptor goes away without the final fsync of a clean close."""
+    """A process crash: the descriptor goes away without the final fsync of a clean close (the
+    deletion of passed segments is let finish first: a test that wants them left puts them back)."""
+    journal.settle()
     os.close(journal._fd)
     journal._fd = -1
 
@@ -310,6 +313,7 @@ def test_a_compaction_deletes_only_the_segments_wholly_before_the_first_kept_ent
     keep = 25
     journal.deleteEntriesTo(keep - 1)  # indexes keep.. stay
     assert barriers == [1] and entries(journal)[0] == (keep, 1)
+    journal.settle()  # the files go on the deleter thread
     gone = [p for p, held in first_indexes.items() if held and max(held) < keep]
     assert gone and all(not p.exists() for p in gone)
     assert all(p.exists() for p, held in first_indexes.items() if not held or max(held) >= keep)
@@ -322,6 +326,26 @@ def test_a_compaction_deletes_only_the_segments_wholly_before_the_first_kept_ent
     assert len(again.segment_paths) <= 2
     again._destroy()
     assert entries(open_journal(path, segment_bytes=4096)) == [(70, 1)]
+
+
+def test_passed_segments_are_unlinked_off_the_replication_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unlink of a large file takes tens of ms: the compaction's caller does not wait for it."""
+    unlinked_on: list[str] = []
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.suffix == ".seg":
+            unlinked_on.append(threading.current_thread().name)
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    journal = open_journal(tmp_path / "raft.wal", segment_bytes=4096)
+    fill(journal, 1, 40)
+    journal.deleteEntriesTo(35)
+    journal.settle()
+    assert unlinked_on and all(name.startswith("journal-delete") for name in unlinked_on)
+    journal._destroy()
 
 
 def open_segment_indexes(segment: Path) -> list[int]:
