@@ -56,9 +56,10 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,7 +215,10 @@ class DurableJournal(Journal):
         self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
         self._fd = -1
         self._crc: Checksum = CHECKSUMS[MAGIC]  # the last segment's (a first-format one keeps zlib's)
-        self._deleter: ThreadPoolExecutor | None = None  # deletes the files of dropped segments
+        self._worker: ThreadPoolExecutor | None = None  # the journal's own thread: periodic fsyncs, deletions
+        self._behind: Future[None] | None = None  # the periodic fsync under way on it
+        self._sync_lock = threading.Lock()  # _synced_size and the header's copy: both threads update them
+        self.background_fsyncs = 0
         self._dir.mkdir(parents=True, exist_ok=True)
         if legacy_file is not None:
             self._adopt(Path(legacy_file))
@@ -357,6 +361,7 @@ class DurableJournal(Journal):
             os.close(fd)
         os.replace(staged, path)
         fsync_path(self._dir)
+        self._wait_behind()
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(path, os.O_WRONLY)
@@ -386,9 +391,12 @@ class DurableJournal(Journal):
         assert count < len(self._segments)
         paths = [segment.path for segment in self._segments[:count]]
         del self._segments[:count]
-        if self._deleter is None:
-            self._deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-delete")
-        self._deleter.submit(self._unlink, paths)
+        self._submit(self._unlink, paths)
+
+    def _submit(self, job: Callable[..., None], *args: Any) -> Future[None]:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
+        return self._worker.submit(job, *args)
 
     def _unlink(self, paths: list[Path]) -> None:
         try:
@@ -399,10 +407,18 @@ class DurableJournal(Journal):
             logger.warning("journal %s: could not delete passed segments", self._dir, exc_info=True)
 
     def settle(self) -> None:
-        """Wait until the segments dropped so far are deleted (tests; ``_destroy``)."""
-        if self._deleter is not None:
-            self._deleter.shutdown(wait=True)
-            self._deleter = None
+        """Wait until the journal's own thread has done what it was given: the segments dropped so far
+        are deleted, a periodic fsync under way is done (tests; ``_destroy``)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        self._behind = None
+
+    def _wait_behind(self) -> None:
+        """Wait for a periodic fsync under way: it holds the last segment's descriptor."""
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.result()
 
     def _append(self, kind: int, payload: bytes, needs_sync: bool, tail: bytes = b"") -> None:
         """Write a record of ``payload + tail`` at the end (``tail``, a command, is not copied)."""
@@ -449,6 +465,7 @@ class DurableJournal(Journal):
     def _fsync(self) -> None:
         if self.failure is not None:  # after a failed fsync nothing can be trusted to be durable
             raise self.failure
+        size = self._size
         started = monotonic()
         try:
             _datasync(self._fd)  # appends: the data and the new file size
@@ -460,15 +477,43 @@ class DurableJournal(Journal):
         self.fsyncs += 1
         if self._fsync_latency is not None:
             self._fsync_latency.observe(elapsed_s)
-        self._synced_size = self._size
         self._sync_pending = self._term_pending = False
-        self._record_synced_length()
+        self._mark_synced(self._fd, size)
 
-    def _record_synced_length(self) -> None:
+    def _sync_behind(self) -> None:
+        """Start an fsync of what is written so far on the journal's own thread, unless one is under
+        way. It is the periodic one that bounds what a power loss takes from `disk` entries: nothing
+        waits for it, so the replication thread goes on (an fdatasync takes 1-10 ms on a busy disk)."""
+        if self._behind is not None and not self._behind.done():
+            return
+        if self.failure is not None:
+            return
+        self._behind = self._submit(self._sync_job, self._fd, self._size)
+
+    def _sync_job(self, fd: int, size: int) -> None:
+        started = monotonic()
+        try:
+            _datasync(fd)
+        except OSError as exc:
+            self._fail(exc)  # the transport holds every message from now on, as after a failed fsync in line
+            return
+        if self._fsync_latency is not None:
+            self._fsync_latency.observe(monotonic() - started)
+        self._mark_synced(fd, size)
+        self.background_fsyncs += 1
+
+    def _mark_synced(self, fd: int, size: int) -> None:
+        """``size`` bytes of the last segment are on stable storage: so says its header from now on."""
+        with self._sync_lock:
+            if size > self._synced_size:
+                self._synced_size = size
+                self._record_synced_length(fd)
+
+    def _record_synced_length(self, fd: int = -1) -> None:
         # Stable with the next fsync. At open, damage before it is corruption (refused), after it a
         # torn tail (cut); the power-loss simulation cuts the segment back to it.
         synced = _U64.pack(self._synced_size)
-        os.pwrite(self._fd, synced + struct.pack("<I", self._crc(synced, 0)), _HEAD.size)
+        os.pwrite(self._fd if fd < 0 else fd, synced + struct.pack("<I", self._crc(synced, 0)), _HEAD.size)
 
     # -- pysyncobj's Journal interface -------------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
@@ -558,7 +603,7 @@ class DurableJournal(Journal):
             self._commit_written = self._commit
         # Bound what a power loss can take from `disk` entries to about a second of writes.
         if self.unsynced_bytes and self._sync_entries != "never":
-            self._fsync()
+            self._sync_behind()
 
     @property
     def path(self) -> Path:

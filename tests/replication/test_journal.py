@@ -344,7 +344,7 @@ def test_passed_segments_are_unlinked_off_the_replication_thread(
     fill(journal, 1, 40)
     journal.deleteEntriesTo(35)
     journal.settle()
-    assert unlinked_on and all(name.startswith("journal-delete") for name in unlinked_on)
+    assert unlinked_on and all(name.startswith("journal-io") for name in unlinked_on)
     journal._destroy()
 
 
@@ -509,6 +509,50 @@ def test_a_failed_fsync_is_final(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         journal.sync()
     journal._destroy()  # closes without trying again
 
+
+
+def test_the_periodic_fsync_runs_off_the_replication_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The once-a-second fsync of `disk` entries: the caller does not wait for it, what it covers counts
+    as synced (header and power-loss simulation) once it is done, and a failure of it is final."""
+    import errno
+
+    from broker.replication import journal as journal_module
+
+    release, calls = threading.Event(), []
+    real = journal_module._datasync
+
+    def slow(fd: int) -> None:
+        calls.append(threading.current_thread().name)
+        assert release.wait(10)
+        real(fd)
+
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, simulate_power_loss=True)
+    monkeypatch.setattr(journal_module, "_datasync", slow)
+    journal.add(command(PLAIN_ID), 1, 1)
+    journal.onOneSecondTimer()  # returns while the fsync waits
+    assert journal.unsynced_bytes > 0 and not journal.sync_pending
+    journal.onOneSecondTimer()  # one under way: no second one
+    journal.add(command(PLAIN_ID), 2, 1)  # written after the fsync started: not covered by it
+    release.set()
+    journal.settle()
+    assert len(calls) == 1 and calls[0].startswith("journal-io") and journal.background_fsyncs == 1
+    monkeypatch.setattr(journal_module, "_datasync", real)
+    crash(journal)
+    again = open_journal(path, simulate_power_loss=True)
+    assert entries(again) == [(1, 1)] and again.dropped_bytes > 0
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    again.add(command(PLAIN_ID), 2, 1)
+    monkeypatch.setattr(journal_module, "_datasync", broken)
+    again.onOneSecondTimer()
+    again.settle()
+    assert again.failure is not None and again.sync_pending  # the transport holds every message back
+    with pytest.raises(OSError):
+        again.sync()
+    again._destroy()
 
 
 def _entry_records(data: bytes) -> list[bytes]:
