@@ -84,6 +84,8 @@ class NodeConfig(BaseModel):
     # the Raft journal's segment files: a full one is sealed and a new one started; space comes back a
     # whole segment at a time, once a compaction has passed every entry in it
     raft_journal_segment_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
+    # the newest Raft commands kept in memory; older entries are read back from the segments
+    raft_journal_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024, le=4 * 1024 * 1024 * 1024)
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down
     raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a peer sent to, silent this long: disconnected
     max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams

@@ -55,6 +55,8 @@ _PICKLE_SOURCE_SHA256 = {
 # only place callbacks report success (overridden: sync first); __connectedToAnyone is called only by
 # the election check in _onTick (overridden: the PreVote gate); the journal is only used through
 # these methods and __loadDumpFile/__tryLogCompaction/__onMessageReceived, pinned elsewhere.
+# raft_node._RaftNode overrides __getEntries with the same result (DurableJournal.entries_from reads
+# back only the entries it returns).
 _JOURNAL_RELIED_UPON_SHA256 = {
     (pysyncobj_syncobj.SyncObj, "__init__"): "09df12cd7fd7d7270fee82c1a025acc1f3a68e98dafbad81be467947ab95cbf0",
     (pysyncobj_syncobj.SyncObj, "_SyncObj__applyLogEntries"): (

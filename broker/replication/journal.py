@@ -3,9 +3,8 @@ any Raft message reflecting them leaves the node (etcd's rule: persist entries a
 send).
 
 pysyncobj keeps its log in a ``Journal`` (``pysyncobj.syncobj.createJournal`` builds it). Its stock
-``FileJournal`` is an mmap that is never synced, with 4-byte offsets. :class:`DurableJournal` keeps
-the same in-memory list of ``(command, index, term)`` entries and appends every change to the last
-segment of its directory:
+``FileJournal`` is an mmap that is never synced, with 4-byte offsets. :class:`DurableJournal` appends
+every change to the last segment of its directory:
 
     <dir>/<sequence: 16 hex digits>.seg      sequences 1, 2, 3, ... with no gap
     header   magic(8) sequence(8) crc(4) | synced length(8) crc(4)   (32 bytes)
@@ -24,6 +23,13 @@ header that is a torn tail and is cut off, before it it is damage and the journa
 
 No byte is ever rewritten (``docs/design/log-is-the-store.md`` builds on it): a segment is appended
 to, sealed, and later deleted whole.
+- **What is held in memory.** For every entry of the log: its index, its term and where its record
+  is (segment, offset, command length), 40 bytes in arrays. The commands themselves only for the
+  newest entries, up to ``cache_bytes`` (and always the last one): what followers that keep up are
+  sent and what the node applies next. An older entry is read back from its segment (one ``pread``
+  per run of entries in one segment, every record's checksum checked again), for a follower that is
+  behind or a restart's apply, so a long log costs disk, not memory. The first entry is kept too:
+  pysyncobj reads it on every send.
 - **Sealing.** Once the last segment holds ``segment_bytes``, the next entry goes to a new segment.
   The full one is fsynced and its header records its whole length. The new one is written under a
   temporary name with the state that is not an entry (TERM, COMMIT, and COMPACT up to the first
@@ -58,6 +64,8 @@ import os
 import struct
 import threading
 import zlib
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,6 +88,7 @@ HEADER_BYTES = 32
 SEGMENT_SUFFIX = ".seg"
 JOURNAL_DIR_NAME = "journal"  # beside the single-file journal of earlier releases (raft.py's JOURNAL_FILE_NAME)
 SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
+CACHE_BYTES_DEFAULT = 64 * 1024 * 1024  # the newest commands held in memory (the rest is read back)
 _NEW_SUFFIX = ".new"  # a segment being created: renamed into place once fsynced
 # Left where the single-file journal of earlier releases was: they refuse it ("not a raftbroker
 # journal", bad header) instead of starting with an empty journal, which could vote twice in a term.
@@ -88,6 +97,7 @@ _HEAD = struct.Struct("<8sQI")  # magic, sequence (a generation in the single-fi
 _SIM = struct.Struct("<QI")  # synced length, crc of it (at offset _HEAD.size)
 _REC = struct.Struct("<IIB")  # payload length (incl. type), crc(type + payload), type
 _ENTRY = struct.Struct("<QQ")
+_COMMAND_AT = _REC.size + _ENTRY.size  # an ENTRY record's command starts this far into the record
 _U64 = struct.Struct("<Q")
 ENTRY, TRUNCATE, TERM, COMMIT, COMPACT = 1, 2, 3, 4, 5
 _EVERY_INDEX = (1 << 64) - 1  # COMPACT up to it: no entry is kept
@@ -171,7 +181,14 @@ def _term_payload(term: int, voted_for: str | None) -> bytes:
 class _Segment:
     sequence: int
     path: Path
+    crc: Checksum = _crc32c  # its records' checksum (by its magic)
     max_index: int = 0  # the highest entry index written into it (0: none)
+    reader: int = -1  # a read-only descriptor, opened at the first read back
+
+    def close_reader(self) -> None:
+        if self.reader >= 0:
+            os.close(self.reader)
+            self.reader = -1
 
 
 class DurableJournal(Journal):
@@ -181,24 +198,37 @@ class DurableJournal(Journal):
     ``sync_entries`` is "flagged" (ask ``needs_sync``), "all" or "never" (negative controls: only
     TERM records are synced). ``snapshot_barrier`` is called before a compaction or ``clear`` drops
     entries. ``legacy_file``: a single-file journal of an earlier release, adopted as segment 1.
+    ``cache_bytes``: how many bytes of the newest commands stay in memory (the module docstring).
     """
 
     def __init__(self, directory: Path, *, needs_sync: Callable[[bytes], bool], sync_entries: str = "flagged",
                  snapshot_barrier: Callable[[], None] | None = None, simulate_power_loss: bool = False,
                  fsync_latency: LatencyTally | None = None, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
-                 legacy_file: Path | None = None) -> None:
+                 legacy_file: Path | None = None, cache_bytes: int = CACHE_BYTES_DEFAULT) -> None:
         """``fsync_latency``: where each append fsync's duration is observed (metrics), if given."""
         if sync_entries not in ("flagged", "all", "never"):
             raise ValueError(f"sync_entries must be flagged, all or never, not {sync_entries!r}")
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be positive, not {segment_bytes}")
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes must not be negative, not {cache_bytes}")
         self._dir = Path(directory)
         self._needs_sync = needs_sync
         self._sync_entries = sync_entries
         self._snapshot_barrier = snapshot_barrier
         self._simulate = simulate_power_loss
         self._segment_bytes = segment_bytes
-        self._entries: list[Entry] = []
+        # The held entries, oldest first (ascending indexes), position by position in five arrays:
+        self._indexes = array("q")
+        self._terms = array("q")
+        self._sequences = array("q")  # the segment holding its record
+        self._offsets = array("q")  # the record's offset in that segment
+        self._lengths = array("q")  # the command's length
+        self._cache: list[Entry] = []  # the newest len(_cache) entries, whole
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._head: Entry | None = None  # the first entry, once read back
+        self.read_backs = 0  # entries read back from the segments (diagnostics, tests)
         self._segments: list[_Segment] = []  # oldest first; the last one is appended to
         self._term = 0
         self._voted_for: str | None = None
@@ -261,6 +291,8 @@ class DurableJournal(Journal):
             logger.warning("power-loss simulation: %s cut back to its last fsyncs (dropped %d bytes)",
                            self._dir, self.dropped_bytes)
         self._fd = os.open(self._segments[-1].path, os.O_WRONLY)
+        if self._indexes:
+            self._cache_put(self._read_back(len(self._indexes) - 1, len(self._indexes))[0])
         # Whatever was recovered (written before a process crash) is made durable once, now.
         os.fsync(self._fd)
         self._synced_size = self._size
@@ -284,6 +316,7 @@ class DurableJournal(Journal):
         if self._simulate:
             self.dropped_bytes += max(0, end - synced)
             end = min(end, synced)
+        segment.crc = crc
         good = self._replay(data, end, crc, segment)
         if good < min(synced, end):
             # A bad record inside what was fsynced is damage, not a torn write: refuse to guess.
@@ -311,7 +344,7 @@ class DurableJournal(Journal):
             payload = memoryview(record)[1:]
             if kind == ENTRY:
                 index, term = _ENTRY.unpack_from(payload)
-                self._entries.append((bytes(payload[_ENTRY.size:]), index, term))
+                self._hold(index, term, segment.sequence, pos, length - 1 - _ENTRY.size)
                 segment.max_index = max(segment.max_index, index)
             elif kind == TRUNCATE:
                 self._drop_from_index(_U64.unpack_from(payload)[0])
@@ -322,16 +355,158 @@ class DurableJournal(Journal):
             elif kind == COMMIT:
                 self._commit = _U64.unpack_from(payload)[0]
             elif kind == COMPACT:
-                keep = _U64.unpack_from(payload)[0]
-                self._entries = [entry for entry in self._entries if entry[1] >= keep]
+                self._drop_to(bisect_left(self._indexes, _U64.unpack_from(payload)[0]))
             else:
                 break
             pos = end
         return pos
 
     def _drop_from_index(self, index: int) -> None:
-        while self._entries and self._entries[-1][1] >= index:
-            self._entries.pop()
+        self._drop_from(bisect_left(self._indexes, index))
+
+    # -- the held entries ----------------------------------------------------------------------
+    def _hold(self, index: int, term: int, sequence: int, offset: int, length: int) -> None:
+        self._indexes.append(index)
+        self._terms.append(term)
+        self._sequences.append(sequence)
+        self._offsets.append(offset)
+        self._lengths.append(length)
+
+    def _cache_put(self, entry: Entry) -> None:
+        """``entry`` is the newest held one: cache it, and drop the oldest cached ones past the limit
+        (a quarter under it at once, so the list is not shifted for every entry)."""
+        cache = self._cache
+        cache.append(entry)
+        self._cache_bytes += len(entry[0])
+        if self._cache_bytes > self._cache_limit and len(cache) > 1:
+            floor, dropped, count = self._cache_limit * 3 // 4, 0, 0
+            while count < len(cache) - 1 and self._cache_bytes - dropped > floor:
+                dropped += len(cache[count][0])
+                count += 1
+            del cache[:count]
+            self._cache_bytes -= dropped
+
+    def _drop_from(self, position: int) -> None:
+        """Forget the held entries from ``position`` on (a truncation)."""
+        held = len(self._indexes)
+        if position >= held:
+            return
+        cached_from = held - len(self._cache)
+        for column in (self._indexes, self._terms, self._sequences, self._offsets, self._lengths):
+            del column[position:]
+        if position <= cached_from:
+            self._cache, self._cache_bytes = [], 0
+        else:
+            for entry in self._cache[position - cached_from:]:
+                self._cache_bytes -= len(entry[0])
+            del self._cache[position - cached_from:]
+        if position == 0:
+            self._head = None
+        if self._indexes and not self._cache and self._fd >= 0:
+            self._cache_put(self._read_back(position - 1, position)[0])
+
+    def _drop_to(self, position: int) -> None:
+        """Forget the held entries before ``position`` (a compaction)."""
+        if position <= 0:
+            return
+        held = len(self._indexes)
+        position = min(position, held)
+        for column in (self._indexes, self._terms, self._sequences, self._offsets, self._lengths):
+            del column[:position]
+        excess = len(self._cache) - (held - position)
+        if excess > 0:
+            for entry in self._cache[:excess]:
+                self._cache_bytes -= len(entry[0])
+            del self._cache[:excess]
+        self._head = None
+
+    def _segment(self, sequence: int) -> _Segment:
+        first = self._segments[0].sequence
+        segment = self._segments[sequence - first]
+        assert segment.sequence == sequence
+        return segment
+
+    def _read_back(self, start: int, stop: int) -> list[Entry]:
+        """The held entries at positions ``[start, stop)``, read from their segments: one ``pread``
+        per run of them in one segment, each record's checksum checked (damage since the journal was
+        opened is a failure of the journal, as a failed write is)."""
+        out: list[Entry] = []
+        sequences, offsets, lengths = self._sequences, self._offsets, self._lengths
+        position = start
+        while position < stop:
+            sequence = sequences[position]
+            run_end = position + 1
+            while run_end < stop and sequences[run_end] == sequence:
+                run_end += 1
+            segment = self._segment(sequence)
+            base = offsets[position]
+            size = offsets[run_end - 1] + _COMMAND_AT + lengths[run_end - 1] - base
+            try:
+                if segment.reader < 0:
+                    segment.reader = os.open(segment.path, os.O_RDONLY)
+                data = os.pread(segment.reader, size, base)
+            except OSError as exc:
+                self._fail(exc)
+                raise
+            view = memoryview(data)
+            for at in range(position, run_end):
+                pos = offsets[at] - base
+                end = pos + _COMMAND_AT + lengths[at]
+                length, check, _kind = _REC.unpack_from(data, pos) if end <= len(data) else (0, 0, 0)
+                record = view[pos + 8:end]
+                if length != end - pos - 8 or segment.crc(bytes(record), 0) != check:
+                    damage = OSError(f"{segment.path}: the record of entry {self._indexes[at]} at offset "
+                                     f"{offsets[at]} is damaged or missing")
+                    self._fail(damage)
+                    raise JournalError(str(damage))
+                out.append((bytes(view[pos + _COMMAND_AT:end]), self._indexes[at], self._terms[at]))
+            position = run_end
+        self.read_backs += stop - start
+        return out
+
+    def _entries(self, start: int, stop: int) -> list[Entry]:
+        """The held entries at positions ``[start, stop)`` (0 <= start <= stop <= held)."""
+        cached_from = len(self._indexes) - len(self._cache)
+        if start >= cached_from:
+            return self._cache[start - cached_from:stop - cached_from]
+        if stop <= cached_from:
+            return self._read_back(start, stop)
+        return self._read_back(start, cached_from) + self._cache[:stop - cached_from]
+
+    def entries_from(self, index: int, count: int | None = None, max_bytes: int | None = None) -> list[Entry]:
+        """pysyncobj's ``__getEntries``: up to ``count`` entries from Raft ``index`` on, cut after the one
+        that brings their commands to ``max_bytes``, without reading back any past the cut."""
+        if not self._indexes or index < self._indexes[0]:
+            return []
+        held = len(self._indexes)
+        start = index - self._indexes[0]
+        if start >= held:
+            return []
+        stop = held if count is None else min(held, start + max(count, 0))
+        if max_bytes is not None:
+            total, lengths = 0, self._lengths
+            for position in range(start, stop):
+                total += lengths[position]
+                if total >= max_bytes:
+                    stop = position + 1
+                    break
+        return self._entries(start, stop)
+
+    def entry_bytes(self, index: int) -> int | None:
+        """The command length of the entry at Raft ``index``, None when it is not held (safe from
+        another thread: a compaction racing it gives None)."""
+        try:
+            position = index - self._indexes[0]
+            if not 0 <= position < len(self._indexes) or self._indexes[position] != index:
+                return None
+            return self._lengths[position]
+        except IndexError:
+            return None
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of commands held in memory (the newest entries, the first one aside)."""
+        return self._cache_bytes
 
     def _fail(self, exc: OSError) -> None:
         logger.critical("raft journal %s failed; this node sends nothing more", self._dir, exc_info=exc)
@@ -339,7 +514,7 @@ class DurableJournal(Journal):
         self._sync_pending = self._term_pending = True  # holds every message back for good
 
     def _first_kept(self) -> int:
-        return self._entries[0][1] if self._entries else _EVERY_INDEX
+        return self._indexes[0] if self._indexes else _EVERY_INDEX
 
     def _start_segment(self, sequence: int) -> None:
         """Write a new last segment holding the state that is not an entry, fsync it and rename it in
@@ -365,7 +540,7 @@ class DurableJournal(Journal):
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(path, os.O_WRONLY)
-        self._segments.append(_Segment(sequence, path))
+        self._segments.append(_Segment(sequence, path, crc))
         self._crc = crc
         self._size = self._synced_size = len(data)
         self._sync_pending = self._term_pending = False  # term and vote are in the fsynced segment
@@ -390,6 +565,8 @@ class DurableJournal(Journal):
         in ascending order, so the sequences left stay without a gap."""
         assert count < len(self._segments)
         paths = [segment.path for segment in self._segments[:count]]
+        for segment in self._segments[:count]:
+            segment.close_reader()
         del self._segments[:count]
         self._submit(self._unlink, paths)
 
@@ -519,16 +696,18 @@ class DurableJournal(Journal):
     def add(self, command: bytes, idx: int, term: int) -> None:
         if self._size >= self._segment_bytes:
             self._seal()
-        self._entries.append((command, idx, term))
+        offset = self._size
         self._append(ENTRY, _ENTRY.pack(idx, term), self._entry_needs_sync(command), command)
         segment = self._segments[-1]
         if idx > segment.max_index:
             segment.max_index = idx
+        self._hold(idx, term, segment.sequence, offset, len(command))
+        self._cache_put((command, idx, term))
 
     def clear(self) -> None:
         if self._snapshot_barrier is not None:
             self._snapshot_barrier()  # the snapshot that replaces every entry is on disk first
-        self._entries = []
+        self._drop_from(0)
         try:
             self._start_segment(self._segments[-1].sequence + 1)  # its COMPACT drops every entry
             self._delete_segments(len(self._segments) - 1)
@@ -537,10 +716,10 @@ class DurableJournal(Journal):
             raise
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (pysyncobj's name)
-        if entryFrom >= len(self._entries):
+        if entryFrom >= len(self._indexes):
             return
-        index = self._entries[entryFrom][1]
-        del self._entries[entryFrom:]
+        index = self._indexes[entryFrom]
+        self._drop_from(entryFrom)
         self._append(TRUNCATE, _U64.pack(index), self._sync_entries != "never")
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
@@ -548,7 +727,7 @@ class DurableJournal(Journal):
             return
         if self._snapshot_barrier is not None:
             self._snapshot_barrier()  # the snapshot that replaces the dropped prefix is on disk first
-        self._entries = self._entries[entryTo:]
+        self._drop_to(entryTo)
         keep = self._first_kept()
         self._append(COMPACT, _U64.pack(keep), False)
         covered = 0
@@ -565,13 +744,33 @@ class DurableJournal(Journal):
                 raise
 
     def __getitem__(self, item: Any) -> Any:
-        return self._entries[item]
+        if item.__class__ is int and 0 > item >= -len(self._cache):
+            return self._cache[item]  # pysyncobj reads the last entry several times per tick
+        held = len(self._indexes)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(held)
+            if step != 1:
+                raise ValueError("the journal is sliced with step 1 only")
+            return self._entries(start, max(start, stop))
+        position = item + held if item < 0 else item
+        if not 0 <= position < held:
+            raise IndexError("journal position out of range")
+        cached = position - held + len(self._cache)
+        if cached >= 0:
+            return self._cache[cached]
+        if position == 0:
+            if self._head is None:
+                self._head = self._read_back(0, 1)[0]
+            return self._head
+        return self._read_back(position, position + 1)[0]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._indexes)
 
     def _destroy(self) -> None:
         self.settle()
+        for segment in self._segments:
+            segment.close_reader()
         if self._fd < 0:
             return
         if self.unsynced_bytes and self.failure is None:

@@ -24,6 +24,7 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Role, StateMachine, _patches
 from broker.replication.journal import (
+    CACHE_BYTES_DEFAULT,
     JOURNAL_DIR_NAME,
     SEGMENT_BYTES_DEFAULT,
     DurableJournal,
@@ -92,7 +93,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                  pre_vote: bool | None = None, simulate_power_loss: bool = False,
                  stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None,
                  handshake_limits: HandshakeLimits | None = None, commit_notice_delay_s: float = 0.0,
-                 idle_poll_max_s: float = 0.0, journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT) -> None:
+                 idle_poll_max_s: float = 0.0, journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+                 journal_cache_bytes: int = CACHE_BYTES_DEFAULT) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once, and its transport
         # (GuardedTransport) reads handshake_limits when it is built.
         self.handshake_limits = handshake_limits or HandshakeLimits()
@@ -131,7 +133,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                 segment_bytes=journal_segment_bytes, needs_sync=lambda command: command_needs_sync(command, synced_id),
                 sync_entries=journal_sync if "journal_sync" in active else "never",
                 snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
-                fsync_latency=self.counters.fsync)
+                fsync_latency=self.counters.fsync, cache_bytes=journal_cache_bytes)
             state_machine.journal_opened(journal[-1][1] if len(journal) else 0)
             return journal
 
@@ -249,6 +251,16 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             return False
         return need_send
 
+    def _SyncObj__getEntries(self, fromIDx: int | None, count: int | None = None,  # noqa: N802, N803
+                             maxSizeBytes: int | None = None) -> list[tuple[bytes, int, int]]:  # noqa: N803
+        # pysyncobj slices the whole log from fromIDx before it cuts at maxSizeBytes: the journal reads
+        # back only what it returns (a follower far behind is sent entries from the segments).
+        log = self._SyncObj__raftLog
+        if fromIDx is None or not isinstance(log, DurableJournal):
+            result: list[tuple[bytes, int, int]] = super()._SyncObj__getEntries(fromIDx, count, maxSizeBytes)
+            return result
+        return log.entries_from(fromIDx, count, maxSizeBytes)
+
     def _SyncObj__setState(self, newState: int) -> None:
         if newState == _LEADER_STATE:  # __onBecomeLeader appends its no-op right after this call
             self._term_first_index = self._SyncObj__getCurrentLogIndex() + 1
@@ -285,9 +297,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         commits in an older configuration. Apply those changes now (applying them again later is a
         no-op in pysyncobj)."""
         self._configuration_replayed = True
-        for command, index, _term in self._SyncObj__raftLog[:]:
-            if index <= self.raftLastApplied:
-                continue
+        for command, _index, _term in self._SyncObj__getEntries(self.raftLastApplied + 1):
             request = self._SyncObj__parseChangeClusterRequest(command)
             if request is not None:
                 self._SyncObj__doChangeCluster(request)
@@ -424,6 +434,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def log_entry_size_bytes(self, index: int) -> int | None:
         """Size of the stored (and sent) entry at Raft ``index``, or None when not in the log."""
         log = self._SyncObj__raftLog
+        if isinstance(log, DurableJournal):
+            return log.entry_bytes(index)
         try:
             first = log[0][1]
             entry = log[index - first] if index >= first else None

@@ -579,3 +579,103 @@ def test_an_appended_entry_reopens_as_the_very_command(tmp_path: Path) -> None:
     journal = open_journal(tmp_path / "j")
     assert [journal[i][0] for i in range(len(journal))] == [big, small, big]
     assert entries(journal) == [(2, 1), (3, 1), (4, 1)]
+
+
+def test_only_the_newest_commands_are_held_in_memory_and_the_rest_is_read_back(tmp_path: Path) -> None:
+    """Every held entry reads the same, by position and by slice, whether its command is cached or read
+    back from a sealed segment, the active one or a reopened journal; truncations, compactions and
+    clears keep the index and the cache in step; the cache stays near its limit."""
+    path = tmp_path / "raft.wal"
+    limit = 3000
+    journal = open_journal(path, segment_bytes=4096, cache_bytes=limit)
+    written: list[tuple[bytes, int, int]] = []
+    for index in range(1, 61):
+        cmd = command(PLAIN_ID, os.urandom(100 + (index * 37) % 400))
+        journal.add(cmd, index, 1 + index // 20)
+        written.append((cmd, index, 1 + index // 20))
+        assert journal.cached_bytes <= limit + len(cmd)
+    assert len(journal.segment_paths) >= 5 and journal.read_backs == 0
+
+    def check(held: list[tuple[bytes, int, int]]) -> None:
+        assert len(journal) == len(held)
+        with pytest.raises(IndexError):
+            journal[len(held)]
+        assert [journal[i] for i in range(len(held))] == held
+        assert [journal[-i] for i in range(1, len(held) + 1)] == held[::-1]
+        assert journal[:] == held and journal[3:17] == held[3:17] and journal[len(held) - 2:] == held[-2:]
+        assert journal[5:2] == [] and journal[0:0] == []
+        first = held[0][1]
+        assert journal.entries_from(first - 1) == [] and journal.entries_from(held[-1][1] + 1) == []
+        if len(held) < 10:
+            return
+        assert journal.entries_from(first + 4, 6) == held[4:10]
+        budget = sum(len(cmd) for cmd, _, _ in held[2:7])
+        assert journal.entries_from(first + 2, None, budget) == held[2:7]  # cut after the one reaching it
+        assert journal.entries_from(first + 2, None, budget + 1) == held[2:8]
+        assert journal.entry_bytes(held[9][1]) == len(held[9][0]) and journal.entry_bytes(first - 1) is None
+
+    check(written)
+    assert journal.read_backs > 0  # the oldest ones came from the segments
+    journal.deleteEntriesFrom(55)  # inside the cache
+    journal.add(command(PLAIN_ID, b"new56"), 56, 9)
+    written = written[:55] + [(command(PLAIN_ID, b"new56"), 56, 9)]
+    check(written)
+    journal.deleteEntriesFrom(10)  # far behind the cache: the new last entry is read back into it
+    written = written[:10]
+    check(written)
+    fill_from = [(command(PLAIN_ID, os.urandom(300)), index, 10) for index in range(11, 41)]
+    for entry in fill_from:
+        journal.add(*entry)
+    written += fill_from
+    journal.deleteEntriesTo(7)
+    written = written[7:]
+    check(written)
+    crash(journal)
+    journal = open_journal(path, segment_bytes=4096, cache_bytes=limit)
+    assert journal.cached_bytes == len(written[-1][0])  # after a reopen: the last entry only
+    check(written)
+    journal.clear()
+    assert len(journal) == 0 and journal[:] == [] and journal.cached_bytes == 0
+    journal.add(command(PLAIN_ID, b"a"), 100, 12)
+    journal.add(command(PLAIN_ID, b"b"), 101, 12)
+    check([(command(PLAIN_ID, b"a"), 100, 12), (command(PLAIN_ID, b"b"), 101, 12)])
+    journal._destroy()
+
+
+def test_damage_found_when_reading_back_fails_the_journal(tmp_path: Path) -> None:
+    """A byte changed on disk after the journal opened (a bad sector, a stray writer): the entry is
+    not returned damaged; the journal fails as after a failed write, and holds every message back."""
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=4096, cache_bytes=0)
+    fill(journal, 1, 30)
+    sealed, at = journal.segment_paths[0], journal._offsets[1] + 40  # inside the command of entry 2
+    assert journal._sequences[1] == 1 and at < sealed.stat().st_size
+    with open(sealed, "r+b") as handle:
+        handle.seek(at)
+        byte = handle.read(1)
+        handle.seek(at)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert journal[0][1] == 1  # an undamaged entry of the same segment reads back
+    assert journal[-1][1] == 30  # cached: no read
+    with pytest.raises(JournalError, match="damaged"):
+        journal[1]
+    assert journal.failure is not None and journal.sync_pending
+    journal._destroy()
+
+
+def test_a_follower_far_behind_is_sent_entries_read_back_in_bounded_batches(tmp_path: Path) -> None:
+    """pysyncobj slices the log from a follower's next index to its end, then cuts at the batch size;
+    the node asks the journal for what it sends only, so a long log is not read back whole."""
+    from broker.replication.raft_node import _RaftNode
+
+    journal = open_journal(tmp_path / "raft.wal", segment_bytes=64 * 1024, cache_bytes=0)
+    fill(journal, 1, 400, size=1000)
+    node = _RaftNode.__new__(_RaftNode)  # only the journal is needed: no Raft, no sockets
+    node.__dict__["_SyncObj__raftLog"] = journal
+    before = journal.read_backs
+    batch = node._SyncObj__getEntries(3, None, 10_000)
+    assert [index for _, index, _ in batch] == list(range(3, 3 + len(batch))) and 9 <= len(batch) <= 11
+    assert journal.read_backs - before == len(batch)
+    assert node._SyncObj__getEntries(399, 5) == journal[398:400]
+    assert node._SyncObj__getEntries(None) == [] and node._SyncObj__getEntries(0, 2) == []
+    journal._destroy()
