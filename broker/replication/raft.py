@@ -442,9 +442,12 @@ class PysyncobjReplicator:
 
     def _on_tick(self, node: _RaftNode) -> None:
         journal = node.journal
-        if journal is not None and journal.failure is not None and not node.halted:
-            self._halt(journal.failure)  # a failed write or fsync: stop, as after a failed restore
-            return
+        if journal is not None:
+            if journal.failure is not None and not node.halted:
+                self._halt(journal.failure)  # a failed write or fsync: stop, as after a failed restore
+                return
+            self._counters.journal_cached_bytes = journal.cached_bytes
+            self._counters.journal_read_backs = journal.read_backs
         self._has_quorum = bool(node.hasQuorum)
         others = sorted(str(n.id) for n in node.otherNodes)
         if others != self._members[1:]:

@@ -76,6 +76,8 @@ class RaftStats:
     fsync: HistogramSnapshot
     snapshot_write: HistogramSnapshot
     snapshot_restore: HistogramSnapshot
+    journal_cached_bytes: int = 0  # commands the journal holds in memory
+    journal_read_backs: int = 0  # entries it has read back from its segments since it opened
 
 
 class AppendClock:
@@ -130,10 +132,13 @@ class RaftCounters:
         self.fsync = LatencyTally(FSYNC_BUCKETS_S)
         self.snapshot_write = LatencyTally(SNAPSHOT_BUCKETS_S)
         self.snapshot_restore = LatencyTally(SNAPSHOT_BUCKETS_S)
+        self.journal_cached_bytes = 0  # copied from the journal at every tick
+        self.journal_read_backs = 0
 
     def snapshot(self) -> RaftStats:
         return RaftStats(self.leader_changes, self.elections_started, self.elections_won, self.followers,
-                         self.fsync.snapshot(), self.snapshot_write.snapshot(), self.snapshot_restore.snapshot())
+                         self.fsync.snapshot(), self.snapshot_write.snapshot(), self.snapshot_restore.snapshot(),
+                         self.journal_cached_bytes, self.journal_read_backs)
 
 
 class LeadershipTracker:

@@ -79,6 +79,12 @@ class RaftStatsCollector(Collector):
         snapshots.add_metric(["write"], _buckets(st.snapshot_write), st.snapshot_write.sum_s)
         snapshots.add_metric(["restore"], _buckets(st.snapshot_restore), st.snapshot_restore.sum_s)
         yield snapshots
+        yield GaugeMetricFamily("raftbroker_raft_journal_cached_bytes", "Bytes of the newest Raft commands the "
+                                "journal holds in memory (at most about raft_journal_cache_bytes)",
+                                value=st.journal_cached_bytes)
+        yield CounterMetricFamily("raftbroker_raft_journal_read_back_entries", "Raft entries read back from the "
+                                  "journal's segments (older than its cache: a follower behind, an apply after "
+                                  "a restart)", value=st.journal_read_backs)
 
 
 class DiskCollector(Collector):

@@ -123,6 +123,7 @@ def test_process_raft_grpc_topic_and_group_figures_move_with_the_traffic(busy: D
         assert f"raftbroker_raft_follower_lag_entries{{follower={follower}}}" in m
         assert f"raftbroker_raft_follower_lag_seconds{{follower={follower}}}" in m
     assert m["raftbroker_raft_journal_fsync_seconds_count"] >= 1  # fsync durability: every entry synced
+    assert m["raftbroker_raft_journal_cached_bytes"] > 0 and "raftbroker_raft_journal_read_back_entries_total" in m
     # publishes are counted by the node that answered them (the leader then), deliveries by the node
     # read from: add the nodes up (a busy machine may have moved leadership since)
     total: dict[str, float] = {}
