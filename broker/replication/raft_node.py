@@ -297,7 +297,9 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         commits in an older configuration. Apply those changes now (applying them again later is a
         no-op in pysyncobj)."""
         self._configuration_replayed = True
-        for command, _index, _term in self._SyncObj__getEntries(self.raftLastApplied + 1):
+        log = self._SyncObj__raftLog
+        first = log[0][1] if len(log) else 0
+        for command, _index, _term in self._SyncObj__getEntries(max(self.raftLastApplied + 1, first)):
             request = self._SyncObj__parseChangeClusterRequest(command)
             if request is not None:
                 self._SyncObj__doChangeCluster(request)
