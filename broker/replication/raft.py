@@ -290,6 +290,7 @@ class PysyncobjReplicator:
         codec = SnapshotCodec(self._state_machine, self._data_dir / SNAPSHOT_WORK_DIR_NAME, dump_path,
                               background=background, on_restore_failure=self._halt,
                               write_latency=self._counters.snapshot_write,
+                              take_latency=self._counters.snapshot_take,
                               restore_latency=self._counters.snapshot_restore)
         checker = (lambda: _SERIALIZER_STATES[codec.poll()]) if background else None
         conf = self._options.to_conf(self._data_dir / JOURNAL_FILE_NAME, dump_path, codec.write, codec.read,

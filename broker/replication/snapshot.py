@@ -328,9 +328,11 @@ class SnapshotCodec:
     def __init__(self, state_machine: StateMachine, work_dir: Path, dump_path: Path, *,
                  checkpoints_dir: Path | None = None, background: bool = True,
                  on_restore_failure: Callable[[BaseException], None] | None = None,
-                 write_latency: LatencyTally | None = None, restore_latency: LatencyTally | None = None) -> None:
+                 write_latency: LatencyTally | None = None, restore_latency: LatencyTally | None = None,
+                 take_latency: LatencyTally | None = None) -> None:
         """``write_latency`` / ``restore_latency``: where the durations of snapshots written (taken
-        and made durable) and restored are observed (metrics), if given."""
+        and made durable) and restored are observed (metrics), if given; ``take_latency``: where the
+        time the calling (replication) thread spends taking the state machine's snapshot is."""
         self._state_machine = state_machine
         self._work_dir = work_dir
         self._dump_path = dump_path
@@ -346,6 +348,7 @@ class SnapshotCodec:
         self._unreported: PackState | None = None
         self._write_latency = write_latency
         self._restore_latency = restore_latency
+        self._take_latency = take_latency
         shutil.rmtree(work_dir, ignore_errors=True)
         work_dir.mkdir(parents=True)
         self._checkpoints_dir.mkdir(parents=True, exist_ok=True)
@@ -401,6 +404,7 @@ class SnapshotCodec:
             except BaseException:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
+            self._observe(self._take_latency, started)
             if not self._background:
                 try:
                     self._keep(scratch, name, raft_data, Path(file_name))

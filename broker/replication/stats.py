@@ -76,6 +76,7 @@ class RaftStats:
     fsync: HistogramSnapshot
     snapshot_write: HistogramSnapshot
     snapshot_restore: HistogramSnapshot
+    snapshot_take: HistogramSnapshot  # the replication thread held by taking a snapshot
     journal_cached_bytes: int = 0  # commands the journal holds in memory
     journal_read_backs: int = 0  # entries it has read back from its segments since it opened
 
@@ -132,13 +133,14 @@ class RaftCounters:
         self.fsync = LatencyTally(FSYNC_BUCKETS_S)
         self.snapshot_write = LatencyTally(SNAPSHOT_BUCKETS_S)
         self.snapshot_restore = LatencyTally(SNAPSHOT_BUCKETS_S)
+        self.snapshot_take = LatencyTally(SNAPSHOT_BUCKETS_S)
         self.journal_cached_bytes = 0  # copied from the journal at every tick
         self.journal_read_backs = 0
 
     def snapshot(self) -> RaftStats:
         return RaftStats(self.leader_changes, self.elections_started, self.elections_won, self.followers,
                          self.fsync.snapshot(), self.snapshot_write.snapshot(), self.snapshot_restore.snapshot(),
-                         self.journal_cached_bytes, self.journal_read_backs)
+                         self.snapshot_take.snapshot(), self.journal_cached_bytes, self.journal_read_backs)
 
 
 class LeadershipTracker:

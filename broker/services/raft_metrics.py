@@ -75,9 +75,12 @@ class RaftStatsCollector(Collector):
                                     "fsyncs of appended entries", buckets=_buckets(st.fsync),
                                     sum_value=st.fsync.sum_s)
         snapshots = HistogramMetricFamily("raftbroker_raft_snapshot_seconds", "Duration of Raft snapshots: "
-                                          "written (checkpoint taken and made durable) or restored", labels=["kind"])
+                                          "written (checkpoint taken and made durable), restored, or the "
+                                          "replication thread's part of a write (taking the checkpoint)",
+                                          labels=["kind"])
         snapshots.add_metric(["write"], _buckets(st.snapshot_write), st.snapshot_write.sum_s)
         snapshots.add_metric(["restore"], _buckets(st.snapshot_restore), st.snapshot_restore.sum_s)
+        snapshots.add_metric(["take"], _buckets(st.snapshot_take), st.snapshot_take.sum_s)
         yield snapshots
         yield GaugeMetricFamily("raftbroker_raft_journal_cached_bytes", "Bytes of the newest Raft commands the "
                                 "journal holds in memory (at most about raft_journal_cache_bytes)",

@@ -171,6 +171,29 @@ def test_compaction_thresholds_are_spread_across_nodes_and_deferred_on_the_leade
     assert leader.conf.logCompactionMinTime == pytest.approx(4 * leader._compaction_min_time_s)
 
 
+def test_the_replication_thread_s_part_of_a_snapshot_is_measured_apart(
+        single_node: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction's snapshot holds the replication thread while the state machine takes it (nothing
+    is applied or answered meanwhile); the rest (fsyncs, the dump) runs beside it. The first part is
+    ``raftbroker_raft_snapshot_seconds{kind="take"}``, within the whole write's duration."""
+    real_write = ChainStateMachine.write_snapshot
+
+    def slow_write(self: ChainStateMachine, directory: str) -> None:
+        time.sleep(0.05)
+        real_write(self, directory)
+
+    monkeypatch.setattr(ChainStateMachine, "write_snapshot", slow_write)
+    rep, _ = single_node(options=RaftOptions(raft_min_timeout_s=0.16, raft_max_timeout_s=0.3,
+                                             compaction_max_log_bytes=200_000))
+    outcomes = Outcomes()
+    for i in range(35):  # 35 x ~10 KB: past the byte trigger (at most 300,000 with the spread)
+        rep.submit(b"%d" % i + bytes(10_000), outcomes.callback(i))
+    outcomes.wait(35)
+    stats = wait_until(lambda: (st := rep._counters.snapshot()).snapshot_write.count and st, 10, "a snapshot")
+    assert stats.snapshot_take.count == stats.snapshot_write.count == 1  # one compaction: the byte trigger
+    assert 0.05 <= stats.snapshot_take.sum_s <= stats.snapshot_write.sum_s
+
+
 class SyncCheckingStateMachine(ChainStateMachine):
     """Records, at every apply, whether the node's journal still had a sync pending."""
 
