@@ -31,23 +31,33 @@ class IndexWatch:
         self.c = c
         self.last: dict[int, int] = {}
         self.regressions: list[tuple[int, int, int]] = []
+        self._lives: dict[int, int] = {}  # bumped by forget: a status fetched before it is dropped
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def forget(self, i: int) -> None:
-        """Node ``i`` is wiped: its indexes start again from 0."""
-        self.last.pop(i, None)
+        """Node ``i`` is wiped: its indexes start again from 0. A status the watch fetched from the
+        node's previous process (the fetch may be under way now) is not compared with the new one's."""
+        with self._lock:
+            self._lives[i] = self._lives.get(i, 0) + 1
+            self.last.pop(i, None)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
             for i in range(self.c.nodes):
+                with self._lock:
+                    life = self._lives.get(i, 0)
                 status = self.c.node_status(i, timeout_s=0.5) if self.c.alive(i) else None
                 if status is None or not status.commit_index:
                     continue
-                before = self.last.get(i, 0)
-                if status.commit_index < before:
-                    self.regressions.append((i, before, status.commit_index))
-                self.last[i] = max(before, status.commit_index)
+                with self._lock:
+                    if self._lives.get(i, 0) != life:
+                        continue
+                    before = self.last.get(i, 0)
+                    if status.commit_index < before:
+                        self.regressions.append((i, before, status.commit_index))
+                    self.last[i] = max(before, status.commit_index)
 
     def __enter__(self) -> IndexWatch:
         self._thread.start()
