@@ -86,6 +86,10 @@ class NodeConfig(BaseModel):
     raft_journal_segment_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
     # the newest Raft commands kept in memory; older entries are read back from the segments
     raft_journal_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024, le=4 * 1024 * 1024 * 1024)
+    # a follower that hears nothing from the leader for a random time in this range starts an election
+    # (behind a pre-vote); raise both on a host whose threads stall that long (docs/operations.md)
+    raft_election_timeout_min_s: float = Field(default=0.4, ge=0.2, le=60.0)
+    raft_election_timeout_max_s: float = Field(default=0.8, gt=0.2, le=120.0)
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down
     raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a peer sent to, silent this long: disconnected
     max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams
@@ -110,6 +114,10 @@ class NodeConfig(BaseModel):
             raise ValueError(f"node ids must be unique, got {ids}")
         if self.max_record_bytes > self.max_batch_bytes:
             raise ValueError("max_record_bytes must not exceed max_batch_bytes")
+        if self.raft_election_timeout_max_s <= self.raft_election_timeout_min_s:
+            raise ValueError("raft_election_timeout_max_s must exceed raft_election_timeout_min_s")
+        if self.raft_connection_timeout_s < self.raft_election_timeout_max_s:
+            raise ValueError("raft_connection_timeout_s must be at least raft_election_timeout_max_s")
         self._check_security()
         # the metrics endpoint is unauthenticated too: it needs the same explicit opt-in as gRPC
         exposed = [a for a in (self.grpc_address, self.raft_address, self.metrics_address) if not is_loopback(a)]

@@ -33,6 +33,9 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"raft_password": "pw", "raft_password_salt": ""}, "raft_password_salt"),
     ({"peers": [{"id": "n1", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "unique"),
     ({"unknown_setting": 1}, "unknown_setting"),
+    ({"raft_election_timeout_min_s": 0.1}, "raft_election_timeout_min_s"),
+    ({"raft_election_timeout_min_s": 1.0, "raft_election_timeout_max_s": 1.0}, "must exceed raft_election_timeout_min"),
+    ({"raft_election_timeout_min_s": 2.0, "raft_election_timeout_max_s": 4.0}, "raft_connection_timeout_s must be"),
 ])
 def test_invalid_settings_are_named(overrides: dict[str, object], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -100,6 +100,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self.handshake_limits = handshake_limits or HandshakeLimits()
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
+        self._compaction_bytes_trigger = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
         self.halted = False
         self.halt_reason: BaseException | None = None  # why apply halted the node (status reports it)
@@ -143,6 +144,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         # the node's work) so that the nodes do not all pause and pack at once.
         spread = 1.0 + (zlib.crc32(self_address.encode()) % 1000) / 2000
         self._compaction_max_log_bytes = int(compaction_max_log_bytes * spread)
+        self._compaction_bytes_trigger = self._compaction_max_log_bytes  # x _LEADER_COMPACTION_DEFERRAL as leader
         self._compaction_min_entries = max(2, int(conf.logCompactionMinEntries * spread))
         self._compaction_min_time_s = conf.logCompactionMinTime * spread
         conf.logCompactionMinEntries = self._compaction_min_entries
@@ -269,10 +271,12 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             self.counters.elections_started += 1
         elif newState == _LEADER_STATE:
             self.counters.elections_won += 1
-        # A leader that pauses longer than the election timeout is deposed: it compacts 4x less often.
+        # A leader that pauses longer than the election timeout is deposed: it compacts 4x less often,
+        # by each trigger (the byte trigger is the one that fires under heavy writes).
         deferral = _LEADER_COMPACTION_DEFERRAL if newState == _LEADER_STATE else 1
         self.conf.logCompactionMinEntries = self._compaction_min_entries * deferral
         self.conf.logCompactionMinTime = self._compaction_min_time_s * deferral
+        self._compaction_bytes_trigger = self._compaction_max_log_bytes * deferral
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         if not self._configuration_replayed and self._SyncObj__needLoadDumpFile \
@@ -347,7 +351,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             self.halt(exc)
             raise
         self._applied_bytes_since_compaction += len(command)
-        if self._applied_bytes_since_compaction >= self._compaction_max_log_bytes:
+        if self._applied_bytes_since_compaction >= self._compaction_bytes_trigger:
             self._applied_bytes_since_compaction = 0
             self.forceLogCompaction()
         return result

@@ -57,8 +57,15 @@ def _is_damage(exc: Exception) -> bool:
 # killed under load then took up to 11 s to serve again (the 20-leader-kill tests). META's
 # memtable grows ~130 bytes per applied command (applied index, digest, counters), so 512 KiB
 # fills after ~4,000 of them, and its flush takes every column family along (atomic flush).
-# Large commands fill the records' memtable first, as before.
+# Large commands fill the records' memtable first (WRITE_BUFFER_BYTES).
 META_WRITE_BUFFER_BYTES = 512 * 1024
+# Every other column family's memtable (RocksDB's default is 64 MiB). A log compaction's checkpoint
+# flushes the memtables while it holds the replication thread (and the GIL), and that stall grows
+# with what they hold: 1 KiB publishes filled the records' memtable before META's, and the leader's
+# checkpoint took up to 578 ms against a 0.4 s election timeout. With 16 MiB
+# the checkpoints flush about a third as much (bench/NOTE.md, 2026-12-03 14:25). It also bounds
+# what a crash makes a node re-apply: at most two memtables per column family are unflushed.
+WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
 
 def _options(point_lookups: bool = False, write_buffer_bytes: int | None = None) -> Options:
@@ -154,7 +161,8 @@ class RocksStore:
     @staticmethod
     def _open(path: Path) -> _Handles:
         column_families = {c.value: _options(point_lookups=c == Column.DEDUP,
-                                             write_buffer_bytes=META_WRITE_BUFFER_BYTES if c == Column.META else None)
+                                             write_buffer_bytes=META_WRITE_BUFFER_BYTES if c == Column.META
+                                             else WRITE_BUFFER_BYTES)
                            for c in Column}
         db = Rdict(str(path), options=_options(), column_families=column_families,
                    access_type=AccessType.read_write())

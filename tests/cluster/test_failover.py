@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
 from broker.client import Client
@@ -54,3 +58,23 @@ def test_leader_kill_loses_no_acknowledged_record(fresh_cluster: DevCluster) -> 
         assert not missing, f"{len(missing)} acknowledged records lost on partition {p}"
         order = [positions[v] for v in acked[p]]
         assert order == sorted(order), f"order broken on partition {p}"
+
+
+def test_election_timeouts_come_from_the_node_config(tmp_path: Path) -> None:
+    """``raft_election_timeout_min_s`` / ``_max_s`` reach Raft: with 3-3.5 s, the followers of a
+    killed leader wait about 3 s before one of them leads (about 0.5 s with the defaults)."""
+    env = dict(os.environ, RAFTBROKER_RAFT_ELECTION_TIMEOUT_MIN_S="3.0", RAFTBROKER_RAFT_ELECTION_TIMEOUT_MAX_S="3.5")
+    c = DevCluster(3, tmp_path, env=env).start()
+    try:
+        c.wait_ready(60)
+        old = c.leader()
+        assert old is not None
+        c.kill(old)
+        killed_at = time.monotonic()
+        wait_until(lambda: c.leader() is not None, 30, "a new leader")
+        waited = time.monotonic() - killed_at
+        assert c.leader() != old
+        # 1 s of slack: the followers may have last heard the leader a while before the kill
+        assert waited >= 2.0, f"a new leader after {waited:.2f} s"
+    finally:
+        c.stop()

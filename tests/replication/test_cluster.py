@@ -201,6 +201,29 @@ def test_node_killed_under_load_restarts_without_applying_anything_twice(cluster
 
 
 @pytest.mark.timeout(90)
+def test_the_leader_compacts_four_times_less_often_under_heavy_writes(cluster_factory: ClusterFactory) -> None:
+    """Under heavy writes the byte trigger (``compaction_max_log_bytes`` of applied commands) starts
+    every compaction. Taking the snapshot holds the replication thread, and a leader that pauses past
+    the election timeout is deposed (a 1 KiB publish run lost its leader that way), so the leader
+    defers that trigger 4x like the others. Long election timeouts keep one leader throughout."""
+    cluster = cluster_factory(options={"compaction_max_log_bytes": 1_000_000, "raft_min_timeout_s": 2.0,
+                                       "raft_max_timeout_s": 4.0, "connection_timeout_s": 4.0})
+    leader = cluster.leader(timeout_s=20)
+    term = status_of(leader)["term"]
+    # 12 rounds of 1 MB, every node caught up after each: a node whose apply passes the trigger more
+    # than once in one go takes one snapshot. Followers (1.0-1.5 MB with the spread) take 8-12, the
+    # leader (4-6 MB) 2-3.
+    for round_ in range(12):
+        assert leader.request("submit", timeout_s=30, count=50, size=20_000, prefix=f"r{round_}")["ok"] == 50
+        cluster.wait_applied(status_of(leader)["applied_index"], timeout_s=20)
+    assert_converged(cluster, leader, timeout_s=30)
+    assert status_of(leader)["term"] == term and status_of(leader)["role"] == "leader"
+    takes = {n.address: status_of(n)["snapshots_taken"] for n in cluster.nodes}
+    assert takes[leader.address] <= 3, takes
+    assert all(takes[n.address] >= 5 for n in followers(cluster, leader)), takes
+
+
+@pytest.mark.timeout(90)
 def test_wiped_follower_catches_up_through_a_snapshot(cluster_factory: ClusterFactory) -> None:
     cluster = cluster_factory()
     leader = cluster.leader()

@@ -184,9 +184,9 @@ def test_the_replication_thread_s_part_of_a_snapshot_is_measured_apart(
 
     monkeypatch.setattr(ChainStateMachine, "write_snapshot", slow_write)
     rep, _ = single_node(options=RaftOptions(raft_min_timeout_s=0.16, raft_max_timeout_s=0.3,
-                                             compaction_max_log_bytes=200_000))
+                                             compaction_max_log_bytes=50_000))
     outcomes = Outcomes()
-    for i in range(35):  # 35 x ~10 KB: past the byte trigger (at most 300,000 with the spread)
+    for i in range(35):  # 35 x ~10 KB: past the leader's byte trigger (4 x 50,000 x a spread below 1.5)
         rep.submit(b"%d" % i + bytes(10_000), outcomes.callback(i))
     outcomes.wait(35)
     stats = wait_until(lambda: (st := rep._counters.snapshot()).snapshot_write.count and st, 10, "a snapshot")
