@@ -226,6 +226,13 @@ class BrokerStateMachine:
     def applied_index(self) -> int:
         return self._applied
 
+    def discard_state(self) -> None:
+        """Empty the store (applied index 0): the replicator found it ahead of its journal and
+        snapshot (``broker.replication.StateMachine.discard_state``)."""
+        self._store.clear()
+        self._load_caches()
+        self._changes.notify()
+
     def journal_opened(self, last_index: int) -> None:
         """The replicator's journal held commands up to ``last_index`` at start. Their applies keep
         no records of `memory` topics (the restart loses them, as :meth:`_load_caches` does for

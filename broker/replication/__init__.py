@@ -43,6 +43,15 @@ class StateMachine(Protocol):
         but keeps none of their effects that a restart must lose (records of `memory` topics)."""
         ...
 
+    def discard_state(self) -> None:
+        """Drop the whole state: back to empty, applied index 0. A replicator calls it at start, before
+        :meth:`journal_opened`, when the state is ahead of every index its journal and snapshot still
+        hold: a power loss dropped journal entries whose applies the state had already made durable
+        (they may never have been fsynced by anyone, and a new leader may put other commands at
+        those indexes, which an apply would skip). The state is rebuilt from the snapshot and the
+        journal, or from the leader."""
+        ...
+
     def write_snapshot(self, directory: str) -> None:
         """Write a consistent copy of the whole state into ``directory`` (which must not exist)."""
         ...

@@ -33,7 +33,7 @@ from broker.replication.journal import (
     fsync_path,
 )
 from broker.replication.prevote import PreVoteMixin
-from broker.replication.snapshot import read_raft_data
+from broker.replication.snapshot import read_raft_data, snapshot_index
 from broker.replication.snapshot_guard import SnapshotGuardMixin
 from broker.replication.stats import RaftCounters
 from broker.replication.transfer import LeadershipTransferMixin
@@ -80,6 +80,32 @@ def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
     if command[pos:pos + 1] != b"K":  # BININT1 <method id>
         return True
     return command[pos + 1] == synced_method_id
+
+
+def _discard_state_ahead_of_log(state_machine: StateMachine, last_index: int, dump_file: Path) -> None:
+    """At start: a state machine past both the journal's last entry and the snapshot's index holds
+    applies of entries this node no longer has. Applies are made durable without waiting for the
+    journal's fsync (only flagged commands wait), so a power loss can drop journal entries whose
+    applies the store had flushed. Those entries may be lost on every node, and a new leader then
+    puts other commands at their indexes: the state machine would skip them as already applied,
+    acknowledged writes included. So the state is discarded and rebuilt from the snapshot and the
+    journal (or from the leader), as for a store deleted by hand."""
+    applied = state_machine.applied_index()
+    if applied <= last_index:
+        return
+    snapshot_at = 0
+    if dump_file.is_file():
+        try:
+            snapshot_at = snapshot_index(read_raft_data(str(dump_file)))
+        except Exception:  # noqa: BLE001 - loading the dump reports it; keep the state meanwhile
+            logger.warning("cannot read the snapshot %s to compare with the applied index", dump_file, exc_info=True)
+            return
+    if applied <= snapshot_at:
+        return
+    logger.warning("the state machine is at index %d, past the journal's last entry (%d) and the snapshot (%d): "
+                   "a power loss dropped journal entries it had applied; discarding the state to rebuild it "
+                   "from the snapshot and the journal", applied, last_index, snapshot_at)
+    state_machine.discard_state()
 
 
 class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncObj):
@@ -135,7 +161,9 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                 sync_entries=journal_sync if "journal_sync" in active else "never",
                 snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
                 fsync_latency=self.counters.fsync, cache_bytes=journal_cache_bytes)
-            state_machine.journal_opened(journal[-1][1] if len(journal) else 0)
+            last_index = journal[-1][1] if len(journal) else 0
+            _discard_state_ahead_of_log(state_machine, last_index, dump_file)
+            state_machine.journal_opened(last_index)
             return journal
 
         _patches.register_journal(journal_path, open_journal)

@@ -84,6 +84,10 @@ class Store(Protocol):
         """Replace the whole content with the checkpoint in ``directory`` (consumed)."""
         ...
 
+    def clear(self) -> None:
+        """Drop the whole content, durably: the store is then empty."""
+        ...
+
     def size_bytes(self) -> int:
         """Approximate bytes on disk (or in memory)."""
         ...

@@ -117,5 +117,9 @@ class MemoryStore:
         with self._lock:
             self._columns = columns
 
+    def clear(self) -> None:
+        with self._lock:
+            self._columns = {c: _SortedColumn() for c in Column}
+
     def close(self) -> None:
         pass

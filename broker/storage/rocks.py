@@ -290,6 +290,13 @@ class RocksStore:
             self._retiring[old_generation] = (timer, old, self._db_path(old_generation))
         timer.start()
 
+    def clear(self) -> None:
+        # an empty database as the next generation (CURRENT names it once it is open)
+        empty = self._root / "clear.tmp"
+        shutil.rmtree(empty, ignore_errors=True)
+        empty.mkdir()
+        self.replace_with(str(empty))
+
     def _retire(self, generation: int) -> None:
         """Close a replaced generation (unless :meth:`close` did already) and delete its directory."""
         with self._lock:  # held while closing, so that close() returns only after it

@@ -56,6 +56,7 @@ class ChainStateMachine:
         self.skipped = 0  # apply calls at or below the applied index (legal: replays)
         self.journal_last_index: int | None = None  # set by journal_opened (None: never called)
         self.apply_delay_s = 0.0  # a slow state machine: each new index takes this long to apply
+        self.discarded = False  # discard_state was called (the replicator found it ahead of its log)
         self._open()
 
     @property
@@ -92,6 +93,12 @@ class ChainStateMachine:
 
     def applied_index(self) -> int:
         return self._applied
+
+    def discard_state(self) -> None:
+        os.close(self._fd)
+        os.truncate(self.log_path, 0)
+        self._open()
+        self.discarded = True
 
     def journal_opened(self, last_index: int) -> None:
         self.journal_last_index = last_index  # what the replicator said (tests read it)

@@ -78,6 +78,7 @@ class Tally:
         self.request_id = request_id
         self.expected = expected
         self.ok = 0
+        self.unapplied = 0  # successes whose apply returned nothing (the state machine skipped the index)
         self.errors: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -87,13 +88,15 @@ class Tally:
         with self.lock:
             if error is None:
                 self.ok += 1
+                self.unapplied += result is None
             else:
                 self.errors[error.reason.value] += 1
             finished = self.ok + sum(self.errors.values()) == self.expected
         if finished:
             self.done.set()
             elapsed = time.monotonic() - self.started
-            reply({"id": self.request_id, "ok": self.ok, "errors": dict(self.errors), "elapsed": elapsed})
+            reply({"id": self.request_id, "ok": self.ok, "unapplied": self.unapplied, "errors": dict(self.errors),
+                   "elapsed": elapsed})
 
 
 def make_command(prefix: str, seq: int, size: int) -> bytes:
@@ -158,6 +161,7 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
             "fsyncs": journal.fsyncs if (journal := rep._node.journal) is not None else None,  # type: ignore[union-attr]
             "fsync_seconds": journal.fsync_seconds if journal is not None else None,
             "snapshots_taken": rep._counters.snapshot().snapshot_take.count,
+            "sm_discarded": sm.discarded,
         })
     elif op == "submit":
         tally = Tally(req["id"], req["count"])

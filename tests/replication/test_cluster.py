@@ -224,6 +224,29 @@ def test_the_leader_compacts_four_times_less_often_under_heavy_writes(cluster_fa
 
 
 @pytest.mark.timeout(90)
+def test_a_power_loss_that_drops_applied_entries_never_makes_a_node_skip_new_ones(
+        cluster_factory: ClusterFactory) -> None:
+    """Unflagged commands are applied without waiting for the journal's fsync, and a state machine
+    makes its applies durable on its own schedule (the broker's store flushes them). A power loss of
+    every node then drops from the journals entries whose applies the state machines kept. The new
+    leader puts new commands at those indexes; a state machine that still claimed them would skip
+    those commands, and their submitters would be told they were applied. Each node discards such a
+    state at start and rebuilds it from its snapshot and journal."""
+    cluster = cluster_factory(options={"simulate_power_loss": True})
+    leader = cluster.leader()
+    assert leader.request("submit", timeout_s=30, count=20, size=100, prefix="unsynced", sync=False)["ok"] == 20
+    cluster.wait_applied(status_of(leader)["applied_index"], timeout_s=20)
+    cluster.kill_all()  # every journal drops what it had not fsynced
+    for node in cluster.nodes:
+        node.start()
+    leader = cluster.leader(timeout_s=20)
+    reply = leader.request("submit", timeout_s=30, count=20, size=100, prefix="synced", sync=True)
+    assert reply["ok"] == 20 and reply["unapplied"] == 0, f"acknowledged but skipped by the leader: {reply}"
+    assert_converged(cluster, leader)  # and the followers applied the same
+    assert any(status_of(n)["sm_discarded"] for n in cluster.nodes), "no power loss dropped an applied entry"
+
+
+@pytest.mark.timeout(90)
 def test_wiped_follower_catches_up_through_a_snapshot(cluster_factory: ClusterFactory) -> None:
     cluster = cluster_factory()
     leader = cluster.leader()
