@@ -58,7 +58,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._columns = {c: _SortedColumn() for c in Column}
+        self._columns: dict[Column, _SortedColumn] = {}
+        self.clear()
 
     def batch(self) -> MemoryBatch:
         return MemoryBatch()
