@@ -99,6 +99,7 @@ class Node:
                               compaction_min_time_s=config.raft_compaction_min_time_s,
                               journal_segment_bytes=config.raft_journal_segment_bytes,
                               journal_cache_bytes=config.raft_journal_cache_bytes,
+                              journal_direct_write_min_bytes=config.raft_journal_direct_write_min_bytes,
                               raft_min_timeout_s=config.raft_election_timeout_min_s,
                               raft_max_timeout_s=config.raft_election_timeout_max_s,
                               leader_fallback_timeout_s=config.raft_leader_fallback_timeout_s,

@@ -27,7 +27,7 @@ from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
-from broker.replication.journal import CACHE_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT
+from broker.replication.journal import CACHE_BYTES_DEFAULT, DIRECT_WRITE_MIN_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT
 from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
 from broker.replication.stats import LeadershipTracker, RaftCounters, RaftStats
@@ -134,6 +134,9 @@ class RaftOptions:
     # The newest commands the journal holds in memory; older entries are read back from the segments
     # (a follower behind, a restart's apply), so the log's length costs disk, not memory.
     journal_cache_bytes: int = CACHE_BYTES_DEFAULT
+    # Records at least this long are written with O_DIRECT (0: every record through the page cache):
+    # the journal's pages would only evict the store's, which are its read cache.
+    journal_direct_write_min_bytes: int = DIRECT_WRITE_MIN_BYTES_DEFAULT
     journal_sync: str = "flagged"  # fsync entries submitted with sync=True ("flagged") or every entry ("all")
     pre_vote: bool = True  # ask a majority before campaigning (a restarting node cannot depose the leader)
     # Raft messages on the wire: "none" (pickle as is) or "zlib" (pysyncobj's). bench/NOTE.md, 2026-11-24:
@@ -175,6 +178,7 @@ class RaftOptions:
             ("journal_sync is flagged or all", o.journal_sync in ("flagged", "all")),
             ("journal_segment_bytes between 64 KiB and 1 GiB", 64 * 1024 <= o.journal_segment_bytes <= 1 << 30),
             ("journal_cache_bytes between 1 MiB and 4 GiB", 1 << 20 <= o.journal_cache_bytes <= 4 << 30),
+            ("journal_direct_write_min_bytes between 0 and 1 GiB", 0 <= o.journal_direct_write_min_bytes <= 1 << 30),
             ("raft_message_compression is none or zlib", o.raft_message_compression in ("none", "zlib")),
             ("socket buffers between 64 KiB and 64 MiB",
              all(64 * 1024 <= size <= 64 * 1024 * 1024 for size in (o.socket_send_buffer_bytes,
@@ -307,7 +311,8 @@ class PysyncobjReplicator:
                          handshake_limits=options.handshake, commit_notice_delay_s=options.commit_notice_delay_s,
                          idle_poll_max_s=options.idle_poll_max_s,
                          journal_segment_bytes=options.journal_segment_bytes,
-                         journal_cache_bytes=options.journal_cache_bytes)
+                         journal_cache_bytes=options.journal_cache_bytes,
+                         journal_direct_write_min_bytes=options.journal_direct_write_min_bytes)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))

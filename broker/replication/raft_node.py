@@ -25,6 +25,7 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from broker.replication import Role, StateMachine, _patches
 from broker.replication.journal import (
     CACHE_BYTES_DEFAULT,
+    DIRECT_WRITE_MIN_BYTES_DEFAULT,
     JOURNAL_DIR_NAME,
     SEGMENT_BYTES_DEFAULT,
     DurableJournal,
@@ -120,7 +121,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                  stale_snapshot_guard: bool | None = None, counters: RaftCounters | None = None,
                  handshake_limits: HandshakeLimits | None = None, commit_notice_delay_s: float = 0.0,
                  idle_poll_max_s: float = 0.0, journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT,
-                 journal_cache_bytes: int = CACHE_BYTES_DEFAULT) -> None:
+                 journal_cache_bytes: int = CACHE_BYTES_DEFAULT,
+                 journal_direct_write_min_bytes: int = DIRECT_WRITE_MIN_BYTES_DEFAULT) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once, and its transport
         # (GuardedTransport) reads handshake_limits when it is built.
         self.handshake_limits = handshake_limits or HandshakeLimits()
@@ -160,7 +162,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                 segment_bytes=journal_segment_bytes, needs_sync=lambda command: command_needs_sync(command, synced_id),
                 sync_entries=journal_sync if "journal_sync" in active else "never",
                 snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
-                fsync_latency=self.counters.fsync, cache_bytes=journal_cache_bytes)
+                fsync_latency=self.counters.fsync, cache_bytes=journal_cache_bytes,
+                direct_write_min_bytes=journal_direct_write_min_bytes)
             last_index = journal[-1][1] if len(journal) else 0
             _discard_state_ahead_of_log(state_machine, last_index, dump_file)
             state_machine.journal_opened(last_index)

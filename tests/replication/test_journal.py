@@ -56,8 +56,7 @@ def crash(journal: DurableJournal) -> None:
     """A process crash: the descriptor goes away without the final fsync of a clean close (the
     deletion of passed segments is let finish first: a test that wants them left puts them back)."""
     journal.settle()
-    os.close(journal._fd)
-    journal._fd = -1
+    journal._close_last()
 
 
 def last_segment(path: Path) -> Path:
@@ -678,4 +677,137 @@ def test_a_follower_far_behind_is_sent_entries_read_back_in_bounded_batches(tmp_
     assert journal.read_backs - before == len(batch)
     assert node._SyncObj__getEntries(399, 5) == journal[398:400]
     assert node._SyncObj__getEntries(None) == [] and node._SyncObj__getEntries(0, 2) == []
+    journal._destroy()
+
+
+# -- large records past the page cache (O_DIRECT) ------------------------------------------------
+DIRECT_MIN = 8192
+_ODD_SIZES = [100, 70_001, 5, 9_000, 300, 131_073, 4_000, 200_000, 17, 12_289]
+
+
+def _fill_odd(journal: DurableJournal, first: int, seed: int) -> list[bytes]:
+    """Entries of odd sizes from index ``first``: records that start and end anywhere in a block."""
+    rng = __import__("random").Random(seed)
+    commands = [command(PLAIN_ID, rng.randbytes(size)) for size in _ODD_SIZES]
+    for index, cmd in enumerate(commands, start=first):
+        journal.add(cmd, index, 1)
+    return commands
+
+
+def test_large_records_are_written_direct_and_reopen_whole_after_a_crash(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Records of at least ``direct_write_min_bytes`` go through O_DIRECT: the block holding the end is
+    written again from memory and padded with zeros. Small records written through the page cache
+    after them (a commit hint, a truncation), a crash that leaves the padding, a reopen that must
+    cut it quietly and go on appending from the right bytes, and a clean close that leaves none."""
+    path = tmp_path / "j"
+    journal = open_journal(path, direct_write_min_bytes=DIRECT_MIN)
+    journal.setCurrentTerm(1, "a:1")
+    commands = _fill_odd(journal, 1, seed=1)
+    journal.setRaftCommitIndex(5)
+    journal.onOneSecondTimer()  # a COMMIT record (buffered) right after a direct write
+    journal.settle()
+    journal.deleteEntriesFrom(7)  # TRUNCATE: index 8 on goes
+    replacement = command(SYNCED_ID, os.urandom(50_000))
+    journal.add(replacement, 8, 2)
+    expected = commands[:7] + [replacement]
+    assert journal.direct_writes >= 4
+    segment = last_segment(path)
+    assert segment.stat().st_size > journal._size, "a direct write pads its last block"
+    crash(journal)
+
+    caplog.set_level("WARNING", logger="broker.replication.journal")
+    journal = open_journal(path, direct_write_min_bytes=DIRECT_MIN)
+    assert [journal[i][0] for i in range(len(journal))] == expected
+    assert entries(journal) == [(i, 1) for i in range(1, 8)] + [(8, 2)]
+    assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.getRaftCommitIndex()) == (1, "a:1", 5)
+    assert segment.stat().st_size == journal._size and not caplog.records, "the padding is cut quietly"
+
+    more = _fill_odd(journal, 9, seed=2)  # the first of them rewrites the block read back at open
+    journal._destroy()
+    assert segment.stat().st_size == struct.unpack_from("<Q", segment.read_bytes(), 20)[0], "no padding at rest"
+    again = open_journal(path, direct_write_min_bytes=DIRECT_MIN)
+    assert [again[i][0] for i in range(len(again))] == expected + more
+    again._destroy()
+
+
+def test_a_power_loss_keeps_the_direct_writes_that_were_synced_and_drops_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    journal = open_journal(path, simulate_power_loss=True, direct_write_min_bytes=DIRECT_MIN)
+    journal.setCurrentTerm(4, None)
+    synced = [command(SYNCED_ID, os.urandom(size)) for size in (30_000, 70_001)]
+    for index, cmd in enumerate(synced, start=1):
+        journal.add(cmd, index, 4)
+    assert journal.sync()
+    before = journal.direct_writes  # the first record starts in block 0, which is always buffered
+    journal.add(command(PLAIN_ID, os.urandom(90_000)), 3, 4)  # written, never synced
+    assert before >= 1 and journal.direct_writes == before + 1
+    crash(journal)
+    again = open_journal(path, simulate_power_loss=True, direct_write_min_bytes=DIRECT_MIN)
+    assert [again[i][0] for i in range(len(again))] == synced and again.dropped_bytes > 90_000
+    again._destroy()
+
+
+def test_sealed_segments_end_at_their_last_record(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    journal = open_journal(path, segment_bytes=64 * 1024, direct_write_min_bytes=DIRECT_MIN)
+    for index in range(1, 13):
+        journal.add(command(PLAIN_ID, os.urandom(20_000)), index, 1)
+    assert len(journal.segment_paths) >= 3 and journal.direct_writes > 0
+    for segment in journal.segment_paths[:-1]:
+        data = segment.read_bytes()
+        assert struct.unpack_from("<Q", data, 20)[0] == len(data) and data[-1:] != b"\0"
+    journal._destroy()
+
+
+@pytest.mark.parametrize("refused", ["open", "write"])
+def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refused: str) -> None:
+    """Some file systems refuse O_DIRECT when the file is opened (EINVAL), others at the first write;
+    either way every record is written through the page cache, and nothing is lost."""
+    import errno
+
+    real_open, real_pwrite = os.open, os.pwrite
+    direct_fds: set[int] = set()
+
+    def opening(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_DIRECT:
+            if refused == "open":
+                raise OSError(errno.EINVAL, "Invalid argument")
+            fd = real_open(file, flags, *args, **kwargs)
+            direct_fds.add(fd)
+            return fd
+        return real_open(file, flags, *args, **kwargs)
+
+    def writing(fd: int, data: Any, offset: int) -> int:
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "pwrite", writing)
+    caplog.set_level("INFO", logger="broker.replication.journal")
+    path = tmp_path / "j"
+    journal = open_journal(path, direct_write_min_bytes=DIRECT_MIN)
+    commands = _fill_odd(journal, 1, seed=3)
+    assert journal.direct_writes == 0 and journal._dfd == -1
+    assert sum("O_DIRECT refused" in r.getMessage() for r in caplog.records) == 1
+    crash(journal)
+    monkeypatch.undo()
+    again = open_journal(path)
+    assert [again[i][0] for i in range(len(again))] == commands
+    again._destroy()
+
+
+def test_below_the_threshold_or_with_direct_writes_off_nothing_is_written_direct(tmp_path: Path) -> None:
+    for options, path in (({}, tmp_path / "default"), ({"direct_write_min_bytes": 0}, tmp_path / "off")):
+        journal = open_journal(path, **options)
+        journal.add(command(PLAIN_ID, os.urandom(5000)), 1, 1)
+        journal.add(command(PLAIN_ID, os.urandom(300_000 if not options else 2_000_000)), 2, 1)
+        assert journal.direct_writes == 0 and (journal._dfd == -1) == bool(options)
+        journal._destroy()
+    journal = open_journal(tmp_path / "big")
+    journal.add(command(PLAIN_ID, os.urandom(5000)), 1, 1)
+    journal.add(command(PLAIN_ID, os.urandom(600_000)), 2, 1)  # past the default's 512 KiB
+    assert journal.direct_writes == 1
     journal._destroy()
