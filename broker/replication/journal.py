@@ -21,8 +21,9 @@ segments in order rebuilds the state. Reading a segment stops at its first short
 so what is recovered is always a prefix of what was written; past the synced length recorded in its
 header that is a torn tail and is cut off, before it it is damage and the journal refuses to open.
 
-No byte is ever rewritten (``docs/design/log-is-the-store.md`` builds on it): a segment is appended
-to, sealed, and later deleted whole.
+No record is ever changed (``docs/design/log-is-the-store.md`` builds on it): a segment is appended
+to, sealed, and later deleted whole. (A direct write, below, writes the block that holds the end again,
+with the same bytes.)
 - **What is held in memory.** For every entry of the log: its index, its term and where its record
   is (segment, offset, command length), 40 bytes in arrays. The commands themselves only for the
   newest entries, up to ``cache_bytes`` (and always the last one): what followers that keep up are
@@ -41,21 +42,21 @@ to, sealed, and later deleted whole.
   file is no longer rewritten on the replication thread.
 - **``clear``** (a snapshot installed) fsyncs the snapshot, starts a new segment whose COMPACT drops
   every entry, and deletes all the older segments.
-- **Large records past the page cache.** A record of at least ``direct_write_min_bytes`` (512 KiB:
-  a batch of 1,000 records of 1 KiB) is written with ``O_DIRECT``. The journal reads back little (the
+- **Large records past the page cache.** A record of at least ``direct_write_min_bytes`` (512 KiB: a
+  batch of 1,000 records of 1 KiB) is written with ``O_DIRECT``. The journal reads back little (the
   newest commands are in memory), so its pages in the page cache were only copies that pushed the
-  store's pages out. On this VM (bench/NOTE.md, 2026-12-03 17:45 UTC) a buffered write costs 2-3 s of
-  system CPU per GiB, because the kernel takes fresh pages that the host must fault in; a direct one
-  0.1-0.2 s, and it blocks the thread ~0.8 ms per MiB instead. O_DIRECT needs aligned offsets,
-  lengths and memory, so the block that holds the end of the segment is kept in memory (``_tail``)
-  and written again whole, from an ``mmap`` buffer, followed by the record and zeros up to the next
-  block. The next record overwrites those zeros; a replay stops at them as at any torn tail (cut
-  quietly, at most one block); sealing and a clean close cut them off. Block 0 (the header, whose
-  synced length the journal's own thread rewrites) is never written directly. Smaller records
-  stay buffered: for them the device's round trip (~0.1 ms) costs more than the copy. A file
-  system that refuses ``O_DIRECT`` gets buffered writes only (logged once). Durability is
-  unchanged: what a sync must make durable is made durable by ``fdatasync``, whichever way it was
-  written.
+  store's pages out. On this VM (bench/NOTE.md, 2026-12-03 17:45 UTC) a buffered write costs 2-3 s
+  of system CPU per GiB, because the kernel takes fresh pages that the host must fault in; a direct
+  one 0.1-0.2 s, and it blocks the thread ~0.8 ms per MiB instead (1 KiB publishes +10-25 %).
+  O_DIRECT needs aligned offsets, lengths and memory, so the block that holds the end of the segment
+  is kept in memory (``_tail``) and written again whole, from an ``mmap`` buffer, followed by the
+  record and zeros up to the next block. The next record overwrites those zeros; a replay stops at
+  them as at any torn tail (cut quietly, at most one block); sealing and a clean close cut them off.
+  Block 0 (the header, whose synced length the journal's own thread rewrites) is never written
+  directly. Smaller records stay buffered: for them the device's round trip (~0.1 ms) costs more
+  than the copy (at 100 B, batches of ~130 KB written direct measured no faster). A file system that
+  refuses ``O_DIRECT`` gets buffered writes only (logged once). Durability is unchanged: what a sync
+  must make durable is made durable by ``fdatasync``, whichever way it was written.
 - **Upgrade.** The single-file journal of earlier releases (``legacy_file``, the same header and
   records) is renamed into the directory as segment 1 at the first open, and a short file with
   another magic (``LEGACY_MARKER``) takes its place: a node rolled back to an earlier release
