@@ -682,7 +682,8 @@ def test_a_follower_far_behind_is_sent_entries_read_back_in_bounded_batches(tmp_
 
 # -- large records past the page cache (O_DIRECT) ------------------------------------------------
 DIRECT_MIN = 8192
-_ODD_SIZES = [100, 70_001, 5, 9_000, 300, 131_073, 4_000, 200_000, 17, 12_289]
+# 5 MiB + 1: a buffer of its own, unmapped after the write
+_ODD_SIZES = [100, 70_001, 5, 9_000, 300, 131_073, 4_000, 200_000, 17, 5 * 1024 * 1024 + 1, 12_289]
 
 
 def _fill_odd(journal: DurableJournal, first: int, seed: int) -> list[bytes]:
@@ -707,11 +708,11 @@ def test_large_records_are_written_direct_and_reopen_whole_after_a_crash(
     journal.setRaftCommitIndex(5)
     journal.onOneSecondTimer()  # a COMMIT record (buffered) right after a direct write
     journal.settle()
-    journal.deleteEntriesFrom(7)  # TRUNCATE: index 8 on goes
+    journal.deleteEntriesFrom(10)  # TRUNCATE: index 11 on goes
     replacement = command(SYNCED_ID, os.urandom(50_000))
-    journal.add(replacement, 8, 2)
-    expected = commands[:7] + [replacement]
-    assert journal.direct_writes >= 4
+    journal.add(replacement, 11, 2)
+    expected = commands[:10] + [replacement]
+    assert journal.direct_writes >= 6
     segment = last_segment(path)
     assert segment.stat().st_size > journal._size, "a direct write pads its last block"
     crash(journal)
@@ -719,11 +720,11 @@ def test_large_records_are_written_direct_and_reopen_whole_after_a_crash(
     caplog.set_level("WARNING", logger="broker.replication.journal")
     journal = open_journal(path, direct_write_min_bytes=DIRECT_MIN)
     assert [journal[i][0] for i in range(len(journal))] == expected
-    assert entries(journal) == [(i, 1) for i in range(1, 8)] + [(8, 2)]
+    assert entries(journal) == [(i, 1) for i in range(1, 11)] + [(11, 2)]
     assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.getRaftCommitIndex()) == (1, "a:1", 5)
     assert segment.stat().st_size == journal._size and not caplog.records, "the padding is cut quietly"
 
-    more = _fill_odd(journal, 9, seed=2)  # the first of them rewrites the block read back at open
+    more = _fill_odd(journal, 12, seed=2)  # the first of them rewrites the block read back at open
     journal._destroy()
     assert segment.stat().st_size == struct.unpack_from("<Q", segment.read_bytes(), 20)[0], "no padding at rest"
     again = open_journal(path, direct_write_min_bytes=DIRECT_MIN)
