@@ -109,7 +109,7 @@ SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
 CACHE_BYTES_DEFAULT = 64 * 1024 * 1024  # the newest commands held in memory (the rest is read back)
 # Records of at least this many bytes are written past the page cache (O_DIRECT): see the module docstring.
 DIRECT_WRITE_MIN_BYTES_DEFAULT = 512 * 1024
-_BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (a multiple of every logical block size)
+_BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (disks of 512 B and 4 KiB blocks; else EINVAL)
 _ONE_OFF_BUFFER_BYTES = 4 * 1024 * 1024  # a larger direct write gets a buffer of its own, unmapped after it
 _NEW_SUFFIX = ".new"  # a segment being created: renamed into place once fsynced
 # Left where the single-file journal of earlier releases was: they refuse it ("not a raftbroker

@@ -303,8 +303,13 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         elif newState == _LEADER_STATE:
             self.counters.elections_won += 1
         # A leader that pauses longer than the election timeout is deposed: it compacts 4x less often,
-        # by each trigger (the byte trigger is the one that fires under heavy writes).
-        deferral = _LEADER_COMPACTION_DEFERRAL if newState == _LEADER_STATE else 1
+        # by each trigger (the byte trigger is the one that fires under heavy writes). A lone node has
+        # no one to depose it, and a longer journal only slows its restart, which reads it all back
+        # (bench disk-1 restart after 3M records: 7-9 s deferred, 1.5 s not; bench/NOTE.md 2026-12-03).
+        # Its deferral is decided when it becomes leader: a node added later changes it at the next
+        # election.
+        lone = not self._SyncObj__otherNodes
+        deferral = _LEADER_COMPACTION_DEFERRAL if newState == _LEADER_STATE and not lone else 1
         self.conf.logCompactionMinEntries = self._compaction_min_entries * deferral
         self.conf.logCompactionMinTime = self._compaction_min_time_s * deferral
         self._compaction_bytes_trigger = self._compaction_max_log_bytes * deferral

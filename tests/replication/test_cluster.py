@@ -224,6 +224,18 @@ def test_the_leader_compacts_four_times_less_often_under_heavy_writes(cluster_fa
 
 
 @pytest.mark.timeout(90)
+def test_a_lone_leader_does_not_defer_its_compactions(cluster_factory: ClusterFactory) -> None:
+    """No follower can depose a lone node, and a journal grown 4x only slows its restart (it reads
+    the journal back): it compacts by the byte trigger as often as any follower."""
+    cluster = cluster_factory(size=1, options={"compaction_max_log_bytes": 1_000_000})
+    leader = cluster.leader(timeout_s=20)
+    for round_ in range(8):
+        assert leader.request("submit", timeout_s=30, count=50, size=20_000, prefix=f"r{round_}")["ok"] == 50
+        cluster.wait_applied(status_of(leader)["applied_index"], timeout_s=20)
+    assert status_of(leader)["snapshots_taken"] >= 4  # 8 MB applied, a 1.0-1.5 MB trigger; 4x deferred: 1-2
+
+
+@pytest.mark.timeout(90)
 def test_a_power_loss_that_drops_applied_entries_never_makes_a_node_skip_new_ones(
         cluster_factory: ClusterFactory) -> None:
     """Unflagged commands are applied without waiting for the journal's fsync, and a state machine
