@@ -98,6 +98,7 @@ def serve_command(
         raise typer.Exit(2) from None
     from broker.core.formats import DataFormatTooNew
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
+    from broker.replication import ReplicaDataDamaged
     from broker.storage import StoreCorruption
 
     gateway = None
@@ -109,8 +110,8 @@ def serve_command(
 
     try:
         serve(cfg)
-    except (StoreCorruption, DataFormatTooNew) as exc:  # a damaged store file, or a downgrade past the
-        # cluster's command format, at start: say which and what to do, no traceback
+    except (StoreCorruption, ReplicaDataDamaged, DataFormatTooNew) as exc:  # a damaged store file or Raft
+        # journal, or a downgrade past the cluster's command format, at start: say which and what to do
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None

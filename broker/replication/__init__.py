@@ -89,6 +89,12 @@ class ReplicationError(Exception):
         self.reason = reason
 
 
+class ReplicaDataDamaged(Exception):
+    """This node's own replication data (its Raft journal) is damaged where it was made durable: the
+    node refuses to start rather than guess (the lost part may hold a vote). The message names the file
+    and what to do: move the node's data directory away and let it catch up from the leader."""
+
+
 @dataclass(frozen=True)
 class ReplicaStatus:
     """One node's view of the Raft group."""

@@ -31,6 +31,12 @@ with the same bytes.)
   per run of entries in one segment, every record's checksum checked again), for a follower that is
   behind or a restart's apply, so a long log costs disk, not memory. The first entry is kept too:
   pysyncobj reads it on every send.
+- **Opening.** The last segment is read whole and every record checked. A sealed one was fsynced
+  whole, so it holds no torn tail: its small records are read and checked, and of an entry of at
+  least 64 KiB only the record's header and the entry's index and term (``_walk_sealed``); its
+  checksum is checked when it is read back, as every read back checks it. The last entry is read
+  back at open, so a log whose last term is damaged is refused, never trusted in an election. A
+  restart thus reads ~4 KiB per large entry instead of the whole log (up to 1.5 GiB on a leader).
 - **Sealing.** Once the last segment holds ``segment_bytes``, the next entry goes to a new segment.
   The full one is fsynced and its header records its whole length. The new one is written under a
   temporary name with the state that is not an entry (TERM, COMMIT, and COMPACT up to the first
@@ -96,6 +102,7 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+from broker.replication import ReplicaDataDamaged
 from broker.replication.stats import LatencyTally
 
 logger = logging.getLogger(__name__)
@@ -110,6 +117,12 @@ CACHE_BYTES_DEFAULT = 64 * 1024 * 1024  # the newest commands held in memory (th
 # Records of at least this many bytes are written past the page cache (O_DIRECT): see the module docstring.
 DIRECT_WRITE_MIN_BYTES_DEFAULT = 512 * 1024
 _BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (disks of 512 B and 4 KiB blocks; else EINVAL)
+# A sealed segment's entries of at least this many bytes are not read at open (_walk_sealed): their
+# checksum is checked when they are read back. The walk reads a block where a record starts, and
+# _WALK_CHUNK_BYTES (or the record) where a small record goes past what it has read.
+_CHECK_LATER_MIN_BYTES = 64 * 1024
+_WALK_CHUNK_BYTES = 256 * 1024
+_PEEK_BYTES = _BLOCK
 _ONE_OFF_BUFFER_BYTES = 4 * 1024 * 1024  # a larger direct write gets a buffer of its own, unmapped after it
 _NEW_SUFFIX = ".new"  # a segment being created: renamed into place once fsynced
 # Left where the single-file journal of earlier releases was: they refuse it ("not a raftbroker
@@ -142,7 +155,7 @@ CHECKSUMS: dict[bytes, Checksum] = {MAGIC: _crc32c, MAGIC_ZLIB: _crc32}
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
-class JournalError(Exception):
+class JournalError(ReplicaDataDamaged):
     """A journal that is not one of ours, or whose fsynced records are damaged or missing."""
 
 
@@ -268,6 +281,8 @@ class DurableJournal(Journal):
         self.fsync_seconds = 0.0  # time spent in the fsyncs of appends (diagnostics)
         self._fsync_latency = fsync_latency
         self.dropped_bytes = 0  # power-loss simulation: unsynced bytes cut off at open
+        self.read_at_open_bytes = 0  # bytes of the segments read at open (diagnostics, tests)
+        self.unread_at_open_bytes = 0  # commands of sealed segments not read at open (_walk_sealed)
         self.failure: OSError | None = None  # a failed write or fsync: the node must stop sending
         self._fd = -1
         # Large records go past the page cache: a descriptor of the last segment opened with O_DIRECT,
@@ -336,7 +351,11 @@ class DurableJournal(Journal):
 
     def _replay_segment(self, segment: _Segment, *, last: bool) -> None:
         path = segment.path
+        if not last and self._walk_sealed(segment):
+            self._segments.append(segment)
+            return
         data = path.read_bytes()
+        self.read_at_open_bytes += len(data)
         magic, _sequence, check = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, 0)
         crc = CHECKSUMS.get(magic)
         if crc is None or check != crc(data[:16], 0):
@@ -378,24 +397,101 @@ class DurableJournal(Journal):
             if length < 1 or end > stop:
                 break
             record = data[pos + 8:end]  # type + payload (one copy: the checksums take no memoryview)
-            if crc(record, 0) != check:
+            if crc(record, 0) != check or not self._replay_record(kind, memoryview(record)[1:], pos, segment):
                 break
-            payload = memoryview(record)[1:]
-            if kind == ENTRY:
-                index, term = _ENTRY.unpack_from(payload)
-                self._hold(index, term, segment.sequence, pos, length - 1 - _ENTRY.size)
-                segment.max_index = max(segment.max_index, index)
-            elif kind == TRUNCATE:
-                self._drop_from_index(_U64.unpack_from(payload)[0])
-            elif kind == TERM:
-                self._term = _U64.unpack_from(payload)[0]
-                vote = bytes(payload[8:])
-                self._voted_for = vote[1:].decode() if vote[:1] == _VOTE else None
-            elif kind == COMMIT:
-                self._commit = _U64.unpack_from(payload)[0]
-            elif kind == COMPACT:
-                self._drop_to(bisect_left(self._indexes, _U64.unpack_from(payload)[0]))
-            else:
+            pos = end
+        return pos
+
+    def _replay_record(self, kind: int, payload: memoryview, pos: int, segment: _Segment) -> bool:
+        """Apply one checked record found at ``pos`` of ``segment``; False for an unknown type."""
+        if kind == ENTRY:
+            index, term = _ENTRY.unpack_from(payload)
+            self._hold(index, term, segment.sequence, pos, len(payload) - _ENTRY.size)
+            segment.max_index = max(segment.max_index, index)
+        elif kind == TRUNCATE:
+            self._drop_from_index(_U64.unpack_from(payload)[0])
+        elif kind == TERM:
+            self._term = _U64.unpack_from(payload)[0]
+            vote = bytes(payload[8:])
+            self._voted_for = vote[1:].decode() if vote[:1] == _VOTE else None
+        elif kind == COMMIT:
+            self._commit = _U64.unpack_from(payload)[0]
+        elif kind == COMPACT:
+            self._drop_to(bisect_left(self._indexes, _U64.unpack_from(payload)[0]))
+        else:
+            return False
+        return True
+
+    def _walk_sealed(self, segment: _Segment) -> bool:
+        """Replay a sealed segment without reading its large entries' commands; False (nothing done)
+        when its header does not say it is sealed whole, for the full read to judge.
+
+        A sealed segment was fsynced whole and its header records that length, so it holds no torn
+        tail: what a replay must find there is each entry's index, term and place. Small records
+        are read and checked as in the full read; of an entry whose record has at least
+        ``_CHECK_LATER_MIN_BYTES``, only the record's header and the entry's index and term are read
+        (one small ``pread``, readahead off), and its checksum is checked when the entry is read back
+        (for a follower behind, or the apply after this restart; damage then fails the journal, as
+        any damage found after the open does). A header that breaks the log's order (an index other
+        than the last one's + 1, a term below the last one's) has the whole record read and checked.
+        The walk must end exactly at the segment's end, or the segment is damaged and refused. So a
+        restart reads the small records and ~4 KiB per large one, not the whole log: 1.5 GiB of
+        1 MiB entries opened cold in 2.3 s before, in ~0.05 s now (bench/NOTE.md, 2026-12-04)."""
+        path = segment.path
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, HEADER_BYTES, 0)
+            if len(head) < HEADER_BYTES:
+                return False
+            magic, _sequence, check = _HEAD.unpack_from(head)
+            crc = CHECKSUMS.get(magic)
+            if crc is None or check != crc(head[:16], 0):
+                return False
+            synced, synced_crc = _SIM.unpack_from(head, _HEAD.size)
+            if synced_crc != crc(_U64.pack(synced), 0) or synced != size:
+                return False
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # the skipped commands are not read ahead
+            segment.crc = crc
+            good = self._walk(fd, size, crc, segment)
+        finally:
+            os.close(fd)
+        if good != size:
+            raise JournalError(f"{path}: corrupt record at offset {good}, inside the {size} bytes it had "
+                               "fsynced: move the node's data directory away and let it catch up from the leader")
+        return True
+
+    def _walk(self, fd: int, size: int, crc: Checksum, segment: _Segment) -> int:
+        """:meth:`_walk_sealed`'s loop: return the offset after the last good record."""
+        pos = HEADER_BYTES
+        buf, at = b"", pos  # bytes read from offset ``at``
+        while pos + _REC.size <= size:
+            rel = pos - at
+            if rel + _COMMAND_AT > len(buf):
+                buf, at, rel = os.pread(fd, min(_PEEK_BYTES, size - pos), pos), pos, 0
+                self.read_at_open_bytes += len(buf)
+                if len(buf) < _REC.size:
+                    break
+            length, check, kind = _REC.unpack_from(buf, rel)
+            end = pos + 8 + length
+            if length < 1 or end > size:
+                break
+            if kind == ENTRY and length >= _CHECK_LATER_MIN_BYTES and rel + _COMMAND_AT <= len(buf):
+                index, term = _ENTRY.unpack_from(buf, rel + _REC.size)
+                held = self._indexes
+                if not held or (index == held[-1] + 1 and term >= self._terms[-1]):
+                    self._hold(index, term, segment.sequence, pos, length - 1 - _ENTRY.size)
+                    segment.max_index = max(segment.max_index, index)
+                    self.unread_at_open_bytes += length - _COMMAND_AT + 8
+                    pos = end
+                    continue
+            if end - at > len(buf):
+                buf, at, rel = os.pread(fd, max(_WALK_CHUNK_BYTES, end - pos), pos), pos, 0
+                self.read_at_open_bytes += len(buf)
+                if len(buf) < end - pos:
+                    break
+            record = buf[rel + 8:rel + 8 + length]
+            if crc(record, 0) != check or not self._replay_record(kind, memoryview(record)[1:], pos, segment):
                 break
             pos = end
         return pos

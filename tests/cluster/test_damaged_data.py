@@ -1,7 +1,8 @@
 """Damaged data on a real node is reported, never a silent hang (issue 11, item 7): a flipped SST
 block gives the reader a DATA_LOSS error naming the partition (and the node log names the file), a
 garbage Raft snapshot halts the node and its reads fail with UNAVAILABLE instead of serving stale
-data, and a damaged store CURRENT makes the node refuse to start with a message saying what to do."""
+data, and a damaged store CURRENT or Raft journal segment makes the node refuse to start with a message
+saying what to do."""
 
 from __future__ import annotations
 
@@ -123,5 +124,35 @@ def test_a_damaged_store_current_refuses_to_start_naming_the_file(tmp_path: Path
         assert code == 3, log[-2000:]
         assert f"refusing to start: {current} is damaged" in log
         assert "move the store directory" in log and "Traceback" not in log
+    finally:
+        cluster.stop()
+
+
+def test_a_damaged_raft_journal_refuses_to_start_naming_the_segment(tmp_path: Path) -> None:
+    cluster = DevCluster(1, tmp_path / "c")
+    cluster.start()
+    try:
+        cluster.wait_ready(90)
+        with Client(cluster.addresses) as client:
+            client.create_topic("j", partitions=1)
+            client.publish_batch("j", [b"x" * 100] * 50)
+        cluster.kill(0, signal.SIGTERM)
+        segments = sorted((cluster.node_data_dir(0) / "raft" / "journal").glob("*.seg"))
+        assert segments
+        segment = segments[-1]
+        data = bytearray(segment.read_bytes())
+        data[9] ^= 0x01  # the segment's sequence, under the header's checksum
+        segment.write_bytes(bytes(data))
+        cluster.spawn(0)
+        proc = cluster.procs[0]
+        assert proc is not None
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the node started with a damaged journal segment")
+        log = cluster.log_path(0).read_text(errors="replace")
+        assert code == 3, log[-2000:]
+        assert f"refusing to start: {segment} is not a raftbroker journal segment" in log, log[-2000:]
+        assert "move the node's data directory away" in log and "Traceback" not in log
     finally:
         cluster.stop()

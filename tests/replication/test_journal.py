@@ -812,3 +812,93 @@ def test_below_the_threshold_or_with_direct_writes_off_nothing_is_written_direct
     journal.add(command(PLAIN_ID, os.urandom(600_000)), 2, 1)  # past the default's 512 KiB
     assert journal.direct_writes == 1
     journal._destroy()
+
+
+# -- a restart reads little of the sealed segments -------------------------------------------------
+LARGE = 70_000  # above the size whose commands a sealed segment's walk leaves unread (64 KiB)
+
+
+def _fill_large(journal: DurableJournal, first: int, last: int) -> dict[int, bytes]:
+    commands = {index: command(PLAIN_ID, os.urandom(LARGE)) for index in range(first, last + 1)}
+    for index, cmd in commands.items():
+        journal.add(cmd, index, 1 + index // 10)
+    return commands
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(at)
+        byte = handle.read(1)
+        handle.seek(at)
+        handle.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_restart_does_not_read_the_large_commands_of_sealed_segments(tmp_path: Path) -> None:
+    """Of a sealed segment (fsynced whole), a restart reads the small records and the header of each
+    large entry; the commands are read (and their checksums checked) when they are read back."""
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)
+    journal.setCurrentTerm(9, "b:2")
+    commands = _fill_large(journal, 1, 30)
+    journal.setRaftCommitIndex(30)
+    journal.onOneSecondTimer()  # a COMMIT record among the large entries
+    journal.settle()
+    commands.update(_fill_large(journal, 31, 60))  # ~4.2 MB in all: four sealed segments, a fifth written to
+    fill(journal, 61, 64, size=300)  # small entries at the end
+    journal.deleteEntriesFrom(len(journal) - 1)  # a truncation record
+    sealed = journal.segment_paths[:-1]
+    assert len(sealed) >= 3
+    crash(journal)
+    again = open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)
+    total = sum(p.stat().st_size for p in again.segment_paths)
+    assert entries(again) == [(index, 1 + index // 10) for index in range(1, 61)] + [(i, 1) for i in range(61, 64)]
+    assert (again.getCurrentTerm(), again.getVotedForNodeId(), again.getRaftCommitIndex()) == (9, "b:2", 30)
+    sealed_bytes = sum(p.stat().st_size for p in sealed)
+    assert again.unread_at_open_bytes > 0.95 * sealed_bytes
+    assert again.read_at_open_bytes < total - 0.9 * sealed_bytes
+    assert [again[i][0] for i in range(60)] == [commands[index] for index in range(1, 61)]
+    again.add(command(PLAIN_ID, b"after"), 64, 7)
+    again._destroy()
+    assert entries(open_journal(path, segment_bytes=1024 * 1024))[-2:] == [(63, 1), (64, 7)]
+
+
+def test_damage_to_an_unread_command_fails_the_journal_when_it_is_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)
+    _fill_large(journal, 1, 40)
+    sealed = journal.segment_paths[0]
+    damaged_at = journal._offsets[3] + 1000  # inside entry 4's command, in the first (sealed) segment
+    assert journal._sequences[3] == journal._sequences[0]
+    crash(journal)
+    _flip(sealed, damaged_at)
+    again = open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)  # not read at open
+    assert len(again) == 40 and again.failure is None
+    assert again[2][1] == 3  # its neighbours read back
+    with pytest.raises(JournalError, match="the record of entry 4 .* is damaged"):
+        again[3]
+    assert again.failure is not None and again.sync_pending
+    again._destroy()
+
+
+@pytest.mark.parametrize("where", ["length", "index", "small record", "last entry"])
+def test_damage_a_restart_still_finds_in_sealed_segments_is_refused(tmp_path: Path, where: str) -> None:
+    """What the walk reads is checked: a record's length (the walk must end at the segment's end), an
+    entry index out of order (the record is then read whole and its checksum fails), a small record,
+    and the last entry of the log, which is read back at open whatever segment holds it."""
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)
+    _fill_large(journal, 1, 20)
+    fill(journal, 21, 22, size=300)
+    _fill_large(journal, 23, 40)
+    position = {"length": 5, "index": 5, "small record": 20, "last entry": 39}[where]
+    offset, segment = journal._offsets[position], journal.segment_paths[journal._sequences[position] - 1]
+    if where == "last entry":
+        journal.deleteEntriesTo(0)  # keeps every entry...
+        journal._seal()  # ...and ends its segment: the last entry is in a sealed segment
+        assert journal._sequences[-1] < len(journal.segment_paths)
+    at = offset + {"length": 1, "index": 9 + 1, "small record": 40, "last entry": 2000}[where]
+    assert segment != journal.segment_paths[-1]  # sealed
+    crash(journal)
+    _flip(segment, at)
+    with pytest.raises(JournalError, match="corrupt record|damaged"):
+        open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)
