@@ -24,8 +24,10 @@ header that is a torn tail and is cut off, before it it is damage and the journa
 No record is ever changed (``docs/design/log-is-the-store.md`` builds on it): a segment is appended
 to, sealed, and later deleted whole. (A direct write, below, writes the block that holds the end again,
 with the same bytes.)
-- **What is held in memory.** For every entry of the log: its index, its term and where its record
-  is (segment, offset, command length), 40 bytes in arrays. The commands themselves only for the
+- **What is held in memory.** For every entry of the log: its index, its term, where its record
+  is (segment, offset, command length) and its command's first byte (pysyncobj's command type, so a
+  restart finds the membership changes without reading the commands back), 41 bytes in arrays. The
+  commands themselves only for the
   newest entries, up to ``cache_bytes`` (and always the last one): what followers that keep up are
   sent and what the node applies next. An older entry is read back from its segment (one ``pread``
   per run of entries in one segment, every record's checksum checked again), for a follower that is
@@ -257,12 +259,14 @@ class DurableJournal(Journal):
         self._snapshot_barrier = snapshot_barrier
         self._simulate = simulate_power_loss
         self._segment_bytes = segment_bytes
-        # The held entries, oldest first (ascending indexes), position by position in five arrays:
+        # The held entries, oldest first (ascending indexes), position by position in six arrays:
         self._indexes = array("q")
         self._terms = array("q")
         self._sequences = array("q")  # the segment holding its record
         self._offsets = array("q")  # the record's offset in that segment
         self._lengths = array("q")  # the command's length
+        self._kinds = array("B")  # the command's first byte: pysyncobj's command type
+        self._columns = (self._indexes, self._terms, self._sequences, self._offsets, self._lengths, self._kinds)
         self._cache: list[Entry] = []  # the newest len(_cache) entries, whole
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
@@ -406,7 +410,8 @@ class DurableJournal(Journal):
         """Apply one checked record found at ``pos`` of ``segment``; False for an unknown type."""
         if kind == ENTRY:
             index, term = _ENTRY.unpack_from(payload)
-            self._hold(index, term, segment.sequence, pos, len(payload) - _ENTRY.size)
+            length = len(payload) - _ENTRY.size
+            self._hold(index, term, segment.sequence, pos, length, payload[_ENTRY.size] if length else 0)
             segment.max_index = max(segment.max_index, index)
         elif kind == TRUNCATE:
             self._drop_from_index(_U64.unpack_from(payload)[0])
@@ -476,11 +481,11 @@ class DurableJournal(Journal):
             end = pos + 8 + length
             if length < 1 or end > size:
                 break
-            if kind == ENTRY and length >= _CHECK_LATER_MIN_BYTES and rel + _COMMAND_AT <= len(buf):
+            if kind == ENTRY and length >= _CHECK_LATER_MIN_BYTES and rel + _COMMAND_AT < len(buf):
                 index, term = _ENTRY.unpack_from(buf, rel + _REC.size)
                 held = self._indexes
                 if not held or (index == held[-1] + 1 and term >= self._terms[-1]):
-                    self._hold(index, term, segment.sequence, pos, length - 1 - _ENTRY.size)
+                    self._hold(index, term, segment.sequence, pos, length - 1 - _ENTRY.size, buf[rel + _COMMAND_AT])
                     segment.max_index = max(segment.max_index, index)
                     self.unread_at_open_bytes += length - _COMMAND_AT + 8
                     pos = end
@@ -500,7 +505,8 @@ class DurableJournal(Journal):
         self._drop_from(bisect_left(self._indexes, index))
 
     # -- the held entries ----------------------------------------------------------------------
-    def _hold(self, index: int, term: int, sequence: int, offset: int, length: int) -> None:
+    def _hold(self, index: int, term: int, sequence: int, offset: int, length: int, kind: int) -> None:
+        self._kinds.append(kind)
         self._indexes.append(index)
         self._terms.append(term)
         self._sequences.append(sequence)
@@ -527,7 +533,7 @@ class DurableJournal(Journal):
         if position >= held:
             return
         cached_from = held - len(self._cache)
-        for column in (self._indexes, self._terms, self._sequences, self._offsets, self._lengths):
+        for column in self._columns:
             del column[position:]
         if position <= cached_from:
             self._cache, self._cache_bytes = [], 0
@@ -546,7 +552,7 @@ class DurableJournal(Journal):
             return
         held = len(self._indexes)
         position = min(position, held)
-        for column in (self._indexes, self._terms, self._sequences, self._offsets, self._lengths):
+        for column in self._columns:
             del column[:position]
         excess = len(self._cache) - (held - position)
         if excess > 0:
@@ -626,6 +632,24 @@ class DurableJournal(Journal):
                     stop = position + 1
                     break
         return self._entries(start, stop)
+
+    def _span(self, index: int, stop: int) -> tuple[int, int]:
+        """The positions of the held entries with Raft indexes in ``[index, stop)``."""
+        if not self._indexes:
+            return 0, 0
+        first, held = self._indexes[0], len(self._indexes)
+        return min(held, max(0, index - first)), min(held, max(0, stop - first))
+
+    def command_kinds(self, index: int, stop: int) -> bytes:
+        """The first byte of each held command with a Raft index in ``[index, stop)`` (pysyncobj's
+        command type: regular, no-op, membership, version), read from memory, not from the segments."""
+        start, end = self._span(index, stop)
+        return self._kinds[start:end].tobytes()
+
+    def command_bytes(self, index: int, stop: int) -> int:
+        """The total length of the held commands with a Raft index in ``[index, stop)``, from memory."""
+        start, end = self._span(index, stop)
+        return sum(self._lengths[start:end])
 
     def entry_bytes(self, index: int) -> int | None:
         """The command length of the entry at Raft ``index``, None when it is not held (safe from
@@ -934,7 +958,7 @@ class DurableJournal(Journal):
         segment = self._segments[-1]
         if idx > segment.max_index:
             segment.max_index = idx
-        self._hold(idx, term, segment.sequence, offset, len(command))
+        self._hold(idx, term, segment.sequence, offset, len(command), command[0] if command else 0)
         self._cache_put((command, idx, term))
 
     def clear(self) -> None:

@@ -54,7 +54,10 @@ _SYNCED_APPLY_METHOD = "_apply_synced_command_v0"
 # An idle poll waits this much past a timer's due time: a poll that ended a little early (its timeout
 # is rounded to milliseconds) would find the timer not yet due and wait a whole tick period more.
 _POLL_SLACK_S = 0.001
-_REGULAR, _NO_OP = 0, 1  # pysyncobj's _COMMAND_TYPE values (MEMBERSHIP 2, VERSION 3)
+_REGULAR, _NO_OP, _MEMBERSHIP, _VERSION = 0, 1, 2, 3  # pysyncobj's _COMMAND_TYPE values
+# One pass of pysyncobj's apply reads at most this many bytes of commands (it would read every entry
+# between its applied index and the commit index at once: after a restart, up to the whole journal).
+_APPLY_READ_MAX_BYTES = 64 * 1024 * 1024
 
 
 def _replicated_method_ids(cls: type) -> dict[str, int]:
@@ -114,6 +117,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     our journal with its send gate, refuses stale snapshots, halts on a failed restore."""
 
     _METHOD_IDS = {}  # type: dict[str, int]  # filled below the class
+    _reading_for_apply = False  # pysyncobj's apply is reading entries (_SyncObj__getEntries)
 
     def __init__(self, self_address: str, peer_addresses: list[str], conf: SyncObjConf,
                  state_machine: StateMachine, compaction_max_log_bytes: int, *, journal_sync: str = "flagged",
@@ -272,9 +276,15 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         # Applying leads to acknowledgements; nothing is applied before it is synced (a single node
         # never sends, so this is where its entries are synced).
         journal = self.journal
-        if journal is not None and journal.sync_pending and self.raftCommitIndex > self.raftLastApplied:
-            self.release_held_messages()
-        need_send = bool(super()._SyncObj__applyLogEntries())
+        if journal is not None and self.raftCommitIndex > self.raftLastApplied:
+            if journal.sync_pending:
+                self.release_held_messages()
+            self._pass_entries_applied_before(journal)
+        self._reading_for_apply = True
+        try:
+            need_send = bool(super()._SyncObj__applyLogEntries())
+        finally:
+            self._reading_for_apply = False
         if need_send and self._commit_notice_delay_s > 0 and self._SyncObj__raftState == _LEADER_STATE:
             # pysyncobj would send every follower a commit-only AppendEntries now, and each would answer
             # it. The next AppendEntries carries the commit index anyway; send one only if none has
@@ -292,7 +302,37 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         if fromIDx is None or not isinstance(log, DurableJournal):
             result: list[tuple[bytes, int, int]] = super()._SyncObj__getEntries(fromIDx, count, maxSizeBytes)
             return result
+        if self._reading_for_apply and maxSizeBytes is None:
+            maxSizeBytes = _APPLY_READ_MAX_BYTES  # the rest is applied at the next tick
         return log.entries_from(fromIDx, count, maxSizeBytes)
+
+    def _pass_entries_applied_before(self, journal: DurableJournal) -> None:
+        """After a restart pysyncobj applies from its snapshot's index, while the store holds the
+        applies up to its own applied index (it skips them). A 3-node leader keeps up to 1.5 GiB of
+        journal past its snapshot, and pysyncobj reads it back whole to hand it to the state machine
+        for nothing: its peak memory then held the whole of it (688 MB of RSS against 224 MB steady,
+        with 500 MiB of journal; bench/NOTE.md 2026-12-04). So move pysyncobj's applied index past the
+        regular and no-op entries the state machine has applied, from the journal's in-memory command
+        types and lengths, without reading a command. Membership entries were replayed at start
+        (:meth:`_replay_log_configuration`) and a code version entry changes pysyncobj's state, so the
+        pass stops before either and pysyncobj applies it. Counted toward the byte trigger of
+        compaction as if applied, as they were before."""
+        last = self.raftLastApplied
+        target = min(self.raftCommitIndex, self._state_machine.applied_index())
+        if target <= last or self._SyncObj__commandsWaitingCommit:
+            return
+        kinds = journal.command_kinds(last + 1, target + 1)
+        if len(kinds) != target - last:
+            return  # not all held (cannot happen after a restart: pysyncobj reads what it applies)
+        stop = len(kinds)
+        for kind in (_MEMBERSHIP, _VERSION):
+            found = kinds.find(kind)
+            if 0 <= found < stop:
+                stop = found
+        if stop == 0:
+            return
+        self._SyncObj__raftLastApplied = last + stop
+        self._count_applied_bytes(journal.command_bytes(last + 1, last + stop + 1))
 
     def _SyncObj__setState(self, newState: int) -> None:
         if newState == _LEADER_STATE:  # __onBecomeLeader appends its no-op right after this call
@@ -338,8 +378,19 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         no-op in pysyncobj)."""
         self._configuration_replayed = True
         log = self._SyncObj__raftLog
-        first = log[0][1] if len(log) else 0
-        for command, _index, _term in self._SyncObj__getEntries(max(self.raftLastApplied + 1, first)):
+        if not len(log):
+            return
+        start = max(self.raftLastApplied + 1, log[0][1])
+        journal = self.journal
+        if journal is None:
+            commands = [command for command, _index, _term in self._SyncObj__getEntries(start)]
+        else:  # only the membership entries are read back, found by their command type in memory
+            kinds = journal.command_kinds(start, self._SyncObj__getCurrentLogIndex() + 1)
+            commands, at = [], kinds.find(_MEMBERSHIP)
+            while at >= 0:
+                commands.append(journal.entries_from(start + at, 1)[0][0])
+                at = kinds.find(_MEMBERSHIP, at + 1)
+        for command in commands:
             request = self._SyncObj__parseChangeClusterRequest(command)
             if request is not None:
                 self._SyncObj__doChangeCluster(request)
@@ -386,11 +437,14 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             logger.critical("cannot apply index %d (%s): halting this node", self.raftLastApplied + 1, exc)
             self.halt(exc)
             raise
-        self._applied_bytes_since_compaction += len(command)
+        self._count_applied_bytes(len(command))
+        return result
+
+    def _count_applied_bytes(self, count: int) -> None:
+        self._applied_bytes_since_compaction += count
         if self._applied_bytes_since_compaction >= self._compaction_bytes_trigger:
             self._applied_bytes_since_compaction = 0
             self.forceLogCompaction()
-        return result
 
     def _checkCommandsToApply(self) -> None:
         """Append queued commands when leader; otherwise, or while a leadership transfer holds writes,

@@ -160,6 +160,7 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
             "patches": sorted(active_patches()),
             "fsyncs": journal.fsyncs if (journal := rep._node.journal) is not None else None,  # type: ignore[union-attr]
             "fsync_seconds": journal.fsync_seconds if journal is not None else None,
+            "read_backs": journal.read_backs if journal is not None else None,
             "snapshots_taken": rep._counters.snapshot().snapshot_take.count,
             "sm_discarded": sm.discarded,
         })

@@ -680,6 +680,44 @@ def test_a_follower_far_behind_is_sent_entries_read_back_in_bounded_batches(tmp_
     journal._destroy()
 
 
+def test_one_pass_of_the_apply_reads_a_bounded_number_of_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pysyncobj's apply asks for every entry between its applied index and the commit index at once;
+    the node hands it at most ``_APPLY_READ_MAX_BYTES`` of commands (the rest at the next tick)."""
+    from broker.replication import raft_node
+    from broker.replication.raft_node import _RaftNode
+
+    monkeypatch.setattr(raft_node, "_APPLY_READ_MAX_BYTES", 10_000)
+    journal = open_journal(tmp_path / "raft.wal", segment_bytes=64 * 1024, cache_bytes=0)
+    fill(journal, 1, 400, size=1000)
+    node = _RaftNode.__new__(_RaftNode)  # only the journal is needed: no Raft, no sockets
+    node.__dict__["_SyncObj__raftLog"] = journal
+    assert len(node._SyncObj__getEntries(1, 400)) == 400  # other callers: unchanged
+    node._reading_for_apply = True
+    batch = node._SyncObj__getEntries(1, 400)
+    assert [index for _, index, _ in batch] == list(range(1, 1 + len(batch))) and 9 <= len(batch) <= 11
+    assert len(node._SyncObj__getEntries(5, 1)) == 1
+    journal._destroy()
+
+
+def test_command_kinds_and_bytes_come_from_memory(tmp_path: Path) -> None:
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, segment_bytes=256 * 1024, cache_bytes=0)
+    commands = [command(PLAIN_ID, b"x" * 100_000), b"\x01", b"\x02membership", command(PLAIN_ID, b"y" * 80_000)]
+    for index, cmd in enumerate(commands * 6, start=1):
+        journal.add(cmd, index, 1)
+    assert len(journal.segment_paths) >= 3  # large commands in sealed ones: their kinds come from the walk
+    journal.deleteEntriesTo(2)  # positions 0-1 go: Raft indexes 3.. stay
+    crash(journal)
+    again = open_journal(path, segment_bytes=256 * 1024, cache_bytes=0)
+    before = again.read_backs
+    assert again.command_kinds(3, 9) == bytes([2, 0, 0, 1, 2, 0])
+    assert again.command_kinds(0, 100) == bytes([2, 0, 0, 1] * 5 + [2, 0])  # indexes 3-24
+    assert again.command_kinds(30, 40) == b""
+    assert again.command_bytes(3, 5) == len(commands[2]) + len(commands[3])
+    assert again.read_backs == before
+    again._destroy()
+
+
 # -- large records past the page cache (O_DIRECT) ------------------------------------------------
 DIRECT_MIN = 8192
 # 5 MiB + 1: a buffer of its own, unmapped after the write
