@@ -104,6 +104,21 @@ def test_a_garbage_raft_snapshot_halts_the_node_and_reads_fail_unavailable(singl
     assert isinstance(error, Unavailable) and "Raft has halted" in str(error), repr(error)
 
 
+def _restart_refused(cluster: DevCluster, damage: str) -> str:
+    """Start node 0 again; it must refuse: exit code 3, no traceback. Returns its log."""
+    cluster.spawn(0)
+    proc = cluster.procs[0]
+    assert proc is not None
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the node started with {damage}")
+    log = cluster.log_path(0).read_text(errors="replace")
+    assert code == 3, log[-2000:]
+    assert "Traceback" not in log, log[-2000:]
+    return log
+
+
 @pytest.mark.parametrize("content", [b"\x00\xffgarbage", b"7"])
 def test_a_damaged_store_current_refuses_to_start_naming_the_file(tmp_path: Path, content: bytes) -> None:
     cluster = DevCluster(1, tmp_path / "c")
@@ -113,17 +128,9 @@ def test_a_damaged_store_current_refuses_to_start_naming_the_file(tmp_path: Path
         cluster.kill(0, signal.SIGTERM)
         current = cluster.node_data_dir(0) / "store" / "CURRENT"
         current.write_bytes(content)
-        cluster.spawn(0)
-        proc = cluster.procs[0]
-        assert proc is not None
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the node started with a damaged store CURRENT")
-        log = cluster.log_path(0).read_text(errors="replace")
-        assert code == 3, log[-2000:]
+        log = _restart_refused(cluster, "a damaged store CURRENT")
         assert f"refusing to start: {current} is damaged" in log
-        assert "move the store directory" in log and "Traceback" not in log
+        assert "move the store directory" in log
     finally:
         cluster.stop()
 
@@ -143,16 +150,8 @@ def test_a_damaged_raft_journal_refuses_to_start_naming_the_segment(tmp_path: Pa
         data = bytearray(segment.read_bytes())
         data[9] ^= 0x01  # the segment's sequence, under the header's checksum
         segment.write_bytes(bytes(data))
-        cluster.spawn(0)
-        proc = cluster.procs[0]
-        assert proc is not None
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the node started with a damaged journal segment")
-        log = cluster.log_path(0).read_text(errors="replace")
-        assert code == 3, log[-2000:]
+        log = _restart_refused(cluster, "a damaged journal segment")
         assert f"refusing to start: {segment} is not a raftbroker journal segment" in log, log[-2000:]
-        assert "move the node's data directory away" in log and "Traceback" not in log
+        assert "move the node's data directory away" in log
     finally:
         cluster.stop()
