@@ -134,6 +134,9 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._compaction_bytes_trigger = compaction_max_log_bytes
         self._applied_bytes_since_compaction = 0
+        # log compactions the byte trigger asked for (diagnostics, tests); triggers that come while a
+        # snapshot is being taken make one more take, not one each
+        self.compactions_triggered = 0
         self.halted = False
         self.halt_reason: BaseException | None = None  # why apply halted the node (status reports it)
         self.counters = counters or RaftCounters()  # elections here; fsyncs in the journal (metrics)
@@ -444,6 +447,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self._applied_bytes_since_compaction += count
         if self._applied_bytes_since_compaction >= self._compaction_bytes_trigger:
             self._applied_bytes_since_compaction = 0
+            self.compactions_triggered += 1
             self.forceLogCompaction()
 
     def _checkCommandsToApply(self) -> None:

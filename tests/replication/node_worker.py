@@ -162,6 +162,7 @@ def handle(rep: raft.PysyncobjReplicator, sm: ChainStateMachine, req: dict[str, 
             "fsync_seconds": journal.fsync_seconds if journal is not None else None,
             "read_backs": journal.read_backs if journal is not None else None,
             "snapshots_taken": rep._counters.snapshot().snapshot_take.count,
+            "compactions_triggered": rep._node.compactions_triggered,  # type: ignore[union-attr]
             "sm_discarded": sm.discarded,
         })
     elif op == "submit":

@@ -234,17 +234,19 @@ def test_the_leader_compacts_four_times_less_often_under_heavy_writes(cluster_fa
                                        "raft_max_timeout_s": 4.0, "connection_timeout_s": 4.0})
     leader = cluster.leader(timeout_s=20)
     term = status_of(leader)["term"]
-    # 12 rounds of 1 MB, every node caught up after each: a node whose apply passes the trigger more
-    # than once in one go takes one snapshot. Followers (1.0-1.5 MB with the spread) take 8-12, the
-    # leader (4-6 MB) 2-3.
+    # 12 rounds of 1 MB. The byte trigger fires every 1.0-1.5 MB on a follower (the spread): 8-12
+    # times; every 4-6 MB on the leader: 2-3 times. Takes are counted too, but triggers that come
+    # while a snapshot is being taken make one take, so on a busy machine they are fewer.
     for round_ in range(12):
         assert leader.request("submit", timeout_s=30, count=50, size=20_000, prefix=f"r{round_}")["ok"] == 50
         cluster.wait_applied(status_of(leader)["applied_index"], timeout_s=20)
     assert_converged(cluster, leader, timeout_s=30)
     assert status_of(leader)["term"] == term and status_of(leader)["role"] == "leader"
+    triggered = {n.address: status_of(n)["compactions_triggered"] for n in cluster.nodes}
     takes = {n.address: status_of(n)["snapshots_taken"] for n in cluster.nodes}
-    assert takes[leader.address] <= 3, takes
-    assert all(takes[n.address] >= 5 for n in followers(cluster, leader)), takes
+    assert triggered[leader.address] <= 3 and takes[leader.address] <= 3, (triggered, takes)
+    assert all(triggered[n.address] >= 7 and takes[n.address] >= 1 for n in followers(cluster, leader)), \
+        (triggered, takes)
 
 
 @pytest.mark.timeout(90)
@@ -256,7 +258,10 @@ def test_a_lone_leader_does_not_defer_its_compactions(cluster_factory: ClusterFa
     for round_ in range(8):
         assert leader.request("submit", timeout_s=30, count=50, size=20_000, prefix=f"r{round_}")["ok"] == 50
         cluster.wait_applied(status_of(leader)["applied_index"], timeout_s=20)
-    assert status_of(leader)["snapshots_taken"] >= 4  # 8 MB applied, a 1.0-1.5 MB trigger; 4x deferred: 1-2
+    st = status_of(leader)
+    # 8 MB applied, a 1.0-1.5 MB trigger: 5-8 times; 4x deferred: 1-2. (Triggers that come while a
+    # snapshot is being taken make one take: on a busy machine takes were 3 of 8.)
+    assert st["compactions_triggered"] >= 5 and st["snapshots_taken"] >= 1, st
 
 
 @pytest.mark.timeout(90)
