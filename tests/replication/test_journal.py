@@ -918,23 +918,26 @@ def test_damage_to_an_unread_command_fails_the_journal_when_it_is_read_back(tmp_
     again._destroy()
 
 
-@pytest.mark.parametrize("where", ["length", "index", "small record", "last entry"])
+@pytest.mark.parametrize("where", ["length", "index", "first index of a segment", "small record", "last entry"])
 def test_damage_a_restart_still_finds_in_sealed_segments_is_refused(tmp_path: Path, where: str) -> None:
-    """What the walk reads is checked: a record's length (the walk must end at the segment's end), an
-    entry index out of order (the record is then read whole and its checksum fails), a small record,
-    and the last entry of the log, which is read back at open whatever segment holds it."""
+    """What the scan reads is checked: a record's length (the scan must end at the segment's end), an
+    entry index out of order (the record is then read whole and its checksum fails; for a segment's
+    first entry, against the previous segment's last), a small record, and the last entry of the log,
+    which is read back at open whatever segment holds it."""
     path = tmp_path / "raft.wal"
     journal = open_journal(path, segment_bytes=1024 * 1024, cache_bytes=0)
     _fill_large(journal, 1, 20)
     fill(journal, 21, 22, size=300)
     _fill_large(journal, 23, 40)
-    position = {"length": 5, "index": 5, "small record": 20, "last entry": 39}[where]
+    second = next(i for i, sequence in enumerate(journal._sequences) if sequence == 2)
+    position = {"length": 5, "index": 5, "first index of a segment": second, "small record": 20,
+                "last entry": 39}[where]
     offset, segment = journal._offsets[position], journal.segment_paths[journal._sequences[position] - 1]
     if where == "last entry":
         journal.deleteEntriesTo(0)  # keeps every entry...
         journal._seal()  # ...and ends its segment: the last entry is in a sealed segment
         assert journal._sequences[-1] < len(journal.segment_paths)
-    at = offset + {"length": 1, "index": 9 + 1, "small record": 40, "last entry": 2000}[where]
+    at = offset + {"length": 1, "small record": 40, "last entry": 2000}.get(where, 9 + 1)
     assert segment != journal.segment_paths[-1]  # sealed
     crash(journal)
     _flip(segment, at)
