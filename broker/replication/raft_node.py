@@ -313,10 +313,11 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         """After a restart pysyncobj applies from its snapshot's index, while the store holds the
         applies up to its own applied index (it skips them). A 3-node leader keeps up to 1.5 GiB of
         journal past its snapshot, and pysyncobj reads it back whole to hand it to the state machine
-        for nothing: its peak memory then held the whole of it (688 MB of RSS against 224 MB steady,
-        with 500 MiB of journal; bench/NOTE.md 2026-12-04). So move pysyncobj's applied index past the
-        regular and no-op entries the state machine has applied, from the journal's in-memory command
-        types and lengths, without reading a command. Membership entries were replayed at start
+        for nothing, all of it in memory at once (a leader with 566-760 MiB of journal peaked at
+        738-957 MB of RSS, against 149-154 MB now; bench/NOTE.md 2026-12-04). So move pysyncobj's
+        applied index past the regular and no-op entries the state machine has applied, from the
+        journal's in-memory command types and lengths, without reading a command. Membership entries
+        were replayed at start
         (:meth:`_replay_log_configuration`) and a code version entry changes pysyncobj's state, so the
         pass stops before either and pysyncobj applies it. Counted toward the byte trigger of
         compaction as if applied, as they were before."""
