@@ -123,9 +123,9 @@ DIRECT_WRITE_MIN_BYTES_DEFAULT = 512 * 1024
 _BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (disks of 512 B and 4 KiB blocks; else EINVAL)
 # A sealed segment's entries of at least this many bytes are not read at open (_scan_sealed): their
 # checksum is checked when they are read back. The scan reads a block where a record starts, and
-# _WALK_CHUNK_BYTES (or the record) where a small record goes past what it has read.
+# _SCAN_CHUNK_BYTES (or the record) where a small record goes past what it has read.
 _CHECK_LATER_MIN_BYTES = 64 * 1024
-_WALK_CHUNK_BYTES = 256 * 1024
+_SCAN_CHUNK_BYTES = 256 * 1024
 _PEEK_BYTES = _BLOCK
 _SCAN_THREADS = 8  # sealed segments scanned at once at open
 _UNCHECKED = 0  # a scanned entry whose checksum is checked at read-back (not a record type)
@@ -518,7 +518,7 @@ class DurableJournal(Journal):
                     pos = end
                     continue
             if end - at > len(buf):
-                buf, at, rel = os.pread(fd, max(_WALK_CHUNK_BYTES, end - pos), pos), pos, 0
+                buf, at, rel = os.pread(fd, max(_SCAN_CHUNK_BYTES, end - pos), pos), pos, 0
                 scan.read_bytes += len(buf)
                 if len(buf) < end - pos:
                     break
@@ -527,7 +527,8 @@ class DurableJournal(Journal):
                 break
             if kind == ENTRY:  # kept as its index, term and first byte, not its command
                 index, term = _ENTRY.unpack_from(record, 1)
-                found.append((ENTRY, pos, length, (index, term, record[_COMMAND_AT - 8] if length > 17 else 0, 0)))
+                first = 1 + _ENTRY.size  # the command's first byte, after the type and the entry's header
+                found.append((ENTRY, pos, length, (index, term, record[first] if length > first else 0, 0)))
                 last_index, last_term = index, term
             else:
                 found.append((kind, pos, length, record))

@@ -705,7 +705,7 @@ def test_command_kinds_and_bytes_come_from_memory(tmp_path: Path) -> None:
     commands = [command(PLAIN_ID, b"x" * 100_000), b"\x01", b"\x02membership", command(PLAIN_ID, b"y" * 80_000)]
     for index, cmd in enumerate(commands * 6, start=1):
         journal.add(cmd, index, 1)
-    assert len(journal.segment_paths) >= 3  # large commands in sealed ones: their kinds come from the walk
+    assert len(journal.segment_paths) >= 3  # large commands in sealed ones: their kinds come from the scan
     journal.deleteEntriesTo(2)  # positions 0-1 go: Raft indexes 3.. stay
     crash(journal)
     again = open_journal(path, segment_bytes=256 * 1024, cache_bytes=0)
@@ -853,7 +853,7 @@ def test_below_the_threshold_or_with_direct_writes_off_nothing_is_written_direct
 
 
 # -- a restart reads little of the sealed segments -------------------------------------------------
-LARGE = 70_000  # above the size whose commands a sealed segment's walk leaves unread (64 KiB)
+LARGE = 70_000  # above the size whose commands a sealed segment's scan leaves unread (64 KiB)
 
 
 def _fill_large(journal: DurableJournal, first: int, last: int) -> dict[int, bytes]:
