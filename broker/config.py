@@ -95,6 +95,9 @@ class NodeConfig(BaseModel):
     raft_election_timeout_max_s: float = Field(default=0.8, gt=0.2, le=120.0)
     raft_leader_fallback_timeout_s: float = Field(default=3.0, ge=0.1)  # a leader without a majority steps down
     raft_connection_timeout_s: float = Field(default=3.5, ge=1.0)  # a peer sent to, silent this long: disconnected
+    # a Raft peer this node is not connected to is dialled again this often (the node with the greater
+    # raft_address dials): how long a restarted member can wait to hear the leader
+    raft_connection_retry_s: float = Field(default=1.0, ge=0.1, le=60.0)
     max_streams: int = Field(default=4096, ge=1, le=1_000_000)  # open Subscribe/PublishStream streams
     insecure: bool = False
     # security (SPEC §8, docs/security.md): TLS for gRPC, bearer tokens, ACLs, the Raft secret from a file

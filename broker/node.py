@@ -103,7 +103,8 @@ class Node:
                               raft_min_timeout_s=config.raft_election_timeout_min_s,
                               raft_max_timeout_s=config.raft_election_timeout_max_s,
                               leader_fallback_timeout_s=config.raft_leader_fallback_timeout_s,
-                              connection_timeout_s=config.raft_connection_timeout_s)
+                              connection_timeout_s=config.raft_connection_timeout_s,
+                              connection_retry_s=config.raft_connection_retry_s)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
         # 3. the leader services (and the metrics they report to)

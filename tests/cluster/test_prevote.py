@@ -17,6 +17,12 @@ from tests.conftest import wait_until
 pytestmark = [pytest.mark.cluster]
 
 RESTARTS = 20
+# The window in which a restarted follower hears only the other follower lasts until the leader dials
+# it again. With pysyncobj's 1 s a restart that opens its journal at once (it no longer reads it all
+# back) outwaits it only now and then: 20 restarts without PreVote once left the term unchanged (CI,
+# 2026-12-04). At 3 s the window outlasts the longest election timeout (0.8 s) in most restarts, so
+# PreVote has something to stop in nearly every one and the control without it deposes the leader.
+RETRY = {"RAFTBROKER_RAFT_CONNECTION_RETRY_S": "3.0"}
 
 
 class Publisher:
@@ -84,7 +90,7 @@ def restart_follower(c: DevCluster, times: int, stop_on_new_term: bool) -> tuple
     """kill -9 and respawn one follower ``times`` times under publish load; wait after each restart
     until it follows the leader again. Returns (first term, last term, restarts done)."""
     # pysyncobj connects only from the greater address to the smaller. With the leader on top, the
-    # middle node reconnects to the bottom one at once but waits for the leader's retry (1 s): the
+    # middle node reconnects to the bottom one at once but waits for the leader's retry (RETRY): the
     # window in which stock pysyncobj campaigns, hearing only the other follower.
     lead_from_the_top(c)
     leader, first_term = leader_term(c)
@@ -113,7 +119,7 @@ def restart_follower(c: DevCluster, times: int, stop_on_new_term: bool) -> tuple
 
 @pytest.mark.timeout(240)
 def test_restarting_a_follower_twenty_times_never_changes_the_term(tmp_path: Path) -> None:
-    c = DevCluster(3, tmp_path).start()
+    c = DevCluster(3, tmp_path, env=dict(os.environ, **RETRY)).start()
     try:
         c.wait_ready(60)
         first, last, done = restart_follower(c, RESTARTS, stop_on_new_term=False)
@@ -125,7 +131,7 @@ def test_restarting_a_follower_twenty_times_never_changes_the_term(tmp_path: Pat
 
 @pytest.mark.timeout(240)
 def test_without_prevote_a_restarting_follower_deposes_the_leader(tmp_path: Path) -> None:
-    env = dict(os.environ, RAFTBROKER_PYSYNCOBJ_PATCHES_OFF="prevote")
+    env = dict(os.environ, RAFTBROKER_PYSYNCOBJ_PATCHES_OFF="prevote", **RETRY)
     c = DevCluster(3, tmp_path, env=env).start()
     try:
         c.wait_ready(60)
