@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigError, PeerConfig, load_config
+from broker.config import ConfigError, NodeConfig, PeerConfig, load_config
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +66,17 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
     bad.write_text("node_id = ")
     with pytest.raises(ConfigError, match="bad.toml"):
         load_config(bad, {}, environ={})
+
+
+def test_the_operations_guide_shows_every_default_as_the_node_has_it() -> None:
+    """docs/operations.md's example node.toml gives each setting's default, bar the node's own names
+    and addresses. It said raft_journal_direct_write_min_bytes = 524288 while the node had 65536."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    found = re.search(r"```toml\n# node.toml\n(.*?)```", guide, re.S)
+    assert found is not None, "docs/operations.md has no node.toml example"
+    shown = tomllib.loads(found.group(1))
+    own = {"node_id", "cluster_id", "data_dir", "grpc_address", "raft_address", "metrics_address", "peers"}
+    assert {k for k in shown if k not in NodeConfig.model_fields} == set()
+    wrong = {k: (v, NodeConfig.model_fields[k].default) for k, v in shown.items()
+             if k not in own and v != NodeConfig.model_fields[k].default}
+    assert wrong == {}, f"(shown, default) of each setting shown wrong: {wrong}"
