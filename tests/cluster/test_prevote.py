@@ -86,15 +86,18 @@ def lead_from_the_top(c: DevCluster) -> None:
     raise AssertionError("could not move leadership to the top address")
 
 
-def restart_follower(c: DevCluster, times: int, stop_on_new_term: bool) -> tuple[int, int, int]:
-    """kill -9 and respawn one follower ``times`` times under publish load; wait after each restart
-    until it follows the leader again. Returns (first term, last term, restarts done)."""
+def restart_follower(c: DevCluster, times: int, stop_on_new_term: bool,
+                     follower_env: dict[str, str] | None = None) -> tuple[int, int, int]:
+    """kill -9 and respawn one follower ``times`` times under publish load, with ``follower_env``
+    added to its environment; wait after each restart until it follows the leader again. Returns
+    (first term, last term, restarts done)."""
     # pysyncobj connects only from the greater address to the smaller. With the leader on top, the
     # middle node reconnects to the bottom one at once but waits for the leader's retry (RETRY): the
     # window in which stock pysyncobj campaigns, hearing only the other follower.
     lead_from_the_top(c)
     leader, first_term = leader_term(c)
     follower = sorted(range(c.nodes), key=c.raft_address)[1]
+    c.env_by_node[follower] = dict(follower_env or {})
     term = first_term
     done = 0
     with Client(c.addresses, retry_deadline_s=60) as client:
@@ -131,11 +134,15 @@ def test_restarting_a_follower_twenty_times_never_changes_the_term(tmp_path: Pat
 
 @pytest.mark.timeout(240)
 def test_without_prevote_a_restarting_follower_deposes_the_leader(tmp_path: Path) -> None:
-    env = dict(os.environ, RAFTBROKER_PYSYNCOBJ_PATCHES_OFF="prevote", **RETRY)
-    c = DevCluster(3, tmp_path, env=env).start()
+    # Only the restarted follower runs without PreVote: the handovers that put the leader on top
+    # restart nodes too, and without PreVote those restarts moved leadership about at random (CI
+    # rehearsal, 2026-12-04: ten handovers never reached the top). How a node answers a real vote
+    # request does not depend on PreVote, so the control differs from the test in the one campaigner.
+    c = DevCluster(3, tmp_path, env=dict(os.environ, **RETRY)).start()
     try:
         c.wait_ready(60)
-        first, last, done = restart_follower(c, RESTARTS, stop_on_new_term=True)
+        first, last, done = restart_follower(c, RESTARTS, stop_on_new_term=True,
+                                             follower_env={"RAFTBROKER_PYSYNCOBJ_PATCHES_OFF": "prevote"})
         assert last > first, f"{done} restarts without PreVote left the term at {first}"
     finally:
         c.stop()
