@@ -88,7 +88,7 @@ class NodeConfig(BaseModel):
     raft_journal_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024, le=4 * 1024 * 1024 * 1024)
     # Raft journal records at least this long are written with O_DIRECT, past the page cache (0: none);
     # docs/operations.md, "The journal's direct writes"
-    raft_journal_direct_write_min_bytes: int = Field(default=512 * 1024, ge=0, le=1024 * 1024 * 1024)
+    raft_journal_direct_write_min_bytes: int = Field(default=64 * 1024, ge=0, le=1024 * 1024 * 1024)
     # a follower that hears nothing from the leader for a random time in this range starts an election
     # (behind a pre-vote); raise both on a host whose threads stall that long (docs/operations.md)
     raft_election_timeout_min_s: float = Field(default=0.4, ge=0.2, le=60.0)

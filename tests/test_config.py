@@ -70,7 +70,8 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
 
 def test_the_operations_guide_shows_every_default_as_the_node_has_it() -> None:
     """docs/operations.md's example node.toml gives each setting's default, bar the node's own names
-    and addresses. It said raft_journal_direct_write_min_bytes = 524288 while the node had 65536."""
+    and addresses. It said raft_journal_direct_write_min_bytes = 524288 while the node had 65536
+    (bench/NOTE.md, 2026-12-04 19:20 and 20:45)."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     found = re.search(r"```toml\n# node.toml\n(.*?)```", guide, re.S)
     assert found is not None, "docs/operations.md has no node.toml example"

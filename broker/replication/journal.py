@@ -52,8 +52,8 @@ with the same bytes.)
   file is no longer rewritten on the replication thread.
 - **``clear``** (a snapshot installed) fsyncs the snapshot, starts a new segment whose COMPACT drops
   every entry, and deletes all the older segments.
-- **Large records past the page cache.** A record of at least ``direct_write_min_bytes`` (512 KiB: a
-  batch of 1,000 records of 1 KiB) is written with ``O_DIRECT``. The journal reads back little (the
+- **Large records past the page cache.** A record of at least ``direct_write_min_bytes`` (64 KiB: a
+  batch of 1,000 records of 100 B or more) is written with ``O_DIRECT``. The journal reads back little (the
   newest commands are in memory), so its pages in the page cache were only copies that pushed the
   store's pages out. On this VM (bench/NOTE.md, 2026-12-03 17:45 UTC) a buffered write costs 2-3 s
   of system CPU per GiB, because the kernel takes fresh pages that the host must fault in; a direct
@@ -119,7 +119,7 @@ JOURNAL_DIR_NAME = "journal"  # beside the single-file journal of earlier releas
 SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
 CACHE_BYTES_DEFAULT = 64 * 1024 * 1024  # the newest commands held in memory (the rest is read back)
 # Records of at least this many bytes are written past the page cache (O_DIRECT): see the module docstring.
-DIRECT_WRITE_MIN_BYTES_DEFAULT = 512 * 1024
+DIRECT_WRITE_MIN_BYTES_DEFAULT = 64 * 1024
 _BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (disks of 512 B and 4 KiB blocks; else EINVAL)
 # A sealed segment's entries of at least this many bytes are not read at open (_scan_sealed): their
 # checksum is checked when they are read back. The scan reads a block where a record starts, and

@@ -183,7 +183,7 @@ POWER_LOSS = {"RAFTBROKER_SIMULATE_POWER_LOSS": "1", "RAFTBROKER_RAFT_COMPACTION
 @pytest.mark.parametrize("journal_writes", ["default", "direct"])
 def test_fsync_topic_keeps_every_acknowledged_record_through_power_losses(tmp_path: Path, journal_writes: str) -> None:
     """``direct``: every journal record past a segment's first block is written with O_DIRECT (by
-    default only records of 512 KiB and more are, and this drill's batches are smaller)."""
+    default only records of 64 KiB and more are, and this drill's batches are smaller)."""
     env = dict(POWER_LOSS)
     if journal_writes == "direct":
         env["RAFTBROKER_RAFT_JOURNAL_DIRECT_WRITE_MIN_BYTES"] = "1"

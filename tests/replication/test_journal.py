@@ -842,12 +842,12 @@ def test_below_the_threshold_or_with_direct_writes_off_nothing_is_written_direct
     for options, path in (({}, tmp_path / "default"), ({"direct_write_min_bytes": 0}, tmp_path / "off")):
         journal = open_journal(path, **options)
         journal.add(command(PLAIN_ID, os.urandom(5000)), 1, 1)
-        journal.add(command(PLAIN_ID, os.urandom(300_000 if not options else 2_000_000)), 2, 1)
+        journal.add(command(PLAIN_ID, os.urandom(50_000 if not options else 2_000_000)), 2, 1)
         assert journal.direct_writes == 0 and (journal._dfd == -1) == bool(options)
         journal._destroy()
     journal = open_journal(tmp_path / "big")
     journal.add(command(PLAIN_ID, os.urandom(5000)), 1, 1)
-    journal.add(command(PLAIN_ID, os.urandom(600_000)), 2, 1)  # past the default's 512 KiB
+    journal.add(command(PLAIN_ID, os.urandom(100_000)), 2, 1)  # past the default's 64 KiB
     assert journal.direct_writes == 1
     journal._destroy()
 
