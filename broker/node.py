@@ -65,6 +65,22 @@ _MESSAGE_SLACK_BYTES = 1 << 20
 _COMMAND_OVERHEAD_BYTES = 1 << 20
 
 
+def raft_options(config: NodeConfig) -> RaftOptions:
+    """The replication layer's options from the node's settings (each ``raft_*`` setting to its option)."""
+    return RaftOptions(password=config.raft_secret(), password_salt=config.raft_salt(),
+                       max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
+                       compaction_min_entries=config.raft_compaction_min_entries,
+                       compaction_min_time_s=config.raft_compaction_min_time_s,
+                       journal_segment_bytes=config.raft_journal_segment_bytes,
+                       journal_cache_bytes=config.raft_journal_cache_bytes,
+                       journal_direct_write_min_bytes=config.raft_journal_direct_write_min_bytes,
+                       raft_min_timeout_s=config.raft_election_timeout_min_s,
+                       raft_max_timeout_s=config.raft_election_timeout_max_s,
+                       leader_fallback_timeout_s=config.raft_leader_fallback_timeout_s,
+                       connection_timeout_s=config.raft_connection_timeout_s,
+                       connection_retry_s=config.raft_connection_retry_s)
+
+
 class Node:
     """A running node; :meth:`close` releases everything it opened."""
 
@@ -93,18 +109,7 @@ class Node:
         if (config.raft_password or config.raft_password_file) and not config.raft_password_salt:
             log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
                         "set a random one (the same on every node)")
-        options = RaftOptions(password=config.raft_secret(), password_salt=config.raft_salt(),
-                              max_command_bytes=config.max_batch_bytes + _COMMAND_OVERHEAD_BYTES,
-                              compaction_min_entries=config.raft_compaction_min_entries,
-                              compaction_min_time_s=config.raft_compaction_min_time_s,
-                              journal_segment_bytes=config.raft_journal_segment_bytes,
-                              journal_cache_bytes=config.raft_journal_cache_bytes,
-                              journal_direct_write_min_bytes=config.raft_journal_direct_write_min_bytes,
-                              raft_min_timeout_s=config.raft_election_timeout_min_s,
-                              raft_max_timeout_s=config.raft_election_timeout_max_s,
-                              leader_fallback_timeout_s=config.raft_leader_fallback_timeout_s,
-                              connection_timeout_s=config.raft_connection_timeout_s,
-                              connection_retry_s=config.raft_connection_retry_s)
+        options = raft_options(config)
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
                                               config.data_dir / "raft", self.state, options)
         # 3. the leader services (and the metrics they report to)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, NodeConfig, PeerConfig, load_config
+from broker.node import raft_options
+from broker.replication.raft import RaftOptions
 
 pytestmark = pytest.mark.unit
 
@@ -81,3 +84,13 @@ def test_the_operations_guide_shows_every_default_as_the_node_has_it() -> None:
     wrong = {k: (v, NodeConfig.model_fields[k].default) for k, v in shown.items()
              if k not in own and v != NodeConfig.model_fields[k].default}
     assert wrong == {}, f"(shown, default) of each setting shown wrong: {wrong}"
+
+
+def test_the_node_runs_the_replication_layers_defaults_unless_a_setting_says_otherwise() -> None:
+    """A node with default settings passes every Raft option at the replication layer's own default,
+    so tests built on ``RaftOptions()`` run what a node runs; only the options the node derives from
+    other settings (the password's salt, the command limit) differ."""
+    node = raft_options(load_config(None, {}, environ={}))
+    default = RaftOptions()
+    differ = {f.name for f in dataclasses.fields(RaftOptions) if getattr(node, f.name) != getattr(default, f.name)}
+    assert differ == {"password_salt", "max_command_bytes"}, differ
