@@ -139,6 +139,7 @@ _SIM = struct.Struct("<QI")  # synced length, crc of it (at offset _HEAD.size)
 _REC = struct.Struct("<IIB")  # payload length (incl. type), crc(type + payload), type
 _ENTRY = struct.Struct("<QQ")
 _COMMAND_AT = _REC.size + _ENTRY.size  # an ENTRY record's command starts this far into the record
+_COMMAND_IN_RECORD = 1 + _ENTRY.size  # ...and this far into what its CRC covers (type, index, term)
 _U64 = struct.Struct("<Q")
 ENTRY, TRUNCATE, TERM, COMMIT, COMPACT = 1, 2, 3, 4, 5
 _EVERY_INDEX = (1 << 64) - 1  # COMPACT up to it: no entry is kept
@@ -527,8 +528,8 @@ class DurableJournal(Journal):
                 break
             if kind == ENTRY:  # kept as its index, term and first byte, not its command
                 index, term = _ENTRY.unpack_from(record, 1)
-                first = 1 + _ENTRY.size  # the command's first byte, after the type and the entry's header
-                found.append((ENTRY, pos, length, (index, term, record[first] if length > first else 0, 0)))
+                found.append((ENTRY, pos, length, (index, term, record[_COMMAND_IN_RECORD]
+                                                   if length > _COMMAND_IN_RECORD else 0, 0)))
                 last_index, last_term = index, term
             else:
                 found.append((kind, pos, length, record))
@@ -553,7 +554,7 @@ class DurableJournal(Journal):
                     if len(record) != length or scan.crc(record, 0) != check:
                         good = pos
                         break
-                self._hold(index, term, segment.sequence, pos, length - 1 - _ENTRY.size, first)
+                self._hold(index, term, segment.sequence, pos, length - _COMMAND_IN_RECORD, first)
                 segment.max_index = max(segment.max_index, index)
             elif not self._replay_record(kind, memoryview(item)[1:], pos, segment):
                 good = pos
