@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -52,9 +53,11 @@ class Factories:
         self.config = config
         self.root = root
         self._rabbit: Any = None
+        self._workdirs: list[Path] = []  # built, not yet removed
 
     def build(self, name: str) -> Deployment:
         workdir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
+        self._workdirs.append(workdir)
         if name.startswith("raftbroker-"):
             from bench.systems.raftbroker import RaftbrokerDeployment
 
@@ -80,6 +83,20 @@ class Factories:
                 self._rabbit = None
             return deployment
         raise ValueError(f"unknown system {name!r}")
+
+    def release(self) -> float:
+        """Remove the data of every deployment built so far, bar a RabbitMQ cluster that a later variant
+        still uses; return the seconds it took. Run after each system stops, so that every system starts
+        on the same machine: on this VM, the page cache that a stopped system's files still hold made the
+        next system's buffered writes cost several times the kernel CPU (raftbroker fsync-3 at 1 KiB
+        published 39-43k msg/s right after disk-3 and 80-82k once disk-3's files or their cached pages
+        were gone; bench/NOTE.md, 2026-12-04 22:00-22:40 UTC)."""
+        started = time.monotonic()
+        in_use = self._rabbit.workdir if self._rabbit is not None else None
+        for workdir in [w for w in self._workdirs if w != in_use]:
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._workdirs.remove(workdir)
+        return round(time.monotonic() - started, 2)
 
 
 def _run_reps(name: str, reps: int, one: Callable[[], Json]) -> Json:
@@ -198,8 +215,8 @@ def settle_disk() -> float:
     """Write back every dirty page (``sync``) and return how long it took; run before each system,
     so that none starts while the previous one's writes are still in flight (an fsync on ext4
     commits the file system's journal with every other file's pending metadata). A precaution: the
-    extra CPU per record raftbroker shows after the peers have run is not explained by it alone
-    (bench/NOTE.md, 2026-11-29)."""
+    extra CPU per record a system showed after others had run came from the page cache their files
+    held, which :meth:`Factories.release` now frees (bench/NOTE.md, 2026-11-29 and 2026-12-04)."""
     started = time.monotonic()
     os.sync()
     return round(time.monotonic() - started, 2)
@@ -226,6 +243,7 @@ def _one_system(name: str, factories: Factories, config: BenchConfig, out_dir: P
     finally:
         if deployment is not None:
             deployment.stop()
+        entry["data_removed_s"] = factories.release()
     entry["elapsed_s"] = round(time.monotonic() - t0, 1)
     log(f"{name}: {entry['status']} in {entry['elapsed_s']:g} s")
     return entry

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ import pytest
 from bench import __main__ as bench_main
 from bench import cpu, report, transport_cost
 from bench.config import SMOKE, BenchConfig
+from bench.runner import Factories
+from bench.systems.raftbroker import RaftbrokerDeployment
 from bench.workloads import Payloads
 
 pytestmark = pytest.mark.unit
@@ -38,6 +41,21 @@ def test_config_rejects_empty_runs() -> None:
     with pytest.raises(ValueError, match="publish_records"):
         BenchConfig(publish_records=0)
     assert BenchConfig().publish_records >= 1_000_000 and BenchConfig().publish_cap_s >= 10
+
+
+def test_each_system_s_data_is_removed_before_the_next_system_starts(tmp_path: Path) -> None:
+    """A stopped system's files (and the page cache they hold) must not tax the next system's writes."""
+    factories = Factories(BenchConfig(), tmp_path)
+    first = factories.build("raftbroker-disk-3")
+    assert isinstance(first, RaftbrokerDeployment)
+    (first.workdir / "cluster").mkdir(parents=True)
+    (first.workdir / "cluster" / "segment").write_bytes(b"x" * 4096)
+    assert factories.release() >= 0
+    assert list(tmp_path.iterdir()) == [], "the first system's data outlived it"
+    second = factories.build("raftbroker-fsync-3")
+    assert isinstance(second, RaftbrokerDeployment) and second.workdir.is_dir()
+    factories.release()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sizes_option_chooses_the_record_sizes_and_refuses_bad_ones() -> None:

@@ -50,6 +50,7 @@ def test_smoke_runs_every_workload_and_leaves_no_server_running(tmp_path: Path) 
     for name, system in systems.items():
         assert system["status"] == "ok", f"{name}: {system.get('reason')}"
         assert system["sync_before_s"] >= 0, "each system starts after the page cache is written back"
+        assert system["data_removed_s"] >= 0, "each system's data is removed once it stops"
         for workload in WORKLOADS:
             entry = system["workloads"][workload]
             assert "error" not in entry, f"{name} {workload}: {entry['error']}"
