@@ -89,6 +89,9 @@ class NodeConfig(BaseModel):
     # Raft journal records at least this long are written with O_DIRECT, past the page cache (0: none);
     # docs/operations.md, "The journal's direct writes"
     raft_journal_direct_write_min_bytes: int = Field(default=64 * 1024, ge=0, le=1024 * 1024 * 1024)
+    # the store (RocksDB) writes its table files with O_DIRECT, past the page cache, where the file
+    # system allows it; docs/operations.md, "The store's direct writes"
+    store_direct_writes: bool = True
     # a follower that hears nothing from the leader for a random time in this range starts an election
     # (behind a pre-vote); raise both on a host whose threads stall that long (docs/operations.md)
     raft_election_timeout_min_s: float = Field(default=0.4, ge=0.2, le=60.0)

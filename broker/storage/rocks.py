@@ -5,6 +5,16 @@ The live database is ``<root>/db-<generation>``; ``<root>/CURRENT`` names the ge
 atomically and closes the previous one a little later, so readers iterating the old generation
 are never pulled out from under (they finish on a consistent, slightly older view).
 
+RocksDB writes its table files (memtable flushes and compactions) with ``O_DIRECT`` unless
+``direct_writes`` is off or the file system refuses it (tmpfs): reads still go through the page
+cache. The page cache was otherwise filled with every record once more (the Raft journal holds it
+too) at the rate of the publishes, and on a host where a fresh page is dear that cost more than the
+write: 3 nodes on one VM whose guest hands freed memory back to its host (a fresh 4 KiB page then
+costs 12-60 us to touch) published 1 KiB records at 31-46k msg/s once the page cache outgrew the
+memory the guest still held, against 80-87k with direct writes, with every repetition alike. The
+price is that a reader of records already flushed reads them from the disk: reading a just-published
+topic back fell by about 30 % (bench/NOTE.md, 2026-12-04 22:40-23:20 UTC).
+
 That later close runs on a timer thread that is not a daemon, and :meth:`RocksStore.close` does
 every close still pending itself. A daemon thread must never be inside rocksdict when the
 interpreter finalizes: rocksdict releases the GIL while RocksDB closes, and a daemon thread that
@@ -14,6 +24,7 @@ frames and aborts the whole process (SIGABRT; seen as the test runner dying afte
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -33,6 +44,8 @@ from rocksdict import (
 )
 
 from broker.storage import Batch, Column, StorageFailure, StoreCorruption
+
+logger = logging.getLogger(__name__)
 
 _Handles = tuple[Rdict, dict[Column, Rdict], dict[Column, ColumnFamily]]
 
@@ -68,10 +81,13 @@ META_WRITE_BUFFER_BYTES = 512 * 1024
 WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
 
-def _options(point_lookups: bool = False, write_buffer_bytes: int | None = None) -> Options:
+def _options(point_lookups: bool = False, write_buffer_bytes: int | None = None,
+             direct_writes: bool = False) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    if direct_writes:  # table files written past the page cache (the module docstring says why)
+        opts.set_use_direct_io_for_flush_and_compaction(True)
     # column families flush together, so no crash can leave one ahead of another (e.g. the
     # applied index in META ahead of the records it covers); a flush that one memtable triggers
     # flushes every column family that holds writes
@@ -108,12 +124,32 @@ class RocksBatch:
         self._wb.delete_range(begin, end, self._handles[column])
 
 
-class RocksStore:
-    """A :class:`broker.storage.Store` on RocksDB."""
+def accepts_direct_io(directory: Path) -> bool:
+    """Whether files in ``directory`` can be opened with ``O_DIRECT`` (tmpfs, for one, refuses it)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = directory / ".direct-io-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    probe.unlink(missing_ok=True)
+    return True
 
-    def __init__(self, root: Path) -> None:
+
+class RocksStore:
+    """A :class:`broker.storage.Store` on RocksDB.
+
+    ``direct_writes``: write table files with ``O_DIRECT`` where the file system allows it (the
+    module docstring says why); :attr:`direct_writes` tells whether it is in effect."""
+
+    def __init__(self, root: Path, *, direct_writes: bool = True) -> None:
         self._root = Path(root)
         self._root.mkdir(parents=True, exist_ok=True)
+        self.direct_writes = direct_writes and accepts_direct_io(self._root)
+        if direct_writes and not self.direct_writes:
+            logger.info("store %s: table files are written through the page cache (O_DIRECT refused)", self._root)
         self._lock = threading.Lock()
         # generations replaced but not closed yet: their timer, their handles, their directory
         self._retiring: dict[int, tuple[threading.Timer, _Handles, Path]] = {}
@@ -158,13 +194,13 @@ class RocksStore:
             os.fsync(f.fileno())
         os.replace(tmp, self._root / "CURRENT")
 
-    @staticmethod
-    def _open(path: Path) -> _Handles:
-        column_families = {c.value: _options(point_lookups=c == Column.DEDUP,
+    def _open(self, path: Path) -> _Handles:
+        direct = self.direct_writes
+        column_families = {c.value: _options(point_lookups=c == Column.DEDUP, direct_writes=direct,
                                              write_buffer_bytes=META_WRITE_BUFFER_BYTES if c == Column.META
                                              else WRITE_BUFFER_BYTES)
                            for c in Column}
-        db = Rdict(str(path), options=_options(), column_families=column_families,
+        db = Rdict(str(path), options=_options(direct_writes=direct), column_families=column_families,
                    access_type=AccessType.read_write())
         cfs = {c: db.get_column_family(c.value) for c in Column}
         handles = {c: db.get_column_family_handle(c.value) for c in Column}

@@ -14,14 +14,16 @@ import pytest
 
 from broker.storage import Column, Store
 from broker.storage.memory import MemoryStore
-from broker.storage.rocks import RocksStore
+from broker.storage.rocks import RocksStore, accepts_direct_io
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(params=["rocks", "memory"])
+@pytest.fixture(params=["rocks", "rocks-buffered", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = RocksStore(tmp_path / "db") if request.param == "rocks" else MemoryStore()
+    s: Store = (RocksStore(tmp_path / "db") if request.param == "rocks"
+                else RocksStore(tmp_path / "db", direct_writes=False) if request.param == "rocks-buffered"
+                else MemoryStore())
     yield s
     s.close()
 
@@ -112,7 +114,7 @@ def test_a_process_that_exits_right_after_a_restore_closes_the_old_generation_fi
     program = textwrap.dedent(f"""
         from pathlib import Path
         from broker.storage import Column
-        from broker.storage.rocks import RocksStore
+        from broker.storage.rocks import RocksStore, accepts_direct_io
         s = RocksStore(Path({str(tmp_path / "db")!r}))
         batch = s.batch()
         batch.put(Column.META, b"k", b"v")
@@ -130,3 +132,40 @@ def test_get_many_returns_values_in_key_order(store: Store) -> None:
     fill(store, 3)
     assert store.get_many(Column.RECORDS, [k(2), k(7), k(0)]) == [b"v2", None, b"v0"]
     assert store.get_many(Column.RECORDS, []) == []
+
+
+def _rocks_option(db_root: Path, name: str) -> str:
+    """The value RocksDB recorded for option ``name`` in the newest OPTIONS file (one generation)."""
+    [generation] = db_root.glob("db-*")
+    newest = max(generation.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    values = {line.split("=", 1)[0].strip(): line.split("=", 1)[1].strip()
+              for line in newest.read_text().splitlines() if "=" in line}
+    return values[name]
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_table_files_are_written_direct_unless_turned_off_and_hold_odd_sized_values(tmp_path: Path,
+                                                                                    direct: bool) -> None:
+    """``direct_writes`` reaches RocksDB (its OPTIONS file says so) where the file system takes O_DIRECT,
+    and values of sizes that are no multiple of a block survive flushes and a reopen."""
+    root = tmp_path / "db"
+    sizes = [0, 1, 511, 4095, 4097, 65_537, 1_048_576 + 3]
+    store = RocksStore(root, direct_writes=direct)
+    try:
+        assert store.direct_writes == (direct and accepts_direct_io(root))
+        for round_ in range(5):  # five flushes: past RocksDB's trigger (4 files) for a compaction
+            batch = store.batch()
+            for i, size in enumerate(sizes):
+                batch.put(Column.RECORDS, k(round_ * 100 + i), bytes([i + round_]) * size)
+            store.write(batch)
+            store.checkpoint(str(tmp_path / f"cp{round_}"))  # a checkpoint flushes the memtables
+    finally:
+        store.close()
+    assert _rocks_option(root, "use_direct_io_for_flush_and_compaction") == str(store.direct_writes).lower()
+    reopened = RocksStore(root, direct_writes=direct)
+    try:
+        for round_ in range(5):
+            for i, size in enumerate(sizes):
+                assert reopened.get(Column.RECORDS, k(round_ * 100 + i)) == bytes([i + round_]) * size
+    finally:
+        reopened.close()
