@@ -6,7 +6,7 @@ atomically and closes the previous one a little later, so readers iterating the 
 are never pulled out from under (they finish on a consistent, slightly older view).
 
 RocksDB writes its table files (memtable flushes and compactions) with ``O_DIRECT`` unless
-``direct_writes`` is off or the file system refuses it (tmpfs): reads still go through the page
+``direct_writes`` is off or the file system refuses it (older tmpfs): reads still go through the page
 cache. The page cache was otherwise filled with every record once more (the Raft journal holds it
 too) at the rate of the publishes, and on a host where a fresh page is dear that cost more than the
 write: 3 nodes on one VM whose guest hands freed memory back to its host (a fresh 4 KiB page then
@@ -125,7 +125,8 @@ class RocksBatch:
 
 
 def accepts_direct_io(directory: Path) -> bool:
-    """Whether files in ``directory`` can be opened with ``O_DIRECT`` (tmpfs, for one, refuses it)."""
+    """Whether files in ``directory`` can be opened with ``O_DIRECT`` (older tmpfs and some network
+    file systems refuse it)."""
     if not hasattr(os, "O_DIRECT"):
         return False
     probe = directory / ".direct-io-probe"
