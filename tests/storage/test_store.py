@@ -114,7 +114,7 @@ def test_a_process_that_exits_right_after_a_restore_closes_the_old_generation_fi
     program = textwrap.dedent(f"""
         from pathlib import Path
         from broker.storage import Column
-        from broker.storage.rocks import RocksStore, accepts_direct_io
+        from broker.storage.rocks import RocksStore
         s = RocksStore(Path({str(tmp_path / "db")!r}))
         batch = s.batch()
         batch.put(Column.META, b"k", b"v")
