@@ -85,6 +85,8 @@ _JOURNAL_RELIED_UPON_SHA256 = {
     # at a time, __changeCluster); _RaftNode replays the log's changes after a restart through
     # __parseChangeClusterRequest/__doChangeCluster, relying on __doChangeCluster being a no-op for a
     # node already in (or out of) the configuration when __doApplyCommand applies the entry again.
+    # _RaftNode overrides __doApplyCommand for the large commands it built itself (raft_node.entry_command)
+    # and hands every other entry to this one, whose REGULAR branch calls the method by id.
     (pysyncobj_syncobj.SyncObj, "addNodeToCluster"): "409209c3165ec2dc83dca52c2a7399084299dc5842ddc12e2a5f72581cca63b6",
     (pysyncobj_syncobj.SyncObj, "removeNodeFromCluster"): (
         "a655f3c1f147299823a8152d7ed9e15b5812af2d264fca8dc8c667faf9566877"

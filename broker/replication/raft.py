@@ -372,8 +372,7 @@ class PysyncobjReplicator:
         if refusal is not None:
             _call(callback, None, refusal)
             return
-        apply = node._apply_synced_command if sync else node._apply_command
-        apply(command, callback=functools.partial(self._complete, token))
+        node.submit_command(command, functools.partial(self._complete, token), sync=sync)
 
     def _complete(self, token: int, result: object, code: int, denied: str = "") -> None:
         with self._lock:

@@ -1,13 +1,17 @@
 """The ``SyncObj`` subclass behind :class:`broker.replication.raft.PysyncobjReplicator`.
 
 Two ``@replicated`` methods (plain and synced) hand each committed ``bytes`` command to the
-:class:`StateMachine` with its Raft index. The node also: uses :class:`journal.DurableJournal` and
-holds messages back until it is synced (``journal.SyncingTransport``), asks for pre-votes
-(``prevote.PreVoteMixin``), fails commands queued on a non-leader instead of forwarding them,
-sends the commands queued in a tick together, leaves a new commit index to its next AppendEntries
-(``commit_notice_delay_s``) instead of a commit-only message after every apply, spreads and defers
-compactions, reads waiting messages before an election, replays the log's
-membership changes after a restart, and halts after a failed snapshot restore.
+:class:`StateMachine` with its Raft index. The leader builds their entries itself, and every node
+takes a large command back out of its entry itself (:func:`regular_entry`, :func:`entry_command`):
+the same bytes as pysyncobj's, with the command copied once where pysyncobj copies it twice (its
+pickling, then the type byte put in front; its slice, then its unpickling).
+
+The node also: uses :class:`journal.DurableJournal` and holds messages back until it is synced
+(``journal.SyncingTransport``), asks for pre-votes (``prevote.PreVoteMixin``), fails commands queued
+on a non-leader instead of forwarding them, sends the commands queued in a tick together, leaves a
+new commit index to its next AppendEntries (``commit_notice_delay_s``) instead of a commit-only
+message after every apply, spreads and defers compactions, reads waiting messages before an
+election, replays the log's membership changes after a restart, and halts after a failed snapshot restore.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ import contextlib
 import logging
 import os
 import queue
+import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
+import pysyncobj.pickle as pysyncobj_pickle
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
@@ -86,6 +93,39 @@ def command_needs_sync(command: bytes, synced_method_id: int) -> bool:
     return command[pos + 1] == synced_method_id
 
 
+# A regular entry of a large command, as pysyncobj's @replicated wrapper writes it with protocol 5:
+# the command type, then pickle.dumps((method_id, (command,))). From 64 KiB on, the pickler writes the
+# command outside any frame: PROTO 5, BININT1 id, BINBYTES <u32 length>, the command, then one FRAME
+# of the 6 closing bytes (MEMOIZE TUPLE1 MEMOIZE TUPLE2 MEMOIZE STOP).
+_ENTRY_PLAIN_MIN_BYTES = 64 * 1024
+_ENTRY_HEAD = struct.Struct("<4sBcI")  # type + PROTO 5 + BININT1 opcode, method id, BINBYTES, length
+_ENTRY_START = bytes((_REGULAR,)) + b"\x80\x05K"
+_ENTRY_END = b"\x95" + (6).to_bytes(8, "little") + b"\x94\x85\x94\x86\x94."
+
+
+def regular_entry(method_id: int, command: bytes) -> bytes:
+    """The log entry pysyncobj's ``@replicated`` wrapper makes of ``method(command)``, byte for byte
+    (``bytes((0,)) + pickle.dumps((method_id, (command,)))``), with the command copied once: the
+    wrapper's pickling and its prefixing of the type byte copied a 1 MiB publish twice more on the
+    leader's event loop. Smaller commands (and pickle protocols other than 5) go the wrapper's way."""
+    if len(command) < _ENTRY_PLAIN_MIN_BYTES or _patches.pickle_protocol() != 5 or not 0 <= method_id < 256:
+        return bytes((_REGULAR,)) + pysyncobj_pickle.dumps((method_id, (command,)))
+    return b"".join((_ENTRY_HEAD.pack(_ENTRY_START, method_id, b"B", len(command)), command, _ENTRY_END))
+
+
+def entry_command(entry: bytes, method_ids: tuple[int, ...]) -> bytes | None:
+    """The command of an entry shaped as :func:`regular_entry` shapes a large one, calling one of
+    ``method_ids``, copied out once; None for any other entry (pysyncobj's own apply then unpickles
+    it: two copies of the command)."""
+    if len(entry) < _ENTRY_HEAD.size + _ENTRY_PLAIN_MIN_BYTES + len(_ENTRY_END):
+        return None
+    start, method_id, opcode, length = _ENTRY_HEAD.unpack_from(entry)
+    if start != _ENTRY_START or opcode != b"B" or method_id not in method_ids \
+            or len(entry) != _ENTRY_HEAD.size + length + len(_ENTRY_END) or not entry.endswith(_ENTRY_END):
+        return None
+    return entry[_ENTRY_HEAD.size:_ENTRY_HEAD.size + length]
+
+
 def _discard_state_ahead_of_log(state_machine: StateMachine, last_index: int, dump_file: Path) -> None:
     """At start: a state machine past both the journal's last entry and the snapshot's index holds
     applies of entries this node no longer has. Applies are made durable without waiting for the
@@ -151,6 +191,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         self._init_prevote("prevote" in active if pre_vote is None else pre_vote,
                            conf.raftMinTimeout * _PREVOTE_LEASE_SHARE)
         synced_id = self._METHOD_IDS[_SYNCED_APPLY_METHOD]
+        self._apply_method_ids = (self._METHOD_IDS[_APPLY_METHOD], synced_id)  # entry_command's
         dump_file = Path(conf.fullDumpFile)
         self._init_snapshot_guard("stale_snapshot" in active if stale_snapshot_guard is None else stale_snapshot_guard,
                                   dump_file, read_raft_data)
@@ -192,6 +233,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         finally:
             _patches.forget_journal(journal_path)
         assert self._methodToID[_SYNCED_APPLY_METHOD] == synced_id, "pysyncobj numbers methods differently"
+        assert self._methodToID[_APPLY_METHOD] == self._apply_method_ids[0], "pysyncobj numbers methods differently"
 
     # pysyncobj assigns self._poller in SyncObj.__init__; every poll releases held messages around it,
     # and an idle node's poll waits longer (_poll_wait_s).
@@ -428,6 +470,20 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def _apply_synced_command(self, command: bytes) -> object:
         """The same, for commands whose entry is fsynced before it is acknowledged (``sync=True``)."""
         return self._apply(command)
+
+    def submit_command(self, command: bytes, callback: Callable[[object, int], None], *, sync: bool) -> None:
+        """Queue ``command`` for the leader's next tick, as ``_apply_command(command, callback=...)``
+        (or the synced method) would, with the entry built by :func:`regular_entry`."""
+        method_id = self._methodToID[_SYNCED_APPLY_METHOD if sync else _APPLY_METHOD]
+        self._applyCommand(regular_entry(method_id, command), callback)  # no type given: the entry has it
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> object:  # noqa: N802 (pysyncobj's name)
+        """A large command of ours goes to :meth:`_apply` without pysyncobj's slice and unpickling (one
+        copy of it instead of two); every other entry, pysyncobj's way."""
+        ours = entry_command(command, self._apply_method_ids)
+        if ours is not None:
+            return self._apply(ours)
+        return super()._SyncObj__doApplyCommand(command)
 
     def _apply(self, command: bytes) -> object:
         # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from broker.replication import FailReason, ReplicationError, Role, raft
+from broker.replication import FailReason, ReplicationError, Role, raft, raft_node
 from broker.replication.raft import APPEND_ENTRIES_BATCH_BYTES_MAX, RaftOptions, map_fail_reason
 from broker.replication.transport import HandshakeLimits
 
-from .chain_sm import ChainStateMachine
+from .chain_sm import ChainStateMachine, command_id, read_records
 from .cluster import free_port, wait_until
 from .conftest import FAST_OPTIONS, Outcomes
 
@@ -550,3 +550,54 @@ def test_a_message_larger_than_the_socket_buffer_goes_out_whole_without_waiting_
         assert error is None and isinstance(result, dict), (result, error)
         wait_until(lambda: all(sm.applied_index() >= result["index"] for _, sm in nodes), 6, "every node applied it")
         assert len({sm.chain() for _, sm in nodes}) == 1
+
+
+@pytest.mark.parametrize("size", [0, 1, 65_535, 65_536, 65_537, 1024 * 1024 + 3])
+def test_a_regular_entry_is_byte_for_byte_what_pysyncobj_s_wrapper_writes(size: int) -> None:
+    """The leader builds each entry itself (the command copied once): the bytes must be exactly those
+    of pysyncobj's ``@replicated`` wrapper, which every node, old or new, can apply; the fsync flag
+    is read from them as before; and the apply's own parse takes the command back out of exactly
+    the large ones, calling one of the given methods."""
+    command = bytes(range(256)) * (size // 256) + b"\x80" * (size % 256)
+    plain_id, synced_id = (raft_node._RaftNode._METHOD_IDS[m] for m in (raft._APPLY_METHOD, raft._SYNCED_APPLY_METHOD))
+    for method_id in (plain_id, synced_id):
+        entry = raft_node.regular_entry(method_id, command)
+        assert entry == b"\x00" + pickle.dumps((method_id, (command,)), protocol=5)
+        assert raft.command_needs_sync(entry, synced_id) == (method_id == synced_id)
+        taken = raft_node.entry_command(entry, (plain_id, synced_id))
+        assert taken == (command if size >= 65_536 else None) and (taken is None or type(taken) is bytes)
+        assert raft_node.entry_command(entry, (max(plain_id, synced_id) + 1,)) is None  # another method
+    if size >= 65_536:
+        entry = raft_node.regular_entry(plain_id, command)
+        for bad in (entry[:-1], entry + b".", entry[:6] + (size + 1).to_bytes(4, "little") + entry[10:],
+                    b"\x01" + entry[1:], entry[:-2] + b"\x85."):
+            assert raft_node.entry_command(bad, (plain_id, synced_id)) is None  # left to pysyncobj
+
+
+def test_large_commands_are_applied_on_every_node_without_pysyncobj_s_unpickling(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large commands, plain and synced, reach every node's state machine as the bytes submitted,
+    through the node's own parse of the entry; small ones and every other entry still go through
+    pysyncobj's apply (its unpickling copied a 1 MiB command twice)."""
+    stock = raft_node.SyncObj._SyncObj__doApplyCommand
+    stock_regular: list[int] = []  # sizes of the regular entries pysyncobj's apply unpickled
+
+    def counting(self: Any, command: bytes) -> object:
+        if command[:1] == b"\x00":
+            stock_regular.append(len(command))
+        return stock(self, command)
+
+    monkeypatch.setattr(raft_node.SyncObj, "_SyncObj__doApplyCommand", counting)
+    options = RaftOptions(raft_min_timeout_s=2.0, raft_max_timeout_s=3.0)
+    with _three_nodes(tmp_path, options) as (nodes, leader):
+        commands = [bytes([i]) * (200_000 + i) for i in range(3)] + [b"small-%d" % i for i in range(2)]
+        outcomes = Outcomes()
+        for i, command in enumerate(commands):
+            leader.submit(command, outcomes.callback(i), sync=i % 2 == 1)
+        wait_until(lambda: len(outcomes.results) == len(commands), 10, "every command committed")
+        last = max(result["index"] for result, _ in outcomes.results.values() if isinstance(result, dict))
+        wait_until(lambda: all(sm.applied_index() >= last for _, sm in nodes), 10, "every node applied them")
+        assert len({sm.chain() for _, sm in nodes}) == 1
+        applied = {r.command_id for r in read_records(nodes[0][1].log_path) if r.kind == "A"}
+        assert {command_id(c) for c in commands} <= applied
+        assert stock_regular and max(stock_regular) < 1000, stock_regular  # only the small ones, on each node

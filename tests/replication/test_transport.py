@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pytest
@@ -390,3 +391,56 @@ def test_a_link_quiet_both_ways_past_the_timeout_still_carries_the_next_message(
         assert time.monotonic() - answered_from >= timeout_s
     finally:
         link.close()
+
+
+def _plain_frames(*messages: Any) -> bytes:
+    sender = _Connection()
+    transport.set_message_compression("none")
+    try:
+        for message in messages:
+            pysyncobj_tcp_connection.TcpConnection.send(sender, message)
+    finally:
+        transport.set_message_compression("zlib")
+    return bytes(sender._TcpConnection__writeBuffer)
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_large_plain_frame_is_unpickled_where_it_was_received(monkeypatch: pytest.MonkeyPatch,
+                                                                 protocol: int) -> None:
+    """A large frame is not copied out of the read buffer before it is unpickled (only its entries
+    are copied, by the unpickler): the copying path is not taken, the message is whole, and the buffer
+    is free to be reused and grown afterwards."""
+    messages = [{"type": "append_entries", "term": 2, "entries": [(b"\x00" + bytes([i]) * (100_000 * (i + 1)), i, 2),
+                                                                  (b"\x00small", i + 1, 2)]} for i in range(3)]
+    monkeypatch.setitem(pysyncobj_pickle.__dict__, "__protocol", protocol)  # stock pysyncobj sends protocol 2
+    frames = _plain_frames(*messages, {"type": "heartbeat", "term": 2})
+
+    def copying(data: bytes) -> Any:
+        raise AssertionError("a large plain frame was copied out first")
+
+    receiver = _Connection()
+    receiver._TcpConnection__readBuffer = frames
+    with monkeypatch.context() as patched:
+        patched.setattr(transport, "restricted_loads", copying)
+        for message in messages:
+            got = transport._parse_message(receiver)
+            assert got == message and type(got["entries"][0][0]) is bytes
+    assert transport._parse_message(receiver) == {"type": "heartbeat", "term": 2}  # small: copied, as before
+    buffer = receiver._TcpConnection__readBuffer
+    assert len(buffer) == 0 and not receiver.disconnected
+    with buffer.room(len(buffer.data) + 1):  # grows to a new block: nothing still holds the old one
+        pass
+
+
+@pytest.mark.parametrize("damage", ["global", "truncated"])
+def test_a_large_hostile_or_damaged_frame_is_refused_in_place_too(tmp_path: Path, damage: str) -> None:
+    marker = tmp_path / "ran"
+    padding = b"p" * 100_000
+    if damage == "global":
+        body = pickle.dumps((padding, _CreateFile(str(marker))), 5)
+    else:
+        body = pickle.dumps({"type": "append_entries", "entries": [(padding, 1, 1)]}, 5)[:-1]
+    receiver = _Connection()
+    receiver._TcpConnection__readBuffer = struct.pack("i", len(body)) + body
+    assert transport._parse_message(receiver) is None and receiver.disconnected
+    assert not marker.exists()
