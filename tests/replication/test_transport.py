@@ -444,3 +444,19 @@ def test_a_large_hostile_or_damaged_frame_is_refused_in_place_too(tmp_path: Path
     receiver._TcpConnection__readBuffer = struct.pack("i", len(body)) + body
     assert transport._parse_message(receiver) is None and receiver.disconnected
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("shape", ["protocol 2", "protocol 5", "a text line longer than a peek", "bytes after STOP"])
+def test_a_large_plain_frame_parses_in_place_exactly_as_copied_out(shape: str) -> None:
+    """The in-place reader is a file to the same restricted unpickler: whatever a frame holds, it
+    gives what unpickling a copy gave (pysyncobj sends no text opcodes, but a peer may)."""
+    message: Any = {"type": "append_entries", "entries": [(b"\x00" + bytes(range(256)) * 400, 5, 2)]}
+    if shape == "a text line longer than a peek":
+        body = b"\x80\x05" + pickle.dumps("x" * 200_000, 0)  # one line of 200 KB: readline is called
+    else:
+        body = pickle.dumps(message, 2 if shape == "protocol 2" else 5)
+        if shape == "bytes after STOP":
+            body += b"\x00" * 70_000
+    receiver = _Connection()
+    receiver._TcpConnection__readBuffer = struct.pack("i", len(body)) + body
+    assert transport._parse_message(receiver) == transport.restricted_loads(body) and not receiver.disconnected
