@@ -125,6 +125,18 @@ class _Connection:
         return None
 
 
+def _plain_frames(*messages: Any) -> bytes:
+    """The frames a sender with compression off writes for ``messages``."""
+    sender = _Connection()
+    transport.set_message_compression("none")
+    try:
+        for message in messages:
+            pysyncobj_tcp_connection.TcpConnection.send(sender, message)
+    finally:
+        transport.set_message_compression("zlib")
+    return bytes(sender._TcpConnection__writeBuffer)
+
+
 @pytest.mark.parametrize("mode", ["none", "zlib"])
 def test_messages_are_sent_compressed_or_not_and_either_is_read(mode: str) -> None:
     import zlib
@@ -245,14 +257,7 @@ def test_frames_queued_and_read_in_pieces_are_parsed_in_order_in_place() -> None
     copied whole per read and per frame parsed, and a bytearray in its place still moved)."""
     messages = [{"type": "append_entries", "term": 1, "entries": [(bytes([i]) * (70_000 + i), i, 1)]}
                 for i in range(5)] + [{"type": "heartbeat", "term": 1}]
-    sender = _Connection()
-    transport.set_message_compression("none")
-    try:
-        for message in messages:
-            pysyncobj_tcp_connection.TcpConnection.send(sender, message)
-    finally:
-        transport.set_message_compression("zlib")
-    wire = bytes(sender._TcpConnection__writeBuffer)
+    wire = _plain_frames(*messages)
     writer, reader = socket.socketpair()
     reader.setblocking(False)
     receiver = _Connection(reader, recv_buffer_bytes=50_000)
@@ -296,14 +301,9 @@ def test_a_length_prefix_alone_allocates_nothing_and_the_end_of_the_stream_disco
 
 
 def test_a_refused_frame_still_disconnects_after_good_ones() -> None:
-    good = _Connection()
-    transport.set_message_compression("none")
-    try:
-        pysyncobj_tcp_connection.TcpConnection.send(good, {"type": "heartbeat", "term": 1})
-    finally:
-        transport.set_message_compression("zlib")
     receiver = _Connection()
-    receiver._TcpConnection__readBuffer = bytes(good._TcpConnection__writeBuffer) + b"\x10\x00\x00\x00" + b"\x00" * 16
+    bad = b"\x10\x00\x00\x00" + b"\x00" * 16  # a frame of 16 bytes that no unpickler reads
+    receiver._TcpConnection__readBuffer = _plain_frames({"type": "heartbeat", "term": 1}) + bad
     assert transport._parse_message(receiver) == {"type": "heartbeat", "term": 1}
     assert transport._parse_message(receiver) is None and receiver.disconnected
 
@@ -391,17 +391,6 @@ def test_a_link_quiet_both_ways_past_the_timeout_still_carries_the_next_message(
         assert time.monotonic() - answered_from >= timeout_s
     finally:
         link.close()
-
-
-def _plain_frames(*messages: Any) -> bytes:
-    sender = _Connection()
-    transport.set_message_compression("none")
-    try:
-        for message in messages:
-            pysyncobj_tcp_connection.TcpConnection.send(sender, message)
-    finally:
-        transport.set_message_compression("zlib")
-    return bytes(sender._TcpConnection__writeBuffer)
 
 
 @pytest.mark.parametrize("protocol", [2, 5])
