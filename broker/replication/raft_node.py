@@ -474,7 +474,7 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
     def submit_command(self, command: bytes, callback: Callable[[object, int], None], *, sync: bool) -> None:
         """Queue ``command`` for the leader's next tick, as ``_apply_command(command, callback=...)``
         (or the synced method) would, with the entry built by :func:`regular_entry`."""
-        method_id = self._methodToID[_SYNCED_APPLY_METHOD if sync else _APPLY_METHOD]
+        method_id = self._apply_method_ids[1 if sync else 0]
         self._applyCommand(regular_entry(method_id, command), callback)  # no type given: the entry has it
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> object:  # noqa: N802 (pysyncobj's name)

@@ -479,15 +479,13 @@ def _parse_message(self: Any) -> Any:
     if len(buffer) - 4 < length:
         return None
     start = buffer.start + 4
-    in_place = length >= _IN_PLACE_FRAME_BYTES and not self.encryptor and buffer.data[start] == _PICKLE_PROTO
-    data = b""
-    if not in_place:
-        with memoryview(buffer.data) as view:
-            data = bytes(view[start:start + length])
     try:
-        if in_place:  # a large plain frame: unpickled where it was received (the entries are copied once)
+        if length >= _IN_PLACE_FRAME_BYTES and not self.encryptor and buffer.data[start] == _PICKLE_PROTO:
+            # a large plain frame: unpickled where it was received (its entries are copied once)
             message = _restricted_load_in_place(memoryview(buffer.data)[start:start + length])
         else:
+            with memoryview(buffer.data) as view:
+                data = bytes(view[start:start + length])
             if self.encryptor:
                 timestamp = self.encryptor.extract_timestamp(data)
                 if timestamp < self.recvLastTimestamp:
