@@ -24,7 +24,7 @@ from broker.security import current_principal
 from broker.services import errors, wire
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
-from broker.services.streams import StreamRuntime
+from broker.services.streams import StreamRuntime, small_response
 from broker.v1 import broker_pb2, broker_pb2_grpc
 
 
@@ -94,7 +94,9 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
         # series are made at the first batch: a topic that does not exist (yet) gets none
         self._metrics.subscribers.inc()
         try:
-            async for item in self._streams.serve(open_steps, read_ahead=not subscription.group):
+            stateless = not subscription.group
+            tail = small_response if stateless and not subscription.filter else None
+            async for item in self._streams.serve(open_steps, read_ahead=stateless, tail_on_loop=tail):
                 if isinstance(item, PackedBatch):
                     self._metrics.deliver_records.labels(request.topic).inc(item.records)
                     self._metrics.deliver_bytes.labels(request.topic).inc(item.value_bytes)
