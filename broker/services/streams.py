@@ -150,13 +150,14 @@ class StreamRuntime:
 
         ``tail_on_loop``: for steps that only read this node's state (no filter to evaluate, no
         lease to submit), a stream following the tail runs its steps on the event loop instead of
-        the read pool. A step runs here after a change woke the stream, and after a response for
-        which ``tail_on_loop(response)`` is true (a small one: what one apply added); after any
-        other response the stream goes back to the pool, with ``read_ahead``, until it next waits.
-        A tail step reads what the last applies added, a few records, which costs less than the
-        two thread hand-offs of a step on the pool, and those came after every apply: on 3 nodes at
-        2,000 records/s a subscriber on the leader took 0.5-0.6 ms off every publish's ack
-        (bench/NOTE.md, 2026-12-05). A catch-up read of full responses stays on the pool.
+        the read pool. A step runs here after a wait (a change, or the idle timeout), and after a
+        response for which ``tail_on_loop(response)`` is true (a small one: what one apply added);
+        after any other response the stream goes back to the pool, with ``read_ahead``, until it
+        next waits. A tail step reads what the last applies added, a few records, which costs less
+        than the two thread hand-offs of a step on the pool, and those came after every apply: on 3
+        nodes at 2,000 records/s they added 0.5-0.6 ms to every publish's ack at p50 while a
+        subscriber tailed the topic on the leader (bench/NOTE.md, 2026-12-05). A catch-up read of
+        full responses stays on the pool.
 
         The stream counts against :attr:`streams_max` while it is open."""
         self.admit()

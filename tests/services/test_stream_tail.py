@@ -1,6 +1,6 @@
 """``StreamRuntime.serve`` with ``tail_on_loop``: a stream following the tail runs its steps on the
-event loop (after a change woke it, and after each small response), and goes back to the read pool
-after a large response (a catch-up) until it next waits; without it every step runs on the pool."""
+event loop (after a wait, and after each small response), and goes back to the read pool after a
+large response (a catch-up) until it next waits; without it every step runs on the pool."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_a_tailing_stream_runs_its_small_steps_on_the_loop_and_a_catch_up_on_the
     assert run_stream(small_response) == [
         ("large", False),  # the first step, as every open, on the pool
         ("idle", False),  # read ahead on the pool while the large response was sent
-        ("small", True),  # woken by a change: the tail step runs here
+        ("small", True),  # after the wait: the tail step runs here
         ("small", True),  # after a small response, still here
         ("large", True),
         ("small", False),  # after a large response: back on the pool (a catch-up)
