@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 from broker.core import dedup, record_log, sessions
@@ -66,8 +65,9 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
     skip = session.fresh_from if session is not None else 0
     starts: dict[int, tuple[int, int]] = {}  # partition -> its first new offset (for the session)
     items: dict[int, Sequence[bytes]] = {}  # partition -> bodies to store, in offset order (stamped growth[p][3])
+    in_runs: Sequence[int] = ()  # the partitions of the records placed by _place_all (see Appended)
     if not keys and not cmd.unique_keys and (fresh is None or all(fresh)):
-        _place_all(sm, cmd, tid, skip, growth, starts, placements, items)
+        in_runs = _place_all(sm, cmd, tid, skip, growth, starts, items)
     for i, (partition, body) in enumerate(zip(cmd.partitions, cmd.bodies, strict=True) if not items else ()):
         if i < skip:
             continue
@@ -119,6 +119,7 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
     pending = {p: PendingRecords(starts[p][0], growth[p][3], stored) for p, stored in items.items()}
     for partition, written in pending.items():
         record_log.append(record_batch, tid, partition, written.first, written.timestamp_ms, written.bodies)
+    runs = {p: (written.first, written.timestamp_ms) for p, written in pending.items()} if in_runs else None
     if keys:
         dedup.remember_keys(batch, tid, window_now, window,
                             [(key, partition, offset, ts) for partition, offset, ts, _, key, _ in writes if key])
@@ -131,31 +132,31 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
         sm.put_partition(tid, partition, state, batch, commit)
         if sm.append_policy is not None:
             sm.append_policy.after_append(meta, partition, state, batch, commit, pending[partition])
-    return Appended(placements)
+    return Appended(placements, in_runs, runs)
 
 def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int, skip: int,
                growth: dict[int, list[int]], starts: dict[int, tuple[int, int]],
-               placements: list[tuple[int, int, int, bool]], items: dict[int, Sequence[bytes]]) -> None:
+               items: dict[int, Sequence[bytes]]) -> list[int]:
     """Phase 1 of ``_append`` when every record from ``skip`` on is stored (no idempotency keys,
     no dedup fields, none below a watermark), the common batch: the same places as the
     per-record loop (offsets from each partition's end, one timestamp per partition: the
-    floor only rises with the first record), decided per partition instead of per record."""
+    floor only rises with the first record), decided per partition instead of per record.
+    Returns the placed records' partitions in command order: their placements are the runs
+    ``starts`` and ``growth`` describe, and no per-record placement is built (see ``Appended``)."""
     partitions, bodies = cmd.partitions[skip:], cmd.bodies[skip:]
     n = len(bodies)
     if len(partitions) != n:  # a command no leader builds: the apply wall records it as failed
         raise ValueError(f"append command with {len(cmd.partitions)} partitions for {len(cmd.bodies)} bodies")
     if not n:
-        return
+        return []
     if len(set(partitions)) == 1:  # one partition: no per-record Python step at all
         partition = partitions[0]
         base = sm.partition(tid, partition)
         ts, first = max(cmd.now_ms, base.last_timestamp_ms), base.end_offset
-        placements.extend(zip(repeat(partition, n), range(first, first + n), repeat(ts, n), repeat(False, n),
-                              strict=True))
         items[partition] = bodies
         growth[partition] = [first + n, n, sum(map(len, bodies)), ts]
         starts[partition] = (first, 0)
-        return
+        return partitions
     grown: dict[int, list[bytes]] = {}
     for partition, body in zip(partitions, bodies, strict=True):
         acc = growth.get(partition)
@@ -165,7 +166,6 @@ def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int
             acc = growth[partition] = [base.end_offset, 0, 0, ts]
             starts[partition] = (base.end_offset, 0)
             items[partition] = grown[partition] = []
-        offset, ts = acc[0], acc[3]
-        acc[0], acc[1], acc[2] = offset + 1, acc[1] + 1, acc[2] + len(body)
-        placements.append((partition, offset, ts, False))
+        acc[0], acc[1], acc[2] = acc[0] + 1, acc[1] + 1, acc[2] + len(body)
         grown[partition].append(body)
+    return partitions

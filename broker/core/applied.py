@@ -9,6 +9,7 @@ machine itself.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -117,10 +118,73 @@ class Rejected:
     error: BrokerError
 
 
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Per-record (partition, offset, timestamp_ms, duplicate), in command order. A duplicate of
-    an idempotency key carries the first copy's place; one below its producer's watermark carries
-    offset 0 and timestamp 0 (it was discarded and its original place is not kept)."""
+Placed = tuple[int, int, int, bool]  # (partition, offset, timestamp_ms, duplicate) of one record
 
-    placements: list[tuple[int, int, int, bool]]
+
+class Appended:
+    """Where each record of an applied append went, in command order: :attr:`placements` holds
+    (partition, offset, timestamp_ms, duplicate) per record. A duplicate of an idempotency key
+    carries the first copy's place; one below its producer's watermark carries offset 0 and
+    timestamp 0 (it was discarded and its original place is not kept).
+
+    Two forms, one meaning. ``head`` lists placements one by one (the general path: keys, dedup
+    fields, discarded records). The records after it may come as runs instead (the common batch,
+    every record stored): ``partitions`` gives each one's partition in command order and
+    ``runs[p]`` the (first offset, timestamp_ms) of partition ``p``'s records, which took
+    consecutive offsets in command order. Every replica's apply builds an ``Appended`` and only the
+    leader reads it, so the runs cost no Python object per record: :attr:`placements` expands them
+    on first read (a per-record answer), :meth:`ranges` reads them as they are (the compact answer).
+    Not replicated state: never stored, never compared across replicas."""
+
+    __slots__ = ("_head", "_partitions", "_runs", "_expanded")
+
+    def __init__(self, head: list[Placed], partitions: Sequence[int] = (),
+                 runs: dict[int, tuple[int, int]] | None = None) -> None:
+        if partitions and runs is None:
+            raise ValueError("records in runs need their runs")
+        self._head = head
+        self._partitions = partitions
+        self._runs = runs or {}
+        self._expanded: list[Placed] | None = None if partitions else head
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._partitions)
+
+    def __repr__(self) -> str:
+        return f"Appended({self.placements!r})"
+
+    @property
+    def placements(self) -> list[Placed]:
+        """One (partition, offset, timestamp_ms, duplicate) per record, in command order."""
+        if self._expanded is None:
+            self._expanded = self._head + _expand(self._partitions, self._runs)
+        return self._expanded
+
+    def ranges(self) -> list[tuple[int, int, int, int]] | None:
+        """(partition, first offset, count, timestamp_ms) per partition in the order each first
+        appears, when every record is in runs (none listed one by one); else None."""
+        if self._head or not self._partitions:
+            return None
+        partitions = self._partitions
+        if len(self._runs) == 1:
+            ((partition, (first, ts)),) = self._runs.items()
+            return [(partition, first, len(partitions), ts)]
+        counts = Counter(partitions)
+        runs = self._runs
+        return [(p, runs[p][0], counts[p], runs[p][1]) for p in dict.fromkeys(partitions)]
+
+
+def _expand(partitions: Sequence[int], runs: dict[int, tuple[int, int]]) -> list[Placed]:
+    """The placements of records in runs (see :class:`Appended`)."""
+    n = len(partitions)
+    if len(runs) == 1:
+        ((partition, (first, ts)),) = runs.items()
+        return list(zip(itertools.repeat(partition, n), range(first, first + n), itertools.repeat(ts, n),
+                        itertools.repeat(False, n), strict=True))
+    following = {p: first for p, (first, _) in runs.items()}
+    out: list[Placed] = []
+    for p in partitions:
+        offset = following[p]
+        following[p] = offset + 1
+        out.append((p, offset, runs[p][1], False))
+    return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from broker.core.applied import Appended, Placed
+
 
 @dataclass(slots=True)
 class PublishItem:
@@ -62,13 +64,17 @@ class PublishBatch:
 
 @dataclass(frozen=True)
 class Published:
-    """Where a publish went: ``placements`` holds (partition, offset, timestamp_ms, duplicate) per
-    record in request order (``broker.core.state_machine.Appended``: the records of one partition
-    that are not duplicates got consecutive offsets in request order and one timestamp);
-    ``partitions`` each record's partition as placed."""
+    """Where a publish went: ``placed`` the apply's answer (``broker.core.applied.Appended``: the
+    records of one partition that are not duplicates got consecutive offsets in request order and
+    one timestamp); ``partitions`` each record's partition as placed."""
 
-    placements: list[tuple[int, int, int, bool]]
+    placed: Appended
     partitions: list[int]
+
+    @property
+    def placements(self) -> list[Placed]:
+        """(partition, offset, timestamp_ms, duplicate) per record in request order."""
+        return self.placed.placements
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class TrustedAppender:
         result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
         if isinstance(result, Rejected):
             raise result.error
-        assert isinstance(result, Appended) and len(result.placements) == len(copies)
+        assert isinstance(result, Appended) and len(result) == len(copies)
         return result
 
     def _check(self, i: int, copy: Copy, foreign: bool) -> internal_pb2.RecordBody:

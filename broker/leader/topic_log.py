@@ -265,8 +265,8 @@ class TopicLog:
     def finish_publish(self, prepared: PreparedPublish, result: object) -> Published:
         """The answer to a prepared publish once submitted: its placements, or the rejection it met."""
         self._raise_rejected(result)
-        assert isinstance(result, Appended) and len(result.placements) == prepared.count
-        return Published(result.placements, prepared.partitions)
+        assert isinstance(result, Appended) and len(result) == prepared.count
+        return Published(result, prepared.partitions)
 
     def _publish_ephemeral(self, prepared: PreparedPublish) -> Appended:
         """Leader-only fan-out: no Raft, no store (SPEC §2.1). Nothing is remembered, so nothing is

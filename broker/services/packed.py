@@ -95,9 +95,14 @@ def compact_ranges(published: Published) -> list[broker_pb2.PartitionRange] | No
     """One range per partition touched, or None when the batch holds a duplicate (or, against the
     apply's contract, a partition's places are not consecutive with one timestamp).
 
+    The common batch comes from the apply as runs (``Appended.ranges``), taken as they are. Else
     O(partitions) checks over per-record lists built in C: the first and last record of each
     partition must be ``count - 1`` offsets apart with the same timestamp, which with offsets that
     rise and timestamps that never fall within a partition means consecutive offsets, one time."""
+    runs = published.placed.ranges()
+    if runs is not None:  # the common batch: the apply's runs as they are, nothing per record
+        return [broker_pb2.PartitionRange(partition=p, base_offset=first, count=count, timestamp_ms=ts)
+                for p, first, count, ts in runs]
     placements = published.placements
     if any(map(_DUPLICATE, placements)):  # in C, like every per-record pass below
         return None

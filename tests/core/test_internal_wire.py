@@ -14,6 +14,7 @@ from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from broker.core.applied import Appended
 from broker.leader.topic_log import PartitionFigures, Published, TopicView, append_command_bytes
 from broker.services import wire
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
@@ -160,7 +161,7 @@ def test_publish_translation_leaves_the_request_alone_and_stores_the_same_body_b
 
 
 def test_results_are_translated_to_the_public_answers() -> None:
-    placed = Published([(1, 5, 1000, False), (0, 9, 1001, True)], [1, 0])
+    placed = Published(Appended([(1, 5, 1000, False), (0, 9, 1001, True)]), [1, 0])
     response = wire.publish_response(placed, broker_pb2.PublishRequest())
     assert [(r.partition, r.offset, r.timestamp_ms, r.duplicate) for r in response.results] == [
         (1, 5, 1000, False), (0, 9, 1001, True)]

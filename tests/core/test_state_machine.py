@@ -191,9 +191,10 @@ def test_stored_records_carry_a_checked_crc() -> None:
         "batch header checksum mismatch"] * 8, "offsets 0..7: the damaged value stands for all of them"
 
 
-@pytest.mark.parametrize("parts", [[0, 0, 0], [1, 0, 1, 1, 0]])
+@pytest.mark.parametrize("parts", [[0, 0, 0], [1, 0, 1, 1, 0], [0, 1, 1, 0, 0, 1, 0]])
 def test_batches_without_keys_are_placed_and_stored_like_batches_with_keys(parts: list[int]) -> None:
-    """The per-partition path (no keys: every record stored) and the per-record one (keys) agree."""
+    """The per-partition path (no keys: every record stored; its answer in runs) and the
+    per-record one (keys; its answer listed) agree."""
     plain, keyed = BrokerStateMachine(MemoryStore(), Changes()), BrokerStateMachine(MemoryStore(), Changes())
     config = internal_pb2.TopicConfig(name="t", partitions=2, dedup_window_ms=60_000)
     for sm in (plain, keyed):
@@ -205,9 +206,33 @@ def test_batches_without_keys_are_placed_and_stored_like_batches_with_keys(parts
     a, b = plain.apply(3, append("t", 1, parts, now_ms=4000)), keyed.apply(3, with_keys.SerializeToString())
     assert isinstance(a, Appended) and isinstance(b, Appended) and a.placements == b.placements
     assert a.placements[0][2] == 9000
+    first_seen = list(dict.fromkeys(parts))
+    assert a.ranges() == [(p, next(o for q, o, _, _ in b.placements if q == p), parts.count(p), 9000)
+                          for p in first_seen]
+    assert b.ranges() is None, "listed placements are checked by the caller (duplicates, gaps)"
     for p in (0, 1):
         assert plain.partition(1, p) == keyed.partition(1, p)
         assert list(record_log.read(plain.store, 1, p, 0, 10)) == list(record_log.read(keyed.store, 1, p, 0, 10))
+
+
+def test_an_answer_in_runs_reads_as_its_placements() -> None:
+    """``Appended``: listed placements, then records in runs; one meaning either way."""
+    head = [(1, 0, 0, True), (0, 4, 50, True)]
+    runs = {2: (10, 70), 0: (5, 71)}
+    both = Appended(head, [2, 0, 2, 2, 0], runs)
+    assert len(both) == 7
+    assert both.placements == head + [(2, 10, 70, False), (0, 5, 71, False), (2, 11, 70, False),
+                                      (2, 12, 70, False), (0, 6, 71, False)]
+    assert both.ranges() is None, "a listed placement (here duplicates) leaves the checks to the caller"
+    only = Appended([], [3, 3, 3], {3: (100, 9)})
+    assert only.placements == [(3, 100, 9, False), (3, 101, 9, False), (3, 102, 9, False)]
+    assert only.ranges() == [(3, 100, 3, 9)]
+    assert Appended([], [2, 0, 2], runs).ranges() == [(2, 10, 2, 70), (0, 5, 1, 71)]
+    listed = Appended(head)
+    assert listed.placements is head and len(listed) == 2 and listed.ranges() is None
+    assert Appended([]).ranges() is None and Appended([]).placements == []
+    with pytest.raises(ValueError, match="need their runs"):
+        Appended([], [1])
 
 
 @pytest.mark.parametrize("kind", ["rocks", "memory"])

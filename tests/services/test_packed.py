@@ -13,6 +13,7 @@ from broker.client import wire as client_wire
 from broker.client.errors import BrokerError, InvalidArgument
 from broker.clock import ManualClock
 from broker.core import errors
+from broker.core.applied import Appended
 from broker.core.members import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
@@ -148,7 +149,7 @@ def test_the_lean_paths_refuse_with_the_old_messages(log: TopicLog) -> None:
 
 
 def test_compact_ranges_and_the_fall_back_to_per_record_results() -> None:
-    fresh = Published([(1, 5, 70, False), (0, 9, 71, False), (1, 6, 70, False)], [1, 0, 1])
+    fresh = Published(Appended([(1, 5, 70, False), (0, 9, 71, False), (1, 6, 70, False)]), [1, 0, 1])
     compact = wire.publish_response(fresh, broker_pb2.PublishRequest(results=broker_pb2.RESULT_FORM_COMPACT))
     assert not compact.results and list(compact.partitions) == [1, 0, 1]
     assert [(r.partition, r.base_offset, r.count, r.timestamp_ms) for r in compact.ranges] == [
@@ -157,11 +158,11 @@ def test_compact_ranges_and_the_fall_back_to_per_record_results() -> None:
         (1, 5, 70), (0, 9, 71), (1, 6, 70)]
     per_record = wire.publish_response(fresh, broker_pb2.PublishRequest())
     assert len(per_record.results) == 3 and not per_record.ranges
-    duplicate = Published([(1, 5, 70, True), (0, 9, 71, False)], [1, 0])
+    duplicate = Published(Appended([(1, 5, 70, True), (0, 9, 71, False)]), [1, 0])
     assert packed.compact_response(duplicate) is None
-    gap = Published([(1, 5, 70, False), (1, 7, 70, False)], [1, 1])
+    gap = Published(Appended([(1, 5, 70, False), (1, 7, 70, False)]), [1, 1])
     assert packed.compact_response(gap) is None, "not consecutive: per record"
-    stamps = Published([(1, 5, 70, False), (1, 6, 71, False)], [1, 1])
+    stamps = Published(Appended([(1, 5, 70, False), (1, 6, 71, False)]), [1, 1])
     assert packed.compact_response(stamps) is None, "two timestamps: per record"
     short = broker_pb2.PublishResponse(partitions=[1], ranges=[broker_pb2.PartitionRange(partition=1, count=2)])
     with pytest.raises(BrokerError, match="places for 1 records"):
@@ -176,7 +177,7 @@ def test_compact_ranges_and_the_fall_back_to_per_record_results() -> None:
 def test_publish_results_are_checked_at_once_and_made_when_first_read() -> None:
     """A batch's results are a read-only sequence: the answer is checked when it arrives (above),
     the per-record objects are made once, at the first read, and it reads as the list it stands for."""
-    fresh = Published([(1, 5, 70, False), (0, 9, 71, False), (1, 6, 70, False)], [1, 0, 1])
+    fresh = Published(Appended([(1, 5, 70, False), (0, 9, 71, False), (1, 6, 70, False)]), [1, 0, 1])
     compact = wire.publish_response(fresh, broker_pb2.PublishRequest(results=broker_pb2.RESULT_FORM_COMPACT))
     per_record = wire.publish_response(fresh, broker_pb2.PublishRequest())
     for response, keys in ((compact, None), (per_record, ["a", "b", "c"])):
