@@ -24,9 +24,11 @@ import struct
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import Journal
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
 from broker.replication import Role, StateMachine, _patches
@@ -150,6 +152,34 @@ def _discard_state_ahead_of_log(state_machine: StateMachine, last_index: int, du
                    "a power loss dropped journal entries it had applied; discarding the state to rebuild it "
                    "from the snapshot and the journal", applied, last_index, snapshot_at)
     state_machine.discard_state()
+
+
+def keep_entries_after_snapshot(log: Journal, before: tuple[Any, ...], last: tuple[Any, ...]) -> bool:
+    """At start, before pysyncobj loads its own snapshot: make a log that holds the snapshot's last
+    two entries begin with them, so that the entries after them are kept. True when it did.
+
+    pysyncobj keeps its log on load only if its first two entries are the snapshot's (the entry
+    before the last applied one, and that one), and otherwise clears it to those two. A log
+    compaction writes the snapshot first (fsynced, the journal's barrier) and the journal's COMPACT
+    record after it, unsynced, behind any entries appended while the snapshot was written. A crash
+    that loses that record (a power loss, which keeps only what was fsynced) leaves a log that
+    begins before the snapshot, and the clear then threw away entries after it that were fsynced
+    and acknowledged (``fsync`` topics lost acknowledged batches in the power-loss drill, 2026-12-05).
+    Raft keeps them (the paper, section 7: an existing entry with the snapshot's last index and term
+    keeps the entries that follow it). Entries are compared by index and term, which by Raft's log
+    matching property identify them. A log that does not hold both (it ends before the snapshot, or
+    holds other terms there) is left alone, and pysyncobj clears it as before."""
+    if len(log) < 2:
+        return False
+    first = log[0][1]
+    position = before[1] - first
+    if position <= 0 or position + 1 >= len(log) or last[1] != before[1] + 1:
+        return False
+    held_before, held_last = log[position], log[position + 1]
+    if (held_before[1], held_before[2]) != (before[1], before[2]) or (held_last[1], held_last[2]) != (last[1], last[2]):
+        return False
+    log.deleteEntriesTo(position)
+    return True
 
 
 class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncObj):
@@ -456,11 +486,29 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        if not clearJournal:  # this node's own snapshot, at start (an installed one replaces the log)
+            self._keep_entries_after_snapshot()
         super()._SyncObj__loadDumpFile(clearJournal)
         self._replay_log_configuration()  # the snapshot's configuration, then the log's changes
         # Restoring a large snapshot can outlast the election timeout that the leader's message
         # just reset; count the leader as heard from now, or this follower would depose it.
         self._SyncObj__raftElectionDeadline = pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout()
+
+    def _keep_entries_after_snapshot(self) -> None:
+        """:func:`keep_entries_after_snapshot` for the snapshot in place (pysyncobj reads the same
+        file next; one it cannot read is reported by its load)."""
+        try:
+            last, before = read_raft_data(self.conf.fullDumpFile)[:2]
+        except Exception:  # noqa: BLE001 - pysyncobj's load reports an unreadable snapshot
+            return
+        if not (isinstance(last, tuple) and isinstance(before, tuple) and len(before) == 3):
+            return
+        log = self._SyncObj__raftLog
+        dropped = before[1] - log[0][1] if len(log) else 0
+        if keep_entries_after_snapshot(log, before, last):
+            logger.warning("the log began %d entries before its snapshot at index %d (its compaction was not "
+                           "synced before a crash): dropped them, kept the %d entries after the snapshot",
+                           dropped, last[1], len(log) - 2)
 
     @replicated
     def _apply_command(self, command: bytes) -> object:

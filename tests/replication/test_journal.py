@@ -29,6 +29,7 @@ from broker.replication.journal import (
     segment_name,
     segment_sequences,
 )
+from broker.replication.raft_node import keep_entries_after_snapshot
 
 from .chain_sm import ChainStateMachine
 from .cluster import free_port
@@ -277,6 +278,51 @@ def test_compaction_drops_the_prefix_after_the_snapshot_barrier_and_writes_one_r
     crash(again)
     again = open_journal(path, simulate_power_loss=True)
     assert len(again) == 0 and again.getVotedForNodeId() == "a:1"
+
+
+def test_a_compaction_lost_in_a_power_loss_keeps_the_entries_after_the_snapshot(tmp_path: Path) -> None:
+    """A compaction appends its COMPACT record unsynced, after the entries appended while its
+    snapshot was written; a power loss takes that record and the log begins before the snapshot
+    again. pysyncobj's load keeps a log only if it begins with the snapshot's last two entries, and
+    otherwise clears it: entries after the snapshot, fsynced and acknowledged, were thrown away (the
+    power-loss drill lost acknowledged batches of an `fsync` topic so, 2026-12-05). At start the
+    node first drops the entries the snapshot covers (``keep_entries_after_snapshot``)."""
+    path = tmp_path / "raft.wal"
+    journal = open_journal(path, simulate_power_loss=True)
+    journal.setCurrentTerm(2, "a:1")
+    for index in range(1, 11):
+        journal.add(command(SYNCED_ID, b"c%d" % index), index, 1 if index < 4 else 2)
+    journal.sync()  # entries 7..10 came after the snapshot at 6 and were acknowledged
+    snapshot = (journal[4], journal[5])  # (the entry before the last applied one, the last applied: 5 and 6)
+    journal.deleteEntriesTo(4)  # pysyncobj's compaction for that snapshot: the log begins at 5
+    crash(journal)  # before any fsync: the COMPACT record is lost
+    again = open_journal(path, simulate_power_loss=True)
+    assert entries(again) == [(1, 1), (2, 1), (3, 1)] + [(i, 2) for i in range(4, 11)], "the COMPACT was lost"
+    stock_keeps = len(again) >= 2 and again[0] == snapshot[0] and again[1] == snapshot[1]
+    assert not stock_keeps, "pysyncobj's load would clear this log, entries 7..10 with it"
+
+    assert keep_entries_after_snapshot(again, *snapshot)
+    assert entries(again) == [(i, 2) for i in range(5, 11)]
+    assert again[0] == snapshot[0] and again[1] == snapshot[1], "pysyncobj's load now keeps the log"
+    crash(again)
+    assert entries(open_journal(path)) == [(i, 2) for i in range(5, 11)], "a crash keeps what was kept"
+
+
+@pytest.mark.parametrize("case", ["ends before the snapshot", "another term at its index", "already aligned"])
+def test_a_log_that_does_not_hold_the_snapshot_entries_is_left_to_pysyncobj(tmp_path: Path, case: str) -> None:
+    journal = open_journal(tmp_path / "raft.wal")
+    for index in range(1, 6):
+        journal.add(command(SYNCED_ID), index, 1)
+    before, last = (b"x", 5, 1), (b"y", 6, 1)  # the snapshot's entries (commands are not compared)
+    if case == "another term at its index":
+        journal.add(command(SYNCED_ID), 6, 1)
+        before, last = (b"x", 5, 1), (b"y", 6, 2)
+    elif case == "already aligned":
+        journal.deleteEntriesTo(4)
+        journal.add(command(SYNCED_ID), 6, 1)
+    held = entries(journal)
+    assert not keep_entries_after_snapshot(journal, before, last)
+    assert entries(journal) == held
 
 
 def fill(journal: DurableJournal, first: int, last: int, size: int = 300) -> None:
