@@ -9,10 +9,11 @@ prove it for the whole request, with nothing serialized again:
 
 1. the request's bytes as received parse as a view (``publish_view.proto``: ``packed_records`` as
    messages): every packed record is well formed on its own (no field runs past its end);
-2. all packed records joined parse as ONE ``PlainRecord`` (or ``KeyedRecord``) with no unknown
-   field: a proto2 message of only those fields, ``op`` a closed enum, so any other field number,
-   any other wire type and any op outside the enum in any record lands in its unknown fields.
-   Records being well formed (1), the joined bytes are exactly their fields one after another.
+2. all packed records joined parse as ONE ``LeanFields`` with no unknown field: a proto2 message
+   of only those fields, ``op`` a closed enum, so any other field number, any other wire type and
+   any op outside the enum in any record lands in its unknown fields. Records being well formed
+   (1), the joined bytes are exactly their fields one after another, so the same parse also
+   collects every key (whether any record has one) and every value (their bytes together).
 
 Repeated or unusually encoded allowed fields pass, and are stored as they came: a reader parses
 them as the check did. Anything else (headers, an explicit partition, an idempotency key, a
@@ -35,20 +36,18 @@ from broker.leader.publishing import PublishBatch, Published, PublishItem
 from broker.v1 import broker_pb2, publish_view_pb2
 
 _DUPLICATE = operator.itemgetter(3)
-_RECORDS = (publish_view_pb2.PlainRecord, publish_view_pb2.KeyedRecord)
 
 
-def _lean_form(data: bytes, joined: bytes) -> tuple[publish_view_pb2.KeyedRequest, bool] | None:
-    """(the request as a view, whether a record has a key) when every packed record holds only
-    ``value`` and ``op`` (and ``key``); None for the per-record path."""
+def _lean_form(data: bytes, joined: bytes) -> tuple[publish_view_pb2.KeyedRequest,
+                                                    publish_view_pb2.LeanFields] | None:
+    """(the request as a view, the fields of every record together) when every packed record holds
+    only ``key``, ``value`` and ``op``; None for the per-record path."""
     try:
         view = publish_view_pb2.KeyedRequest.FromString(data)  # each record well formed on its own
-        for keyed in (False, True):
-            if not UnknownFieldSet(_RECORDS[keyed].FromString(joined)):
-                return view, keyed
+        fields = publish_view_pb2.LeanFields.FromString(joined)
     except DecodeError:
         return None
-    return None
+    return None if UnknownFieldSet(fields) else (view, fields)
 
 
 def packed_batch(request: broker_pb2.PublishRequest, data: bytes | None = None) -> PublishBatch:
@@ -63,10 +62,9 @@ def packed_batch(request: broker_pb2.PublishRequest, data: bytes | None = None) 
     if lean is None:
         return PublishBatch(topic=request.topic, records=_items(bodies), dedup_id=request.dedup_id,
                             first_msg_id=request.first_msg_id)
-    view, keyed = lean
-    fields = publish_view_pb2.BodyFields.FromString(joined)
+    view, fields = lean
     # per record from the view: a record may repeat its key field, so the joined keys need not align
-    keys = [r.key if r.HasField("key") else None for r in view.packed_records] if keyed else None
+    keys = [r.key if r.HasField("key") else None for r in view.packed_records] if fields.key else None
     return PublishBatch(topic=request.topic, bodies=bodies, dedup_id=request.dedup_id,
                         first_msg_id=request.first_msg_id, keys=keys, value_bytes_total=sum(map(len, fields.value)),
                         values=lambda: (r.value for r in view.packed_records))
