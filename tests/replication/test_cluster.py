@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from broker.replication import snapshot
+from broker.replication import journal, snapshot
+from broker.replication.journal import HEADER_BYTES, segment_name, segment_sequences
 from broker.replication.raft import DUMP_FILE_NAME
 
 from .chain_sm import Record
@@ -285,6 +286,64 @@ def test_a_power_loss_that_drops_applied_entries_never_makes_a_node_skip_new_one
     assert reply["ok"] == 20 and reply["unapplied"] == 0, f"acknowledged but skipped by the leader: {reply}"
     assert_converged(cluster, leader)  # and the followers applied the same
     assert any(status_of(n)["sm_discarded"] for n in cluster.nodes), "no power loss dropped an applied entry"
+
+
+def _lose_compactions(journal_dir: Path) -> int:
+    """Rewrite a stopped node's journal as a power loss leaves it when its compactions' COMPACT
+    records were not synced (each is appended unsynced after its snapshot is fsynced): without
+    them, the synced length in each segment's header shortened to match. Returns how many went."""
+    removed = 0
+    for sequence in segment_sequences(journal_dir):
+        path = journal_dir / segment_name(sequence)
+        data = path.read_bytes()
+        was_synced = journal._SIM.unpack_from(data, 20)[0]
+        kept, pos, seen_entry, synced = [data[:HEADER_BYTES]], HEADER_BYTES, False, was_synced
+        while pos + journal._REC.size <= len(data):
+            length, _crc, kind = journal._REC.unpack_from(data, pos)
+            end = pos + journal._REC.size + length - 1
+            if kind == journal.COMPACT and seen_entry:  # not the one a new segment starts with
+                removed += 1
+                synced -= end - pos if end <= was_synced else 0
+            else:
+                kept.append(data[pos:end])
+            seen_entry |= kind == journal.ENTRY
+            pos = end
+        rewritten = bytearray(b"".join(kept))
+        checksum = journal.CHECKSUMS[bytes(rewritten[:8])](journal._U64.pack(synced), 0)
+        rewritten[20:HEADER_BYTES] = journal._SIM.pack(synced, checksum)
+        path.write_bytes(bytes(rewritten))
+    return removed
+
+
+@pytest.mark.timeout(90)
+def test_a_restart_after_a_lost_compaction_record_keeps_the_entries_after_the_snapshot(
+        cluster_factory: ClusterFactory) -> None:
+    """A compaction fsyncs its snapshot, then appends a COMPACT record unsynced; a power loss can
+    take that record while keeping later entries that were fsynced and acknowledged. pysyncobj's
+    load cleared such a log (its first entries were not the snapshot's) and those entries with it:
+    the power-loss drill lost acknowledged `fsync` batches that way (2026-12-05). The node now keeps
+    them: the journal is put in exactly that state, and the restarted node must still hold and apply
+    every acknowledged entry."""
+    cluster = cluster_factory(size=1, options={"simulate_power_loss": True, "compaction_min_entries": 1_000_000,
+                                               "compaction_max_log_bytes": 1 << 40})
+    node = cluster.leader(timeout_s=20)
+    assert node.request("submit", timeout_s=30, count=30, size=100, prefix="before", sync=True)["ok"] == 30
+    cluster.wait_applied(status_of(node)["applied_index"], timeout_s=20)
+    node.request("compact")
+    wait_until(lambda: node.request("entry_size", index=5)["size"] is None, 10, "the node to compact its log")
+    assert node.request("submit", timeout_s=30, count=30, size=100, prefix="after", sync=True)["ok"] == 30
+    acknowledged = status_of(node)["commit_index"]
+    node.kill()
+    assert _lose_compactions(node.directory / "raft" / journal.JOURNAL_DIR_NAME) >= 1
+    node.start()
+    node = cluster.leader(timeout_s=20)
+    assert node.request("submit", timeout_s=30, count=1, size=100, prefix="later", sync=True)["ok"] == 1
+    st = status_of(node)
+    assert st["commit_index"] > acknowledged, f"entries up to {acknowledged} were acknowledged: {st}"
+    cluster.wait_applied(st["commit_index"], timeout_s=20)
+    applied = [r.index for r in node.records() if r.kind == "A"]
+    assert applied == sorted(set(applied)) and applied[-1] == status_of(node)["sm_applied"], "applied once, in order"
+    assert "kept the" in node.log_path.read_text(), "the restart must say it kept the entries after the snapshot"
 
 
 @pytest.mark.timeout(90)
