@@ -265,33 +265,67 @@ def set_message_compression(mode: str) -> None:
     _compress_messages = mode == "zlib"
 
 
+class _Pieces:
+    """A pickler's file that keeps what it is given: the pickle's bytes as a list of pieces."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+
+# More pieces than this are joined first (sendmsg takes at most IOV_MAX = 1024 buffers; a frame of
+# pysyncobj's is bounded by appendEntriesBatchSizeBytes, so it rarely holds that many large entries).
+_PIECES_MAX = 256
+
+
+def _pickle_pieces(message: Any) -> list[bytes]:
+    """``pickle.dumps(message)`` (pysyncobj's protocol) as pieces whose concatenation is exactly its
+    bytes, with every bytes object of 64 KiB or more (CPython's frame size target) as a piece of its
+    own: the very object, not a copy. For protocol >= 4 the C pickler writes such an object straight
+    to its file after ending the frame before it, which is what ``dumps`` writes too, so the frame
+    on the wire is unchanged. A 1 MiB command was copied into a fresh 1 MiB pickle for every follower."""
+    sink = _Pieces()
+    pickle.Pickler(sink, pysyncobj_pickle.__dict__["__protocol"]).dump(message)
+    return sink.pieces if len(sink.pieces) <= _PIECES_MAX else [b"".join(sink.pieces)]
+
+
 def _send(self: Any, message: Any) -> None:
     """Replaces ``TcpConnection.send``: the same frame, zlib only when compression is on. With
     nothing queued, the frame goes straight to the socket in one ``sendmsg`` of its length and its
-    data, and only what the socket did not take is queued (pysyncobj copied every frame into the
-    write buffer first: a 1 MiB entry once more per follower). The write buffer is a bytearray that
-    frames are appended to in place (pysyncobj's bytes were copied whole for every frame queued
-    behind a socket that was full)."""
+    pieces (:func:`_pickle_pieces`: a large entry is sent from the command's own bytes), and only what
+    the socket did not take is queued (pysyncobj copied every frame into the write buffer first: a
+    1 MiB entry once more per follower). The write buffer is a bytearray that frames are appended to
+    in place (pysyncobj's bytes were copied whole for every frame queued behind a socket that was
+    full)."""
     if self.sendRandKey:
         message = (self.sendRandKey, message)
-    data = RESTRICTED_PICKLE.dumps(message)
-    if _compress_messages:
-        data = zlib.compress(data, _ZLIB_LEVEL)
-    if self.encryptor:
-        data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
-    head = _LENGTH.pack(len(data))
+    if _compress_messages or self.encryptor:
+        data = RESTRICTED_PICKLE.dumps(message)
+        if _compress_messages:
+            data = zlib.compress(data, _ZLIB_LEVEL)
+        if self.encryptor:
+            data = self.encryptor.encrypt_at_time(data, int(pysyncobj_monotonic()))
+        pieces = [data]
+    else:
+        pieces = _pickle_pieces(message)
+    pieces.insert(0, _LENGTH.pack(sum(map(len, pieces))))
     buffer = _own_buffer(self, "_TcpConnection__writeBuffer")
     if buffer or self.state != CONNECTION_STATE.CONNECTED:
-        buffer += head
-        buffer += data
+        for piece in pieces:
+            buffer += piece
         self._TcpConnection__trySendBuffer()
     else:
-        sent = _send_now(self, head, data)
-        if sent < len(head):
-            buffer += head[sent:]
-            buffer += data
-        elif sent < len(head) + len(data):
-            buffer += memoryview(data)[sent - len(head):]
+        sent = _send_now(self, pieces)
+        for piece in pieces:  # what the socket did not take, queued
+            if sent >= len(piece):
+                sent -= len(piece)
+            else:
+                buffer += memoryview(piece)[sent:] if sent else piece
+                sent = 0
     self._raftbroker_sent_at = pysyncobj_monotonic()  # after the timeout check: see _process_connection_timeout
     if self._TcpConnection__writeBuffer and self.state == CONNECTION_STATE.CONNECTED:
         # the socket's send buffer is full: the rest goes out on the next write event (pysyncobj's
@@ -301,23 +335,24 @@ def _send(self: Any, message: Any) -> None:
             POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
 
 
-def _send_now(self: Any, head: bytes, data: bytes) -> int:
-    """What one ``sendmsg`` of ``head`` and ``data`` sent on a connected connection with nothing
+def _send_now(self: Any, pieces: list[bytes]) -> int:
+    """What one ``sendmsg`` of a frame's ``pieces`` sent on a connected connection with nothing
     queued; with ``__trySendBuffer``'s read timeout check first and ``__processSend``'s errors (a
     full socket sends nothing, any other error disconnects, which empties the write buffer: the
     frame is dropped as pysyncobj drops what it had queued). A timeout there disconnects, and the
     disconnect callback may at once dial the peer again on this same object: the frame is dropped
     then too, never sent on the new socket, where it would arrive before this node's address (the
-    peer rejects such a connection, and the next dial waits ``connection_retry_s``)."""
+    peer rejects such a connection, and the next dial waits ``connection_retry_s``). A dropped frame
+    counts as sent whole."""
     self._TcpConnection__processConnectionTimeout()
     if self.state != CONNECTION_STATE.CONNECTED:
-        return len(head) + len(data)
+        return sum(map(len, pieces))
     try:
-        sent: int = self._TcpConnection__socket.sendmsg((head, data))
+        sent: int = self._TcpConnection__socket.sendmsg(pieces)
     except OSError as exc:
         if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
             self.disconnect()
-            return len(head) + len(data)
+            return sum(map(len, pieces))
         return 0
     return sent
 
