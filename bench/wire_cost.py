@@ -35,6 +35,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
+from broker.replication import CommandPieces
 from broker.replication.memory import InMemoryReplicator
 from broker.services import wire as server_wire
 from broker.storage.memory import MemoryStore
@@ -46,7 +47,7 @@ class _TimedSubmitter(CommandSubmitter):
 
     submitted_at = 0.0
 
-    def submit(self, command: internal_pb2.Command | bytes, *, sync: bool = False) -> object:
+    def submit(self, command: internal_pb2.Command | bytes | CommandPieces, *, sync: bool = False) -> object:
         self.submitted_at = time.perf_counter()
         return super().submit(command, sync=sync)
 

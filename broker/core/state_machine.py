@@ -239,7 +239,7 @@ class BrokerStateMachine:
         what the store held): the partitions' offsets move on and their view starts at the end."""
         self._replay_until = last_index
 
-    def apply(self, index: int, command: bytes) -> object:
+    def apply(self, index: int, command: bytes | memoryview) -> object:
         """Apply the command at Raft ``index``; never raises for a command it cannot carry out.
 
         A handler that raises (a bug, or a command no leader should have submitted) leaves nothing
@@ -288,7 +288,7 @@ class BrokerStateMachine:
             self._changes.notify()
         return result
 
-    def _dispatch(self, index: int, command: bytes, batch: Batch, commit: CacheChanges) -> object:
+    def _dispatch(self, index: int, command: bytes | memoryview, batch: Batch, commit: CacheChanges) -> object:
         cmd = internal_pb2.Command.FromString(command)
         formats.check(index, cmd)  # before anything is written: a node that cannot apply it halts
         kind = cmd.WhichOneof("body")
@@ -311,7 +311,7 @@ class BrokerStateMachine:
         return Rejected(ApplyFailed(f"unknown command {kind!r}"))
 
     @staticmethod
-    def _failed(index: int, command: bytes, exc: Exception) -> tuple[str, Rejected]:
+    def _failed(index: int, command: bytes | memoryview, exc: Exception) -> tuple[str, Rejected]:
         """The command's kind and the deterministic result of a command whose apply raised (see
         :meth:`apply`)."""
         try:

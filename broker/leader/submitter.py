@@ -10,7 +10,7 @@ from typing import Protocol
 
 from broker.core.errors import InvalidArgument, NoQuorum, NotLeader, ResourceExhausted, Unavailable
 from broker.core.members import Peer
-from broker.replication import FailReason, ReplicationError, Replicator, Role
+from broker.replication import CommandPieces, FailReason, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2
 
 
@@ -75,8 +75,8 @@ def _expire(outcome: asyncio.Future[tuple[object, ReplicationError | None]]) -> 
         outcome.set_exception(_Expired())
 
 
-def _serialized(command: internal_pb2.Command | bytes) -> bytes:
-    return command if isinstance(command, bytes) else command.SerializeToString()
+def _serialized(command: internal_pb2.Command | bytes | CommandPieces) -> bytes | CommandPieces:
+    return command if isinstance(command, bytes | CommandPieces) else command.SerializeToString()
 
 
 class CommandSubmitter:
@@ -130,8 +130,8 @@ class CommandSubmitter:
         self.ensure_leader()
         return self._replicator.status().term
 
-    def submit(self, command: internal_pb2.Command | bytes, *, sync: bool = False) -> object:
-        """Replicate ``command`` (a message, or one serialized already); return the state machine's
+    def submit(self, command: internal_pb2.Command | bytes | CommandPieces, *, sync: bool = False) -> object:
+        """Replicate ``command`` (a message, or one serialized already, whole or in pieces); return the state machine's
         result once applied here.
 
         ``sync=True`` (``fsync`` topics): acknowledged only once a majority has fsynced it."""
@@ -142,7 +142,7 @@ class CommandSubmitter:
             raise self._not_committed()
         return self._outcome(waiter.result, waiter.error)
 
-    async def submit_async(self, command: internal_pb2.Command | bytes, *, sync: bool = False,
+    async def submit_async(self, command: internal_pb2.Command | bytes | CommandPieces, *, sync: bool = False,
                            leader_checked: bool = False) -> object:
         """:meth:`submit` for a coroutine on an event loop: the same checks, bound, errors and
         messages, and no thread waits. The replicator's callback (its thread) hands the outcome to

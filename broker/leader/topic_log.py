@@ -27,6 +27,7 @@ from broker.leader.publishing import Placement, PublishBatch, Published, Publish
 from broker.leader.submitter import CommandSubmitter
 from broker.limits import Limits
 from broker.protowire import ByLength, varint
+from broker.replication import CommandPieces
 from broker.v1 import internal_pb2
 
 __all__ = ["Limits", "Placement", "PreparedPublish", "PublishBatch", "Published", "PublishItem", "TopicLog",
@@ -44,14 +45,16 @@ _BODY_TAG = b"\x2a"  # AppendCommand.bodies: field 5, length-delimited
 _BODY_HEADS = ByLength(lambda n: _BODY_TAG + varint(n))
 
 
-def append_command_bytes(append: internal_pb2.AppendCommand, bodies: list[bytes], suffix: bytes = b"") -> bytes:
-    """The serialized ``Command`` whose ``append`` is ``append`` with ``body + suffix`` for each of
-    ``bodies`` added to its ``bodies`` (which must be empty). Built from pieces: each body is copied
-    once, into the result. Building the message instead copied every body into a new bytes object
-    (the suffix), into the message, and again while the serializer grew its buffer: for 1000 x 1 KiB
-    records 4.1 against 0.6 us per record in a process on glibc's malloc; on a node (jemalloc) the
-    difference was within the noise of a cluster run (``bench/NOTE.md``). Every per-body step (its
-    length, its field head, the interleaving) is a loop in C."""
+def append_command_pieces(append: internal_pb2.AppendCommand, bodies: list[bytes], suffix: bytes = b"") -> list[bytes]:
+    """The pieces of the serialized ``Command`` whose ``append`` is ``append`` with ``body + suffix``
+    for each of ``bodies`` added to its ``bodies`` (which must be empty): joined, they are its bytes.
+    Built from pieces, each body is copied once, where the pieces are joined (the replicator joins
+    them straight into the log entry: ``broker.replication.CommandPieces``). Building the message
+    instead copied every body into a new bytes object (the suffix), into the message, and again
+    while the serializer grew its buffer: for 1000 x 1 KiB records 4.1 against 0.6 us per record in
+    a process on glibc's malloc; on a node (jemalloc) the difference was within the noise of a
+    cluster run (``bench/NOTE.md``). Every per-body step (its length, its field head, the
+    interleaving) is a loop in C."""
     assert not append.bodies, "the bodies go in as pieces"
     head = append.SerializeToString()
     extra = len(suffix)
@@ -63,7 +66,12 @@ def append_command_bytes(append: internal_pb2.AppendCommand, bodies: list[bytes]
     pieces[:3] = _APPEND_TAG, varint(size), head
     pieces[3::step] = heads
     pieces[4::step] = bodies
-    return b"".join(pieces)
+    return pieces
+
+
+def append_command_bytes(append: internal_pb2.AppendCommand, bodies: list[bytes], suffix: bytes = b"") -> bytes:
+    """:func:`append_command_pieces` joined: the serialized ``Command``."""
+    return b"".join(append_command_pieces(append, bodies, suffix))
 
 
 @dataclass(frozen=True)
@@ -90,9 +98,9 @@ class PreparedPublish:
         suffix = self.suffix
         return [body + suffix for body in self.bodies] if suffix else self.bodies
 
-    def data(self) -> bytes:
-        """The serialized command, bodies included (:func:`append_command_bytes`)."""
-        return append_command_bytes(self.command.append, self.bodies, self.suffix)
+    def data(self) -> CommandPieces:
+        """The serialized command, bodies included, in pieces (:func:`append_command_pieces`)."""
+        return CommandPieces.of(append_command_pieces(self.command.append, self.bodies, self.suffix))
 
 
 @dataclass(frozen=True)

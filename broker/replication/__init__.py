@@ -1,7 +1,7 @@
 """Replication seam: what the core needs from a consensus log, and what it gives back.
 
-The core hands opaque ``bytes`` commands to a :class:`Replicator`; once a majority has committed
-one, every node calls :meth:`StateMachine.apply` with it, in log order.
+The core hands opaque ``bytes`` commands (or their :class:`CommandPieces`) to a :class:`Replicator`;
+once a majority has committed one, every node calls :meth:`StateMachine.apply` with it, in log order.
 
 Only modules of this package import pysyncobj (tests/unit/test_import_rules.py checks it): the
 Raft node and its options (``raft``, ``raft_node``), the patches and pins of its internals
@@ -26,8 +26,10 @@ class StateMachine(Protocol):
     ranges), and must record the index atomically with the data it writes.
     """
 
-    def apply(self, index: int, command: bytes) -> object:
-        """Apply one committed command; the return value is handed to the submitter's callback."""
+    def apply(self, index: int, command: bytes | memoryview) -> object:
+        """Apply one committed command; the return value is handed to the submitter's callback.
+        ``command`` is the bytes submitted, or a read-only view of them inside the log entry (a large
+        command, not copied out: parse it, hash it or copy it, as with bytes)."""
         ...
 
     def applied_index(self) -> int:
@@ -118,6 +120,28 @@ class ReplicaStatus:
 Callback = Callable[[object, ReplicationError | None], None]
 
 
+@dataclass(frozen=True, slots=True)
+class CommandPieces:
+    """A command given as the pieces it is built from, in order: the command is ``b"".join(pieces)``.
+    A replicator that wraps each command in a log entry of its own format joins the pieces once,
+    straight into the entry, instead of the command being joined first and then copied into the
+    entry (a 1 MiB publish is one copy, not two, on the leader). ``size`` is the command's length."""
+
+    pieces: list[bytes]
+    size: int
+
+    @classmethod
+    def of(cls, pieces: list[bytes]) -> CommandPieces:
+        return cls(pieces, sum(map(len, pieces)))
+
+    def joined(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+def command_size(command: bytes | CommandPieces) -> int:
+    return command.size if isinstance(command, CommandPieces) else len(command)
+
+
 class Replicator(Protocol):
     """A consensus log that feeds a :class:`StateMachine`."""
 
@@ -125,10 +149,10 @@ class Replicator(Protocol):
         """Open the journal and snapshot, join the cluster and start ticking (non-blocking)."""
         ...
 
-    def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
-        """Append ``command`` on the leader; ``callback(result, None)`` runs after it is applied
-        locally, ``callback(None, error)`` when it will not be. Never blocks; callbacks run on the
-        replication thread and must not block either.
+    def submit(self, command: bytes | CommandPieces, callback: Callback, *, sync: bool = False) -> None:
+        """Append ``command`` (its bytes, or its pieces) on the leader; ``callback(result, None)``
+        runs after it is applied locally, ``callback(None, error)`` when it will not be. Never
+        blocks; callbacks run on the replication thread and must not block either.
 
         ``sync=True`` (the ``fsync`` durability class): success also means that a majority has
         fsynced the entry. Otherwise it is written (surviving a process crash) but may be only in

@@ -12,6 +12,7 @@ import threading
 
 from broker.replication import (
     Callback,
+    CommandPieces,
     FailReason,
     ReplicaStatus,
     ReplicationError,
@@ -62,11 +63,13 @@ class InMemoryReplicator:
         self._role = Role.LEADER
         self._leader = self._self_address
 
-    def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
+    def submit(self, command: bytes | CommandPieces, callback: Callback, *, sync: bool = False) -> None:
         """Apply ``command`` at the next index and call ``callback`` before returning (there is no
         journal, so ``sync`` changes nothing; ``synced_submits`` counts it for tests)."""
         if sync:
             self.synced_submits += 1
+        if isinstance(command, CommandPieces):
+            command = command.joined()
         if len(command) > self._max_command_bytes:
             size, limit = len(command), self._max_command_bytes
             callback(None, ReplicationError(FailReason.TOO_LARGE, f"{size} > {limit} bytes"))

@@ -26,7 +26,17 @@ from pathlib import Path
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
-from broker.replication import Callback, FailReason, ReplicaStatus, ReplicationError, Role, StateMachine, _patches
+from broker.replication import (
+    Callback,
+    CommandPieces,
+    FailReason,
+    ReplicaStatus,
+    ReplicationError,
+    Role,
+    StateMachine,
+    _patches,
+    command_size,
+)
 from broker.replication.journal import CACHE_BYTES_DEFAULT, DIRECT_WRITE_MIN_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT
 from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
@@ -343,13 +353,13 @@ class PysyncobjReplicator:
         last = getattr(node, "_last_leader_contact", -math.inf)
         return (commit if isinstance(commit, int) else None), max(0.0, pysyncobj_monotonic() - last)
 
-    def submit(self, command: bytes, callback: Callback, *, sync: bool = False) -> None:
+    def submit(self, command: bytes | CommandPieces, callback: Callback, *, sync: bool = False) -> None:
         """Append ``command`` if this node leads; see the class docstring for where callbacks run.
 
         ``sync=True``: the entry is fsynced by the leader and by every follower before they
         acknowledge it, so the callback's success means a majority holds it on stable storage.
         """
-        size = len(command)
+        size = command_size(command)
         if size > self._options.max_command_bytes:
             limit = self._options.max_command_bytes
             _call(callback, None, ReplicationError(FailReason.TOO_LARGE, f"{size} > {limit} bytes"))

@@ -31,7 +31,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import Journal
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 
-from broker.replication import Role, StateMachine, _patches
+from broker.replication import CommandPieces, Role, StateMachine, _patches, command_size
 from broker.replication.journal import (
     CACHE_BYTES_DEFAULT,
     DIRECT_WRITE_MIN_BYTES_DEFAULT,
@@ -105,27 +105,33 @@ _ENTRY_START = bytes((_REGULAR,)) + b"\x80\x05K"
 _ENTRY_END = b"\x95" + (6).to_bytes(8, "little") + b"\x94\x85\x94\x86\x94."
 
 
-def regular_entry(method_id: int, command: bytes) -> bytes:
+def regular_entry(method_id: int, command: bytes | CommandPieces) -> bytes:
     """The log entry pysyncobj's ``@replicated`` wrapper makes of ``method(command)``, byte for byte
     (``bytes((0,)) + pickle.dumps((method_id, (command,)))``), with the command copied once: the
     wrapper's pickling and its prefixing of the type byte copied a 1 MiB publish twice more on the
-    leader's event loop. Smaller commands (and pickle protocols other than 5) go the wrapper's way."""
-    if len(command) < _ENTRY_PLAIN_MIN_BYTES or _patches.pickle_protocol() != 5 or not 0 <= method_id < 256:
-        return bytes((_REGULAR,)) + pysyncobj_pickle.dumps((method_id, (command,)))
-    return b"".join((_ENTRY_HEAD.pack(_ENTRY_START, method_id, b"B", len(command)), command, _ENTRY_END))
+    leader's event loop. A command given as pieces is joined straight into the entry. Smaller
+    commands (and pickle protocols other than 5) go the wrapper's way."""
+    size = command_size(command)
+    if size < _ENTRY_PLAIN_MIN_BYTES or _patches.pickle_protocol() != 5 or not 0 <= method_id < 256:
+        whole = command.joined() if isinstance(command, CommandPieces) else command
+        return bytes((_REGULAR,)) + pysyncobj_pickle.dumps((method_id, (whole,)))
+    head = _ENTRY_HEAD.pack(_ENTRY_START, method_id, b"B", size)
+    if isinstance(command, CommandPieces):
+        return b"".join([head, *command.pieces, _ENTRY_END])
+    return b"".join((head, command, _ENTRY_END))
 
 
-def entry_command(entry: bytes, method_ids: tuple[int, ...]) -> bytes | None:
+def entry_command(entry: bytes, method_ids: tuple[int, ...]) -> memoryview | None:
     """The command of an entry shaped as :func:`regular_entry` shapes a large one, calling one of
-    ``method_ids``, copied out once; None for any other entry (pysyncobj's own apply then unpickles
-    it: two copies of the command)."""
+    ``method_ids``, as a view of the entry (not copied: the state machine parses it where it lies);
+    None for any other entry (pysyncobj's own apply then unpickles it: two copies of the command)."""
     if len(entry) < _ENTRY_HEAD.size + _ENTRY_PLAIN_MIN_BYTES + len(_ENTRY_END):
         return None
     start, method_id, opcode, length = _ENTRY_HEAD.unpack_from(entry)
     if start != _ENTRY_START or opcode != b"B" or method_id not in method_ids \
             or len(entry) != _ENTRY_HEAD.size + length + len(_ENTRY_END) or not entry.endswith(_ENTRY_END):
         return None
-    return entry[_ENTRY_HEAD.size:_ENTRY_HEAD.size + length]
+    return memoryview(entry)[_ENTRY_HEAD.size:_ENTRY_HEAD.size + length]
 
 
 def _discard_state_ahead_of_log(state_machine: StateMachine, last_index: int, dump_file: Path) -> None:
@@ -519,21 +525,22 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         """The same, for commands whose entry is fsynced before it is acknowledged (``sync=True``)."""
         return self._apply(command)
 
-    def submit_command(self, command: bytes, callback: Callable[[object, int], None], *, sync: bool) -> None:
+    def submit_command(self, command: bytes | CommandPieces, callback: Callable[[object, int], None], *,
+                       sync: bool) -> None:
         """Queue ``command`` for the leader's next tick, as ``_apply_command(command, callback=...)``
         (or the synced method) would, with the entry built by :func:`regular_entry`."""
         method_id = self._apply_method_ids[1 if sync else 0]
         self._applyCommand(regular_entry(method_id, command), callback)  # no type given: the entry has it
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> object:  # noqa: N802 (pysyncobj's name)
-        """A large command of ours goes to :meth:`_apply` without pysyncobj's slice and unpickling (one
-        copy of it instead of two); every other entry, pysyncobj's way."""
+        """A large command of ours goes to :meth:`_apply` without pysyncobj's slice and unpickling (a
+        view of the entry instead of two copies); every other entry, pysyncobj's way."""
         ours = entry_command(command, self._apply_method_ids)
         if ours is not None:
             return self._apply(ours)
         return super()._SyncObj__doApplyCommand(command)
 
-    def _apply(self, command: bytes) -> object:
+    def _apply(self, command: bytes | memoryview) -> object:
         # pysyncobj applies entry raftLastApplied + 1 and increments after this returns; an exception
         # here makes the next tick retry the same index (the state machine skips what it has).
         # The state machine raises only an ApplyHalt (it records any other failure as a result): a

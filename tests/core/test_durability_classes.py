@@ -109,8 +109,8 @@ class _Tap:
         self.state = state
         self.log: list[tuple[int, bytes]] = []
 
-    def apply(self, index: int, command: bytes) -> object:
-        self.log.append((index, command))
+    def apply(self, index: int, command: bytes | memoryview) -> object:
+        self.log.append((index, bytes(command)))
         return self.state.apply(index, command)
 
     def __getattr__(self, name: str) -> object:

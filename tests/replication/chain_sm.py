@@ -22,7 +22,7 @@ LOG_NAME = "chain.log"
 _GENESIS = "0" * 64
 
 
-def command_id(command: bytes) -> str:
+def command_id(command: bytes | memoryview) -> str:
     """The identity of a command in histories (commands in tests are unique)."""
     return hashlib.sha256(command).hexdigest()[:16]
 
@@ -78,7 +78,7 @@ class ChainStateMachine:
         line = f"{kind} {index} {cid} {chain}\n".encode()
         assert os.write(self._fd, line) == len(line)
 
-    def apply(self, index: int, command: bytes) -> object:
+    def apply(self, index: int, command: bytes | memoryview) -> object:
         if index <= self._applied:
             self.skipped += 1
             return None

@@ -73,7 +73,7 @@ def test_submit_before_start_fails_with_no_leader(tmp_path: Path) -> None:
 
 def test_state_machine_errors_reach_the_submitter_and_do_not_advance_the_index(tmp_path: Path) -> None:
     class Failing(ChainStateMachine):
-        def apply(self, index: int, command: bytes) -> object:
+        def apply(self, index: int, command: bytes | memoryview) -> object:
             if command == b"boom":
                 raise RuntimeError("boom")
             return super().apply(index, command)

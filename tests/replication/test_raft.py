@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from broker.replication import FailReason, ReplicationError, Role, raft, raft_node
+from broker.replication import CommandPieces, FailReason, ReplicationError, Role, raft, raft_node
 from broker.replication.raft import APPEND_ENTRIES_BATCH_BYTES_MAX, RaftOptions, map_fail_reason
 from broker.replication.transport import HandshakeLimits
 
@@ -29,7 +29,7 @@ class GatedStateMachine(ChainStateMachine):
     gate = threading.Event()
     entered = threading.Event()
 
-    def apply(self, index: int, command: bytes) -> object:
+    def apply(self, index: int, command: bytes | memoryview) -> object:
         self.entered.set()
         assert self.gate.wait(10)
         return super().apply(index, command)
@@ -203,7 +203,7 @@ class SyncCheckingStateMachine(ChainStateMachine):
     journal: Any = None
     unsynced_applies = 0
 
-    def apply(self, index: int, command: bytes) -> object:
+    def apply(self, index: int, command: bytes | memoryview) -> object:
         if self.journal is not None and self.journal.sync_pending:
             self.unsynced_applies += 1
         return super().apply(index, command)
@@ -375,7 +375,7 @@ def test_the_state_machine_learns_where_the_journal_ended_before_anything_is_app
         told_at_first_apply: list[int | None] = []
         stock_apply = sm.apply
 
-        def apply(index: int, command: bytes) -> object:
+        def apply(index: int, command: bytes | memoryview) -> object:
             if not told_at_first_apply:
                 told_at_first_apply.append(sm.journal_last_index)
             return stock_apply(index, command)
@@ -563,9 +563,14 @@ def test_a_regular_entry_is_byte_for_byte_what_pysyncobj_s_wrapper_writes(size: 
     for method_id in (plain_id, synced_id):
         entry = raft_node.regular_entry(method_id, command)
         assert entry == b"\x00" + pickle.dumps((method_id, (command,)), protocol=5)
+        for cuts in ((), (0,), (1, size // 3, size // 2), (size,)):  # the command in pieces, joined into the entry
+            bounds = sorted([0, *cuts, size])
+            pieces = CommandPieces.of([command[a:b] for a, b in itertools.pairwise(bounds)])
+            assert raft_node.regular_entry(method_id, pieces) == entry
         assert raft.command_needs_sync(entry, synced_id) == (method_id == synced_id)
         taken = raft_node.entry_command(entry, (plain_id, synced_id))
-        assert taken == (command if size >= 65_536 else None) and (taken is None or type(taken) is bytes)
+        assert taken == (command if size >= 65_536 else None)
+        assert taken is None or (type(taken) is memoryview and taken.obj is entry and taken.readonly)  # not copied
         assert raft_node.entry_command(entry, (max(plain_id, synced_id) + 1,)) is None  # another method
     if size >= 65_536:
         entry = raft_node.regular_entry(plain_id, command)

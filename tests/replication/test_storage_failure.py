@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 class DyingDisk(ChainStateMachine):
     """The chain state machine over a disk that fails on the command ``b"disk-gone"``."""
 
-    def apply(self, index: int, command: bytes) -> object:
+    def apply(self, index: int, command: bytes | memoryview) -> object:
         if command == b"disk-gone":
             raise StorageFailure("write failed: I/O error")
         return super().apply(index, command)
