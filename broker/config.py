@@ -7,7 +7,7 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -92,6 +92,9 @@ class NodeConfig(BaseModel):
     # the store (RocksDB) writes its table files with O_DIRECT, past the page cache, where the file
     # system allows it; docs/operations.md, "The store's direct writes"
     store_direct_writes: bool = True
+    # the store's table files: "none", or "lz4", "zstd", "snappy" for compressible records (JSON, logs);
+    # docs/operations.md, "The store's compression"
+    store_compression: Literal["none", "lz4", "snappy", "zstd"] = "none"
     # a follower that hears nothing from the leader for a random time in this range starts an election
     # (behind a pre-vote); raise both on a host whose threads stall that long (docs/operations.md)
     raft_election_timeout_min_s: float = Field(default=0.4, ge=0.2, le=60.0)

@@ -41,6 +41,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"raft_election_timeout_min_s": 0.1}, "raft_election_timeout_min_s"),
     ({"raft_journal_direct_write_min_bytes": -1}, "raft_journal_direct_write_min_bytes"),
     ({"raft_journal_direct_write_min_bytes": "lots"}, "raft_journal_direct_write_min_bytes"),
+    ({"store_compression": "gzip"}, "store_compression"),
     ({"raft_election_timeout_min_s": 1.0, "raft_election_timeout_max_s": 1.0}, "must exceed raft_election_timeout_min"),
     ({"raft_election_timeout_min_s": 2.0, "raft_election_timeout_max_s": 4.0}, "raft_connection_timeout_s must be"),
 ])
