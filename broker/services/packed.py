@@ -7,13 +7,22 @@ else. So the leader stores a packed record's bytes as they came, once it knows t
 of the request holds only ``value`` and ``op`` (or ``key``, ``value`` and ``op``). Two parses in C
 prove it for the whole request, with nothing serialized again:
 
-1. the request's bytes as received parse as a view (``publish_view.proto``: ``packed_records`` as
-   messages): every packed record is well formed on its own (no field runs past its end);
-2. all packed records joined parse as ONE ``LeanFields`` with no unknown field: a proto2 message
-   of only those fields, ``op`` a closed enum, so any other field number, any other wire type and
-   any op outside the enum in any record lands in its unknown fields. Records being well formed
-   (1), the joined bytes are exactly their fields one after another, so the same parse also
-   collects every key (whether any record has one) and every value (their bytes together).
+one parse in C proves it for the whole request, with nothing serialized again or joined: the
+request's bytes as received parse as a view (``publish_view.proto``'s ``LeanRequest``) whose
+``packed_records`` is ONE ``LeanFields``, a singular message field, so its occurrences merge:
+
+1. each packed record is parsed as a message within its own length, so every record is well formed
+   on its own (no field runs past its end);
+2. the merged ``LeanFields`` has no unknown field: a proto2 message of only those fields, ``op`` a
+   closed enum, so any other field number, any other wire type and any op outside the enum in any
+   record lands in its unknown fields. The same parse collects every key (whether any record has
+   one) and every value (their bytes together).
+
+Until 2026-12-05 the check was two parses and a join: the request as a view of one message per
+record, then every record joined (a 1 MiB copy at 1 KiB records) parsed as one ``LeanFields``.
+The view of one message per record (``KeyedRequest``) is still parsed when a record has a key (the
+keys per record: a record may repeat its key field, so the merged keys need not align) or when the
+values are read (topics with a schema or dedup fields).
 
 Repeated or unusually encoded allowed fields pass, and are stored as they came: a reader parses
 them as the check did. Anything else (headers, an explicit partition, an idempotency key, a
@@ -38,16 +47,19 @@ from broker.v1 import broker_pb2, publish_view_pb2
 _DUPLICATE = operator.itemgetter(3)
 
 
-def _lean_form(data: bytes, joined: bytes) -> tuple[publish_view_pb2.KeyedRequest,
-                                                    publish_view_pb2.LeanFields] | None:
-    """(the request as a view, the fields of every record together) when every packed record holds
-    only ``key``, ``value`` and ``op``; None for the per-record path."""
+def _lean_fields(data: bytes) -> publish_view_pb2.LeanFields | None:
+    """The fields of every packed record together when each record is well formed on its own and
+    holds only ``key``, ``value`` and ``op``; None for the per-record path."""
     try:
-        view = publish_view_pb2.KeyedRequest.FromString(data)  # each record well formed on its own
-        fields = publish_view_pb2.LeanFields.FromString(joined)
+        fields = publish_view_pb2.LeanRequest.FromString(data).packed_records
     except DecodeError:
         return None
-    return None if UnknownFieldSet(fields) else (view, fields)
+    return None if UnknownFieldSet(fields) else fields
+
+
+def _per_record(data: bytes) -> publish_view_pb2.KeyedRequest:
+    """The request as a view of one message per packed record (its key and value as a reader takes them)."""
+    return publish_view_pb2.KeyedRequest.FromString(data)
 
 
 def packed_batch(request: broker_pb2.PublishRequest, data: bytes | None = None) -> PublishBatch:
@@ -57,17 +69,16 @@ def packed_batch(request: broker_pb2.PublishRequest, data: bytes | None = None) 
     if request.records:
         raise InvalidArgument("give either records or packed_records, not both")
     bodies = list(request.packed_records)
-    joined = b"".join(bodies)
-    lean = _lean_form(request.SerializeToString() if data is None else data, joined)
-    if lean is None:
+    raw = request.SerializeToString() if data is None else data
+    fields = _lean_fields(raw)
+    if fields is None:
         return PublishBatch(topic=request.topic, records=_items(bodies), dedup_id=request.dedup_id,
                             first_msg_id=request.first_msg_id)
-    view, fields = lean
-    # per record from the view: a record may repeat its key field, so the joined keys need not align
-    keys = [r.key if r.HasField("key") else None for r in view.packed_records] if fields.key else None
+    # per record from a view of each: a record may repeat its key field, so the merged keys need not align
+    keys = [r.key if r.HasField("key") else None for r in _per_record(raw).packed_records] if fields.key else None
     return PublishBatch(topic=request.topic, bodies=bodies, dedup_id=request.dedup_id,
                         first_msg_id=request.first_msg_id, keys=keys, value_bytes_total=sum(map(len, fields.value)),
-                        values=lambda: (r.value for r in view.packed_records))
+                        values=lambda: (r.value for r in _per_record(raw).packed_records))
 
 
 def _items(bodies: list[bytes]) -> list[PublishItem]:
