@@ -69,11 +69,6 @@ def append_command_pieces(append: internal_pb2.AppendCommand, bodies: list[bytes
     return pieces
 
 
-def append_command_bytes(append: internal_pb2.AppendCommand, bodies: list[bytes], suffix: bytes = b"") -> bytes:
-    """:func:`append_command_pieces` joined: the serialized ``Command``."""
-    return b"".join(append_command_pieces(append, bodies, suffix))
-
-
 @dataclass(frozen=True)
 class PreparedPublish:
     """A checked publish, ready to submit (:meth:`TopicLog.prepare_publish`)."""

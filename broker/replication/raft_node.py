@@ -115,10 +115,8 @@ def regular_entry(method_id: int, command: bytes | CommandPieces) -> bytes:
     if size < _ENTRY_PLAIN_MIN_BYTES or _patches.pickle_protocol() != 5 or not 0 <= method_id < 256:
         whole = command.joined() if isinstance(command, CommandPieces) else command
         return bytes((_REGULAR,)) + pysyncobj_pickle.dumps((method_id, (whole,)))
-    head = _ENTRY_HEAD.pack(_ENTRY_START, method_id, b"B", size)
-    if isinstance(command, CommandPieces):
-        return b"".join([head, *command.pieces, _ENTRY_END])
-    return b"".join((head, command, _ENTRY_END))
+    pieces = command.pieces if isinstance(command, CommandPieces) else (command,)
+    return b"".join((_ENTRY_HEAD.pack(_ENTRY_START, method_id, b"B", size), *pieces, _ENTRY_END))
 
 
 def entry_command(entry: bytes, method_ids: tuple[int, ...]) -> memoryview | None:

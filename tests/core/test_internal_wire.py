@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from broker.core.applied import Appended
-from broker.leader.topic_log import PartitionFigures, Published, TopicView, append_command_bytes
+from broker.leader.topic_log import PartitionFigures, Published, TopicView, append_command_pieces
 from broker.services import wire
 from broker.v1 import admin_pb2, broker_pb2, common_pb2, internal_pb2, routes_internal_pb2, routes_pb2
 
@@ -239,7 +239,7 @@ def test_public_steps_translate_responses_pass_idles_and_close_the_leader_stream
 @pytest.mark.parametrize("sizes", [[], [0], [1, 126, 127, 128], [16_000, 16_400, 2_100_000]])
 @pytest.mark.parametrize("suffix", [b"", internal_pb2.RecordBody(origin="c1/n1", producer="alice").SerializeToString()])
 def test_a_publish_command_built_from_pieces_is_the_message_it_stands_for(sizes: list[int], suffix: bytes) -> None:
-    """``TopicLog`` submits a publish as bytes joined from pieces (``append_command_bytes``); they
+    """``TopicLog`` submits a publish as bytes joined from pieces (``append_command_pieces``); they
     must parse as the ``Command`` built as a message, whatever the lengths (one- to three-byte varints
     for a body and for the whole ``append``)."""
     bodies = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
@@ -249,7 +249,7 @@ def test_a_publish_command_built_from_pieces_is_the_message_it_stands_for(sizes:
     expected = internal_pb2.Command()
     expected.append.CopyFrom(append)
     expected.append.bodies.extend(body + suffix for body in bodies)
-    data = append_command_bytes(append, bodies, suffix)
+    data = b"".join(append_command_pieces(append, bodies, suffix))
     assert internal_pb2.Command.FromString(data) == expected
     assert len(data) == expected.ByteSize()
     assert not append.bodies, "the message given is left as it was"
