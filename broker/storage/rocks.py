@@ -13,7 +13,12 @@ write: 3 nodes on one VM whose guest hands freed memory back to its host (a fres
 costs 12-60 us to touch) published 1 KiB records at 31-46k msg/s once the page cache outgrew the
 memory the guest still held, against 80-87k with direct writes, with every repetition alike. The
 price is that a reader of records already flushed reads them from the disk: reading a just-published
-topic back fell by about 30 % (bench/NOTE.md, 2026-12-04 22:40-23:20 UTC).
+topic back fell by about 30 % (bench/NOTE.md, 2026-12-04 22:40-23:20 UTC). Those reads go one
+block after the next (a stored value of up to 256 KiB is one block), so the table files are opened
+without RocksDB's default advice of random access, which turns the kernel's readahead off: a
+consumer reading 1 KiB records back from the disk took 432-454k msg/s with readahead against
+305k without (bench/NOTE.md, 2026-12-05 12:10 UTC). Point reads (dedup keys) mostly end at a
+table's bloom filter and the index, which the block cache holds.
 
 Table files are not compressed unless ``compression`` says so (``store_compression``). RocksDB's
 default, snappy, tried every block of every flush and compaction: at 1 KiB publishes of payloads
@@ -106,6 +111,9 @@ def _options(point_lookups: bool = False, write_buffer_bytes: int | None = None,
     opts.set_compression_type(_COMPRESSION_TYPES[compression]())
     if direct_writes:  # table files written past the page cache (the module docstring says why)
         opts.set_use_direct_io_for_flush_and_compaction(True)
+    # the kernel's readahead on table files (RocksDB's default advises random access, which turns it
+    # off): a reader going through a topic asks for one block after the next (the module docstring)
+    opts.set_advise_random_on_open(False)
     # column families flush together, so no crash can leave one ahead of another (e.g. the
     # applied index in META ahead of the records it covers); a flush that one memtable triggers
     # flushes every column family that holds writes

@@ -171,6 +171,20 @@ def test_table_files_are_written_direct_unless_turned_off_and_hold_odd_sized_val
         reopened.close()
 
 
+def test_table_files_are_read_with_the_kernels_readahead(tmp_path: Path) -> None:
+    """RocksDB opens table files without advising random access (its default), so reading a topic
+    back from the disk gets the kernel's readahead (the store module's docstring)."""
+    root = tmp_path / "db"
+    store = RocksStore(root)
+    try:
+        fill(store, 3)
+        store.checkpoint(str(tmp_path / "cp"))  # a flush: a table file to open
+        assert store.get(Column.RECORDS, k(1)) == b"v1"
+    finally:
+        store.close()
+    assert _rocks_option(root, "advise_random_on_open") == "false"
+
+
 def test_table_files_are_compressed_only_as_configured_and_read_back_under_any_setting(tmp_path: Path) -> None:
     """``compression`` reaches RocksDB (its OPTIONS file says so; the default is none), compressible
     records take far less disk with lz4 or zstd, and a store reopened with another setting reads the
