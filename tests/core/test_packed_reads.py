@@ -3,20 +3,23 @@ events as the per-record path, item for item, on MemoryStore; unreadable records
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes
+from google.protobuf.message import DecodeError
 
 from broker import protowire
 from broker.core import record_log, records
 from broker.core.record_log import Entry
+from broker.leader import packed_reads
 from broker.leader.packed_reads import BatchWriter, CompactWriter, PackedBatch
 from broker.leader.reading import Idle, Reader
 from broker.protowire import varint
 from broker.services import wire
 from broker.storage import Column
-from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from broker.v1 import broker_pb2, common_pb2, internal_pb2, read_view_pb2
 from tests.core.groups_env import Env, make_env
 from tests.core.wire_inputs import publish_request
 from tests.record_store import flip_record_byte, frame_span, value_format
@@ -362,3 +365,86 @@ def test_a_span_larger_than_the_byte_bound_is_cut_between_records(env: Env) -> N
         assert sum(sizes) == 50
         per = max(1, bytes_max // (len(body) + 2 + 16))  # an element: 0x0a, a 1-byte length, the body
         assert sizes[:-1] == [per] * (len(sizes) - 1), "as many whole records as fit, a lone one always"
+
+
+# -- the response check (read_view.proto) against the internal twin ------------------------------
+_GOOD_BODIES = [
+    b"",
+    internal_pb2.RecordBody(value=b"v" * 300).SerializeToString(),
+    internal_pb2.RecordBody(key=b"", value=b"x").SerializeToString(),
+    internal_pb2.RecordBody(key=b"k", value=b"\xff\x00", headers={"h": "é", "": ""}, producer="p",
+                            op=internal_pb2.OP_DELETE, origin="o", msg_id="m").SerializeToString(),
+    b"\x48\x07",  # an op outside the enum (an open enum: a plain number)
+    b"\x7b\x08\x01\x7c",  # an unknown group, closed
+    b"\xa8\x1f\x05",  # an unknown varint field (499)
+    b"\x28\x01",  # field 5 as a varint: not the value, an unknown field
+    b"\x2a\x01a\x2a\x02bc",  # the value twice
+]
+_BAD_BODIES = [
+    b"\x2a\xff", b"\x2a\x05ab", b"\x2a", b"\x32\x03\x0a\x01\xff",  # as in the BADMSG test above
+    b"\x42\x01\xff",  # producer not UTF-8
+    b"\x0a\x01\xff",  # topic (a reader's field) not UTF-8
+    b"\x32\x04\x12\x02\xc3\x28",  # a header value not UTF-8
+    b"\x10" + b"\xff" * 10 + b"\x01",  # a varint of 11 bytes
+    b"\x0c",  # an end-group with no start
+    b"\x7b\x08\x01",  # a group never closed
+    b"\x7b\x84\x01",  # a group closed by another field's end
+    b"\x2f",  # wire type 7
+]
+
+
+def _mutated(rng: random.Random, body: bytes) -> bytes:
+    """``body`` with one seeded change: a byte replaced, inserted or removed, or the end cut."""
+    data = bytearray(body or b"\x2a\x00")
+    at = rng.randrange(len(data))
+    kind = rng.randrange(4)
+    if kind == 0:
+        data[at] = rng.randrange(256)
+    elif kind == 1:
+        data.insert(at, rng.randrange(256))
+    elif kind == 2:
+        del data[at]
+    else:
+        del data[at:]
+    return bytes(data)
+
+
+def _responses(body: bytes) -> dict[str, bytes]:
+    """``body`` between two good records, in a compact and in a plain packed response."""
+    good = _GOOD_BODIES[3]
+    compact_records = b"".join(b"\x0a" + varint(len(b)) + b for b in (good, body, good))
+    compact = compact_records + b"\x12\x01t\x20\x05\x2a\x01\x03\x32\x01\x07\x3a\x02zz"
+    heads = [b"\x0a\x01t\x18" + varint(5 + i) + b"\x38\x07\x62\x02zz" for i in range(3)]
+    plain = b"".join(b"\x0a" + varint(len(h + b)) + h + b for h, b in zip(heads, (good, body, good), strict=True))
+    return {"compact": b"\x1a" + varint(len(compact)) + compact,
+            "batch": b"\x0a" + varint(len(plain)) + plain}
+
+
+def test_the_response_check_accepts_exactly_what_the_internal_twin_parses() -> None:
+    """The reader's one-parse check (``read_view.proto``: the records merged into one message) accepts
+    a response exactly when the internal ``SubscribeResponse`` parses it, for good bodies, damaged
+    ones and 3,000 seeded mutations of good ones; the value bytes are the records' values' (a value
+    given twice counts twice, as the publish counted it)."""
+    rng = random.Random(15)
+    bodies = _GOOD_BODIES + _BAD_BODIES + [_mutated(rng, rng.choice(_GOOD_BODIES)) for _ in range(3000)]
+    outcomes = {True: 0, False: 0}
+    for body in bodies:
+        for form, data in _responses(body).items():
+            try:
+                parsed = internal_pb2.SubscribeResponse.FromString(data)
+            except DecodeError:
+                parsed = None
+            checked = packed_reads._checked(data, 3, form)
+            assert (checked is None) == (parsed is None), (form, body)
+            outcomes[parsed is not None] += 1
+            if checked is not None and parsed is not None:
+                last_values = sum(len(r.value) for r in getattr(parsed, form).records)
+                each = [read_view_pb2.RecordFields.FromString(b).value for b in (_GOOD_BODIES[3], body)]
+                assert checked.value_bytes == 2 * sum(map(len, each[0])) + sum(map(len, each[1])), (form, body)
+                if len(each[1]) <= 1:
+                    assert checked.value_bytes == last_values, (form, body)
+    for body in _GOOD_BODIES:
+        assert all(packed_reads._checked(d, 3, f) is not None for f, d in _responses(body).items()), body
+    for body in _BAD_BODIES:
+        assert all(packed_reads._checked(d, 3, f) is None for f, d in _responses(body).items()), body
+    assert min(outcomes.values()) > 500, outcomes  # the mutations reach both sides of the check
