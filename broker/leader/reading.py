@@ -41,9 +41,13 @@ MAX_BATCH = 10_000
 # a safety net only, and the cost of idle streams (1,000 streams at 0.5 s kept a node ~35% busy).
 WAKE_S = 5.0
 # Byte bound of one response's records (a lone record may exceed it: it is sent alone). Under the
-# smallest gRPC message limit a node runs with (max_batch_bytes + 1 MiB), and under the 4 MiB
-# receive limit of a default gRPC client as long as records are under ~3 MiB.
-RESPONSE_BYTES_MAX = 1 << 20
+# smallest gRPC message limit a node runs with (max_batch_bytes + 1 MiB; Node.response_bytes_max
+# takes max_batch_bytes when smaller), and under the 4 MiB receive limit of a default gRPC client as
+# long as records are under ~3 MiB. Each response costs a step of fixed work on top of its bytes (a
+# read on the pool and the hand-offs around it, the send); 2 MiB rather than 1 read a backlog of
+# 1 KiB records back 5-15 % faster (bench/NOTE.md, 2026-12-05, 11:55-12:50 UTC); a stream catching
+# up holds about two responses at a time (one being sent, one read ahead).
+RESPONSE_BYTES_MAX = 2 << 20
 # what protobuf adds around each record in a RecordBatch (field tag + length varint, generous)
 RECORD_FRAMING_BYTES = 16
 _Writer = type[BatchWriter] | type[CompactWriter]  # how stored records become a packed response
