@@ -103,7 +103,7 @@ class RaftbrokerDeployment(Deployment):
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
             guarantee=_GUARANTEE[durability], client="raftbroker asyncio SDK (AsyncClient) publish_batch(1000), "
                                                    f"4 in flight; subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, "
-                                                   "the server's 1 MiB bound): one object per batch",
+                                                   "the server's 2 MiB bound): one object per batch",
             publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight; latency: "
                         "publish() per record, concurrent calls coalesced by the SDK, 1 request in flight "
                         "(on a PublishStream)",

@@ -17,7 +17,7 @@ topic back fell by about 30 % (bench/NOTE.md, 2026-12-04 22:40-23:20 UTC). Those
 block after the next (a stored value of up to 256 KiB is one block), so the table files are opened
 without RocksDB's default advice of random access, which turns the kernel's readahead off: a
 consumer reading 1 KiB records back from the disk took 432-454k msg/s with readahead against
-305k without (bench/NOTE.md, 2026-12-05 12:10 UTC). Point reads (dedup keys) mostly end at a
+305k without (bench/NOTE.md, 2026-12-05, 11:55-12:50 UTC). Point reads (dedup keys) mostly end at a
 table's bloom filter and the index, which the block cache holds.
 
 Table files are not compressed unless ``compression`` says so (``store_compression``). RocksDB's
