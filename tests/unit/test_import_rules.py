@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "chaos")
 GENERATED = "broker.v1"
 PROTO_DIR = ROOT / "proto" / "broker" / "v1"
-INTERNAL_PROTOS = ("internal", "routes_internal")  # what is stored and replicated
+# what is stored and replicated, and read_view: the reader's server-side view of the internal
+# SubscribeResponse (never sent; broker.leader.packed_reads checks a response with it)
+INTERNAL_PROTOS = ("internal", "routes_internal", "read_view")
 
 APPLY_SIDE = ("broker.core",)
 APPLY_SIDE_MUST_NOT_IMPORT = ("broker.leader", "broker.services", "broker.replication")
