@@ -45,28 +45,34 @@ _BODY_TAG = b"\x2a"  # AppendCommand.bodies: field 5, length-delimited
 _BODY_HEADS = ByLength(lambda n: _BODY_TAG + varint(n))
 
 
-def append_command_pieces(append: internal_pb2.AppendCommand, bodies: list[bytes], suffix: bytes = b"") -> list[bytes]:
-    """The pieces of the serialized ``Command`` whose ``append`` is ``append`` with ``body + suffix``
-    for each of ``bodies`` added to its ``bodies`` (which must be empty): joined, they are its bytes.
+def append_command_pieces(append: internal_pb2.AppendCommand, bodies: list[bytes], suffix: bytes = b"",
+                          lengths: list[int] | None = None) -> CommandPieces:
+    """The serialized ``Command`` whose ``append`` is ``append`` with ``body + suffix`` for each of
+    ``bodies`` added to its ``bodies`` (which must be empty), as pieces: joined, they are its bytes.
     Built from pieces, each body is copied once, where the pieces are joined (the replicator joins
     them straight into the log entry: ``broker.replication.CommandPieces``). Building the message
     instead copied every body into a new bytes object (the suffix), into the message, and again
     while the serializer grew its buffer: for 1000 x 1 KiB records 4.1 against 0.6 us per record in
     a process on glibc's malloc; on a node (jemalloc) the difference was within the noise of a
     cluster run (``bench/NOTE.md``). Every per-body step (its length, its field head, the
-    interleaving) is a loop in C."""
+    interleaving) is a loop in C. ``lengths``: each body's length when the caller has them (a pass
+    over a thousand bodies scattered in memory costs ~50 us on a node); the command's size is
+    summed from the lengths and heads, not from the pieces."""
     assert not append.bodies, "the bodies go in as pieces"
     head = append.SerializeToString()
     extra = len(suffix)
-    lengths = list(map(extra.__add__, map(len, bodies)))
-    heads = list(map(_BODY_HEADS.__getitem__, lengths))
-    size = len(head) + sum(map(len, heads)) + sum(lengths)
+    if lengths is None:
+        lengths = list(map(len, bodies))
+    stored = list(map(extra.__add__, lengths)) if extra else lengths
+    heads = list(map(_BODY_HEADS.__getitem__, stored))
+    size = len(head) + sum(map(len, heads)) + sum(stored)
     step = 3 if extra else 2  # head, body[, suffix] per body, interleaved by slice assignments
     pieces: list[bytes] = [suffix] * (step * len(bodies) + 3)
-    pieces[:3] = _APPEND_TAG, varint(size), head
+    size_head = varint(size)
+    pieces[:3] = _APPEND_TAG, size_head, head
     pieces[3::step] = heads
     pieces[4::step] = bodies
-    return pieces
+    return CommandPieces(pieces, len(_APPEND_TAG) + len(size_head) + size)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class PreparedPublish:
     suffix: bytes  # what every body ends with (the origin and producer), when not in ``bodies``
     count: int  # records in the batch
     partitions: list[int]  # each record's partition, as in ``command``
+    lengths: list[int] | None = None  # each of ``bodies``' length, when the checks measured them
 
     @property
     def ephemeral(self) -> bool:  # published by the leader's hub, without Raft
@@ -95,7 +102,7 @@ class PreparedPublish:
 
     def data(self) -> CommandPieces:
         """The serialized command, bodies included, in pieces (:func:`append_command_pieces`)."""
-        return CommandPieces.of(append_command_pieces(self.command.append, self.bodies, self.suffix))
+        return append_command_pieces(self.command.append, self.bodies, self.suffix, self.lengths)
 
 
 @dataclass(frozen=True)
@@ -261,9 +268,9 @@ class TopicLog:
         if config.schema_json or config.dedup_fields:
             append.unique_keys.extend(self._schemas.check_documents(
                 meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))
-        bodies, suffix = self._bodies(request, producer)
+        bodies, suffix, lengths = self._bodies(request, producer)
         append.now_ms = self._clock.now_ms()
-        return PreparedPublish(meta, cmd, bodies, suffix, request.count, placed)
+        return PreparedPublish(meta, cmd, bodies, suffix, request.count, placed, lengths)
 
     def finish_publish(self, prepared: PreparedPublish, result: object) -> Published:
         """The answer to a prepared publish once submitted: its placements, or the rejection it met."""
@@ -399,14 +406,14 @@ class TopicLog:
             placed = [p if p >= 0 else next(turn) % partitions for p in placed]
         return placed
 
-    def _bodies(self, request: PublishBatch, producer: str = "") -> tuple[list[bytes], bytes]:
-        """(bodies, suffix): each record's stored body is ``body + suffix``; checked against the
-        record and batch limits."""
+    def _bodies(self, request: PublishBatch, producer: str = "") -> tuple[list[bytes], bytes, list[int] | None]:
+        """(bodies, suffix, lengths): each record's stored body is ``body + suffix``, checked against
+        the record and batch limits; ``lengths`` each of ``bodies``' length (the lean form), or None."""
         origin = self._origin_bytes
         if producer:  # without authentication there is none
             origin += internal_pb2.RecordBody(producer=producer).SerializeToString()
         if request.bodies is not None:
-            return self._lean_bodies(request.bodies, origin), origin
+            return request.bodies, origin, self._lean_lengths(request.bodies, origin)
         limit = self._limits.record_bytes_max
         total = 0
         bodies: list[bytes] = []
@@ -422,18 +429,20 @@ class TopicLog:
         if total > self._limits.batch_bytes_max:
             raise InvalidArgument(
                 f"batch of {total} bytes is over the limit of {self._limits.batch_bytes_max} bytes")
-        return bodies, b""
+        return bodies, b"", None
 
-    def _lean_bodies(self, given: list[bytes], origin: bytes) -> list[bytes]:
-        """:meth:`_bodies` for the lean form (no msg_id to append; each stored body is the given one
-        followed by ``origin``), with the same limits; ``given`` as it is."""
+    def _lean_lengths(self, given: list[bytes], origin: bytes) -> list[int]:
+        """:meth:`_bodies`' limits for the lean form (no msg_id to append; each stored body is the
+        given one followed by ``origin``): each of ``given``'s length, measured once for the checks
+        and the command (``append_command_pieces``)."""
         extra = len(origin)
         limit = self._limits.record_bytes_max
-        if max(map(len, given)) + extra > limit:
-            i, body = next((i, b) for i, b in enumerate(given) if len(b) + extra > limit)
-            raise InvalidArgument(f"record {i} is {len(body) + extra} bytes, over the limit of {limit} bytes")
-        total = sum(map(len, given)) + extra * len(given)
+        lengths = list(map(len, given))
+        if max(lengths) + extra > limit:
+            i, length = next((i, n) for i, n in enumerate(lengths) if n + extra > limit)
+            raise InvalidArgument(f"record {i} is {length + extra} bytes, over the limit of {limit} bytes")
+        total = sum(lengths) + extra * len(given)
         if total > self._limits.batch_bytes_max:
             raise InvalidArgument(
                 f"batch of {total} bytes is over the limit of {self._limits.batch_bytes_max} bytes")
-        return given
+        return lengths

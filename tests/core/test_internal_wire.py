@@ -241,7 +241,8 @@ def test_public_steps_translate_responses_pass_idles_and_close_the_leader_stream
 def test_a_publish_command_built_from_pieces_is_the_message_it_stands_for(sizes: list[int], suffix: bytes) -> None:
     """``TopicLog`` submits a publish as bytes joined from pieces (``append_command_pieces``); they
     must parse as the ``Command`` built as a message, whatever the lengths (one- to three-byte varints
-    for a body and for the whole ``append``)."""
+    for a body and for the whole ``append``), with the bodies' lengths given or measured, and the
+    size the pieces state is the joined command's."""
     bodies = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     append = internal_pb2.AppendCommand(topic="t", topic_id=7, now_ms=1_700_000_000_000,
                                         partitions=[i % 3 for i in range(len(sizes))], dedup_id="sdk-1",
@@ -249,7 +250,10 @@ def test_a_publish_command_built_from_pieces_is_the_message_it_stands_for(sizes:
     expected = internal_pb2.Command()
     expected.append.CopyFrom(append)
     expected.append.bodies.extend(body + suffix for body in bodies)
-    data = b"".join(append_command_pieces(append, bodies, suffix))
+    pieces = append_command_pieces(append, bodies, suffix)
+    data = pieces.joined()
     assert internal_pb2.Command.FromString(data) == expected
-    assert len(data) == expected.ByteSize()
+    assert len(data) == expected.ByteSize() == pieces.size
+    given = append_command_pieces(append, bodies, suffix, lengths=[len(b) for b in bodies])
+    assert given.joined() == data and given.size == pieces.size
     assert not append.bodies, "the message given is left as it was"
