@@ -92,6 +92,9 @@ class NodeConfig(BaseModel):
     # the store (RocksDB) writes its table files with O_DIRECT, past the page cache, where the file
     # system allows it; docs/operations.md, "The store's direct writes"
     store_direct_writes: bool = True
+    # the store drops a table file from the page cache once a reader has read past it; docs/operations.md,
+    # "The store's direct writes"
+    store_drop_behind: bool = True
     # the store's table files: "none", or "lz4", "zstd", "snappy" for compressible records (JSON, logs);
     # docs/operations.md, "The store's compression"
     store_compression: Literal["none", "lz4", "snappy", "zstd"] = "none"

@@ -98,7 +98,7 @@ class Node:
         self.clock.start()  # a test hook's file is followed from here on (no-op in production)
         # 1. store, state machine and every applier (registered before the replicator applies anything)
         self.store = RocksStore(config.data_dir / "store", direct_writes=config.store_direct_writes,
-                                compression=config.store_compression)
+                                compression=config.store_compression, drop_behind=config.store_drop_behind)
         # journaled: applies are written without RocksDB's WAL, the Raft journal is the WAL (docs/design/log.md)
         self.state = BrokerStateMachine(self.store, Changes(), journaled=True)
         formats.check_data(self.state.cluster_format)  # a downgrade past the cluster's format: refuse

@@ -394,6 +394,14 @@ class Span:
         return self.value.entries(self.prefix_crc, self.first, self.first + self.count)
 
 
+# A read of a partition from ``begin`` at least this many records before its ``end`` tells the store
+# that the keys below ``begin`` are passed (``Store.release_pages``: a reader catching up leaves no page
+# cache behind it). Nearer the head the records are in the memtable, whose keys no table file holds
+# yet, so a reader keeping up (a small read per apply, at thousands a second) skips the call; so do
+# lookups of one record and the time index's probes.
+PASSING_MIN_RECORDS = 1024
+
+
 def _values(store: Store, tid: int, partition: int, begin: int, limit: int) -> Iterator[tuple[bytes, bytes]]:
     """Stored values of a partition from the one holding ``begin`` on, at most ``limit`` (every value
     holds at least one offset, so ``limit`` = the offsets wanted bounds what a store may copy)."""
@@ -431,6 +439,8 @@ def _read(store: Store, tid: int, partition: int, begin: int, end: int, limit: i
     if left <= 0:
         return
     prefix_crc = google_crc32c.value(_KEY.pack(tid, partition, 0)[:8])
+    if begin > 0 and end - begin >= PASSING_MIN_RECORDS:  # going through the partition: below is passed
+        store.release_pages(Column.RECORDS, _KEY.pack(tid, partition, 0), _KEY.pack(tid, partition, begin))
     expected = begin  # the first offset a damaged value may stand for
     for key, raw in _values(store, tid, partition, begin, left):
         try:

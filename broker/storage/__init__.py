@@ -76,6 +76,12 @@ class Store(Protocol):
         """Keys in ``[begin, end)`` in ascending order, at most ``limit`` of them."""
         ...
 
+    def release_pages(self, column: Column, low: bytes, high: bytes) -> None:
+        """A hint, never required: a reader has read every key of ``column`` in ``[low, high)`` and
+        will not soon again, so a store may drop them from memory it does not own (the OS page
+        cache). Changes nothing a read returns."""
+        ...
+
     def checkpoint(self, directory: str) -> None:
         """Write a consistent copy of the whole store into the new ``directory``."""
         ...

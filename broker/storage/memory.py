@@ -96,6 +96,9 @@ class MemoryStore:
             items = [(k, col.values[k]) for k in col.keys[lo:hi]]
         yield from items
 
+    def release_pages(self, column: Column, low: bytes, high: bytes) -> None:
+        """Nothing to release: the records are this process's own memory."""
+
     def size_bytes(self) -> int:
         with self._lock:
             return sum(len(k) + len(v) for c in self._columns.values() for k, v in c.values.items())

@@ -20,6 +20,15 @@ consumer reading 1 KiB records back from the disk took 432-454k msg/s with reada
 305k without (bench/NOTE.md, 2026-12-05, 11:55-12:50 UTC). Point reads (dedup keys) mostly end at a
 table's bloom filter and the index, which the block cache holds.
 
+Such a reader's table files stay in the page cache after it has passed them, 1 GB per 1M records of
+1 KiB, and on the host above the page cache then grows into fresh memory: a reader going through a
+topic a second and a third time in one process's life read at 215-243k msg/s against 418-454k the
+first time, its node's system time 2.2-2.6 s against 0.6 s per 1M records (bench/NOTE.md, 2026-12-05
+22:00 UTC). With ``drop_behind`` (the default) the store drops a table file from the page cache once a
+reader has read past every key in it (:meth:`RocksStore.release_pages`, ``posix_fadvise(DONTNEED)``),
+so the pages a read frees serve the next one: 420-483k msg/s each time. A second reader of the same
+records reads them from the disk again, which is why it can be turned off (``store_drop_behind``).
+
 Table files are not compressed unless ``compression`` says so (``store_compression``). RocksDB's
 default, snappy, tried every block of every flush and compaction: at 1 KiB publishes of payloads
 that do not compress (random, encrypted or already compressed), the attempt and its copies cost the
@@ -44,7 +53,9 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rocksdict import (
@@ -129,6 +140,77 @@ def _options(point_lookups: bool = False, write_buffer_bytes: int | None = None,
     return opts
 
 
+DROP_BEHIND_LIST_EVERY_S = 1.0  # how stale the list of table files a drop-behind reads may be
+
+
+def _drop_cached(path: str) -> None:
+    """Advise the kernel to drop ``path``'s pages from the page cache (a file gone meanwhile: nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _DropBehind:
+    """The table files of one database that readers have passed, dropped from the page cache once.
+
+    ``live_files`` (RocksDB's list of table files: name, first and last key, of every column family,
+    which it does not name) is read at most every :data:`DROP_BEHIND_LIST_EVERY_S`; a file flushed
+    since holds keys a reader reaches later, so a stale list only delays its drop. Files are kept
+    sorted by first key and each is dropped at most once, so a call is two bisections unless it
+    drops something. Thread-safe (readers on several threads share the store)."""
+
+    def __init__(self, live_files: Callable[[], list[dict[str, object]]], directory: Path) -> None:
+        self._live_files = live_files
+        self._directory = str(directory)
+        self._lock = threading.Lock()
+        self._listed_at = float("-inf")
+        self._files: list[tuple[bytes, bytes, str]] = []  # (first key, last key, name), by first key
+        self._firsts: list[bytes] = []
+        self._dropped: set[str] = set()
+
+    def passed(self, low: bytes, high: bytes) -> None:
+        """Every key in ``[low, high)`` has been read: drop the files whose keys all lie there."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._listed_at >= DROP_BEHIND_LIST_EVERY_S:
+                self._list(now)
+            lo, hi = bisect_left(self._firsts, low), bisect_left(self._firsts, high)
+            passed = [f for f in self._files[lo:hi] if f[1] < high]
+            if not passed:
+                return
+            self._dropped.update(name for _, _, name in passed)
+            self._keep([f for f in self._files if f[2] not in self._dropped])
+        for _, _, name in passed:
+            _drop_cached(self._directory + name)
+
+    def _list(self, now: float) -> None:
+        self._listed_at = now
+        try:
+            live = self._live_files()
+        except Exception:  # noqa: BLE001 (a database closed meanwhile: nothing to drop)
+            return
+        files: list[tuple[bytes, bytes, str]] = []
+        for f in live:
+            first, last, name = f.get("start_key"), f.get("end_key"), f.get("name")
+            if isinstance(first, bytes) and isinstance(last, bytes) and isinstance(name, str):
+                files.append((first, last, name))
+        files.sort()
+        names = {name for _, _, name in files}
+        self._dropped &= names  # compacted away: forgotten
+        self._keep([f for f in files if f[2] not in self._dropped])
+
+    def _keep(self, files: list[tuple[bytes, bytes, str]]) -> None:
+        self._files = files
+        self._firsts = [first for first, _, _ in files]
+
+
 class RocksBatch:
     """A rocksdict WriteBatch addressed by :class:`Column`."""
 
@@ -170,12 +252,15 @@ class RocksStore:
 
     ``direct_writes``: write table files with ``O_DIRECT`` where the file system allows it (the
     module docstring says why); :attr:`direct_writes` tells whether it is in effect.
-    ``compression``: of the table files, one of :data:`COMPRESSIONS`."""
+    ``compression``: of the table files, one of :data:`COMPRESSIONS`. ``drop_behind``: drop a table
+    file from the page cache once a reader has passed it (:meth:`release_pages`)."""
 
-    def __init__(self, root: Path, *, direct_writes: bool = True, compression: str = "none") -> None:
+    def __init__(self, root: Path, *, direct_writes: bool = True, compression: str = "none",
+                 drop_behind: bool = True) -> None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"store compression must be one of {', '.join(COMPRESSIONS)}, not {compression!r}")
         self.compression = compression
+        self.drop_behind = drop_behind
         self._root = Path(root)
         self._root.mkdir(parents=True, exist_ok=True)
         self.direct_writes = direct_writes and accepts_direct_io(self._root)
@@ -188,6 +273,7 @@ class RocksStore:
         db_path = self._db_path(self._generation)
         try:
             self._db, self._cfs, self._handles = self._open(db_path)
+            self._passed = self._drop_behind(self._db, db_path)
         except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
             if not _is_damage(exc):
                 raise
@@ -224,6 +310,9 @@ class RocksStore:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self._root / "CURRENT")
+
+    def _drop_behind(self, db: Rdict, path: Path) -> _DropBehind | None:
+        return _DropBehind(db.live_files, path) if self.drop_behind else None
 
     def _open(self, path: Path) -> _Handles:
         direct, compression = self.direct_writes, self.compression
@@ -335,6 +424,16 @@ class RocksStore:
             total += cf.property_int_value("rocksdb.size-all-mem-tables") or 0
         return total
 
+    def release_pages(self, column: Column, low: bytes, high: bytes) -> None:
+        """A reader has read every key of ``column`` in ``[low, high)``: with ``drop_behind``, the
+        table files whose keys all lie there leave the page cache (the module docstring says why).
+        RocksDB's list of files does not say which column family each belongs to, so a small file of
+        another column whose keys fall in the range may be dropped too: it is read from the disk (or
+        RocksDB's block cache) again when next needed, nothing else."""
+        passed = self._passed
+        if passed is not None and low < high:
+            passed.passed(low, high)
+
     # -- snapshots ---------------------------------------------------------------------------
     def checkpoint(self, directory: str) -> None:
         Checkpoint(self._db).create_checkpoint(directory)
@@ -350,6 +449,7 @@ class RocksStore:
             old = (self._db, self._cfs, self._handles)
             old_generation = self._generation
             self._db, self._cfs, self._handles = db, cfs, handles
+            self._passed = self._drop_behind(db, new_path)
             self._generation = new_generation
             self._write_generation(new_generation)
             # not a daemon: the interpreter waits for it before it finalizes (module docstring)

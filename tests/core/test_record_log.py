@@ -510,3 +510,39 @@ def test_a_point_read_in_a_large_value_checks_its_own_record(env: Env) -> None:
         assert internal_pb2.RecordBody.FromString(good.body).value == value_of(offset)
     whole = list(record_log.read(env.state.store, tid, 0, 0, 200))
     assert [e.offset for e in whole if e.error] == [50]
+
+
+class _Released(MemoryStore):
+    """A MemoryStore that lists the ranges readers said they had passed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[tuple[Column, bytes, bytes]] = []
+
+    def release_pages(self, column: Column, low: bytes, high: bytes) -> None:
+        self.released.append((column, low, high))
+
+
+def test_a_read_from_an_offset_tells_the_store_what_lies_behind_it() -> None:
+    """A read of a partition from offset ``begin``, at least ``PASSING_MIN_RECORDS`` before the end
+    it reads to, hints the store that the partition's keys below ``begin`` are passed
+    (``Store.release_pages``: drop-behind for readers going through a topic); a read from the start,
+    one nearer the head (a reader keeping up), a lookup of one record and a time-index probe hint
+    nothing. Each reads the same records."""
+    store = _Released()
+    n = 3 * record_log.PASSING_MIN_RECORDS
+    batch = store.batch()
+    record_log.append(batch, 9, 1, 0, 5, [b"r%d" % i for i in range(n)])
+    store.write(batch)
+    assert [e.offset for e in record_log.read(store, 9, 1, 0, n, 10)] == list(range(10))
+    near = n - record_log.PASSING_MIN_RECORDS + 1
+    assert [e.offset for e in record_log.read(store, 9, 1, near, n, 10)] == list(range(near, near + 10))
+    assert [e.offset for e in record_log.read(store, 9, 1, 6, 7)] == [6]
+    assert record_log.timestamp_at(store, 9, 1, 7) == 5
+    assert record_log.offset_for_time(store, 9, 1, 5, 0, n) == 0
+    assert store.released == []
+    assert [e.offset for e in record_log.read(store, 9, 1, near - 1, n, 3)] == [near - 1, near, near + 1]
+    assert sum(1 for _ in record_log.read_spans(store, 9, 1, 1000, n, 5)) >= 1
+    key = records.RECORD_KEY.pack
+    assert store.released == [(Column.RECORDS, key(9, 1, 0), key(9, 1, near - 1)),
+                              (Column.RECORDS, key(9, 1, 0), key(9, 1, 1000))]

@@ -187,6 +187,58 @@ def test_table_files_are_read_with_the_kernels_readahead(tmp_path: Path) -> None
     assert _rocks_option(root, "advise_random_on_open") == "false"
 
 
+def _resident_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache (util-linux's ``fincore``)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def _table_files(root: Path) -> list[Path]:
+    return sorted(root.glob("db-*/*.sst"), key=lambda p: int(p.stem))
+
+
+@pytest.mark.skipif(not Path("/usr/bin/fincore").exists(), reason="needs util-linux's fincore")
+@pytest.mark.parametrize("drop_behind", [True, False])
+def test_a_table_file_a_reader_has_passed_leaves_the_page_cache(tmp_path: Path, drop_behind: bool) -> None:
+    """``release_pages`` drops from the page cache exactly the table files whose keys all lie in the
+    range a reader has passed (one file per flush here), once; with ``drop_behind`` off, none; reads
+    return the same either way."""
+    root = tmp_path / "db"
+    store = RocksStore(root, drop_behind=drop_behind)
+    try:
+        for first in (0, 100, 200):  # three flushes: keys 0-99, 100-199, 200-299
+            batch = store.batch()
+            for i in range(first, first + 100):
+                batch.put(Column.RECORDS, k(i), bytes([i % 251]) * 4096)
+            store.write(batch)
+            store.checkpoint(str(tmp_path / f"cp-{first}"))  # flushes the memtable
+        records = [f for f in _table_files(root) if f.stat().st_size > 300_000]
+        assert len(records) == 3, _table_files(root)
+        for f in records:  # into the page cache (the files were written past it)
+            f.read_bytes()
+            assert _resident_bytes(f) > 0
+        store.release_pages(Column.RECORDS, k(0), k(150))  # 0-149 read: only the first file is passed
+        passed = [_resident_bytes(f) == 0 for f in records]
+        assert passed == ([True, False, False] if drop_behind else [False, False, False])
+        records[0].read_bytes()
+        store.release_pages(Column.RECORDS, k(0), k(150))  # each file is dropped once
+        assert _resident_bytes(records[0]) > 0
+        store.release_pages(Column.RECORDS, k(0), k(300))
+        assert [_resident_bytes(f) == 0 for f in records] == [False, True, True] if drop_behind else [False] * 3
+        assert [v for _, v in store.scan(Column.RECORDS, k(0), k(300))] == [bytes([i % 251]) * 4096 for i in range(300)]
+    finally:
+        store.close()
+
+
+def test_release_pages_is_a_hint_every_store_takes(store: Store) -> None:
+    """Every store takes the hint, whatever the range (empty, reversed, unknown keys), and reads the same after it."""
+    fill(store, 5)
+    for low, high in ((k(0), k(3)), (k(3), k(3)), (k(4), k(1)), (b"", b"\xff" * 20)):
+        store.release_pages(Column.RECORDS, low, high)
+    assert [v for _, v in store.scan(Column.RECORDS, k(0), k(9))] == [b"v%d" % i for i in range(5)]
+
+
 def test_table_files_are_compressed_only_as_configured_and_read_back_under_any_setting(tmp_path: Path) -> None:
     """``compression`` reaches RocksDB (its OPTIONS file says so; the default is none), compressible
     records take far less disk with lz4 or zstd, and a store reopened with another setting reads the
