@@ -21,13 +21,14 @@ consumer reading 1 KiB records back from the disk took 432-454k msg/s with reada
 table's bloom filter and the index, which the block cache holds.
 
 Such a reader's table files stay in the page cache after it has passed them, 1 GB per 1M records of
-1 KiB, and on the host above the page cache then grows into fresh memory: a reader going through a
-topic a second and a third time in one process's life read at 215-243k msg/s against 418-454k the
-first time, its node's system time 2.2-2.6 s against 0.6 s per 1M records (bench/NOTE.md, 2026-12-05
-22:00 UTC). With ``drop_behind`` (the default) the store drops a table file from the page cache once a
-reader has read past every key in it (:meth:`RocksStore.release_pages`, ``posix_fadvise(DONTNEED)``),
-so the pages a read frees serve the next one: 420-483k msg/s each time. A second reader of the same
-records reads them from the disk again, which is why it can be turned off (``store_drop_behind``).
+1 KiB, and on the host above the page cache then grows into fresh memory: reading a just-published
+topic back, the second and third such read in a cluster's life took 215-255k msg/s against 418-454k
+for the first, the node's system time 2.0-2.6 s against 0.5-0.7 s per 1M records (bench/NOTE.md,
+2026-12-05 21:10-22:00 UTC). With ``drop_behind`` (the default) the store drops a table file from
+the page cache once a reader has read past every key in it (:meth:`RocksStore.release_pages`,
+``posix_fadvise(DONTNEED)``), so the pages a read frees serve the next one: 436-501k msg/s each
+time. A second reader of the same records reads them from the disk again, which is why it can be
+turned off (``store_drop_behind``).
 
 Table files are not compressed unless ``compression`` says so (``store_compression``). RocksDB's
 default, snappy, tried every block of every flush and compaction: at 1 KiB publishes of payloads
