@@ -21,6 +21,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from broker.core import record_log, records
 from broker.core.errors import DataLoss, InvalidArgument, TopicNotFound
@@ -134,7 +135,10 @@ class Reader:
                  require_serving: Callable[[], None] | None = None,
                  response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
         """``require_serving`` raises (e.g. Unavailable) when this node must not serve reads (its Raft
-        halted: its state is stale); it is checked at subscribe and at every wake of a stream."""
+        halted: its state is stale); it is checked at subscribe and at every wake of a stream.
+        ``require_leader`` raises (NotLeader, with the leader's address, or Unavailable) unless this
+        node is a leader that has applied everything committed before its term: for ephemeral
+        topics, and before a position past this node's end is refused (:meth:`_past_the_end`)."""
         assert response_bytes_max > 0
         self._state = state
         self._response_bytes_max = response_bytes_max
@@ -194,8 +198,8 @@ class Reader:
                 offsets = {token.partition: start}
             else:
                 if token.next_offset > end:
-                    raise InvalidArgument(f"the position token's offset {token.next_offset} is past the end "
-                                          f"({end}) of partition {token.partition}")
+                    self._past_the_end(f"the position token's offset {token.next_offset} is past the end "
+                                       f"({end}) of partition {token.partition}")
                 offsets = {token.partition: token.next_offset}
         else:
             offsets = {p: self._resolve(meta, p, position, kind, single=len(partitions) == 1) for p in partitions}
@@ -204,6 +208,17 @@ class Reader:
             stop = self._bounds(meta, p)[1] if request.stop_at_end else None
             cursors.append(_Cursor(p, offsets[p], stop))
         return cursors, events
+
+    def _past_the_end(self, what: str) -> NoReturn:
+        """Refuse a start position past this node's end of a partition. Only a leader that has applied
+        everything committed before its term knows the partition's end; any other node may just be
+        behind: a follower learns a commit after the leader, one restarted or newly elected applies
+        the entries it holds after an election, and a client resuming after a failover brings a
+        position token another node issued. Such a node sends the caller to the leader (NotLeader,
+        with its address) or asks it to retry (Unavailable), both retried by the SDKs; the leader
+        answers INVALID_ARGUMENT."""
+        self._require_leader()
+        raise InvalidArgument(what)
 
     def _bounds(self, meta: internal_pb2.TopicMeta, partition: int) -> tuple[int, int]:
         """(start, end) offsets of one partition as this node holds it."""
@@ -226,7 +241,7 @@ class Reader:
         if kind == "offset":
             if position.offset > end:
                 if single:
-                    raise InvalidArgument(f"offset {position.offset} is past the end ({end}) of partition {partition}")
+                    self._past_the_end(f"offset {position.offset} is past the end ({end}) of partition {partition}")
                 return end
             return position.offset
         assert kind == "timestamp_ms"

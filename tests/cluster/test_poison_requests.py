@@ -1,5 +1,6 @@
 """The three requests that used to stop a whole cluster for good (issue 11, item 2) are now refused
-with INVALID_ARGUMENT before anything is replicated, and the cluster keeps serving after each."""
+with INVALID_ARGUMENT before anything is replicated, and the cluster keeps serving after each; so is
+a forged start position past the end, which only the leader can tell from a follower's lag."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from broker.client import Client, InvalidArgument
 from broker.core import records
 from broker.devcluster import DevCluster
-from broker.v1 import admin_pb2, broker_pb2
+from broker.services.errors import LEADER_METADATA_KEY
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
 from tests.cluster.digests import wait_converged
 from tests.cluster.stubs import Stubs, stubs
 
@@ -91,3 +94,32 @@ def test_extend_beyond_the_maximum_is_invalid(cluster: DevCluster, leader: Stubs
         message = refused(lambda n=length: leader.broker.Extend(
             broker_pb2.ExtendRequest(topic="poison", group="g", positions=[token], extend_ms=n), timeout=30))
         assert "extend_ms" in message
+
+
+def test_a_forged_position_past_the_end_is_invalid_at_the_leader_and_sent_on_by_a_follower(
+        cluster: DevCluster, leader: Stubs) -> None:
+    """A follower cannot tell a position past its end from one it has not applied yet (a client
+    resuming after a failover brings a token another node issued), so it answers UNAVAILABLE with
+    the leader's address (NOT_LEADER) and the SDK follows it; the leader refuses the position as
+    INVALID_ARGUMENT. Nothing changes, and the cluster keeps serving."""
+    incarnation = leader.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="poison"), timeout=30).incarnation
+    forged = records.PositionToken(incarnation, 0, 10**12).encode()
+    before = wait_converged(cluster)
+    for start in ({"token": forged}, {"offset": 10**12}):
+        sub = broker_pb2.SubscribeRequest(topic="poison", partition=0, **{"from": common_pb2.Position(**start)})
+        assert "is past the end" in refused(lambda r=sub: next(iter(leader.broker.Subscribe(r, timeout=30))))
+        index = cluster.leader()
+        assert index is not None
+        follower = stubs(cluster.grpc_address((index + 1) % 3))
+        try:
+            with pytest.raises(grpc.RpcError) as sent:
+                next(iter(follower.broker.Subscribe(sub, timeout=30)))
+            assert sent.value.code() == grpc.StatusCode.UNAVAILABLE, sent.value
+            assert (LEADER_METADATA_KEY, cluster.grpc_address(index)) in tuple(sent.value.trailing_metadata() or ())
+        finally:
+            follower.close()
+        with Client([cluster.grpc_address((index + 1) % 3)], retry_deadline_s=30) as client:
+            subscription = client.subscribe("poison", partition=0, start=forged if "token" in start else 10**12)
+            with pytest.raises(InvalidArgument, match="past the end"):
+                next(iter(subscription))
+    still_serving(cluster, leader, before)
