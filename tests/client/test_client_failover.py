@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,18 @@ from broker.devcluster import DevCluster
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(autouse=True)
+def every_node_back(killable: DevCluster) -> Iterator[None]:
+    """After each test, every node of the shared cluster alive again, whatever the test did: a test
+    that fails after a kill must not leave the next one a cluster without a quorum."""
+    yield
+    dead = [i for i in range(killable.nodes) if not killable.alive(i)]
+    for i in dead:
+        killable.spawn(i)
+    if dead:
+        wait_until(lambda: killable.leader() is not None, 60, "every node to agree on a leader")
 
 
 def kill_leader(c: DevCluster) -> int:
