@@ -32,7 +32,12 @@ STOP_TIMEOUT_S = 10.0
 
 
 def _port_free(port: int) -> bool:
+    """Whether a node could listen on ``port`` now. The probe binds as the nodes' servers do (gRPC,
+    pysyncobj and the metrics server all set SO_REUSEADDR): without it, a connection on that port
+    that a server closed first (TIME_WAIT, 60 s) made a free port look taken, and a CI run's
+    ``add_node`` failed on a port an earlier test's cluster had served."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
