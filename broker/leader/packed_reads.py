@@ -20,15 +20,15 @@ position token after the last record (7). :class:`CompactWriter` builds it.
 Before a response leaves, ``finish`` (either writer) parses it once, in C, as
 ``read_view.proto``'s ``SubscribeResponseView``: the internal twin's fields, with the records
 parsed as one merged message, which checks each of them as the twin would (the tests compare the
-two on damaged bodies) and collects their values in one repeated field, so the value bytes the
-metrics report are counted without a message object per record (a 1 MiB response of 1 KiB records:
-~110 against ~240 us warm). Each body is the last thing inside its record's length, so the parse
-fails if any body does not parse on its own (a field running past the body's end runs past the
-record's). A body with its value field twice counts both, as the publish did (``services.packed``);
-a reader of the record sees the last. A response that does not parse is not sent (``finish`` answers
+two on damaged bodies) without a message object per record. Each body is the last thing inside its
+record's length, so the parse fails if any body does not parse on its own (a field running past the
+body's end runs past the record's). A response that does not parse is not sent (``finish`` answers
 None): the reader reads those records again the per-record way, which reports an unreadable one as
 BADMSG, as it always did. So a stored body that passed its CRC but is not a ``RecordBody`` (written
-by a faulty leader) still costs a reader one record, never the stream.
+by a faulty leader) still costs a reader one record, never the stream. Nothing is read out of the
+parse: the metrics count a response's bytes (``len(data)``), not its values', which would take a
+bytes object per value (a catching-up reader of 1 KiB records read 13 % faster without them;
+bench/NOTE.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -64,15 +64,15 @@ def _packed_field(number: int, values: list[int]) -> bytes:
     return _bytes_field(number, b"".join(map(varint, values)))
 
 
-def _checked(data: bytes, count: int, body: str) -> PackedBatch | None:
-    """``data``, of ``count`` records in its ``body`` field, as a :class:`PackedBatch` once it parses
-    (as ``read_view.proto``'s view, in C); None when it does not (a stored body that is not a
+def _checked(data: bytes, count: int) -> PackedBatch | None:
+    """``data``, of ``count`` records, as a :class:`PackedBatch` once it parses (as
+    ``read_view.proto``'s view, in C); None when it does not (a stored body that is not a
     ``RecordBody``)."""
     try:
-        view = read_view_pb2.SubscribeResponseView.FromString(data)
+        read_view_pb2.SubscribeResponseView.FromString(data)
     except DecodeError:
         return None
-    return PackedBatch(data, count, sum(map(len, getattr(view, body).records.value)))
+    return PackedBatch(data, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,6 @@ class PackedBatch:
 
     data: bytes
     records: int
-    value_bytes: int
 
 
 class BatchWriter:
@@ -135,7 +134,7 @@ class BatchWriter:
         """The response, or None when it does not parse (a body that is not a ``RecordBody``)."""
         assert self.count > 0, "a packed response holds at least one record"
         parts = self._parts
-        return _checked(b"".join((_FIELD1_BYTES, varint(sum(map(len, parts))), *parts)), self.count, "batch")
+        return _checked(b"".join((_FIELD1_BYTES, varint(sum(map(len, parts))), *parts)), self.count)
 
 
 class CompactWriter:
@@ -234,4 +233,4 @@ class CompactWriter:
         ))
         parts = self._parts
         parts.append(tail)
-        return _checked(b"".join((_COMPACT, varint(sum(map(len, parts))), *parts)), self.count, "compact")
+        return _checked(b"".join((_COMPACT, varint(sum(map(len, parts))), *parts)), self.count)

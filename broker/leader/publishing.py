@@ -43,13 +43,6 @@ class PublishBatch:
     bodies: list[bytes] | None = None
     keys: list[bytes | None] | None = None
     values: Callable[[], Iterable[bytes]] | None = None
-    value_bytes_total: int | None = None  # with bodies: the values' bytes together
-
-    def value_bytes(self) -> int:
-        """The bytes of every record's value together (the ``publish_bytes`` metric)."""
-        if self.value_bytes_total is not None:
-            return self.value_bytes_total
-        return sum(map(len, self.record_values()))
 
     @property
     def count(self) -> int:

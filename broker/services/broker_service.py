@@ -55,7 +55,7 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
             self._metrics.publish_errors.labels(errors.status_code(exc).name).inc()
             raise
         self._metrics.publish_latency.observe(time.perf_counter() - started)
-        self._metrics.published(request.topic, batch.count, batch.value_bytes())
+        self._metrics.published(request.topic, batch.count, len(received.data))
         return response
 
     @errors.unary_async
@@ -98,15 +98,15 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
             tail = small_response if stateless and not subscription.filter else None
             async for item in self._streams.serve(open_steps, read_ahead=stateless, tail_on_loop=tail):
                 if isinstance(item, PackedBatch):
-                    self._metrics.deliver_records.labels(request.topic).inc(item.records)
-                    self._metrics.deliver_bytes.labels(request.topic).inc(item.value_bytes)
+                    self._metrics.delivered(request.topic, item.records, len(item.data))
                     yield item.data
                     continue
                 assert isinstance(item, broker_pb2.SubscribeResponse)
                 if item.HasField("batch") and item.batch.records:
-                    records = item.batch.records
-                    self._metrics.deliver_records.labels(request.topic).inc(len(records))
-                    self._metrics.deliver_bytes.labels(request.topic).inc(sum(len(r.value) for r in records))
+                    data = item.SerializeToString()  # as the response serializer would, once
+                    self._metrics.delivered(request.topic, len(item.batch.records), len(data))
+                    yield data
+                    continue
                 yield item
         finally:
             self._metrics.subscribers.dec()

@@ -47,7 +47,8 @@ class NodeMetrics:
         self.grpc = GrpcServerMetrics(self.registry)
         self.publish_records = Counter("raftbroker_publish_records", "Records acknowledged to publishers",
                                        ["topic"], registry=self.registry)
-        self.publish_bytes = Counter("raftbroker_publish_bytes", "Value bytes acknowledged to publishers",
+        self.publish_bytes = Counter("raftbroker_publish_bytes",
+                                     "Bytes of the publish requests acknowledged to publishers (as received)",
                                      ["topic"], registry=self.registry)
         self.publish_errors = Counter("raftbroker_publish_errors", "Publish requests answered with an error",
                                       ["code"], registry=self.registry)
@@ -56,19 +57,26 @@ class NodeMetrics:
                                          registry=self.registry, buckets=_LATENCY_BUCKETS)
         self.deliver_records = Counter("raftbroker_deliver_records", "Records delivered to subscribers",
                                        ["topic"], registry=self.registry)
-        self.deliver_bytes = Counter("raftbroker_deliver_bytes", "Value bytes delivered to subscribers",
+        self.deliver_bytes = Counter("raftbroker_deliver_bytes",
+                                     "Bytes of the responses that delivered records to subscribers (as sent)",
                                      ["topic"], registry=self.registry)
         self.subscribers = Gauge("raftbroker_subscribers", "Open subscription streams", registry=self.registry)
         self._published: dict[str, tuple[Counter, Counter]] = {}  # topic -> its series of publish_records, _bytes
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
-    def published(self, topic: str, records: int, value_bytes: int) -> None:
-        """Count an acknowledged publish: ``labels()`` looked up once per topic, not per request."""
+    def published(self, topic: str, records: int, request_bytes: int) -> None:
+        """Count an acknowledged publish of ``records`` records in a request of ``request_bytes``:
+        ``labels()`` looked up once per topic, not per request."""
         series = self._published.get(topic)
         if series is None:
             series = self._published[topic] = (self.publish_records.labels(topic), self.publish_bytes.labels(topic))
         series[0].inc(records)
-        series[1].inc(value_bytes)
+        series[1].inc(request_bytes)
+
+    def delivered(self, topic: str, records: int, response_bytes: int) -> None:
+        """Count a response of ``response_bytes`` that delivered ``records`` records."""
+        self.deliver_records.labels(topic).inc(records)
+        self.deliver_bytes.labels(topic).inc(response_bytes)
 
     def forget_topic(self, topic: str) -> None:
         """Remove the series labelled with ``topic`` (after it was dropped), so a churn of topics

@@ -16,7 +16,7 @@ request's bytes as received parse as a view (``publish_view.proto``'s ``LeanRequ
 2. the merged ``LeanFields`` has no unknown field: a proto2 message of only those fields, ``op`` a
    closed enum, so any other field number, any other wire type and any op outside the enum in any
    record lands in its unknown fields. The same parse collects every key (whether any record has
-   one) and every value (their bytes together).
+   one).
 
 Until 2026-12-05 the check was two parses and a join: the request as a view of one message per
 record, then every record joined (a 1 MiB copy at 1 KiB records) parsed as one ``LeanFields``.
@@ -77,7 +77,7 @@ def packed_batch(request: broker_pb2.PublishRequest, data: bytes | None = None) 
     # per record from a view of each: a record may repeat its key field, so the merged keys need not align
     keys = [r.key if r.HasField("key") else None for r in _per_record(raw).packed_records] if fields.key else None
     return PublishBatch(topic=request.topic, bodies=bodies, dedup_id=request.dedup_id,
-                        first_msg_id=request.first_msg_id, keys=keys, value_bytes_total=sum(map(len, fields.value)),
+                        first_msg_id=request.first_msg_id, keys=keys,
                         values=lambda: (r.value for r in _per_record(raw).packed_records))
 
 

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -92,8 +93,9 @@ def test_metrics_report_raft_state_and_publishes(cluster: DevCluster) -> None:
     leader = cluster.wait_ready()
     s = stubs(leader)
     s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="metered")))
-    s.broker.Publish(broker_pb2.PublishRequest(topic="metered", records=[broker_pb2.PublishRecord(value=b"x" * 10)
-                                                                         for _ in range(7)]))
+    published = broker_pb2.PublishRequest(topic="metered", records=[broker_pb2.PublishRecord(value=b"x" * 10)
+                                                                    for _ in range(7)])
+    s.broker.Publish(published)
     s.close()
     index = cluster.addresses.index(leader)
     m = scrape(cluster.metrics_address(index))
@@ -101,11 +103,57 @@ def test_metrics_report_raft_state_and_publishes(cluster: DevCluster) -> None:
     assert m["raftbroker_raft_term"] >= 1
     assert m["raftbroker_raft_applied_index"] >= 2
     assert m["raftbroker_publish_records_total{topic=metered}"] == 7
-    assert m["raftbroker_publish_bytes_total{topic=metered}"] == 70
+    assert m["raftbroker_publish_bytes_total{topic=metered}"] == published.ByteSize()  # the request as sent
     assert m["raftbroker_publish_latency_seconds_count"] >= 1
     assert "raftbroker_subscribers" in m and "raftbroker_store_size_bytes" in m
     follower = scrape(cluster.metrics_address((index + 1) % cluster.nodes))
     assert follower["raftbroker_raft_role{role=follower}"] == 1
+
+
+def test_the_byte_counters_count_the_messages_that_carry_records(cluster: DevCluster) -> None:
+    """``publish_bytes`` adds the acknowledged publish requests' bytes as received, ``deliver_bytes``
+    the bytes of every response that delivered records, as sent: compact, whole-record and filtered
+    (per-record) reads, each compared with the bytes the client received. A refused publish and a
+    read that delivers nothing add nothing."""
+    leader = cluster.wait_ready()
+    index = cluster.addresses.index(leader)
+    s = stubs(leader)
+    raw_subscribe = s.channel.unary_stream("/broker.v1.Broker/Subscribe",
+                                           request_serializer=broker_pb2.SubscribeRequest.SerializeToString,
+                                           response_deserializer=None)  # the response bytes as received
+    try:
+        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="sized", partitions=2)))
+        plain = broker_pb2.PublishRequest(topic="sized", records=[
+            broker_pb2.PublishRecord(value=os.urandom(i * 37), key=b"k%d" % i if i % 3 else b"",
+                                     headers={"h": "v"} if i % 4 == 0 else {}) for i in range(40)])
+        packed = broker_pb2.PublishRequest(topic="sized", packed_records=[
+            broker_pb2.PublishRecord(value=os.urandom(1000 + i)).SerializeToString() for i in range(25)])
+        s.broker.Publish(plain)
+        s.broker.Publish(packed)
+        with pytest.raises(grpc.RpcError):  # no such topic: refused, not counted
+            s.broker.Publish(broker_pb2.PublishRequest(topic="absent", records=[broker_pb2.PublishRecord(value=b"v")]))
+        sent, records, in_partition_1 = 0, 0, 0
+        for compact, cel in ((True, ""), (False, ""), (False, "partition == 1")):
+            req = broker_pb2.SubscribeRequest(topic="sized", stop_at_end=True, compact=compact, filter=cel,
+                                              max_batch=9)
+            for data in raw_subscribe(req, timeout=30):
+                response = broker_pb2.SubscribeResponse.FromString(data)
+                got = response.compact.records or response.batch.records
+                if got:
+                    sent += len(data)
+                    records += len(got)
+                if not compact and not cel:
+                    in_partition_1 += sum(r.partition == 1 for r in response.batch.records)
+        assert 0 < in_partition_1 < 65 and records == 65 + 65 + in_partition_1
+        with pytest.raises(grpc.RpcError):  # an expression that does not compile: nothing delivered
+            list(raw_subscribe(broker_pb2.SubscribeRequest(topic="sized", stop_at_end=True, filter="(("), timeout=30))
+        m = scrape(cluster.metrics_address(index))
+        assert m["raftbroker_publish_records_total{topic=sized}"] == 65
+        assert m["raftbroker_publish_bytes_total{topic=sized}"] == plain.ByteSize() + packed.ByteSize()
+        assert m["raftbroker_deliver_records_total{topic=sized}"] == records
+        assert m["raftbroker_deliver_bytes_total{topic=sized}"] == sent
+    finally:
+        s.close()
 
 
 def test_the_series_of_a_dropped_topic_are_removed(cluster: DevCluster) -> None:

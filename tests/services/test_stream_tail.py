@@ -20,8 +20,8 @@ from broker.v1 import broker_pb2, common_pb2
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
-SMALL = PackedBatch(b"s" * 100, 1, 90)
-LARGE = PackedBatch(b"L" * (TAIL_ON_LOOP_BYTES_MAX + 1), 64, TAIL_ON_LOOP_BYTES_MAX)
+SMALL = PackedBatch(b"s" * 100, 1)
+LARGE = PackedBatch(b"L" * (TAIL_ON_LOOP_BYTES_MAX + 1), 64)
 
 
 def run_stream(tail_on_loop: Callable[[object], bool] | None) -> list[tuple[str, bool]]:
@@ -73,8 +73,8 @@ def test_without_tail_on_loop_every_step_runs_on_the_pool() -> None:
 
 
 def test_what_counts_as_a_small_response() -> None:
-    assert small_response(PackedBatch(b"x" * TAIL_ON_LOOP_BYTES_MAX, 10, 10))
-    assert not small_response(PackedBatch(b"x" * (TAIL_ON_LOOP_BYTES_MAX + 1), 10, 10))
+    assert small_response(PackedBatch(b"x" * TAIL_ON_LOOP_BYTES_MAX, 10))
+    assert not small_response(PackedBatch(b"x" * (TAIL_ON_LOOP_BYTES_MAX + 1), 10))
     assert small_response(broker_pb2.SubscribeResponse(event=common_pb2.Event()))
     assert not small_response(broker_pb2.SubscribeResponse(batch=broker_pb2.RecordBatch()))
     assert not small_response(Idle(0, 1.0))
