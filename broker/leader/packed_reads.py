@@ -27,7 +27,7 @@ None): the reader reads those records again the per-record way, which reports an
 BADMSG, as it always did. So a stored body that passed its CRC but is not a ``RecordBody`` (written
 by a faulty leader) still costs a reader one record, never the stream. Nothing is read out of the
 parse: the metrics count a response's bytes (``len(data)``), not its values', which would take a
-bytes object per value (a catching-up reader of 1 KiB records read 13 % faster without them;
+bytes object per value (a catching-up reader of 1 KiB records read 6-13 % faster without them;
 bench/NOTE.md, 2026-12-06).
 """
 
