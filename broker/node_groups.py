@@ -17,6 +17,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.operations import GroupOperations
 from broker.leader.groups.service import GroupService
+from broker.leader.groups.versions import GroupVersions
 from broker.leader.reading import RESPONSE_BYTES_MAX
 from broker.leader.submitter import CommandSubmitter
 from broker.services.group_service import GroupCollector
@@ -26,7 +27,7 @@ from broker.services.metrics import NodeMetrics
 def group_applier(state: BrokerStateMachine, retention: Retention) -> GroupApplier:
     """The replicated group state, registered on ``state``; lead and protect groups limit prunes
     (SPEC §2.2)."""
-    applier = GroupApplier(state)
+    applier = GroupApplier(state, GroupVersions())
     retention.set_prune_guard(applier.prune_roles)
     return applier
 

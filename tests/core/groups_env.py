@@ -15,6 +15,7 @@ from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.operations import GroupOperations
 from broker.leader.groups.runtime import Delivery, GroupRuntime
 from broker.leader.groups.service import GroupService
+from broker.leader.groups.versions import GroupVersions
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
@@ -71,7 +72,7 @@ class Env:
 def make_env(state: BrokerStateMachine | None = None) -> Env:
     state = state or BrokerStateMachine(MemoryStore(), Changes())
     retention = Retention(state)
-    applier = GroupApplier(state)
+    applier = GroupApplier(state, GroupVersions())
     retention.set_prune_guard(applier.prune_roles)
     replicator = InMemoryReplicator(state)
     replicator.start()

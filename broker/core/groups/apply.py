@@ -16,7 +16,9 @@ A record with a retry entry is pending even below the watermark (a retried dead 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from broker.core import record_log, records
 from broker.core.applied import CacheChanges, PartitionState, Rejected
@@ -32,6 +34,7 @@ from broker.v1 import internal_pb2
 
 K = internal_pb2
 _INT64_MAX = 2**63 - 1
+Position = tuple[int, int]
 
 
 class Outcome(enum.StrEnum):
@@ -58,6 +61,7 @@ class _Apply:
         self.retries: dict[tuple[int, int], K.RetryState | None] = {}
         self.dlq_parts: dict[tuple[int, int], PartitionState] = {}
         self.dlq_meta: K.TopicMeta | None = None
+        self.retries_changed: set[Position] = set()  # positions whose retry entry this apply wrote
 
     def cursor(self, partition: int) -> GroupCursor:
         if partition not in self.cursors:
@@ -78,9 +82,11 @@ class _Apply:
             if old is not None:
                 self.batch.delete(Column.GROUPS, key)
                 cursor.retrying -= 1
+                self.retries_changed.add((partition, offset))
         else:
             self.batch.put(Column.GROUPS, key, state.SerializeToString())
             cursor.retrying += old is None
+            self.retries_changed.add((partition, offset))
         self.retries[(partition, offset)] = state
 
     def write_cursors(self) -> None:
@@ -146,13 +152,47 @@ def ensure_dlq_topic(sm: BrokerStateMachine, name: str, partitions: int, now_ms:
     return created
 
 
-class GroupApplier:
-    """Registers the group commands on ``state``; keeps a per-group version (a cache, bumped after
-    each write of the group) so leader-side readers know when to re-read the store."""
+class GroupWrites(Protocol):
+    """What the applier tells of each apply that wrote a group, once its batch is written (on the
+    apply thread), and what leader-side readers ask of it from any thread. Injected, so that this
+    module stays free of threads: ``broker.leader.groups.versions.GroupVersions`` in a node."""
 
-    def __init__(self, state: BrokerStateMachine) -> None:
-        self._sm = state
+    def bump(self, gid: int, retries: frozenset[Position] | None) -> None:
+        """Group ``gid`` was written; ``retries``: the positions whose retry entry changed (None: not
+        known one by one, e.g. a range delete)."""
+
+    def version(self, gid: int) -> int:
+        """Changes after every apply that wrote group ``gid``."""
+
+    def retries_changed(self, gid: int, since: int) -> set[Position] | None:
+        """The positions whose retry entry the applies after version ``since`` of ``gid`` wrote (and
+        perhaps later ones'); None when they are not all known."""
+
+
+class VersionsOnly:
+    """:class:`GroupWrites` that counts versions and lists no positions (readers read every retry
+    entry): for a state machine without a leader-side reader that threads could race."""
+
+    def __init__(self) -> None:
         self._versions: dict[int, int] = {}
+
+    def bump(self, gid: int, retries: frozenset[Position] | None) -> None:
+        self._versions[gid] = self._versions.get(gid, 0) + 1
+
+    def version(self, gid: int) -> int:
+        return self._versions.get(gid, 0)
+
+    def retries_changed(self, gid: int, since: int) -> set[Position] | None:
+        return None
+
+
+class GroupApplier:
+    """Registers the group commands on ``state``; tells ``versions`` (:class:`GroupWrites`) of each
+    write of a group, so leader-side readers know when and what to re-read."""
+
+    def __init__(self, state: BrokerStateMachine, versions: GroupWrites | None = None) -> None:
+        self._sm = state
+        self.versions: GroupWrites = versions if versions is not None else VersionsOnly()
         self.dead_lettered = 0  # node-local counters for metrics
         self.retries_scheduled = 0
         for kind, handler in (("create_group", self._create), ("group_settle", self._settle),
@@ -165,12 +205,12 @@ class GroupApplier:
 
     def version(self, gid: int) -> int:
         """Changes after every apply that wrote group ``gid``."""
-        return self._versions.get(gid, 0)
+        return self.versions.version(gid)
 
-    def _touched(self, gid: int, changes: CacheChanges) -> None:
-        def bump() -> None:
-            self._versions[gid] = self._versions.get(gid, 0) + 1
-        changes.after_write.append(bump)
+    def _touched(self, gid: int, changes: CacheChanges, retries: Iterable[Position] | None = None) -> None:
+        """``retries``: the positions whose retry entry the apply wrote (None: unknown, read them all)."""
+        written = None if retries is None else frozenset(retries)
+        changes.after_write.append(lambda: self.versions.bump(gid, written))
 
     def _group(self, topic: str, group: str, gid: int) -> K.GroupMeta | Rejected:
         meta = layout.get_meta(self._sm.store, topic, group)
@@ -255,7 +295,7 @@ class GroupApplier:
             if meta.paused != cmd.paused:
                 meta.paused = cmd.paused
                 batch.put(Column.GROUPS, layout.meta_key(meta.topic, meta.group), meta.SerializeToString())
-                self._touched(meta.group_id, changes)
+                self._touched(meta.group_id, changes, ())
                 changed.append(meta.group)
         return changed
 
@@ -294,7 +334,7 @@ class GroupApplier:
         run.load_retries([(e.partition, e.offset) for e in cmd.entries if e.partition < meta.partitions])
         outcomes = [self._settle_one(run, cmd.now_ms, entry) for entry in cmd.entries]
         run.write_cursors()
-        self._touched(meta.group_id, changes)
+        self._touched(meta.group_id, changes, run.retries_changed)
         return SettleResult(outcomes)
 
     def _commit(self, run: _Apply, partition: int, offset: int) -> None:
@@ -368,7 +408,7 @@ class GroupApplier:
                                                   reason="retried from dead letters", has_key=dead.has_key,
                                                   key=dead.key))
         run.write_cursors()
-        self._touched(gid, changes)
+        self._touched(gid, changes, run.retries_changed)
         return len({(p, o) for p, o, _ in found})
 
     def _purge_dead(self, cmd: K.PurgeDeadLettersCommand, batch: Batch, changes: CacheChanges) -> object:
@@ -384,5 +424,5 @@ class GroupApplier:
             cursor.dead = 0
         batch.delete_range(Column.GROUPS, *layout.dead_range(meta.group_id))
         run.write_cursors()
-        self._touched(meta.group_id, changes)
+        self._touched(meta.group_id, changes, ())
         return purged

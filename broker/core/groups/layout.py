@@ -119,6 +119,12 @@ def retries(store: Store, gid: int, partition: int | None = None) -> Iterator[tu
         yield (*position_of(key), internal_pb2.RetryState.FromString(value))
 
 
+def retries_at(store: Store, gid: int, positions: list[tuple[int, int]]) -> list[internal_pb2.RetryState | None]:
+    """The retry entries of ``positions`` (None where a position has none), in one multi-get."""
+    raws = store.get_many(Column.GROUPS, [retry_key(gid, p, o) for p, o in positions])
+    return [internal_pb2.RetryState.FromString(raw) if raw is not None else None for raw in raws]
+
+
 def dead_letters(store: Store, gid: int, partition: int | None = None, after_offset: int | None = None,
                  limit: int | None = None) -> Iterator[tuple[int, int, internal_pb2.DeadLetterState]]:
     """(partition, offset, state) of the group's dead letters in (partition, offset) order."""

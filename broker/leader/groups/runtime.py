@@ -1,7 +1,9 @@
 """One group's leader-side delivery state: what to hand out next, to whom, and the leases.
 
 The replicated state (cursors, retry entries, paused flag) is read from the store whenever the
-group's version changes; the rest is leader memory and starts empty after a failover:
+group's version changes: the retry entries that the applies since the last read wrote, as the
+applier lists them (``GroupVersions``), or all of them when it cannot (a seek, a runtime far behind);
+the rest is leader memory and starts empty after a failover:
 - ``next_fresh[p]``: offsets below it were handed out in this leader term (or are settled);
 - ``ready[p]``: offsets given back (released, or taken from a member that died or lost the
   partition), delivered before anything fresh so per-partition order survives a handover;
@@ -62,6 +64,7 @@ class GroupRuntime:
         self._cursors = [GroupCursor() for _ in range(n)]
         self._retries: dict[Position, internal_pb2.RetryState] = {}
         self._retry_keys: collections.Counter[bytes] = collections.Counter()
+        self._retry_order: list[Position] | None = None  # the positions of _retries, sorted (None: to sort)
         self._next_fresh: list[int | None] = [None] * n
         self._ready: list[list[int]] = [[] for _ in range(n)]
         self._waiting: dict[bytes, list[Position]] = {}
@@ -86,9 +89,31 @@ class GroupRuntime:
                 return
             self.meta = meta
             self._cursors = layout.get_cursors(store, self.gid, meta.partitions)
-            self._retries = {(p, o): r for p, o, r in layout.retries(store, self.gid)}
-            self._retry_keys = collections.Counter(r.key for r in self._retries.values() if r.has_key)
+            changed = self._applier.versions.retries_changed(self.gid, self._version)
+            if changed is None:
+                self._retries = {(p, o): r for p, o, r in layout.retries(store, self.gid)}
+                self._retry_keys = collections.Counter(r.key for r in self._retries.values() if r.has_key)
+                self._retry_order = None
+            elif changed and self._reread_retries(sorted(changed)):
+                self._retry_order = None
             self._version = version
+
+    def _reread_retries(self, positions: list[Position]) -> bool:
+        """Re-read the retry entries of ``positions`` (the rest are as last read); returns whether
+        a position gained or lost its entry."""
+        added_or_removed = False
+        for position, retry in zip(positions, layout.retries_at(self._state.store, self.gid, positions), strict=True):
+            old = self._retries.pop(position, None)
+            if old is not None and old.has_key:
+                self._retry_keys[old.key] -= 1
+                if self._retry_keys[old.key] <= 0:
+                    del self._retry_keys[old.key]
+            if retry is not None:
+                self._retries[position] = retry
+                if retry.has_key:
+                    self._retry_keys[retry.key] += 1
+            added_or_removed |= (old is None) != (retry is None)
+        return added_or_removed
 
     def cursor(self, partition: int) -> GroupCursor:
         return self._cursors[partition]
@@ -99,6 +124,11 @@ class GroupRuntime:
 
     def retry_state(self, position: Position) -> internal_pb2.RetryState | None:
         return self._retries.get(position)
+
+    def retries_as_read(self) -> tuple[dict[Position, internal_pb2.RetryState], dict[bytes, int]]:
+        """The retry entries as last read (a copy), and how many of them wait per record key."""
+        with self.lock:
+            return dict(self._retries), dict(self._retry_keys)
 
     # -- streams ---------------------------------------------------------------------------------
     def open_stream(self) -> int:
@@ -159,9 +189,12 @@ class GroupRuntime:
 
     def _pick_retries(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, lease_now_ms: int,
                       out: Delivery, budget: list[int]) -> None:
-        for (p, o), retry in sorted(self._retries.items()):
+        if self._retry_order is None:
+            self._retry_order = sorted(self._retries)
+        for p, o in self._retry_order:
             if budget[0] <= 0:
                 return
+            retry = self._retries[(p, o)]
             if p not in eligible or retry_due_ms(retry, now_ms) > now_ms or self.leases.get((p, o)) is not None:
                 continue
             if self._key_busy(retry.key if retry.has_key else None, own_retry=True):
