@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import Batch, Client, Record, TopicExists, TopicNotFound
 from broker.client.aio import AsyncClient, AsyncMessage
@@ -228,3 +230,35 @@ def test_run_in_stream_mode_keeps_each_partitions_order(cluster: DevCluster) -> 
     for p in range(3):
         offsets = [o for q, o in order if q == p]
         assert offsets == list(range(10)), f"partition {p} handled in order"
+
+
+def _acks_started(metrics_address: str) -> float:
+    text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "raftbroker_grpc_server_started_total" and sample.labels.get("grpc_method") == "Ack")
+
+
+def test_concurrent_acks_of_a_consumer_share_requests_and_settle_every_message(cluster: DevCluster) -> None:
+    """``run`` with 32 handlers acking one message each: every message settled once, in far fewer
+    ``Ack`` calls than messages (counted by the leader's own RPC counter)."""
+    leader = cluster.addresses.index(cluster.wait_ready())
+
+    async def main() -> tuple[int, int, list[bytes]]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-acks", 2)
+            await c.publish_batch("aio-acks", [{"value": f"a{i}", "partition": i % 2} for i in range(400)])
+            handled: list[bytes] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                handled.append(m.value)
+
+            n = await c.run("aio-acks", group="acks", handler=handler, concurrency=32, limit=400)
+            lag = await c.group_lag("aio-acks", "acks")
+            return n, sum(p.lag + p.in_flight + p.retrying for p in lag.partitions), handled
+
+    before = _acks_started(cluster.metrics_address(leader))
+    n, unsettled, handled = asyncio.run(main())
+    calls = _acks_started(cluster.metrics_address(leader)) - before
+    assert n == 400 and sorted(handled) == sorted(f"a{i}".encode() for i in range(400))
+    assert unsettled == 0, "every message was settled"
+    assert 1 <= calls <= 200, f"{calls:.0f} Ack calls for 400 acks: concurrent acks share requests"

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar, cast
 import grpc
 
 from broker.client import wire
+from broker.client.aio.acks import AckCoalescer, Settleable
 from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED
 from broker.client.errors import (
@@ -312,6 +313,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         self._on_event = on_event
         self._merged: _Merged | None = None
         self._beats: asyncio.Task[None] | None = None
+        self._acks = AckCoalescer(self._send_acks)
         self.assigned: tuple[int, ...] = ()
 
     def __aiter__(self) -> AsyncConsumer:
@@ -390,7 +392,12 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
                 m.settled = True
 
     async def ack(self, messages: Sequence[AsyncMessage]) -> None:
-        await self._settle(messages, "ack", lambda p, a, t: self._router.broker(a).Ack(
+        """Settle ``messages`` for good; returns once replicated. Concurrent acks of this consumer
+        share requests (:mod:`broker.client.aio.acks`)."""
+        await self._acks.ack(messages)
+
+    async def _send_acks(self, messages: list[Settleable]) -> None:
+        await self._settle(cast(list[AsyncMessage], messages), "ack", lambda p, a, t: self._router.broker(a).Ack(
             broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=p), timeout=t, metadata=metadata()))
 
     async def nack(self, messages: Sequence[AsyncMessage], delay_ms: int | None = None) -> None:
