@@ -5,8 +5,11 @@ group methods of :class:`~broker.client.Client` (:class:`GroupsMixin`).
 that returns acks its message, one that raises nacks it (the group's backoff decides when it
 comes back). ``ack="manual"``: the handler settles (``ack``/``nack``/``extend``/``discard``); if it
 returns (or raises) without settling, the message is nacked, so nothing is stranded. Settlements
-are sent in batches of up to ``batch_size`` records per replicated command. In stream mode the
-records of one partition always go to the same worker, one after another (per-partition order).
+are sent in batches by one thread, one replicated command each: every outcome queued when a batch
+is sent goes with it (up to :data:`SETTLE_BATCH_MAX`), so the acks of workers that finished while
+the previous batch was in flight share the next; with ``batch_size`` > 1 the thread also waits up
+to 5 ms for that many. In stream mode the records of one partition always go to the same worker,
+one after another (per-partition order).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Message], object]
 _STOP = object()
 _SETTLE_LINGER_S = 0.005
+SETTLE_BATCH_MAX = 1000  # outcomes per settle call at most (the leader takes up to 10,000 positions)
 
 
 class _Settler:
@@ -51,12 +55,17 @@ class _Settler:
                     break
                 assert isinstance(item, tuple)
                 batch.append(item)
-                if len(batch) >= self._batch_size:
+                if len(batch) >= SETTLE_BATCH_MAX:
                     break
-                try:
-                    item = self.queue.get(timeout=_SETTLE_LINGER_S)
+                try:  # what is queued already goes along; up to batch_size, wait a little for more
+                    item = self.queue.get_nowait()
                 except queue.Empty:
-                    break
+                    if len(batch) >= self._batch_size:
+                        break
+                    try:
+                        item = self.queue.get(timeout=_SETTLE_LINGER_S)
+                    except queue.Empty:
+                        break
             self._flush(batch)
 
     def _flush(self, batch: list[tuple[str, Message]]) -> None:

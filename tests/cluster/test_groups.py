@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TypedDict
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import Client, Event, GroupNotFound, Message
 from broker.devcluster import DevCluster
@@ -54,6 +55,30 @@ def test_two_groups_on_one_topic_each_receive_every_message(client: Client) -> N
         assert sorted(seen) == values, f"{group} received every message once"
     lag = client.groups.lag("g-two", "billing")
     assert lag.lag == 0 and [p.committed for p in lag.partitions] == [p.end_offset for p in lag.partitions]
+
+
+def _acks_started(metrics_address: str) -> float:
+    text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "raftbroker_grpc_server_started_total" and sample.labels.get("grpc_method") == "Ack")
+
+
+def test_run_sends_the_acks_queued_while_one_call_is_in_flight_together(client: Client,
+                                                                        cluster: DevCluster) -> None:
+    """``batch_size=1`` (the default) waits for nothing, but the acks of workers that finished while
+    an ``Ack`` was in flight share the next call (counted by the leader's own RPC counter)."""
+    client.create_topic("g-acks", 2)
+    values = publish(client, "g-acks", 400)
+    leader = cluster.metrics_address(cluster.addresses.index(cluster.wait_ready()))
+    before = _acks_started(leader)
+    seen: list[bytes] = []
+    assert client.run("g-acks", group="acks", handler=lambda m: seen.append(m.value), concurrency=16,
+                      stop_at_end=True) == 400
+    calls = _acks_started(leader) - before
+    assert sorted(seen) == values
+    lag = client.groups.lag("g-acks", "acks")
+    assert lag.lag == 0 and sum(p.in_flight + p.retrying for p in lag.partitions) == 0, "every message settled"
+    assert 1 <= calls <= 200, f"{calls:.0f} Ack calls for 400 acks"
 
 
 def test_queue_members_never_process_one_message_at_once(client: Client) -> None:
