@@ -76,7 +76,9 @@ def test_the_next_due_time_follows_the_rule() -> None:
     env.service.nack("t", "g", positions(env.pick(rt, rt.open_stream())), 0, release=False)
     rt.refresh()
     assert rt.next_due_ms("m", env.clock.now_ms()) == env.clock.now_ms() + 1000
-    assert rt.next_due_ms("m", env.clock.now_ms() - JUMP_MS) == env.clock.now_ms() - JUMP_MS
+    assert rt.next_due_ms("m", env.clock.now_ms() - JUMP_MS) is None, "the clock went back: due now, none waits"
+    state = rt.retry_state((0, 0))
+    assert state is not None and retry_due_ms(state, env.clock.now_ms() - JUMP_MS) == env.clock.now_ms() - JUMP_MS
 
 
 def publish_keyed(env: Env, key: str) -> Placement:

@@ -175,3 +175,24 @@ def test_paused_group_receives_nothing_until_resumed() -> None:
     assert not env.pick(rt, s).records
     assert env.ops.pause("t", "g", False) == ["g"]
     assert values(env.pick(rt, s)) == [b"a"]
+
+
+def test_an_idle_stream_waits_for_retries_not_yet_due_not_for_one_in_flight() -> None:
+    """A retried record that is leased again is due already: an idle stream must not wake for it
+    every millisecond (it wakes when the lease is settled or expires, both state changes)."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b"])
+    rt = env.group("t", "g", base_delay_ms=1000, max_delay_ms=1000)
+    s = rt.open_stream()
+    first = env.pick(rt, s)
+    env.service.nack("t", "g", positions(first), 0, release=False)
+    rt.refresh()
+    assert rt.next_due_ms("m", env.clock.now_ms()) == env.clock.now_ms() + 1000
+    env.clock.advance(1000)
+    again = env.pick(rt, s)
+    assert sorted(values(again)) == [b"a", b"b"], "both retries delivered again"
+    assert rt.next_due_ms("m", env.clock.now_ms()) is None, "both are in flight: nothing to wait for"
+    env.service.nack("t", "g", positions(again)[:1], 500, release=False)
+    rt.refresh()
+    assert rt.next_due_ms("m", env.clock.now_ms()) == env.clock.now_ms() + 500

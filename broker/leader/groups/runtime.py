@@ -394,8 +394,13 @@ class GroupRuntime:
             self._version = -1
 
     def next_due_ms(self, member_id: str, now_ms: int) -> int | None:
-        """When (leader wall clock) the earliest retry this member could receive falls due (None: none waits)."""
+        """When (leader wall clock) the earliest retry this member could receive that is not due at
+        ``now_ms`` falls due (None: none waits). Retries due already do not count: a pick at
+        ``now_ms`` delivered them, or they wait for what wakes a stream anyway (the lease of the
+        retried record itself or of another record with its key, room in the stream, a paused group
+        resumed); counting them made an idle stream wake every millisecond while one was leased."""
         with self.lock:
             eligible = set(self.eligible(member_id))
-            dues = [retry_due_ms(r, now_ms) for (p, _), r in self._retries.items() if p in eligible]
+            dues = [due for (p, _), r in self._retries.items()
+                    if r.due_ms > now_ms and p in eligible and (due := retry_due_ms(r, now_ms)) > now_ms]
             return min(dues) if dues else None
