@@ -196,3 +196,28 @@ def test_an_idle_stream_waits_for_retries_not_yet_due_not_for_one_in_flight() ->
     env.service.nack("t", "g", positions(again)[:1], 500, release=False)
     rt.refresh()
     assert rt.next_due_ms("m", env.clock.now_ms()) == env.clock.now_ms() + 500
+
+
+def test_due_retries_are_read_together_and_a_pruned_one_is_reported_not_delivered() -> None:
+    """Retries spread over two partitions, near and far apart (several range reads), some pruned
+    while they waited: every stored one is delivered again in position order, every pruned one is
+    reported (BADMSG) and settled, and the budget is kept."""
+    env = make_env()
+    env.topic("t", 2)
+    env.publish("t", [b"p0-%d" % i for i in range(300)], partition=0)
+    env.publish("t", [b"p1-%d" % i for i in range(10)], partition=1)
+    rt = env.group("t", "g", base_delay_ms=100, max_delay_ms=100)
+    s = rt.open_stream()
+    first = env.pick(rt, s, 1000)
+    chosen = [r for r in first.records if r.partition == 1 or r.offset in (0, 1, 2, 150, 151, 299)]
+    env.service.ack("t", "g", [r.position for r in first.records if r not in chosen])
+    env.service.nack("t", "g", [r.position for r in chosen], 0, release=False)
+    env.log.prune("t", 0, 2)  # offsets 0 and 1 of partition 0 go while they wait
+    env.clock.advance(100)
+    again = env.pick(rt, s, 5)
+    assert [(r.partition, r.offset) for r in again.records] == [(0, 2), (0, 150), (0, 151), (0, 299), (1, 0)]
+    bad = [(e.partition, e.offset_before) for e in again.events if e.type == internal_pb2.EVENT_TYPE_BADMSG]
+    assert sorted(bad) == [(0, 0), (0, 1)], "the pruned retries are reported"
+    rest = env.pick(rt, s, 100)
+    assert [(r.partition, r.offset) for r in rest.records] == [(1, o) for o in range(1, 10)]
+    assert all(r.delivery_attempt == 2 for r in again.records + rest.records)

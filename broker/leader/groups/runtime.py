@@ -32,6 +32,8 @@ from broker.leader.groups.membership import Membership
 from broker.v1 import internal_pb2
 
 SCAN_CHUNK = 256
+RETRY_READ_CHUNK = 64  # due retries whose records are read together
+RETRY_READ_GAP = 64  # offsets at most this far apart are read as one range
 LEFT_MEMBERS_MAX = 10_000
 
 
@@ -189,17 +191,57 @@ class GroupRuntime:
 
     def _pick_retries(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, lease_now_ms: int,
                       out: Delivery, budget: list[int]) -> None:
+        """Due retries in position order; their records are read a chunk at a time (one read per run
+        of nearby offsets, not one per record: a batch value is decoded once for all it holds)."""
         if self._retry_order is None:
             self._retry_order = sorted(self._retries)
+        chunk: list[tuple[int, int, internal_pb2.RetryState]] = []
         for p, o in self._retry_order:
-            if budget[0] <= 0:
-                return
             retry = self._retries[(p, o)]
             if p not in eligible or retry_due_ms(retry, now_ms) > now_ms or self.leases.get((p, o)) is not None:
                 continue
+            chunk.append((p, o, retry))
+            if len(chunk) >= max(budget[0], RETRY_READ_CHUNK):
+                if not self._deliver_retries(chunk, stream_id, member_id, lease_now_ms, out, budget):
+                    return
+                chunk = []
+        self._deliver_retries(chunk, stream_id, member_id, lease_now_ms, out, budget)
+
+    def _deliver_retries(self, chunk: list[tuple[int, int, internal_pb2.RetryState]], stream_id: int,
+                         member_id: str, now_ms: int, out: Delivery, budget: list[int]) -> bool:
+        """Deliver ``chunk`` (due, not leased) while the budget lasts; False once it is spent."""
+        stored = self._read_positions([(p, o) for p, o, _ in chunk])
+        for p, o, retry in chunk:
+            if budget[0] <= 0:
+                return False
             if self._key_busy(retry.key if retry.has_key else None, own_retry=True):
                 continue
-            self._deliver(p, o, retry.attempts + 1, stream_id, member_id, lease_now_ms, out, budget)
+            self._deliver(p, o, retry.attempts + 1, stream_id, member_id, now_ms, out, budget, stored.get((p, o)))
+        return budget[0] > 0
+
+    def _read_positions(self, positions: list[Position]) -> dict[Position, record_log.Entry]:
+        """The stored records of ``positions`` (absent: not stored, or below the partition's start),
+        one range read per run of offsets at most :data:`RETRY_READ_GAP` apart."""
+        tid = self.meta.topic_id
+        store = self._state.records_store(tid)
+        by_partition: dict[int, list[int]] = {}
+        for p, o in positions:
+            by_partition.setdefault(p, []).append(o)
+        found: dict[Position, record_log.Entry] = {}
+        for p, wanted in by_partition.items():
+            start = self.bounds(p)[0]
+            offsets = sorted(o for o in wanted if o >= start)
+            i = 0
+            while i < len(offsets):
+                j = i
+                while j + 1 < len(offsets) and offsets[j + 1] - offsets[j] <= RETRY_READ_GAP:
+                    j += 1
+                run = set(offsets[i:j + 1])
+                for entry in record_log.read(store, tid, p, offsets[i], offsets[j] + 1):
+                    if entry.offset in run:
+                        found[(p, entry.offset)] = entry
+                i = j + 1
+        return found
 
     def _pick_ready(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                     budget: list[int]) -> None:
@@ -207,7 +249,7 @@ class GroupRuntime:
         while heap and budget[0] > 0:
             o = heapq.heappop(heap)
             if self._pending((p, o)):
-                self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget)
+                self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget, self._stored(p, o))
 
     def _pick_waiting(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, out: Delivery,
                       budget: list[int]) -> None:
@@ -221,7 +263,7 @@ class GroupRuntime:
             if budget[0] <= 0 or queue[0][0] not in eligible or self._key_busy(key, own_retry=False):
                 continue
             p, o = heapq.heappop(queue)
-            self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget)
+            self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget, self._stored(p, o))
 
     def _pick_fresh(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                     budget: list[int]) -> None:
@@ -259,10 +301,13 @@ class GroupRuntime:
                 nxt = limit
         self._next_fresh[p] = nxt
 
-    def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
-                 budget: list[int]) -> None:
+    def _stored(self, p: int, o: int) -> record_log.Entry | None:
         tid = self.meta.topic_id
-        stored = record_log.get(self._state.records_store(tid), tid, p, o, self.bounds(p)[0])
+        return record_log.get(self._state.records_store(tid), tid, p, o, self.bounds(p)[0])
+
+    def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
+                 budget: list[int], stored: record_log.Entry | None) -> None:
+        """Lease the record at ``(p, o)`` (``stored``: as read, None if it is not stored)."""
         if stored is None:  # pruned while it waited: report the loss and settle it as unreadable
             self._bad(p, o, "the record was pruned before it could be delivered again", out)
             return
