@@ -43,13 +43,19 @@ class Script:
         self.gates[index].set_result(error)
 
 
+async def one_ack_in_flight() -> tuple[Script, AckCoalescer, asyncio.Future[None]]:
+    """A coalescer over a scripted send, with the ack of message 0 sent and not answered yet."""
+    script = Script()
+    acks = AckCoalescer(script.send)
+    first = asyncio.ensure_future(acks.ack([Msg(0)]))
+    while not script.requests:
+        await asyncio.sleep(0)
+    return script, acks, first
+
+
 def test_a_lone_ack_goes_at_once_and_the_ones_that_wait_go_together() -> None:
     async def main() -> None:
-        script = Script()
-        acks = AckCoalescer(script.send)
-        first = asyncio.ensure_future(acks.ack([Msg(0)]))
-        while not script.requests:  # the first request is out
-            await asyncio.sleep(0)
+        script, acks, first = await one_ack_in_flight()
         later = [asyncio.ensure_future(acks.ack([Msg(n)])) for n in range(1, 6)]
         twice = Msg(6)
         later += [asyncio.ensure_future(acks.ack([twice])), asyncio.ensure_future(acks.ack([twice]))]
@@ -69,11 +75,7 @@ def test_a_lone_ack_goes_at_once_and_the_ones_that_wait_go_together() -> None:
 
 def test_a_failed_request_fails_only_its_callers_and_the_queue_goes_on() -> None:
     async def main() -> None:
-        script = Script()
-        acks = AckCoalescer(script.send)
-        first = asyncio.ensure_future(acks.ack([Msg(0)]))
-        while not script.requests:
-            await asyncio.sleep(0)
+        script, acks, first = await one_ack_in_flight()
         second = asyncio.ensure_future(acks.ack([Msg(1)]))
         await asyncio.sleep(0)
         await script.answer(0, Unavailable("UNAVAILABLE", "leader lost"))
@@ -88,11 +90,7 @@ def test_a_failed_request_fails_only_its_callers_and_the_queue_goes_on() -> None
 
 def test_a_caller_cancelled_before_its_request_sends_nothing_and_big_acks_are_split() -> None:
     async def main() -> None:
-        script = Script()
-        acks = AckCoalescer(script.send)
-        first = asyncio.ensure_future(acks.ack([Msg(0)]))
-        while not script.requests:
-            await asyncio.sleep(0)
+        script, acks, first = await one_ack_in_flight()
         gone = asyncio.ensure_future(acks.ack([Msg(1)]))
         big = [Msg(n) for n in range(2, 2 + ACK_POSITIONS_MAX)]
         large = asyncio.ensure_future(acks.ack(big))

@@ -21,6 +21,7 @@ import collections
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from broker.client.aio.coalescing import drain_queued
 from broker.client.aio.routing import Metadata, metadata
 
 ACK_POSITIONS_MAX = 1000  # positions per shared request (the leader takes up to 10,000 per call)
@@ -65,21 +66,11 @@ class AckCoalescer:
         await waiting.done
 
     async def _send_queued(self, key: Metadata) -> None:
-        queue = self._queues[key]
         try:
-            while queue:
-                taken = _take(queue)
-                if taken:
-                    await self._send_taken(taken)
-                    await asyncio.sleep(0)  # let the callers just answered return before the next request
+            await drain_queued(self._queues[key], _take, self._send_taken, lambda w: w.done,
+                               "the consumer stopped sending its queued acks")
         finally:
             del self._senders[key]
-            if queue:  # only when this task itself was cancelled: fail what it leaves behind
-                error = RuntimeError("the consumer stopped sending its queued acks")
-                for waiting in queue:
-                    if not waiting.done.done():
-                        waiting.done.set_exception(error)
-                queue.clear()
             del self._queues[key]
 
     async def _send_taken(self, taken: list[_Waiting]) -> None:
