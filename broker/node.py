@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import threading
 import time
 from types import FrameType
 
@@ -234,18 +233,28 @@ def _compare_replicas(admin: AdminServicer) -> tuple[int, tuple[str, ...]]:
     return found.index, tuple(found.differing)
 
 
+SIGNAL_POLL_S = 0.2
+
+
 def serve(config: NodeConfig) -> None:
-    """Run a node until SIGTERM or SIGINT."""
-    stop = threading.Event()
+    """Run a node until SIGTERM or SIGINT.
+
+    The main thread sleeps in short steps rather than blocking on a lock: Python runs a signal's
+    handler only on the main thread, between bytecodes, and a SIGTERM that the kernel delivers to
+    one of the node's other threads does not wake a main thread blocked without a timeout (seen
+    once under load: the node kept running until killed, its store unflushed). The handler only
+    sets a flag: taking a lock there could deadlock against the main thread holding it."""
+    signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        signals.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     node = Node(config)
     node.start()
     print(f"node {config.node_id} ready on {config.grpc_address}", flush=True)
-    stop.wait()
-    log.info("node %s stopping", config.node_id)
+    while not signals:
+        time.sleep(SIGNAL_POLL_S)
+    log.info("node %s stopping (%s)", config.node_id, signal.Signals(signals[0]).name)
     node.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
@@ -157,10 +157,10 @@ def dev_command(
 
         security = DevSecurity(data_dir)
     cluster = DevCluster(nodes, data_dir, base_port, security=security, http=True)
-    stop = threading.Event()
+    signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        signals.append(signum)  # no lock in a handler (see broker.node.serve)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -180,7 +180,8 @@ def dev_command(
         if security is not None:
             print(f"client config: {security.client_config.resolve()}", flush=True)
         reported: set[int] = set()
-        while not stop.wait(0.5):
+        while not signals:
+            time.sleep(0.5)
             for i, proc in enumerate(cluster.procs):
                 if i not in reported and proc is not None and proc.poll() is not None:
                     reported.add(i)
