@@ -6,10 +6,10 @@ that returns acks its message, one that raises nacks it (the group's backoff dec
 comes back). ``ack="manual"``: the handler settles (``ack``/``nack``/``extend``/``discard``); if it
 returns (or raises) without settling, the message is nacked, so nothing is stranded. Settlements
 are sent in batches by one thread, one replicated command each: every outcome queued when a batch
-is sent goes with it (up to :data:`SETTLE_BATCH_MAX`), so the acks of workers that finished while
-the previous batch was in flight share the next; with ``batch_size`` > 1 the thread also waits up
-to 5 ms for that many. In stream mode the records of one partition always go to the same worker,
-one after another (per-partition order).
+is sent goes with it (up to :data:`SETTLE_BATCH_MAX`, or ``batch_size`` if larger), so the acks of
+workers that finished while the previous batch was in flight share the next; with ``batch_size`` > 1
+the thread also waits up to 5 ms for that many. In stream mode the records of one partition always
+go to the same worker, one after another (per-partition order).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class _Settler:
                     break
                 assert isinstance(item, tuple)
                 batch.append(item)
-                if len(batch) >= SETTLE_BATCH_MAX:
+                if len(batch) >= max(self._batch_size, SETTLE_BATCH_MAX):  # a larger batch_size is the caller's
                     break
                 try:  # what is queued already goes along; up to batch_size, wait a little for more
                     item = self.queue.get_nowait()
