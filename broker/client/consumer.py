@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from broker.client import wire
+from broker.client.acks import ThreadAckCoalescer, settled_each
 from broker.client.errors import (
     error_from_rpc,
     gave_up,
@@ -127,6 +128,7 @@ class Consumer:
         self._on_event = on_event
         self._unsettled: dict[bytes, Message] = {}
         self._lock = threading.Lock()
+        self._acks = ThreadAckCoalescer(self._send_acks)
         self._call: grpc.Call | None = None
         self._closed = threading.Event()
         self._heartbeats: threading.Thread | None = None
@@ -253,12 +255,22 @@ class Consumer:
     def ack(self, messages: Sequence[Message]) -> int:
         """Settle ``messages`` in one replicated command; returns how many of them this call
         settled (the others were settled already: see :meth:`Message.ack`; messages this consumer
-        had settled before are not sent and not counted)."""
-        def send(positions: list[bytes], a: str, t: float) -> object:
-            request = broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=positions)
-            return self._router.broker(a).Ack(request, timeout=t)
-        response = self._settle(messages, "ack", send)
-        return response.settled if isinstance(response, broker_pb2.AckResponse) else 0
+        had settled before are not sent and not counted). Acks of this consumer made from several
+        threads at once share requests (:mod:`broker.client.acks`); each still returns once its own
+        messages were settled, with its own count."""
+        pending = [m for m in messages if not m.settled]
+        settled = self._acks.ack([m.position for m in pending])
+        with self._lock:
+            for m in pending:
+                m.settled = True
+                self._unsettled.pop(m.position, None)
+        return sum(settled)
+
+    def _send_acks(self, positions: list[bytes]) -> list[bool]:
+        request = broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=positions)
+        response = self._router.call(lambda a, t: self._router.broker(a).Ack(request, timeout=t), write=True,
+                                     what=f"ack in {self.group}")
+        return settled_each(response.settled, response.not_settled, len(positions))
 
     def nack(self, messages: Sequence[Message], delay_ms: int | None = None) -> None:
         if delay_ms is not None and delay_ms < 0:

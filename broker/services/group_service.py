@@ -37,7 +37,8 @@ class GroupBrokerMethods:
 
     @errors.unary
     def Ack(self, request: broker_pb2.AckRequest, context: grpc.ServicerContext) -> broker_pb2.AckResponse:
-        return broker_pb2.AckResponse(settled=self._groups.ack(request.topic, request.group, list(request.positions)))
+        settled = self._groups.ack_each(request.topic, request.group, list(request.positions))
+        return broker_pb2.AckResponse(settled=sum(settled), not_settled=[i for i, s in enumerate(settled) if not s])
 
     @errors.unary
     def Nack(self, request: broker_pb2.NackRequest, context: grpc.ServicerContext) -> broker_pb2.NackResponse:

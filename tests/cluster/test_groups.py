@@ -16,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import Client, Event, GroupNotFound, Message
 from broker.devcluster import DevCluster
+from broker.v1 import broker_pb2
 from tests.cluster.group_helpers import Log, first_line, run_member, spawn_member
+from tests.cluster.stubs import stubs
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -79,6 +81,55 @@ def test_run_sends_the_acks_queued_while_one_call_is_in_flight_together(client: 
     lag = client.groups.lag("g-acks", "acks")
     assert lag.lag == 0 and sum(p.in_flight + p.retrying for p in lag.partitions) == 0, "every message settled"
     assert 1 <= calls <= 200, f"{calls:.0f} Ack calls for 400 acks"
+
+
+def test_manual_acks_from_many_threads_share_requests_and_each_tells_its_own(client: Client,
+                                                                           cluster: DevCluster) -> None:
+    """``ack="manual"`` with 16 handlers each calling ``message.ack()``: every message settled, each
+    ``ack`` answered True (it settled its own record, though it shared a request), in far fewer
+    ``Ack`` calls than messages (the leader's own RPC counter)."""
+    client.create_topic("g-manual", 2)
+    values = publish(client, "g-manual", 400)
+    leader = cluster.metrics_address(cluster.addresses.index(cluster.wait_ready()))
+    before = _acks_started(leader)
+    answers: list[bool] = []
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(m: Message) -> None:
+        settled = m.ack()
+        with lock:
+            answers.append(settled)
+            seen.append(m.value)
+
+    assert client.run("g-manual", group="manual", handler=handler, ack="manual", concurrency=16,
+                      stop_at_end=True) == 400
+    calls = _acks_started(leader) - before
+    assert sorted(seen) == values
+    assert answers == [True] * 400, "each ack settled its own record"
+    lag = client.groups.lag("g-manual", "manual")
+    assert lag.lag == 0 and sum(p.in_flight + p.retrying for p in lag.partitions) == 0, "every message settled"
+    assert 1 <= calls <= 200, f"{calls:.0f} Ack calls for 400 manual acks"
+
+
+def test_an_ack_names_the_positions_it_did_not_settle(client: Client, cluster: DevCluster) -> None:
+    """``AckResponse.not_settled`` over the raw API: a position acked before and a repeat within the
+    request are listed, by index; ``settled`` counts the rest."""
+    client.create_topic("g-not-settled", 1)
+    publish(client, "g-not-settled", 3)
+    with client.subscribe("g-not-settled", group="raw", max_in_flight=3) as consumer:
+        messages = [item for _, item in zip(range(3), consumer, strict=False) if isinstance(item, Message)]
+        assert len(messages) == 3
+        a, b, c = (m.position for m in messages)
+        raw = stubs(cluster.addresses[cluster.addresses.index(cluster.wait_ready())])
+        try:
+            ack = raw.broker.Ack
+            first = ack(broker_pb2.AckRequest(topic="g-not-settled", group="raw", positions=[a]), timeout=10)
+            assert (first.settled, list(first.not_settled)) == (1, [])
+            second = ack(broker_pb2.AckRequest(topic="g-not-settled", group="raw", positions=[b, a, c, b]), timeout=10)
+            assert (second.settled, list(second.not_settled)) == (2, [1, 3])
+        finally:
+            raw.close()
 
 
 def test_queue_members_never_process_one_message_at_once(client: Client) -> None:

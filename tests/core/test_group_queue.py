@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker.core import records
 from broker.core.groups import layout
 from broker.v1 import internal_pb2
 from tests.core.groups_env import make_env, positions, values
@@ -49,6 +50,23 @@ def test_acks_settle_and_move_the_watermark_nacks_redeliver_after_the_backoff() 
     env.service.ack("t", "g", positions(again))
     rt.refresh()
     assert rt.cursor(0).committed == 3 and rt.cursor(0).retrying == 0
+
+
+def test_an_ack_answers_per_position_which_records_it_settled() -> None:
+    """``ack_each`` (what ``AckResponse.not_settled`` is built from): a record settled before, a
+    repeat within the call and a token of an older incarnation of the topic are not settled by it."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c"])
+    rt = env.group("t", "g")
+    tokens = positions(env.pick(rt, rt.open_stream()))
+    old = env.state.topic("t")
+    assert old is not None
+    stale = records.position_token(old.topic_id + 1000, 0, 1)
+    assert env.service.ack_each("t", "g", [tokens[0]]) == [True]
+    assert env.service.ack_each("t", "g", [tokens[1], tokens[0], stale, tokens[1], tokens[2]]) == [
+        True, False, False, False, True]
+    assert env.service.ack("t", "g", tokens) == 0, "all settled before"
 
 
 def test_expired_lease_is_redelivered_and_extend_keeps_it() -> None:

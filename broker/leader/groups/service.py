@@ -225,17 +225,21 @@ class GroupService:
     def positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[Position]:
         """(partition, offset) of delivered records' position tokens; tokens of another topic
         incarnation are dropped (their group state is gone)."""
+        return [position for _, position in self.indexed_positions(rt, tokens)]
+
+    def indexed_positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[tuple[int, Position]]:
+        """:meth:`positions`, each with the index of its token in ``tokens``."""
         if len(tokens) > POSITIONS_MAX:
             raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
-        out: list[Position] = []
-        for raw in tokens:
+        out: list[tuple[int, Position]] = []
+        for i, raw in enumerate(tokens):
             token = records.PositionToken.decode(raw)
             if token.incarnation != rt.meta.topic_id:
                 continue
             if token.partition >= rt.meta.partitions or token.next_offset == 0:
                 raise InvalidArgument(f"position of partition {token.partition} offset {token.next_offset - 1} "
                                       f"is not a record of {rt.meta.topic!r}")
-            out.append((token.partition, token.next_offset - 1))
+            out.append((i, (token.partition, token.next_offset - 1)))
         return out
 
     def entry(self, rt: GroupRuntime, kind: int, position: Position, reason: str = "",
@@ -294,9 +298,19 @@ class GroupService:
     def ack(self, topic: str, group: str, tokens: list[bytes]) -> int:
         """Settle the records of ``tokens`` for good; returns how many this call settled (a record
         settled before, by an earlier ack or after its lease ran out, is not counted)."""
+        return sum(self.ack_each(topic, group, tokens))
+
+    def ack_each(self, topic: str, group: str, tokens: list[bytes]) -> list[bool]:
+        """:meth:`ack`, answered per token: whether this call settled its record (False for one
+        settled before, a repeat of an earlier token of ``tokens``, or a token of an older
+        incarnation of the topic)."""
         rt = self.runtime(topic, group)
-        entries = [self.entry(rt, K.SETTLE_ACK, pos) for pos in self.positions(rt, tokens)]
-        return sum(1 for o in self.settle(rt, entries) if o is Outcome.SETTLED)
+        kept = self.indexed_positions(rt, tokens)
+        outcomes = self.settle(rt, [self.entry(rt, K.SETTLE_ACK, pos) for _, pos in kept])
+        settled = [False] * len(tokens)
+        for (i, _), outcome in zip(kept, outcomes, strict=True):
+            settled[i] = outcome is Outcome.SETTLED
+        return settled
 
     def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
         """Fail delivered records: a retry after ``delay_ms`` (0: the backoff; at most
