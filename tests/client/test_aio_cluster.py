@@ -262,3 +262,36 @@ def test_concurrent_acks_of_a_consumer_share_requests_and_settle_every_message(c
     assert n == 400 and sorted(handled) == sorted(f"a{i}".encode() for i in range(400))
     assert unsettled == 0, "every message was settled"
     assert 1 <= calls <= 200, f"{calls:.0f} Ack calls for 400 acks: concurrent acks share requests"
+
+
+def test_each_ack_tells_whether_it_settled_its_own_message_while_sharing_requests(cluster: DevCluster) -> None:
+    """Handlers that ack themselves, 16 at a time: every ``await message.ack()`` answers True (its
+    own record settled, though its request was shared); acking again answers False, as in the sync
+    SDK; ``AsyncConsumer.ack`` counts what it settled."""
+    cluster.wait_ready()
+
+    async def main() -> tuple[list[bool], list[bool], int]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-ack-answers", 2)
+            await c.publish_batch("aio-ack-answers", [{"value": f"a{i}", "partition": i % 2} for i in range(202)])
+            answers: list[bool] = []
+            again: list[bool] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                answers.append(await m.ack())
+                again.append(await m.ack())
+
+            assert await c.run("aio-ack-answers", group="answers", handler=handler, concurrency=16, limit=200) == 200
+            async with c.consumer("aio-ack-answers", "answers") as consumer:
+                left: list[AsyncMessage] = []
+                async for item in consumer:
+                    if isinstance(item, AsyncMessage):
+                        left.append(item)
+                    if len(left) == 2:
+                        break
+                counted = await consumer.ack(left + left)
+            return answers, again, counted
+
+    answers, again, counted = asyncio.run(main())
+    assert answers == [True] * 200 and again == [False] * 200
+    assert counted == 2, "the two messages left, each counted once"

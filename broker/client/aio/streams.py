@@ -23,7 +23,8 @@ from typing import Any, Generic, TypeVar, cast
 import grpc
 
 from broker.client import wire
-from broker.client.aio.acks import AckCoalescer, Settleable
+from broker.client.acks import settled_each
+from broker.client.aio.acks import AckCoalescer
 from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED
 from broker.client.errors import (
@@ -278,8 +279,10 @@ class AsyncMessage:
     headers = property(lambda self: self.record.headers)
     position = property(lambda self: self.record.position)
 
-    async def ack(self) -> None:
-        await self._consumer.ack([self])
+    async def ack(self) -> bool:
+        """Processed: settled for good (returns once replicated); whether this call settled the
+        record, as the sync :meth:`broker.client.Message.ack`."""
+        return await self._consumer.ack([self]) > 0
 
     async def nack(self, delay_ms: int | None = None) -> None:
         await self._consumer.nack([self], delay_ms)
@@ -391,14 +394,22 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             for m in messages:
                 m.settled = True
 
-    async def ack(self, messages: Sequence[AsyncMessage]) -> None:
-        """Settle ``messages`` for good; returns once replicated. Concurrent acks of this consumer
+    async def ack(self, messages: Sequence[AsyncMessage]) -> int:
+        """Settle ``messages`` for good; returns once replicated, with how many of them this call
+        settled (as the sync :meth:`broker.client.Consumer.ack`). Concurrent acks of this consumer
         share requests (:mod:`broker.client.aio.acks`)."""
-        await self._acks.ack(messages)
+        pending = [m for m in messages if not m.settled]
+        settled = await self._acks.ack([m.position for m in pending])
+        for m in pending:
+            m.settled = True
+        return sum(settled)
 
-    async def _send_acks(self, messages: list[Settleable]) -> None:
-        await self._settle(cast(list[AsyncMessage], messages), "ack", lambda p, a, t: self._router.broker(a).Ack(
-            broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=p), timeout=t, metadata=metadata()))
+    async def _send_acks(self, positions: list[bytes]) -> list[bool]:
+        request = broker_pb2.AckRequest(topic=self.topic, group=self.group, positions=positions)
+        response = await self._router.call(
+            lambda a, t: self._router.broker(a).Ack(request, timeout=t, metadata=metadata()),
+            write=True, what=f"ack in {self.group}")
+        return settled_each(response.settled, response.not_settled, len(positions))
 
     async def nack(self, messages: Sequence[AsyncMessage], delay_ms: int | None = None) -> None:
         if delay_ms is not None and delay_ms < 0:
