@@ -26,9 +26,9 @@ request (their records are then not settled: the leases run out and they come ba
 from __future__ import annotations
 
 import collections
-import threading
 from collections.abc import Callable, Sequence
 
+from broker.client.coalescing import HandOff, Slot
 from broker.client.errors import BrokerError, InvalidArgument
 
 ACK_POSITIONS_MAX = 1000  # positions per shared request (the leader takes up to 10,000 per call)
@@ -46,69 +46,37 @@ def settled_each(settled: int, not_settled: Sequence[int], count: int) -> list[b
     return [True] * settled + [False] * (count - settled)
 
 
-class _Slot:
-    """One thread's ack: answered (``settled``/``error``) or asked to send (``lead``), then ``turn`` is set."""
+class _Slot(Slot):
+    """One thread's ack."""
 
-    __slots__ = ("error", "lead", "positions", "settled", "turn")
+    __slots__ = ("positions", "settled")
 
-    def __init__(self, positions: list[bytes], lead: bool) -> None:
+    def __init__(self, positions: list[bytes]) -> None:
+        super().__init__()
         self.positions = positions
-        self.lead = lead
-        self.turn = threading.Event()
         self.settled: list[bool] | None = None
-        self.error: BaseException | None = None
 
     def answered(self) -> bool:
         return self.settled is not None or self.error is not None
 
 
 class ThreadAckCoalescer:
-    """One consumer's queue of acks waiting for the request in flight; ``send`` sends one request
-    and answers per position whether it settled it (:func:`settled_each`)."""
+    """One consumer's queue of acks waiting for the request in flight (:class:`HandOff`); ``send``
+    sends one request and answers per position whether it settled it (:func:`settled_each`)."""
 
     def __init__(self, send: Callable[[list[bytes]], list[bool]]) -> None:
         self._send_request = send
-        self._lock = threading.Lock()
-        self._queue: collections.deque[_Slot] | None = None  # present while a thread is sending
+        self.queue: HandOff[_Slot] = HandOff(_take, self._send,
+                                             "the acking thread was interrupted before this ack's answer")
 
     def ack(self, positions: list[bytes]) -> list[bool]:
         """Per position, whether the request that carried it settled its record."""
         if not positions:
             return []
-        with self._lock:
-            queue = self._queue
-            slot = _Slot(positions, lead=queue is None)
-            if queue is None:
-                queue = self._queue = collections.deque()
-            queue.append(slot)
-        if not slot.lead:
-            slot.turn.wait()  # answered, or handed the queue
-        if slot.lead:
-            self._lead(queue)
-        if slot.error is not None:
-            raise slot.error
+        slot = _Slot(positions)
+        self.queue.run(None, slot)
         assert slot.settled is not None
         return slot.settled
-
-    def _lead(self, queue: collections.deque[_Slot]) -> None:
-        taken: list[_Slot] = []
-        try:
-            with self._lock:
-                taken = _take(queue)
-            self._send(taken)
-        finally:
-            for slot in taken:
-                if not slot.answered():  # this thread was interrupted: no caller may wait forever
-                    slot.error = RuntimeError("the acking thread was interrupted before this ack's answer")
-                if not slot.lead:
-                    slot.turn.set()
-            with self._lock:
-                if queue:
-                    head = queue[0]
-                    head.lead = True
-                    head.turn.set()
-                else:
-                    self._queue = None
 
     def _send(self, taken: list[_Slot]) -> None:
         positions = [p for slot in taken for p in slot.positions]

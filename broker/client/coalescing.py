@@ -30,7 +30,8 @@ caller keys and session ranges would give every other record a generated key). B
 ``coalesce_publishes=False`` to send every ``publish`` as its own call.
 
 This module is the sync client's (:class:`ThreadCoalescer`: the thread whose record heads the
-queue sends the request, then hands the queue to the next waiting thread) and the rules both
+queue sends the request, then hands the queue to the next waiting thread, :class:`HandOff`, which
+the sync consumer's ack coalescing in :mod:`broker.client.acks` shares) and the rules both clients
 share; :mod:`broker.client.aio.coalescing` is the asyncio client's.
 """
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from broker.client import wire
 from broker.client.errors import AlreadyExists, BrokerError, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -97,67 +98,82 @@ def take(queue: collections.deque[Q]) -> list[Q]:
     return taken
 
 
-class _Slot:
-    """One thread's record: answered (``result``/``error``) or asked to send (``lead``), then ``turn`` is set."""
+class Slot:
+    """One thread's part of a request: answered (``error``, or what a subclass holds) or asked to
+    send (``lead``), then ``turn`` is set."""
 
-    __slots__ = ("error", "item", "lead", "result", "size", "turn")
+    __slots__ = ("error", "lead", "turn")
 
-    def __init__(self, item: Item, size: int, lead: bool) -> None:
-        self.item = item
-        self.size = size
-        self.lead = lead
+    def __init__(self) -> None:
+        self.lead = False
         self.turn = threading.Event()
-        self.result: PublishResult | None = None
         self.error: BaseException | None = None
 
     def gone(self) -> bool:
         return False  # a thread cannot stop waiting
 
     def answered(self) -> bool:
-        return self.result is not None or self.error is not None
+        raise NotImplementedError
 
 
-class ThreadCoalescer:
-    """The sync client's: per topic a queue, present while one thread is sending for it.
+S = TypeVar("S", bound=Slot)
 
-    The thread that finds no queue sends its record at once; later threads wait. When a request's
-    answer comes back its sender answers the callers in it and wakes the thread at the head of the
-    queue, which sends the next request (its own record first) and does the same; so no caller
-    waits for more than the request ahead of its own and its own, and each returns with its answer.
-    """
 
-    def __init__(self, send_batch: Callable[[str, Sequence[Item]], PublishResults]) -> None:
-        self._send_batch = send_batch
+class HandOff(Generic[S]):
+    """Per key a queue of waiting threads, present while one thread is sending for that key; the
+    sync client's publish and ack coalescing.
+
+    The thread that finds no queue sends at once; later threads wait. When a request's answer comes
+    back its sender answers the callers in it and wakes the thread at the head of the queue, which
+    sends the next request (its own part first) and does the same; so no caller waits for more than
+    the request ahead of its own and its own. ``take`` picks a request's slots from the head of the
+    queue; ``send`` sends them and answers each (an exception it raises is a bug: the callers it
+    left unanswered get ``interrupted``)."""
+
+    def __init__(self, take: Callable[[collections.deque[S]], list[S]], send: Callable[[list[S]], None],
+                 interrupted: str) -> None:
+        self._take = take
+        self._send = send
+        self._interrupted = interrupted
         self._lock = threading.Lock()
-        self._queues: dict[str, collections.deque[_Slot]] = {}
+        self._queues: dict[object, collections.deque[S]] = {}
 
-    def publish(self, topic: str, record: OutgoingRecord) -> PublishResult:
-        item, size = prepared(record)
+    def waiting(self, key: object) -> int:
+        """How many callers of ``key`` wait for a request (tests)."""
         with self._lock:
-            queue = self._queues.get(topic)
-            slot = _Slot(item, size, lead=queue is None)
+            queue = self._queues.get(key)
+            return len(queue) if queue is not None else 0
+
+    def idle(self) -> bool:
+        """No thread is sending for any key (tests: every queue is gone once nobody waits)."""
+        with self._lock:
+            return not self._queues
+
+    def run(self, key: object, slot: S) -> None:
+        """Returns once ``slot`` was answered (sent by this thread or another); raises its error."""
+        with self._lock:
+            queue = self._queues.get(key)
+            slot.lead = queue is None
             if queue is None:
-                queue = self._queues[topic] = collections.deque()
+                queue = self._queues[key] = collections.deque()
             queue.append(slot)
         if not slot.lead:
             slot.turn.wait()  # answered, or handed the queue
         if slot.lead:
-            self._lead(topic, queue)
+            self._lead(key, queue)
         if slot.error is not None:
             raise slot.error
-        assert slot.result is not None
-        return slot.result
 
-    def _lead(self, topic: str, queue: collections.deque[_Slot]) -> None:
-        taken: list[_Slot] = []
+    def _lead(self, key: object, queue: collections.deque[S]) -> None:
+        taken: list[S] = []
         try:
             with self._lock:
-                taken = take(queue)
-            self._send(topic, taken)
+                taken = self._take(queue)
+            self._send(taken)
         finally:
             for slot in taken:
                 if not slot.answered():  # this thread was interrupted: no caller may wait forever
-                    slot.error = RuntimeError("the publishing thread was interrupted before this record's answer")
+                    slot.error = RuntimeError(self._interrupted)
                 if not slot.lead:
                     slot.turn.set()
             with self._lock:
@@ -166,7 +182,43 @@ class ThreadCoalescer:
                     head.lead = True
                     head.turn.set()
                 else:
-                    del self._queues[topic]
+                    del self._queues[key]
+
+
+class _Slot(Slot):
+    """One thread's record."""
+
+    __slots__ = ("item", "result", "size", "topic")
+
+    def __init__(self, topic: str, item: Item, size: int) -> None:
+        super().__init__()
+        self.topic = topic
+        self.item = item
+        self.size = size
+        self.result: PublishResult | None = None
+
+    def answered(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+class ThreadCoalescer:
+    """The sync client's: per topic a queue of waiting records (:class:`HandOff`), each caller
+    returning with its own answer."""
+
+    def __init__(self, send_batch: Callable[[str, Sequence[Item]], PublishResults]) -> None:
+        self._send_batch = send_batch
+        self.queues: HandOff[_Slot] = HandOff(take, self._send_taken,
+                                              "the publishing thread was interrupted before this record's answer")
+
+    def publish(self, topic: str, record: OutgoingRecord) -> PublishResult:
+        item, size = prepared(record)
+        slot = _Slot(topic, item, size)
+        self.queues.run(topic, slot)
+        assert slot.result is not None
+        return slot.result
+
+    def _send_taken(self, taken: list[_Slot]) -> None:
+        self._send(taken[0].topic, taken)
 
     def _send(self, topic: str, taken: list[_Slot]) -> None:
         try:

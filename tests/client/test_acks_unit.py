@@ -80,7 +80,7 @@ def queued(acks: ThreadAckCoalescer, script: Script, positions: list[list[bytes]
 
 
 def _waiting(acks: ThreadAckCoalescer, n: int) -> Callable[[], bool]:
-    return lambda: acks._queue is not None and len(acks._queue) == n
+    return lambda: acks.queue.waiting(None) == n
 
 
 def test_a_lone_ack_goes_at_once_and_acks_that_wait_share_the_next_request_each_with_its_own_answer() -> None:
@@ -96,7 +96,7 @@ def test_a_lone_ack_goes_at_once_and_acks_that_wait_share_the_next_request_each_
     assert [c.answer() for c in later] == [[True, False], [True], [False]], \
         "c was settled before; the second b is a repeat, so its caller did not settle it"
     assert script.requests == [[b"a"], [b"b", b"c", b"d", b"b"]]
-    assert acks._queue is None, "the queue is gone once nothing waits"
+    assert acks.queue.idle(), "the queue is gone once nothing waits"
     assert Caller(acks, []).answer() == [] and len(script.requests) == 2, "an empty ack sends nothing"
 
 
@@ -141,7 +141,7 @@ def test_an_invalid_argument_sends_each_caller_alone_and_other_errors_are_every_
     assert first.answer() == [True]
     assert all(c.answer() is None and isinstance(c.error, Unavailable) for c in failing)
     assert len(script.requests) == 7, "an error that may be the cluster's is not retried one by one"
-    assert acks._queue is None
+    assert acks.queue.idle()
 
 
 def test_settled_each_reads_the_response_and_an_older_servers_count_in_order() -> None:

@@ -79,8 +79,7 @@ def _held() -> tuple[Broker, ThreadCoalescer, Caller]:
 
 
 def _queued(co: ThreadCoalescer, topic: str = "t") -> int:
-    queue = co._queues.get(topic)
-    return len(queue) if queue is not None else 0
+    return co.queues.waiting(topic)
 
 
 def test_threads_that_publish_during_a_request_go_together_and_the_head_of_the_queue_sends() -> None:
@@ -101,7 +100,7 @@ def test_threads_that_publish_during_a_request_go_together_and_the_head_of_the_q
     for caller in rest:
         caller.join(5)
     assert [c.outcome.offset for c in rest] == [1, 2, 3, 4]  # type: ignore[union-attr]
-    assert co._queues == {}, "the topic's queue is gone once nobody waits"
+    assert co.queues.idle(), "the topic's queue is gone once nobody waits"
     assert co.publish("t", OutgoingRecord(b"alone")).offset == 5
 
 
