@@ -124,6 +124,9 @@ def test_a_leader_hung_under_the_sync_clients_open_stream_is_left_at_the_deadlin
             result = client.publish("sync-hang", "during")  # waits on the stream until its deadline
         finally:
             os.kill(pid, signal.SIGCONT)
-        assert not result.duplicate
+        # Stored once, at its place. ``duplicate`` may be either: on a loaded machine an attempt on
+        # the new leader can outlast the 2 s deadline after it was applied, and the retry of the same
+        # session range then answers the original place with duplicate=True (client.py's contract).
+        assert (result.partition, result.offset) == (0, 1)
         stored = [r.value for r in client.subscribe("sync-hang", stop_at_end=True) if isinstance(r, Record)]
     assert stored == [b"before", b"during"]
