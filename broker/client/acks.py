@@ -46,6 +46,12 @@ def settled_each(settled: int, not_settled: Sequence[int], count: int) -> list[b
     return [True] * settled + [False] * (count - settled)
 
 
+def resend_alone(err: BrokerError, callers: int) -> bool:
+    """Whether a shared request's callers go again one by one (see the module docstring): it was
+    refused as INVALID_ARGUMENT, which settles nothing, with a definite outcome."""
+    return callers > 1 and isinstance(err, InvalidArgument) and not err.after_unknown_outcome
+
+
 class _Slot(Slot):
     """One thread's ack."""
 
@@ -57,7 +63,7 @@ class _Slot(Slot):
         self.settled: list[bool] | None = None
 
     def answered(self) -> bool:
-        return self.settled is not None or self.error is not None
+        return self.settled is not None or super().answered()
 
 
 class ThreadAckCoalescer:
@@ -83,7 +89,7 @@ class ThreadAckCoalescer:
         try:
             settled = self._send_request(positions)
         except BrokerError as err:
-            if len(taken) > 1 and isinstance(err, InvalidArgument) and not err.after_unknown_outcome:
+            if resend_alone(err, len(taken)):
                 for slot in taken:  # nothing was settled: each caller's positions alone, its own answer
                     self._send([slot])
                 return

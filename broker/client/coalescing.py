@@ -113,7 +113,8 @@ class Slot:
         return False  # a thread cannot stop waiting
 
     def answered(self) -> bool:
-        raise NotImplementedError
+        """Whether the caller has its answer (subclasses add their result)."""
+        return self.error is not None
 
 
 S = TypeVar("S", bound=Slot)
@@ -198,7 +199,7 @@ class _Slot(Slot):
         self.result: PublishResult | None = None
 
     def answered(self) -> bool:
-        return self.result is not None or self.error is not None
+        return self.result is not None or super().answered()
 
 
 class ThreadCoalescer:

@@ -26,10 +26,10 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable
 
-from broker.client.acks import ACK_POSITIONS_MAX
+from broker.client.acks import ACK_POSITIONS_MAX, resend_alone
 from broker.client.aio.coalescing import drain_queued
 from broker.client.aio.routing import Metadata, metadata
-from broker.client.errors import BrokerError, InvalidArgument
+from broker.client.errors import BrokerError
 
 __all__ = ["ACK_POSITIONS_MAX", "AckCoalescer"]
 
@@ -75,7 +75,7 @@ class AckCoalescer:
         try:
             settled = await self._send([p for w in taken for p in w.positions])
         except BrokerError as exc:
-            if len(taken) > 1 and isinstance(exc, InvalidArgument) and not exc.after_unknown_outcome:
+            if resend_alone(exc, len(taken)):
                 for waiting in taken:  # nothing was settled: each caller's positions alone, its own answer
                     await self._send_taken([waiting])
                 return
