@@ -46,6 +46,15 @@ def settled_each(settled: int, not_settled: Sequence[int], count: int) -> list[b
     return [True] * settled + [False] * (count - settled)
 
 
+def split(answer: list[bool], sizes: Sequence[int]) -> list[list[bool]]:
+    """A shared request's per-position ``answer`` cut into its callers' parts, of ``sizes``."""
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(answer[at:at + size])
+        at += size
+    return parts
+
+
 def resend_alone(err: BrokerError, callers: int) -> bool:
     """Whether a shared request's callers go again one by one (see the module docstring): it was
     refused as INVALID_ARGUMENT, which settles nothing, with a definite outcome."""
@@ -88,22 +97,16 @@ class ThreadAckCoalescer:
         positions = [p for slot in taken for p in slot.positions]
         try:
             settled = self._send_request(positions)
-        except BrokerError as err:
-            if resend_alone(err, len(taken)):
+        except Exception as err:  # noqa: BLE001 - whatever it is, it is every caller's answer
+            if isinstance(err, BrokerError) and resend_alone(err, len(taken)):
                 for slot in taken:  # nothing was settled: each caller's positions alone, its own answer
                     self._send([slot])
                 return
             for slot in taken:
                 slot.error = err
             return
-        except Exception as err:  # noqa: BLE001 - whatever it is, it is every caller's answer
-            for slot in taken:
-                slot.error = err
-            return
-        at = 0
-        for slot in taken:
-            slot.settled = settled[at:at + len(slot.positions)]
-            at += len(slot.positions)
+        for slot, answer in zip(taken, split(settled, [len(slot.positions) for slot in taken]), strict=True):
+            slot.settled = answer
 
 
 def _take(queue: collections.deque[_Slot]) -> list[_Slot]:

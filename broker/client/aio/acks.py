@@ -26,7 +26,7 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable
 
-from broker.client.acks import ACK_POSITIONS_MAX, resend_alone
+from broker.client.acks import ACK_POSITIONS_MAX, resend_alone, split
 from broker.client.aio.coalescing import drain_queued
 from broker.client.aio.routing import Metadata, metadata
 from broker.client.errors import BrokerError
@@ -74,24 +74,19 @@ class AckCoalescer:
     async def _send_taken(self, taken: list[_Waiting]) -> None:
         try:
             settled = await self._send([p for w in taken for p in w.positions])
-        except BrokerError as exc:
-            if resend_alone(exc, len(taken)):
+        except Exception as exc:  # this request's callers raise it; the queue goes on
+            if isinstance(exc, BrokerError) and resend_alone(exc, len(taken)):
                 for waiting in taken:  # nothing was settled: each caller's positions alone, its own answer
                     await self._send_taken([waiting])
                 return
             _fail(taken, exc)
             return
-        except Exception as exc:  # this request's callers raise it; the queue goes on
-            _fail(taken, exc)
-            return
         except BaseException:  # this task was cancelled mid-request
             _fail(taken, RuntimeError("the consumer stopped sending its acks; they may or may not be settled"))
             raise
-        at = 0
-        for waiting in taken:
+        for waiting, answer in zip(taken, split(settled, [len(w.positions) for w in taken]), strict=True):
             if not waiting.done.done():
-                waiting.done.set_result(settled[at:at + len(waiting.positions)])
-            at += len(waiting.positions)
+                waiting.done.set_result(answer)
 
 
 def _fail(taken: list[_Waiting], error: Exception) -> None:
