@@ -15,7 +15,6 @@ public method takes :attr:`lock`.
 
 from __future__ import annotations
 
-import collections
 import heapq
 import threading
 from dataclasses import dataclass, field
@@ -25,14 +24,14 @@ from broker.core.errors import GroupNotFound
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier
 from broker.core.groups.config import is_stream
-from broker.core.groups.cursor import GroupCursor, retry_due_ms
+from broker.core.groups.cursor import GroupCursor
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.leases import Lease, LeaseTable, Position
 from broker.leader.groups.membership import Membership
+from broker.leader.groups.retries import RetryIndex
 from broker.v1 import internal_pb2
 
 SCAN_CHUNK = 256
-RETRY_READ_CHUNK = 64  # due retries whose records are read together
 RETRY_READ_GAP = 64  # offsets at most this far apart are read as one range
 LEFT_MEMBERS_MAX = 10_000
 
@@ -64,9 +63,7 @@ class GroupRuntime:
         self.members = Membership(n, config.session_timeout_ms, config.visibility_timeout_ms) if is_stream(
             config) else None
         self._cursors = [GroupCursor() for _ in range(n)]
-        self._retries: dict[Position, internal_pb2.RetryState] = {}
-        self._retry_keys: collections.Counter[bytes] = collections.Counter()
-        self._retry_order: list[Position] | None = None  # the positions of _retries, sorted (None: to sort)
+        self._retries = RetryIndex()
         self._next_fresh: list[int | None] = [None] * n
         self._ready: list[list[int]] = [[] for _ in range(n)]
         self._waiting: dict[bytes, list[Position]] = {}
@@ -93,29 +90,15 @@ class GroupRuntime:
             self._cursors = layout.get_cursors(store, self.gid, meta.partitions)
             changed = self._applier.versions.retries_changed(self.gid, self._version)
             if changed is None:
-                self._retries = {(p, o): r for p, o, r in layout.retries(store, self.gid)}
-                self._retry_keys = collections.Counter(r.key for r in self._retries.values() if r.has_key)
-                self._retry_order = None
-            elif changed and self._reread_retries(sorted(changed)):
-                self._retry_order = None
+                self._retries.replace_all({(p, o): r for p, o, r in layout.retries(store, self.gid)}, self._leased)
+            elif changed:
+                positions = sorted(changed)
+                for position, retry in zip(positions, layout.retries_at(store, self.gid, positions), strict=True):
+                    self._retries.update(position, retry)
             self._version = version
 
-    def _reread_retries(self, positions: list[Position]) -> bool:
-        """Re-read the retry entries of ``positions`` (the rest are as last read); returns whether
-        a position gained or lost its entry."""
-        added_or_removed = False
-        for position, retry in zip(positions, layout.retries_at(self._state.store, self.gid, positions), strict=True):
-            old = self._retries.pop(position, None)
-            if old is not None and old.has_key:
-                self._retry_keys[old.key] -= 1
-                if self._retry_keys[old.key] <= 0:
-                    del self._retry_keys[old.key]
-            if retry is not None:
-                self._retries[position] = retry
-                if retry.has_key:
-                    self._retry_keys[retry.key] += 1
-            added_or_removed |= (old is None) != (retry is None)
-        return added_or_removed
+    def _leased(self, position: Position) -> bool:
+        return self.leases.get(position) is not None
 
     def cursor(self, partition: int) -> GroupCursor:
         return self._cursors[partition]
@@ -125,12 +108,12 @@ class GroupRuntime:
         return st.start_offset, st.end_offset
 
     def retry_state(self, position: Position) -> internal_pb2.RetryState | None:
-        return self._retries.get(position)
+        return self._retries.entries.get(position)
 
     def retries_as_read(self) -> tuple[dict[Position, internal_pb2.RetryState], dict[bytes, int]]:
         """The retry entries as last read (a copy), and how many of them wait per record key."""
         with self.lock:
-            return dict(self._retries), dict(self._retry_keys)
+            return dict(self._retries.entries), dict(self._retries.keys)
 
     # -- streams ---------------------------------------------------------------------------------
     def open_stream(self) -> int:
@@ -181,43 +164,41 @@ class GroupRuntime:
     def _pending(self, position: Position) -> bool:
         """Not settled, not leased, not waiting for a retry (retries are picked on their own)."""
         p, o = position
-        return (not self._cursors[p].is_settled(o) and position not in self._retries
+        return (not self._cursors[p].is_settled(o) and position not in self._retries.entries
                 and self.leases.get(position) is None)
 
     def _key_busy(self, key: bytes | None, own_retry: bool) -> bool:
         if not self.meta.config.ordered or key is None:
             return False
-        return self.leases.key_leased(key) or self._retry_keys.get(key, 0) > (1 if own_retry else 0)
+        return self.leases.key_leased(key) or self._retries.keys.get(key, 0) > (1 if own_retry else 0)
 
     def _pick_retries(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, lease_now_ms: int,
                       out: Delivery, budget: list[int]) -> None:
-        """Due retries in position order; their records are read a chunk at a time (one read per run
-        of nearby offsets, not one per record: a batch value is decoded once for all it holds)."""
-        if self._retry_order is None:
-            self._retry_order = sorted(self._retries)
-        chunk: list[tuple[int, int, internal_pb2.RetryState]] = []
-        for p, o in self._retry_order:
-            retry = self._retries[(p, o)]
-            if p not in eligible or retry_due_ms(retry, now_ms) > now_ms or self.leases.get((p, o)) is not None:
-                continue
-            chunk.append((p, o, retry))
-            if len(chunk) >= max(budget[0], RETRY_READ_CHUNK):
-                if not self._deliver_retries(chunk, stream_id, member_id, lease_now_ms, out, budget):
-                    return
-                chunk = []
-        self._deliver_retries(chunk, stream_id, member_id, lease_now_ms, out, budget)
-
-    def _deliver_retries(self, chunk: list[tuple[int, int, internal_pb2.RetryState]], stream_id: int,
-                         member_id: str, now_ms: int, out: Delivery, budget: list[int]) -> bool:
-        """Deliver ``chunk`` (due, not leased) while the budget lasts; False once it is spent."""
-        stored = self._read_positions([(p, o) for p, o, _ in chunk])
-        for p, o, retry in chunk:
+        """Due retries in position order (found through the :class:`RetryIndex`, not by walking
+        them all); their records are read a chunk at a time (one read per run of nearby offsets, not
+        one per record: a batch value is decoded once for all it holds)."""
+        for p in sorted(eligible):
+            taken_all: list[int] = []
+            while budget[0] > 0:
+                taken = self._retries.take(p, now_ms, budget[0], self._leased)
+                if not taken:
+                    break
+                taken_all += (o for o, _ in taken)
+                self._deliver_retries(p, taken, stream_id, member_id, lease_now_ms, out, budget)
+            self._retries.put_back(p, (o for o in taken_all if self.leases.get((p, o)) is None))
             if budget[0] <= 0:
-                return False
+                return
+
+    def _deliver_retries(self, p: int, chunk: list[tuple[int, internal_pb2.RetryState]], stream_id: int,
+                         member_id: str, now_ms: int, out: Delivery, budget: list[int]) -> None:
+        """Deliver ``chunk`` (due retries of partition ``p``, not leased) while the budget lasts."""
+        stored = self._read_positions([(p, o) for o, _ in chunk])
+        for o, retry in chunk:
+            if budget[0] <= 0:
+                return
             if self._key_busy(retry.key if retry.has_key else None, own_retry=True):
                 continue
             self._deliver(p, o, retry.attempts + 1, stream_id, member_id, now_ms, out, budget, stored.get((p, o)))
-        return budget[0] > 0
 
     def _read_positions(self, positions: list[Position]) -> dict[Position, record_log.Entry]:
         """The stored records of ``positions`` (absent: not stored, or below the partition's start),
@@ -315,7 +296,7 @@ class GroupRuntime:
         if record is None:
             return
         rkey = record.key if record.HasField("key") else None
-        if self._key_busy(rkey, own_retry=(p, o) in self._retries):
+        if self._key_busy(rkey, own_retry=(p, o) in self._retries.entries):
             assert rkey is not None
             heapq.heappush(self._waiting.setdefault(rkey, []), (p, o))
             return
@@ -383,6 +364,7 @@ class GroupRuntime:
                 lease = self.leases.get(position)
                 if lease is not None and (entry.kind != internal_pb2.SETTLE_EXPIRE or lease.expiring):
                     self.leases.remove(position)
+                    self._retries.unleased(position)
 
     def release(self, positions: list[Position]) -> int:
         """Give leases back for immediate redelivery (no attempt counted); returns how many."""
@@ -390,6 +372,7 @@ class GroupRuntime:
             released = 0
             for p, o in positions:
                 if self.leases.remove((p, o)) is not None:
+                    self._retries.unleased((p, o))
                     heapq.heappush(self._ready[p], o)
                     released += 1
             return released
@@ -431,6 +414,7 @@ class GroupRuntime:
             for p in partitions:
                 for lease in self.leases.of_partition(p):
                     self.leases.remove(lease.position)
+                    self._retries.unleased(lease.position)
                 self._ready[p] = []
                 self._next_fresh[p] = None
             for key in list(self._waiting):
@@ -443,9 +427,7 @@ class GroupRuntime:
         ``now_ms`` falls due (None: none waits). Retries due already do not count: a pick at
         ``now_ms`` delivered them, or they wait for what wakes a stream anyway (the lease of the
         retried record itself or of another record with its key, room in the stream, a paused group
-        resumed); counting them made an idle stream wake every millisecond while one was leased."""
+        resumed); counting them made an idle stream wake every millisecond while one was leased.
+        Neither do retries whose records are leased: the lease's end wakes the stream."""
         with self.lock:
-            eligible = set(self.eligible(member_id))
-            dues = [due for (p, _), r in self._retries.items()
-                    if r.due_ms > now_ms and p in eligible and (due := retry_due_ms(r, now_ms)) > now_ms]
-            return min(dues) if dues else None
+            return self._retries.next_due_ms(self.eligible(member_id), now_ms, self._leased)
