@@ -41,9 +41,13 @@ async def claim(topic: Topic, group: Group, body: ClaimBody, request: Request) -
 
 @router.post("/ack")
 async def ack(topic: Topic, group: Group, body: AckBody, request: Request) -> dict[str, Any]:
-    """Settle for good (idempotent)."""
-    await _client(request).settle("ack", topic, group, _positions(body.receipts))
-    return {"acked": len(body.receipts)}
+    """Settle for good (idempotent): ``acked`` counts the receipts sent, ``settled`` the records
+    this call settled, and ``not_settled`` lists the indexes of the receipts whose records it did
+    not (settled before, a repeat earlier in the list, a receipt of an older incarnation of the
+    topic)."""
+    settled = await _client(request).settle("ack", topic, group, _positions(body.receipts))
+    return {"acked": len(body.receipts), "settled": sum(settled),
+            "not_settled": [i for i, one in enumerate(settled) if not one]}
 
 
 @router.post("/nack")

@@ -164,8 +164,11 @@ def test_a_queue_claimed_by_two_http_workers_no_overlap_and_redelivery(http_clus
         short = a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 10, "visibility_ms": 1500}).json()
         expired = {(m["partition"], m["offset"]) for m in short["messages"]}
         assert len(expired) == 10 and not expired & (mine | theirs)
-        assert a.post("/v1/topics/h-jobs/groups/w/ack",
-                      json={"receipts": [m["receipt"] for m in first["messages"]]}).json() == {"acked": 10}
+        receipts = [m["receipt"] for m in first["messages"]]
+        assert a.post("/v1/topics/h-jobs/groups/w/ack", json={"receipts": receipts}).json() == {
+            "acked": 10, "settled": 10, "not_settled": []}
+        assert b.post("/v1/topics/h-jobs/groups/w/ack", json={"receipts": receipts[:1] + receipts[:1]}).json() == {
+            "acked": 2, "settled": 0, "not_settled": [0, 1]}, "settled before: an ack again settles nothing"
         deadlines = b.post("/v1/topics/h-jobs/groups/w/extend",
                            json={"receipts": [second["messages"][0]["receipt"]], "ms": 600000}).json()
         assert deadlines["deadlines_ms"][0] > time.time() * 1000

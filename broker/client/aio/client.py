@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from broker.client import wire
+from broker.client.acks import settled_each
 from broker.client.aio.coalescing import PublishCoalescer
 from broker.client.aio.publish_streams import PublishStreams
 from broker.client.aio.routing import AsyncRouter, metadata
@@ -354,12 +355,15 @@ class AsyncClient:
 
     async def settle(self, verb: str, topic: str, group: str, positions: Sequence[bytes], *,
                      delay_ms: int | None = None, extend_ms: int | None = None) -> list[int]:
-        """Ack, nack (after ``delay_ms``) or extend (by ``extend_ms``) leases by their position tokens;
-        extend returns the new deadlines (0: the lease was lost). For callers holding only positions."""
+        """Ack, nack (after ``delay_ms``) or extend (by ``extend_ms``) leases by their position tokens.
+        Per position, ack returns 1 if this call settled its record, else 0 (settled before, a repeat
+        earlier in the call, a position of an older incarnation of the topic); extend returns the new
+        deadlines (0: the lease was lost); nack returns nothing. For callers holding only positions."""
         positions = list(positions)
         if verb == "ack":
-            await self._broker("Ack", broker_pb2.AckRequest(topic=topic, group=group, positions=positions),
-                               write=True, what=f"ack in {group}")
+            acked = await self._broker("Ack", broker_pb2.AckRequest(topic=topic, group=group, positions=positions),
+                                       write=True, what=f"ack in {group}")
+            return [int(settled) for settled in settled_each(acked.settled, acked.not_settled, len(positions))]
         elif verb == "nack":
             if delay_ms is not None and delay_ms < 0:
                 raise invalid_argument(f"delay_ms must not be negative, got {delay_ms}")
