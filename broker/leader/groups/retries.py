@@ -3,8 +3,8 @@
 A stream's pick hands out due retries first, in position order (:mod:`.runtime`). Finding them by
 walking every entry made each pick linear in the records waiting: with 5,000 nacked records
 waiting out a long backoff, a queue group's fresh records flowed at a third of their rate and cost
-the leader 3.5x the CPU (bench/NOTE.md, 2026-12-06). Here an entry whose record is not leased sits,
-per partition, in one of two places:
+the leader 3.5-4.4 times the CPU per message (bench/NOTE.md, 2026-12-06). Here an entry whose
+record is not leased sits, per partition, in one of two places:
 
 - *scheduled*: in a heap by ``due_ms`` and, when stored with its delay, in a heap by the time it was
   scheduled at (``due_ms - delay_ms``), latest first. :func:`retry_due_ms` makes an entry due when
@@ -132,8 +132,7 @@ class RetryIndex:
         while at and at[0][0] <= now_ms:
             due_ms, o = heapq.heappop(at)
             self._items -= 1
-            retry = entries.get((p, o))
-            if retry is not None and retry.due_ms == due_ms and not leased((p, o)):
+            if self._current(p, due_ms, o, leased):
                 self._mark_due(p, o)
         since = self._since.get(p)
         while since and since[0][0] < -now_ms:  # scheduled at a time later than now
@@ -150,17 +149,12 @@ class RetryIndex:
         """The earliest ``due_ms`` after ``now_ms`` among the entries of ``partitions`` not due at
         ``now_ms`` whose records are not leased (None: none waits)."""
         earliest: int | None = None
-        entries, is_due = self.entries, self._is_due
         for p in partitions:
             self.advance(p, now_ms, leased)
             self._recheck_due(p, now_ms)
             at = self._at.get(p)
-            while at:
-                due_ms, o = at[0]
-                retry = entries.get((p, o))
-                if retry is not None and retry.due_ms == due_ms and (p, o) not in is_due and not leased((p, o)):
-                    break
-                heapq.heappop(at)  # stale: the entry's current items are elsewhere
+            while at and not self._current(p, *at[0], leased):
+                heapq.heappop(at)  # stale
                 self._items -= 1
             if at and (earliest is None or at[0][0] < earliest):
                 earliest = at[0][0]
@@ -187,6 +181,12 @@ class RetryIndex:
             self._latest_due_ms[p] = max(entries[(p, o)].due_ms for o in heap)
         else:
             del self._latest_due_ms[p]
+
+    def _current(self, p: int, due_ms: int, o: int, leased: Leased) -> bool:
+        """Whether a ``_at`` item ``(due_ms, o)`` of partition ``p`` is its entry's current one: the
+        entry is due then, is not marked due already, and its record is not leased."""
+        retry = self.entries.get((p, o))
+        return retry is not None and retry.due_ms == due_ms and (p, o) not in self._is_due and not leased((p, o))
 
     def _schedule(self, position: Position, retry: internal_pb2.RetryState) -> None:
         p, o = position
