@@ -295,3 +295,51 @@ def test_each_ack_tells_whether_it_settled_its_own_message_while_sharing_request
     answers, again, counted = asyncio.run(main())
     assert answers == [True] * 200 and again == [False] * 200
     assert counted == 2, "the two messages left, each counted once"
+
+
+def test_a_cancelled_run_stops_its_handlers_and_their_records_come_again(cluster: DevCluster) -> None:
+    """``run`` cancelled while 8 handlers are blocked: it ends only once every one of them was cancelled
+    (no task of it keeps running), nothing was acked, and a later ``run`` gets all 8 records again once
+    their leases run out."""
+
+    async def main() -> tuple[int, int, list[bytes]]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-cancel", 1)
+            await c.publish_batch("aio-cancel", [f"c{i}" for i in range(8)])
+            started = asyncio.Event()
+            blocked: list[AsyncMessage] = []
+            cancelled = 0
+
+            async def stuck(m: AsyncMessage) -> None:
+                nonlocal cancelled
+                blocked.append(m)
+                if len(blocked) == 8:
+                    started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled += 1
+                    raise
+
+            config: dict[str, Any] = {"visibility_timeout_ms": 1000, "mode": "queue"}
+            runner = asyncio.create_task(c.run("aio-cancel", group="cancel", handler=stuck, concurrency=8,
+                                               **config))
+            await asyncio.wait_for(started.wait(), 30)
+            others = asyncio.all_tasks() - {asyncio.current_task(), runner}
+            runner.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await runner
+            handlers_left = sum(1 for t in asyncio.all_tasks() - others if not t.done()) - 1  # minus main()
+            again: list[bytes] = []
+
+            async def handler(m: AsyncMessage) -> None:
+                again.append(m.value)
+
+            await asyncio.wait_for(c.run("aio-cancel", group="cancel", handler=handler, concurrency=8, limit=8,
+                                         **config), 60)
+            return cancelled, handlers_left, again
+
+    cancelled, handlers_left, again = asyncio.run(main())
+    assert cancelled == 8, "every blocked handler was cancelled"
+    assert handlers_left == 0, "no task of the cancelled run is left running"
+    assert sorted(again) == sorted(f"c{i}".encode() for i in range(8)), "the unacked records came again"

@@ -307,7 +307,9 @@ class AsyncClient:
                   limit: int | None = None, **options: Any) -> int:
         """Feed the group's messages to ``await handler(message)``, ``concurrency`` at a time, until the
         stream ends or ``limit`` were handled; a handler that returns acks, one that raises nacks. In
-        stream mode the messages of one partition are handled one after another, in order."""
+        stream mode the messages of one partition are handled one after another, in order. If run() is
+        cancelled (or the stream fails), the handlers still running are cancelled and awaited before it
+        ends; their records are delivered again once their leases run out."""
         if concurrency < 1 or (limit is not None and limit < 1):
             raise invalid_argument("concurrency and limit must be at least 1")
         slots = asyncio.Semaphore(concurrency)
@@ -330,20 +332,28 @@ class AsyncClient:
                 slots.release()
             handled += 1
 
-        async with self.consumer(topic, group, **options) as consumer:
-            dispatched = 0
-            async for item in consumer:
-                if not isinstance(item, AsyncMessage):
-                    continue
-                await slots.acquire()
-                task = asyncio.get_running_loop().create_task(handle(item))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                dispatched += 1
-                if limit is not None and dispatched >= limit:
-                    break
+        try:
+            async with self.consumer(topic, group, **options) as consumer:
+                dispatched = 0
+                async for item in consumer:
+                    if not isinstance(item, AsyncMessage):
+                        continue
+                    await slots.acquire()
+                    task = asyncio.get_running_loop().create_task(handle(item))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    dispatched += 1
+                    if limit is not None and dispatched >= limit:
+                        break
+                if tasks:
+                    await asyncio.gather(*tasks)
+        finally:
+            # Cancelled, or the stream failed: the handlers still running stop with it (their records'
+            # leases run out and they are delivered again); none is left running after run() returns.
+            for task in tasks:
+                task.cancel()
             if tasks:
-                await asyncio.gather(*tasks)
+                await asyncio.gather(*tasks, return_exceptions=True)
         return handled
 
     async def group_lag(self, topic: str, group: str) -> GroupLag:
