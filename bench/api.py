@@ -73,6 +73,13 @@ async def _reps(deployment: Deployment, workload: str, config: BenchConfig, size
             results.append(await workloads.latency(deployment, size_bytes, config.latency_rate_per_s,
                                                    config.latency_duration_s, config.latency_warmup_s,
                                                    config.payload_seed))
+        elif workload == "queue":
+            reason = deployment.work_queue_unsupported()
+            if reason is not None:
+                raise NotAvailable(f"queue: {reason}")
+            results.append(await workloads.work_queue(deployment, size_bytes, config.queue_records,
+                                                      config.queue_concurrency, config.queue_cap_s,
+                                                      config.payload_seed))
         elif workload == "failover":
             reason = deployment.failover_unsupported()
             if reason is not None:

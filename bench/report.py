@@ -47,19 +47,29 @@ def _s(v: float) -> str:
     return f"{v:.2f}"
 
 
+def _size_label(size: int) -> str:
+    return "1 KiB" if size == 1024 else f"{size} B"
+
+
 def columns(config: Json) -> list[tuple[str, str, str, Callable[[float], str], bool]]:
     """(heading, workload, metric, format, higher_is_better) of every table column."""
     cols: list[tuple[str, str, str, Callable[[float], str], bool]] = []
     for size in config["record_sizes"]:
-        label = "1 KiB" if size == 1024 else f"{size} B"
+        label = _size_label(size)
         cols.append((f"publish {label} msg/s", f"publish_{size}", "publish_msgs_per_s", _rate, True))
     for size in config["record_sizes"]:
-        label = "1 KiB" if size == 1024 else f"{size} B"
+        label = _size_label(size)
         cols.append((f"publish {label} msgs per CPU-s (servers+client)", f"publish_{size}",
                      "publish_msgs_per_cpu_s", _rate, True))
     for size in config["record_sizes"]:
-        label = "1 KiB" if size == 1024 else f"{size} B"
+        label = _size_label(size)
         cols.append((f"consume {label} msg/s", f"publish_{size}", "consume_msgs_per_s", _rate, True))
+    if "queue_records" in config:  # documents from before 2026-12-06 have no work-queue workload
+        label = _size_label(config["queue_size_bytes"])
+        cols.append((f"work queue {label} msg/s ({config['queue_concurrency']} in flight, an ack each)", "queue",
+                     "queue_msgs_per_s", _rate, True))
+        cols.append((f"work queue {label} msgs per CPU-s (servers+client)", "queue", "queue_msgs_per_cpu_s",
+                     _rate, True))
     rate = f"{config['latency_rate_per_s']:,.0f}/s"
     for p in ("p50", "p99", "p999"):
         cols.append((f"ack {p.replace('p999', 'p99.9')} ms @{rate}", "latency", f"ack_{p}_ms", _ms, False))
@@ -187,6 +197,18 @@ def _publish_counts(doc: Json) -> list[str]:
                 out.append(f"- {_label(system)}, {size} B: the reader got through "
                            + ", ".join(f"{r['consumed']:,.0f} of {r['published'] + 1:,.0f}" for r in short)
                            + f" records within the {doc['config']['publish_cap_s']:g} s cap.")
+        queue = _summary(system, "queue", "queue_acked")
+        stored = _summary(system, "queue", "queue_stored")
+        if queue is not None and stored is not None and queue.min < stored.max:
+            out.append(f"- {_label(system)}, work queue: {queue.min:,.0f}–{queue.max:,.0f} of {stored.max:,.0f} "
+                       f"stored records acknowledged before the {doc['config']['queue_cap_s']:g} s cap.")
+        if stored is not None and stored.min < doc["config"]["queue_records"]:
+            out.append(f"- {_label(system)}, work queue: {stored.min:,.0f} of {doc['config']['queue_records']:,} "
+                       "records stored before the fill's cap.")
+        again = _summary(system, "queue", "queue_redelivered")
+        if again is not None and again.max > 0:
+            out.append(f"- {_label(system)}, work queue: up to {again.max:,.0f} records acknowledged twice "
+                       "(delivered again after their first acknowledgement).")
         held = system.get("workloads", {}).get("recovery", {}).get("records_held")
         if held is not None and held < doc["config"]["recovery_records"]:
             out.append(f"- {_label(system)}, recovery: the node held {held:,} records "
@@ -218,7 +240,8 @@ def ratio_table(doc: Json) -> list[str]:
 
 
 def chart(doc: Json, path: Path) -> None:
-    """Six panels (publish, consume, ack latency, e2e latency, failover, restart) with min–max error bars."""
+    """Seven panels (publish, consume, work queue, ack latency, e2e latency, failover, restart) with min–max
+    error bars (no work-queue panel for documents from before that workload)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,7 +250,8 @@ def chart(doc: Json, path: Path) -> None:
     systems = [s for s in doc["systems"] if s.get("status") == "ok"]
     labels = [_label(s) for s in systems]
     sizes = doc["config"]["record_sizes"]
-    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    fig, grid = plt.subplots(2, 4, figsize=(24, 10))
+    axes = [list(row) for row in grid]
     size_labels = ["1 KiB" if z == 1024 else f"{z} B" for z in sizes]
     by_size = list(zip(sizes, size_labels, strict=True))
     _bars(axes[0][0], systems, labels, [(f"publish_{z}", "publish_msgs_per_s", lab) for z, lab in by_size],
@@ -244,6 +268,13 @@ def chart(doc: Json, path: Path) -> None:
           "failover, s")
     _bars(axes[1][2], systems, labels, [("recovery", "restart_s", "restart → holds its records")],
           "node restart with its records, s")
+    if "queue_records" in doc["config"]:
+        _bars(axes[0][3], systems, labels, [("queue", "queue_msgs_per_s",
+                                             f"{doc['config']['queue_concurrency']} in flight, an ack each")],
+              "work queue drained, msgs/s (log)", log=True)
+    else:
+        axes[0][3].set_visible(False)
+    axes[1][3].set_visible(False)
     absent = [f"{_label(s)}: {s['status']}" for s in doc["systems"] if s.get("status") != "ok"]
     if absent:
         fig.text(0.01, 0.005, "Not shown: " + "; ".join(absent)[:220], fontsize=8)

@@ -136,6 +136,15 @@ def run_system(name: str, deployment: Deployment, config: BenchConfig, out_dir: 
                                                          config.publish_cap_s, config.payload_seed))
 
                 result["workloads"][f"publish_{size}"] = _run_reps(f"publish_{size}", config.reps, one)
+        if "queue" in config.workloads:
+            reason = deployment.work_queue_unsupported()
+            if reason is not None:
+                result["workloads"]["queue"] = {"reps": [], "summary": {}, "skipped": reason}
+            else:
+                log(f"  work queue: {config.queue_records} records, {config.queue_concurrency} in flight")
+                result["workloads"]["queue"] = _run_reps("queue", config.reps, lambda: run(workloads.work_queue(
+                    deployment, config.queue_size_bytes, config.queue_records, config.queue_concurrency,
+                    config.queue_cap_s, config.payload_seed)))
         if config.profile_s > 0 and name == "raftbroker-disk-3":
             result["profile"] = run(_profile(deployment, config, out_dir))
         if "failover" in config.workloads:

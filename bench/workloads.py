@@ -12,6 +12,9 @@ repeated values.
   latency of a record runs from its *scheduled* send time (no coordinated omission); records that
   arrive while earlier ones are in flight are coalesced into the next request (as a linger-style
   client does). A live subscriber, started before the first publish, measures publish→delivery.
+- :func:`work_queue`: ``count`` records are stored first (not measured), then a fresh client drains the
+  stream as a work queue: competing consumers with ``concurrency`` records in flight, each acknowledged
+  on its own, counted when the system confirms the acknowledgement (stopping at ``cap_s``).
 - :func:`failover`: a steady publish (one record every ``interval_s``) while the node holding the
   stream's leader is killed with SIGKILL; the figure is the time from the kill to the first
   acknowledgement of a publish that was started after the kill.
@@ -132,6 +135,50 @@ async def publish_consume(deployment: Deployment, size_bytes: int, count: int, c
     if pgids and cpu.servers_s > 0:  # servers this run started (an attached cluster's CPU is not visible here)
         metrics.update(publish_server_cpu_s=cpu.servers_s, publish_msgs_per_server_cpu_s=acked / cpu.servers_s,
                        publish_msgs_per_cpu_s=acked / (cpu.servers_s + cpu.client_s))
+    return metrics
+
+
+QUEUE_FILL_CAP_S = 60.0  # storing the work queue's records is not measured; a slow publisher stores fewer
+
+
+async def work_queue(deployment: Deployment, size_bytes: int, count: int, concurrency: int, cap_s: float,
+                     seed: int = 0) -> Metrics:
+    """One repetition: store ``count`` records, then drain them as a work queue (per-record
+    acknowledgements, ``concurrency`` in flight) for at most ``cap_s``; msgs/s and msgs per CPU-second
+    of the drain, and how many acknowledged records were ones acknowledged before (redeliveries)."""
+    stream = stream_name(f"queue{size_bytes}")
+    payloads = Payloads(size_bytes, seed)
+    ep = await deployment.endpoint()
+    try:
+        await ep.create(stream)
+        stored = await _closed_loop_publish(ep, stream, payloads, count, time.perf_counter() + QUEUE_FILL_CAP_S)
+    finally:
+        await ep.close()
+    acked: set[bytes] = set()
+    again = 0
+
+    def on_done(value: bytes) -> None:
+        nonlocal again
+        if value in acked:
+            again += 1
+        acked.add(value)
+
+    worker = await deployment.endpoint()
+    try:
+        pgids = deployment.server_pgids()
+        cpu_before = CpuSample.take(pgids)
+        started = time.perf_counter()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(worker.work(stream, stored, concurrency, on_done), timeout=cap_s)
+        drain_s = time.perf_counter() - started
+        cpu = CpuSample.take(pgids).since(cpu_before)
+    finally:
+        await worker.close()
+    done = len(acked) + again
+    metrics = {"queue_msgs_per_s": done / drain_s, "queue_acked": float(done), "queue_stored": float(stored),
+               "queue_redelivered": float(again), "queue_client_cpu_s": cpu.client_s}
+    if pgids and cpu.servers_s > 0:
+        metrics.update(queue_server_cpu_s=cpu.servers_s, queue_msgs_per_cpu_s=done / (cpu.servers_s + cpu.client_s))
     return metrics
 
 

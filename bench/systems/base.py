@@ -75,6 +75,14 @@ class Endpoint(abc.ABC):
         """Read ``stream`` from its first record until ``count`` records were delivered; call ``on_value``
         on each and return how many were read. ``ready`` is set once the subscription is established."""
 
+    @abc.abstractmethod
+    async def work(self, stream: str, count: int, concurrency: int, on_done: Callable[[bytes], None]) -> None:
+        """Drain ``stream`` as a work queue of competing consumers: at most ``concurrency`` records
+        delivered and not yet acknowledged at a time, each acknowledged on its own once handled (the
+        handler does nothing else). Call ``on_done`` with a record's value once the system confirmed its
+        acknowledgement (where acknowledgements are not confirmed, once it is sent); return when
+        ``count`` were acknowledged. The caller may cancel it at its time cap."""
+
     async def recover(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """After a failed publish during failover: reconnect if the client does not do so itself."""
 
@@ -108,6 +116,10 @@ class Deployment(abc.ABC):
     def failover_unsupported(self) -> str | None:
         """Why the failover workload cannot run here (``None``: it can)."""
         return None if self.nodes >= 3 else "single node: nothing to fail over to"
+
+    def work_queue_unsupported(self) -> str | None:
+        """Why the work-queue workload cannot run here (``None``: it can)."""
+        return None
 
     @abc.abstractmethod
     def server_pgids(self) -> list[int]:

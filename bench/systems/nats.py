@@ -13,6 +13,7 @@ record) so the stream drops duplicates within its window: the like-for-like exac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import shutil
@@ -23,13 +24,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import nats
+import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from bench.procs import LOOPBACK, REGISTRY, ManagedProcess, free_ports, port_open, wait_until
 from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable
 
 TUNING = ClientTuning(batch_records=1000, inflight_batches=4)  # 4000 = nats-py's default pending limit
+WORK_CONSUMER = "bench-workers"
+WORK_FETCH = 16  # messages per pull request of the work-queue workload
+WORK_FETCH_TIMEOUT_S = 1.0
+WORK_ACK_TIMEOUT_S = 10.0
 
 
 def _version() -> str:
@@ -88,6 +95,43 @@ class NatsEndpoint(Endpoint):
             await sub.unsubscribe()
         return seen
 
+    async def work(self, stream: str, count: int, concurrency: int, on_done: Callable[[bytes], None]) -> None:
+        """A durable pull consumer with explicit acks: ``concurrency // WORK_FETCH`` workers, each with its
+        own pull subscription to it (nats-py's ``fetch`` is not meant for concurrent calls on one: they
+        took each other's replies and stalled for seconds), fetching up to ``WORK_FETCH`` messages and
+        acking each with ``ack_sync`` (the server confirms the ack)."""
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=max(concurrency, WORK_FETCH))
+        subs = [await self._js.pull_subscribe(stream, durable=WORK_CONSUMER, config=config)
+                for _ in range(max(1, concurrency // WORK_FETCH))]
+        reserved = acked = 0
+
+        async def ack(msg: Msg) -> None:
+            nonlocal acked
+            await msg.ack_sync(timeout=WORK_ACK_TIMEOUT_S)
+            acked += 1
+            on_done(msg.data)
+
+        async def fetcher(psub: JetStreamContext.PullSubscription) -> None:
+            nonlocal reserved
+            while acked < count:
+                want = min(WORK_FETCH, count - reserved)
+                if want <= 0:
+                    return  # the rest are fetched by others; one whose fetch comes back short goes on
+                reserved += want
+                try:
+                    msgs = await psub.fetch(want, timeout=WORK_FETCH_TIMEOUT_S)
+                except nats.errors.TimeoutError:
+                    msgs = []
+                reserved -= want - len(msgs)
+                await asyncio.gather(*(ack(m) for m in msgs))
+
+        try:
+            await asyncio.gather(*(fetcher(psub) for psub in subs))
+        finally:
+            for psub in subs:
+                with contextlib.suppress(Exception):
+                    await psub.unsubscribe()
+
     async def close(self) -> None:
         await self._nc.close()
 
@@ -104,7 +148,8 @@ class NatsDeployment(Deployment):
             system="nats", variant=f"JetStream R{nodes} file{' + Nats-Msg-Id' if dedup else ''}", nodes=nodes,
             version=_version(),
             guarantee="ack after a majority stored the message (file store, fsync on an interval)",
-            client="nats-py publish_async, 4000 pending; ordered push consumer",
+            client="nats-py publish_async, 4000 pending; ordered push consumer; work queue: a durable pull "
+                   f"consumer, fetches of {WORK_FETCH}, ack_sync per message",
             publish_api="publish_async: one message per protocol frame, acks awaited in groups of 1000, 4000 pending",
             exactly_once="a uuid4 Nats-Msg-Id header per message, deduplicated in the stream's 2 min window"
             if dedup else "",

@@ -228,6 +228,35 @@ class RabbitEndpoint(Endpoint):
                 await channel.close()
         return seen
 
+    async def work(self, stream: str, count: int, concurrency: int, on_done: Callable[[bytes], None]) -> None:
+        """One consumer on its own channel with ``prefetch_count=concurrency`` and manual acks, a
+        ``basic.ack`` per message (AMQP does not confirm an ack: it is counted once sent)."""
+        if self._queue_type != "quorum":
+            raise NotAvailable(f"a {self._queue_type} has no per-message acknowledgements")
+        assert self._connection is not None
+        channel = await self._connection.channel()
+        await channel.set_qos(prefetch_count=concurrency)
+        queue = await channel.declare_queue(stream, durable=True, arguments={"x-queue-type": self._queue_type})
+        done = asyncio.Event()
+        acked = 0
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            nonlocal acked
+            await message.ack()
+            acked += 1
+            on_done(message.body)
+            if acked >= count:
+                done.set()
+
+        tag = await queue.consume(on_message)
+        try:
+            await done.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+            with contextlib.suppress(Exception):
+                await channel.close()
+
     async def recover(self) -> None:
         """After a failed publish: reconnect to the next node that accepts a connection, or, if the
         connection is fine, open a fresh channel at most every ``CHANNEL_REOPEN_S`` (a channel that
@@ -274,7 +303,9 @@ class RabbitDeployment(Deployment):
             system="rabbitmq", variant=f"{queue_type} {'queue' if queue_type == 'quorum' else ''}".strip(),
             nodes=cluster.nodes, version=_version(),
             guarantee="confirm after a majority of the queue's replicas fsynced the message",
-            client="aio-pika, publisher confirms, 1000 publishes gathered, 2 batches in flight",
+            client="aio-pika, publisher confirms, 1000 publishes gathered, 2 batches in flight" + (
+                "; work queue: one consumer, prefetch = the concurrency, a basic.ack per message"
+                if queue_type == "quorum" else ""),
             publish_api="one AMQP basic.publish per record, 1000 confirms awaited together, 2 batches in flight",
             notes=["streams read over AMQP (no rstream client); consume acks every 500"]
             if queue_type == "stream" else [],
@@ -282,6 +313,9 @@ class RabbitDeployment(Deployment):
 
     def start(self) -> None:
         self.cluster.start()
+
+    def work_queue_unsupported(self) -> str | None:
+        return None if self.queue_type == "quorum" else "a stream has no per-message acks (readers keep an offset)"
 
     def stop(self) -> None:
         if self.owns_cluster:

@@ -21,7 +21,7 @@ from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoin
 from broker.allocator import ENV as ALLOCATOR_ENV
 from broker.allocator import loaded_jemalloc
 from broker.client import Batch, Client, Unimplemented
-from broker.client.aio import AsyncClient
+from broker.client.aio import AsyncClient, AsyncMessage
 from broker.devcluster import DevCluster
 
 TUNING = ClientTuning(batch_records=1000, inflight_batches=4)
@@ -29,6 +29,7 @@ TUNING = ClientTuning(batch_records=1000, inflight_batches=4)
 # consumer fetches up to 1 MiB per partition by default too
 CONSUME_BATCH_RECORDS = 5000
 MAX_IN_FLIGHT = 1000  # publish calls at once: failover keeps a few hundred waiting in the SDK's retry loop
+WORK_GROUP = "bench-workers"
 _GUARANTEE = {
     "disk": "ack after a Raft majority has the batch (OS-buffered, not fsynced)",
     "fsync": "ack after a Raft majority has fsynced the batch",
@@ -88,6 +89,17 @@ class RaftbrokerEndpoint(Endpoint):
                         break
         return seen
 
+    async def work(self, stream: str, count: int, concurrency: int, on_done: Callable[[bytes], None]) -> None:
+        """A queue group drained by :meth:`AsyncClient.run`: the handler acks its own message (the SDK's
+        concurrent acks share ``Ack`` calls) and counts it once the ack is replicated."""
+
+        async def handler(message: AsyncMessage) -> None:
+            await message.ack()
+            on_done(message.value)
+
+        await self._client.run(stream, group=WORK_GROUP, handler=handler, concurrency=concurrency, limit=count,
+                               mode="queue")
+
     async def close(self) -> None:
         await self._client.close()
 
@@ -101,9 +113,11 @@ class RaftbrokerDeployment(Deployment):
         self.workdir = workdir  # the caller owns (and removes) it
         self.info = DeploymentInfo(
             system="raftbroker", variant=f"{durability}-{nodes}", nodes=nodes, version=_version(),
-            guarantee=_GUARANTEE[durability], client="raftbroker asyncio SDK (AsyncClient) publish_batch(1000), "
-                                                   f"4 in flight; subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, "
-                                                   "the server's 2 MiB bound): one object per batch",
+            guarantee=_GUARANTEE[durability],
+            client="raftbroker asyncio SDK (AsyncClient) publish_batch(1000), 4 in flight; "
+                   f"subscribe_batches(max_batch={CONSUME_BATCH_RECORDS}, the server's 2 MiB bound): one object per "
+                   "batch; work queue: AsyncClient.run over a queue group, the handler acks its message "
+                   "(concurrent acks share Ack calls)",
             publish_api="publish_batch: one gRPC request of 1000 records, 4 requests in flight; latency: "
                         "publish() per record, concurrent calls coalesced by the SDK, 1 request in flight "
                         "(on a PublishStream)",

@@ -22,6 +22,10 @@ from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoin
 
 TUNING = ClientTuning(batch_records=500, inflight_batches=4)
 READ_BATCH = 1000
+WORK_GROUP = "bench-workers"
+WORK_CONNECTIONS = 72  # room for the work queue's 64 XACKs in flight and its readers (more wait their turn)
+WORK_FETCH = 16  # entries per XREADGROUP of the work-queue workload
+WORK_BLOCK_MS = 1000
 
 
 def _version() -> str:
@@ -34,7 +38,8 @@ class RedisEndpoint(Endpoint):
 
     def __init__(self, port: int) -> None:
         self.tuning = TUNING
-        self._redis = aioredis.Redis(host=LOOPBACK, port=port, max_connections=16)
+        self._redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool(
+            host=LOOPBACK, port=port, max_connections=WORK_CONNECTIONS))
 
     async def create(self, stream: str) -> None:
         await self._redis.delete(stream)
@@ -60,6 +65,33 @@ class RedisEndpoint(Endpoint):
                     seen += 1
         return seen
 
+    async def work(self, stream: str, count: int, concurrency: int, on_done: Callable[[bytes], None]) -> None:
+        """A consumer group: ``concurrency // WORK_FETCH`` consumers, each reading up to ``WORK_FETCH``
+        entries with XREADGROUP and acking each with its own XACK (answered once the AOF is fsynced)."""
+        await self._redis.xgroup_create(stream, WORK_GROUP, id="0")
+        reserved = acked = 0
+
+        async def ack(entry_id: bytes, value: bytes) -> None:
+            nonlocal acked
+            await self._redis.xack(stream, WORK_GROUP, entry_id)
+            acked += 1
+            on_done(value)
+
+        async def consumer(name: str) -> None:
+            nonlocal reserved
+            while acked < count:
+                want = min(WORK_FETCH, count - reserved)
+                if want <= 0:
+                    return  # the rest are read by others; one whose read comes back short goes on
+                reserved += want
+                reply: Any = await self._redis.xreadgroup(WORK_GROUP, name, {stream: ">"}, count=want,
+                                                          block=WORK_BLOCK_MS)
+                entries = [entry for _, batch in reply or [] for entry in batch]
+                reserved -= want - len(entries)
+                await asyncio.gather(*(ack(entry_id, fields[b"v"]) for entry_id, fields in entries))
+
+        await asyncio.gather(*(consumer(f"worker-{i}") for i in range(max(1, concurrency // WORK_FETCH))))
+
     async def close(self) -> None:
         await self._redis.aclose()
 
@@ -74,7 +106,8 @@ class RedisDeployment(Deployment):
         self.info = DeploymentInfo(
             system="redis", variant="Streams AOF always", nodes=1, version=_version(),
             guarantee="ack after the write is fsynced to the AOF on the one node (no replication)",
-            client="redis-py asyncio, XADD pipelines of 500, 4 in flight; XREAD 1000",
+            client="redis-py asyncio, XADD pipelines of 500, 4 in flight; XREAD 1000; work queue: a consumer "
+                   f"group, XREADGROUP of {WORK_FETCH}, an XACK per entry",
             publish_api="pipeline of 500 XADD commands (one per record) per round trip, 4 in flight",
             notes=["single node: no replication, no failover"],
         )

@@ -50,6 +50,43 @@ def test_markdown_has_the_table_ratios_caps_and_unavailable_variants() -> None:
     assert "![throughput, latency, failover and restart per system](c.png)" in text
 
 
+def _queue(rate: float, acked: float, stored: float, again: float = 0.0) -> dict[str, Any]:
+    def one(v: float) -> dict[str, float]:
+        return {"median": v, "min": v, "max": v, "n": 1}
+
+    return {"reps": [], "summary": {"queue_msgs_per_s": one(rate), "queue_msgs_per_cpu_s": one(rate / 2),
+                                    "queue_acked": one(acked), "queue_stored": one(stored),
+                                    "queue_redelivered": one(again)}}
+
+
+def test_the_work_queue_column_its_caps_and_documents_from_before_it() -> None:
+    config = SMOKE.to_json()
+    ours = _system("raftbroker-disk-3", "raftbroker disk-3", 50_000.0)
+    ours["workloads"]["queue"] = _queue(7_000.0, 1_000.0, 1_000.0)
+    peer = _system("rabbitmq-quorum", "rabbitmq quorum queue", 25_000.0)
+    peer["workloads"]["queue"] = _queue(2_500.0, 800.0, 1_000.0, again=3.0)
+    log = _system("rabbitmq-stream", "rabbitmq stream", 25_000.0)
+    log["workloads"]["queue"] = {"reps": [], "summary": {}, "skipped": "no per-message acks"}
+    doc = {"date": "2026-12-06T00:00:00+00:00", "duration_s": 1.0,
+           "machine": {"cores": 2, "cpu": "x", "memory_gib": 1.0, "python": "3.11", "load_avg_at_start": [0.0]},
+           "config": config, "systems": [ours, peer, log]}
+    text = report.markdown(doc)
+    heading = f"work queue 100 B msg/s ({config['queue_concurrency']} in flight, an ack each)"
+    assert heading in text and "work queue 100 B msgs per CPU-s (servers+client)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| raftbroker disk-3 | 3 |"))
+    assert "| 7.0k | 3.5k |" in row
+    assert "n/a (no per-message acks)" in text
+    assert "rabbitmq quorum queue, work queue: 800–800 of 1,000 stored records acknowledged before" in text
+    assert "up to 3 records acknowledged twice" in text
+    ratio_row = next(line for line in text.splitlines()
+                     if line.startswith("| raftbroker disk-3 | rabbitmq quorum queue |"))
+    assert "| 2.80× | 2.80× |" in ratio_row
+    # A document written before the workload existed renders without its columns.
+    old_config = {k: v for k, v in config.items() if not k.startswith("queue_")}
+    old = report.markdown(dict(doc, config=old_config, systems=[_system("redis", "redis", 1.0)]))
+    assert "work queue" not in old
+
+
 def test_hot_spots_count_self_and_inclusive_time_per_function() -> None:
     folded = ("run (/x/site-packages/grpc/_server.py:10);handle (broker/services/broker.py:5);"
               "encode (broker/core/codec.py:7) 30\n"

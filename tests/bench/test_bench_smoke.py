@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOADS = ("publish_100", "latency", "failover", "recovery")
+WORKLOADS = ("publish_100", "queue", "latency", "failover", "recovery")
 
 
 def _processes_under(root: Path) -> list[str]:
@@ -60,6 +60,10 @@ def test_smoke_runs_every_workload_and_leaves_no_server_running(tmp_path: Path) 
             assert len(entry["reps"]) == 1 and entry["summary"], f"{name} {workload}: no result"
     assert systems["raftbroker-disk-3"]["workloads"]["publish_100"]["summary"]["published"]["median"] == 2000
     assert systems["raftbroker-disk-3"]["workloads"]["failover"]["summary"]["failover_s"]["median"] > 0
+    for name, system in systems.items():  # the work queue drained every stored record, each acknowledged once
+        queue = system["workloads"]["queue"]["summary"]
+        assert queue["queue_acked"]["median"] == queue["queue_stored"]["median"] == 1000, name
+        assert queue["queue_redelivered"]["median"] == 0, name
 
     table = (out / "smoke.md").read_text()
     assert "| raftbroker disk-3 | 3 |" in table and "| redis Streams AOF always | 1 |" in table
