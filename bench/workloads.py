@@ -146,14 +146,8 @@ async def work_queue(deployment: Deployment, size_bytes: int, count: int, concur
     """One repetition: store ``count`` records, then drain them as a work queue (per-record
     acknowledgements, ``concurrency`` in flight) for at most ``cap_s``; msgs/s and msgs per CPU-second
     of the drain, and how many acknowledged records were ones acknowledged before (redeliveries)."""
-    stream = stream_name(f"queue{size_bytes}")
-    payloads = Payloads(size_bytes, seed)
-    ep = await deployment.endpoint()
-    try:
-        await ep.create(stream)
-        stored = await _closed_loop_publish(ep, stream, payloads, count, time.perf_counter() + QUEUE_FILL_CAP_S)
-    finally:
-        await ep.close()
+    stream, stored = await fill(deployment, count, QUEUE_FILL_CAP_S, seed, size_bytes=size_bytes,
+                                kind=f"queue{size_bytes}")
     acked: set[bytes] = set()
     again = 0
 
@@ -356,10 +350,12 @@ async def failover(deployment: Deployment, interval_s: float, before_s: float, t
     return result
 
 
-async def fill(deployment: Deployment, records: int, cap_s: float, seed: int = 0) -> tuple[str, int]:
-    """A fresh stream holding up to ``records`` distinct 100-byte records (fewer if ``cap_s`` runs out)."""
-    stream = stream_name("recov")
-    payloads = Payloads(100, seed)
+async def fill(deployment: Deployment, records: int, cap_s: float, seed: int = 0, *, size_bytes: int = 100,
+               kind: str = "recov") -> tuple[str, int]:
+    """A fresh stream holding up to ``records`` distinct records of ``size_bytes`` (fewer if ``cap_s`` runs
+    out); returns its name and how many it holds."""
+    stream = stream_name(kind)
+    payloads = Payloads(size_bytes, seed)
     ep = await deployment.endpoint()
     try:
         await ep.create(stream)

@@ -9,9 +9,39 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def fetch_and_ack(fetchers: Sequence[Callable[[int], Awaitable[Sequence[T]]]], count: int, fetch_max: int,
+                        ack: Callable[[T], Awaitable[None]]) -> None:
+    """Drain ``count`` records as a work queue, one worker per fetcher: each fetches up to ``fetch_max``
+    records that no other worker has asked for yet, acks them concurrently with ``ack``, and goes on
+    until ``count`` are acked. A worker stops when the rest are asked for by others (one whose fetch
+    comes back short goes on), so no fetch waits at the end for records that are not there."""
+    reserved = acked = 0
+
+    async def one(item: T) -> None:
+        nonlocal acked
+        await ack(item)
+        acked += 1
+
+    async def worker(fetch: Callable[[int], Awaitable[Sequence[T]]]) -> None:
+        nonlocal reserved
+        while acked < count:
+            want = min(fetch_max, count - reserved)
+            if want <= 0:
+                return
+            reserved += want
+            got = await fetch(want)
+            reserved -= want - len(got)
+            await asyncio.gather(*(one(item) for item in got))
+
+    await asyncio.gather(*(worker(fetch) for fetch in fetchers))
 
 
 class NotAvailable(Exception):

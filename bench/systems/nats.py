@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import nats
@@ -30,7 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from bench.procs import LOOPBACK, REGISTRY, ManagedProcess, free_ports, port_open, wait_until
-from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable
+from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable, fetch_and_ack
 
 TUNING = ClientTuning(batch_records=1000, inflight_batches=4)  # 4000 = nats-py's default pending limit
 WORK_CONSUMER = "bench-workers"
@@ -103,30 +103,21 @@ class NatsEndpoint(Endpoint):
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=max(concurrency, WORK_FETCH))
         subs = [await self._js.pull_subscribe(stream, durable=WORK_CONSUMER, config=config)
                 for _ in range(max(1, concurrency // WORK_FETCH))]
-        reserved = acked = 0
 
         async def ack(msg: Msg) -> None:
-            nonlocal acked
             await msg.ack_sync(timeout=WORK_ACK_TIMEOUT_S)
-            acked += 1
             on_done(msg.data)
 
-        async def fetcher(psub: JetStreamContext.PullSubscription) -> None:
-            nonlocal reserved
-            while acked < count:
-                want = min(WORK_FETCH, count - reserved)
-                if want <= 0:
-                    return  # the rest are fetched by others; one whose fetch comes back short goes on
-                reserved += want
+        def fetcher(psub: JetStreamContext.PullSubscription) -> Callable[[int], Awaitable[list[Msg]]]:
+            async def fetch(n: int) -> list[Msg]:
                 try:
-                    msgs = await psub.fetch(want, timeout=WORK_FETCH_TIMEOUT_S)
+                    return await psub.fetch(n, timeout=WORK_FETCH_TIMEOUT_S)
                 except nats.errors.TimeoutError:
-                    msgs = []
-                reserved -= want - len(msgs)
-                await asyncio.gather(*(ack(m) for m in msgs))
+                    return []
+            return fetch
 
         try:
-            await asyncio.gather(*(fetcher(psub) for psub in subs))
+            await fetch_and_ack([fetcher(psub) for psub in subs], count, WORK_FETCH, ack)
         finally:
             for psub in subs:
                 with contextlib.suppress(Exception):

@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +148,24 @@ class RabbitCluster:
         return f"amqp://guest:guest@{LOOPBACK}:{self.amqp_ports[i]}/"
 
 
+async def _consume_until(channel: aio_pika.abc.AbstractChannel, queue: aio_pika.abc.AbstractQueue,
+                         on_message: Callable[[AbstractIncomingMessage], Awaitable[None]], done: asyncio.Event, *,
+                         no_ack: bool = False, arguments: dict[str, Any] | None = None,
+                         ready: asyncio.Event | None = None) -> None:
+    """Consume ``queue`` with ``on_message`` until ``done`` is set (``ready`` once consuming), then
+    cancel the consumer and close its ``channel``, also when cancelled."""
+    tag = await queue.consume(on_message, no_ack=no_ack, arguments=arguments)
+    if ready is not None:
+        ready.set()
+    try:
+        await done.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await queue.cancel(tag)
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+
 class RabbitEndpoint(Endpoint):
     """An aio-pika connection with one confirming channel; moves to the next node when it breaks."""
 
@@ -216,16 +234,7 @@ class RabbitEndpoint(Endpoint):
                 done.set()
 
         args: dict[str, Any] | None = {"x-stream-offset": "first"} if is_stream else None
-        tag = await queue.consume(on_message, no_ack=not is_stream, arguments=args)
-        if ready is not None:
-            ready.set()
-        try:
-            await done.wait()
-        finally:
-            with contextlib.suppress(Exception):
-                await queue.cancel(tag)
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await _consume_until(channel, queue, on_message, done, no_ack=not is_stream, arguments=args, ready=ready)
         return seen
 
     async def work(self, stream: str, count: int, concurrency: int, on_done: Callable[[bytes], None]) -> None:
@@ -248,14 +257,7 @@ class RabbitEndpoint(Endpoint):
             if acked >= count:
                 done.set()
 
-        tag = await queue.consume(on_message)
-        try:
-            await done.wait()
-        finally:
-            with contextlib.suppress(Exception):
-                await queue.cancel(tag)
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await _consume_until(channel, queue, on_message, done)
 
     async def recover(self) -> None:
         """After a failed publish: reconnect to the next node that accepts a connection, or, if the

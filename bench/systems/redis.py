@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from bench.procs import LOOPBACK, REGISTRY, ManagedProcess, free_port, port_open, wait_until
-from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable
+from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoint, NotAvailable, fetch_and_ack
 
 TUNING = ClientTuning(batch_records=500, inflight_batches=4)
 READ_BATCH = 1000
@@ -69,28 +69,20 @@ class RedisEndpoint(Endpoint):
         """A consumer group: ``concurrency // WORK_FETCH`` consumers, each reading up to ``WORK_FETCH``
         entries with XREADGROUP and acking each with its own XACK (answered once the AOF is fsynced)."""
         await self._redis.xgroup_create(stream, WORK_GROUP, id="0")
-        reserved = acked = 0
 
-        async def ack(entry_id: bytes, value: bytes) -> None:
-            nonlocal acked
-            await self._redis.xack(stream, WORK_GROUP, entry_id)
-            acked += 1
-            on_done(value)
+        async def ack(entry: tuple[bytes, bytes]) -> None:
+            await self._redis.xack(stream, WORK_GROUP, entry[0])
+            on_done(entry[1])
 
-        async def consumer(name: str) -> None:
-            nonlocal reserved
-            while acked < count:
-                want = min(WORK_FETCH, count - reserved)
-                if want <= 0:
-                    return  # the rest are read by others; one whose read comes back short goes on
-                reserved += want
-                reply: Any = await self._redis.xreadgroup(WORK_GROUP, name, {stream: ">"}, count=want,
+        def reader(name: str) -> Callable[[int], Awaitable[list[tuple[bytes, bytes]]]]:
+            async def read(n: int) -> list[tuple[bytes, bytes]]:
+                reply: Any = await self._redis.xreadgroup(WORK_GROUP, name, {stream: ">"}, count=n,
                                                           block=WORK_BLOCK_MS)
-                entries = [entry for _, batch in reply or [] for entry in batch]
-                reserved -= want - len(entries)
-                await asyncio.gather(*(ack(entry_id, fields[b"v"]) for entry_id, fields in entries))
+                return [(entry_id, fields[b"v"]) for _, batch in reply or [] for entry_id, fields in batch]
+            return read
 
-        await asyncio.gather(*(consumer(f"worker-{i}") for i in range(max(1, concurrency // WORK_FETCH))))
+        readers = [reader(f"worker-{i}") for i in range(max(1, concurrency // WORK_FETCH))]
+        await fetch_and_ack(readers, count, WORK_FETCH, ack)
 
     async def close(self) -> None:
         await self._redis.aclose()
