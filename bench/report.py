@@ -252,7 +252,7 @@ def chart(doc: Json, path: Path) -> None:
     sizes = doc["config"]["record_sizes"]
     fig, grid = plt.subplots(2, 4, figsize=(24, 10))
     axes = [list(row) for row in grid]
-    size_labels = ["1 KiB" if z == 1024 else f"{z} B" for z in sizes]
+    size_labels = [_size_label(z) for z in sizes]
     by_size = list(zip(sizes, size_labels, strict=True))
     _bars(axes[0][0], systems, labels, [(f"publish_{z}", "publish_msgs_per_s", lab) for z, lab in by_size],
           "acknowledged publish, msgs/s (log)", log=True)
