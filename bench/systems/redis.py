@@ -23,7 +23,7 @@ from bench.systems.base import ClientTuning, Deployment, DeploymentInfo, Endpoin
 TUNING = ClientTuning(batch_records=500, inflight_batches=4)
 READ_BATCH = 1000
 WORK_GROUP = "bench-workers"
-WORK_CONNECTIONS = 72  # room for the work queue's 64 XACKs in flight and its readers (more wait their turn)
+POOL_CONNECTIONS = 72  # the endpoint's pool: room for the work queue's 64 XACKs in flight and its readers
 WORK_FETCH = 16  # entries per XREADGROUP of the work-queue workload
 WORK_BLOCK_MS = 1000
 
@@ -39,7 +39,7 @@ class RedisEndpoint(Endpoint):
     def __init__(self, port: int) -> None:
         self.tuning = TUNING
         self._redis = aioredis.Redis.from_pool(aioredis.BlockingConnectionPool(
-            host=LOOPBACK, port=port, max_connections=WORK_CONNECTIONS))
+            host=LOOPBACK, port=port, max_connections=POOL_CONNECTIONS))
 
     async def create(self, stream: str) -> None:
         await self._redis.delete(stream)
