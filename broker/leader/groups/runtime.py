@@ -397,16 +397,12 @@ class GroupRuntime:
     def take_expired(self, now_ms: int) -> list[Lease]:
         """Leases past their deadline, marked as being expired (the caller replicates EXPIRE)."""
         with self.lock:
-            expired = self.leases.expired(now_ms)
-            for lease in expired:
-                lease.expiring = True
-            return expired
+            return self.leases.take_expired(now_ms)
 
     def unexpire(self, leases: list[Lease]) -> None:
         """The EXPIRE could not be replicated: try again later."""
         with self.lock:
-            for lease in leases:
-                lease.expiring = False
+            self.leases.unexpire(leases)
 
     def reset_partitions(self, partitions: list[int]) -> None:
         """After a seek: forget leases and delivery progress of ``partitions``."""

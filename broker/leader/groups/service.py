@@ -345,7 +345,7 @@ class GroupService:
                 if lease is None or lease.expiring:
                     deadlines.append(0)
                     continue
-                lease.deadline_ms = self.clock.monotonic_ms() + length
+                rt.leases.set_deadline(lease, self.clock.monotonic_ms() + length)
                 deadlines.append(self.clock.now_ms() + length)  # the client sees wall time
         return deadlines
 
