@@ -11,11 +11,12 @@ import pytest
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client import Batch, Client, Record, TopicExists, TopicNotFound
+from broker.client import Batch, Client, Event, Record, TopicExists, TopicNotFound
 from broker.client.aio import AsyncClient, AsyncMessage
 from broker.client.aio.routing import AsyncCall
 from broker.client.errors import InvalidArgument
 from broker.devcluster import DevCluster
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 T = TypeVar("T")
@@ -236,6 +237,45 @@ def _acks_started(metrics_address: str) -> float:
     text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                if sample.name == "raftbroker_grpc_server_started_total" and sample.labels.get("grpc_method") == "Ack")
+
+
+def _open_streams(metrics_address: str) -> float:
+    text = urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "raftbroker_subscribers")
+
+
+def test_a_prune_no_stream_saw_before_an_ack_is_told_to_the_next_member(cluster: DevCluster) -> None:
+    """SPEC §3.3, never silent data loss: a record is claimed, the records up to offset 2 are
+    pruned while no stream of the group is open, and the claimed one is acked. The next member must
+    get SKIP_FORWARD for the record nobody received (offset 1) before the later records. Before the
+    fix the ack's settle moved the group past the pruned records at once, and the member got the
+    later records with no event."""
+    leader = cluster.addresses.index(cluster.wait_ready())
+    metrics = cluster.metrics_address(leader)
+
+    async def main() -> list[object]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-pruned", 1)
+            await c.publish_batch("aio-pruned", ["a", "b", "c", "d"])
+            [claimed] = await c.claim("aio-pruned", "w", max_records=1, visibility_ms=60_000)
+            assert claimed.value == b"a"
+            wait_until(lambda: _open_streams(metrics) == 0, 30, "the claim's stream to close on the leader")
+            assert await c.prune("aio-pruned", 2, partition=0) == 2
+            assert await claimed.ack()
+            items: list[object] = []
+            async with c.consumer("aio-pruned", "w", stop_at_end=True) as consumer:
+                async for item in consumer:
+                    items.append(item)
+                    if isinstance(item, AsyncMessage):
+                        await item.ack()
+            return items
+
+    items = asyncio.run(main())
+    event = items[0]
+    assert isinstance(event, Event) and event.type == "skip_forward", items
+    assert (event.offset_before, event.offset_after) == (1, 2)
+    assert [m.value for m in items[1:] if isinstance(m, AsyncMessage)] == [b"c", b"d"]
 
 
 def test_concurrent_acks_of_a_consumer_share_requests_and_settle_every_message(cluster: DevCluster) -> None:

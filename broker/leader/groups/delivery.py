@@ -117,9 +117,9 @@ class GroupDelivery:
                     rt.close_stream(stream_id)
                     rt, stream_id = current, current.open_stream()
                 now = service.clock.now_ms()
-                with rt.lock:
+                with rt.lock:  # the room and the pick at once: a settle ending between them must see the pick
                     room = limit - rt.leases.held_by(stream_id)
-                delivery = rt.pick(stream_id, member, room, now, service.clock.monotonic_ms())
+                    delivery = rt.pick(stream_id, member, room, now, service.clock.monotonic_ms())
                 if delivery.bad:
                     service.settle(rt, delivery.bad)
                 for event in delivery.events:

@@ -72,6 +72,8 @@ class GroupRuntime:
         self._left: dict[str, None] = {}  # members that left: their streams get nothing more
         self._next_stream = 0
         self._rotation = 0
+        self._settles = 0  # settle commands of this group being replicated (see settle_started)
+        self._empty_pick_in_settle = False  # a pick found nothing while one was
 
     # -- replicated state ------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -138,7 +140,13 @@ class GroupRuntime:
         """Lease up to ``limit`` records to ``stream_id`` and report new events for it. ``now_ms`` is the
         leader's wall clock (retries are due by it, see :func:`retry_due_ms`); ``lease_now_ms`` the
         leader-local monotonic clock the lease deadlines are measured on (default: ``now_ms``)."""
-        lease_now = now_ms if lease_now_ms is None else lease_now_ms
+        with self.lock:
+            out = self._pick(stream_id, member_id, limit, now_ms, now_ms if lease_now_ms is None else lease_now_ms)
+            if not out and self._settles:
+                self._empty_pick_in_settle = True  # its stream may wait for what the settle frees
+            return out
+
+    def _pick(self, stream_id: int, member_id: str, limit: int, now_ms: int, lease_now: int) -> Delivery:
         with self.lock:
             self.refresh()
             if self.gone:
@@ -228,12 +236,19 @@ class GroupRuntime:
                     budget: list[int]) -> None:
         heap = self._ready[p]
         while heap and budget[0] > 0:
-            o = heapq.heappop(heap)
-            if self._pending((p, o)):
-                self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget, self._stored(p, o))
+            taken: list[Position] = []  # read together
+            while heap and len(taken) < budget[0]:
+                o = heapq.heappop(heap)
+                if self._pending((p, o)):
+                    taken.append((p, o))
+            stored = self._read_positions(taken)
+            for position in taken:
+                if self._pending(position):  # not leased by an earlier one of the same pick
+                    self._deliver(p, position[1], 1, stream_id, member_id, now_ms, out, budget, stored.get(position))
 
     def _pick_waiting(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, out: Delivery,
                       budget: list[int]) -> None:
+        taken: list[Position] = []  # the head of each key free now, read together below
         for key in list(self._waiting):
             queue = self._waiting[key]
             while queue and not self._pending(queue[0]):
@@ -241,10 +256,13 @@ class GroupRuntime:
             if not queue:
                 del self._waiting[key]
                 continue
-            if budget[0] <= 0 or queue[0][0] not in eligible or self._key_busy(key, own_retry=False):
+            if len(taken) >= budget[0] or queue[0][0] not in eligible or self._key_busy(key, own_retry=False):
                 continue
-            p, o = heapq.heappop(queue)
-            self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget, self._stored(p, o))
+            taken.append(heapq.heappop(queue))
+        stored = self._read_positions(taken)
+        for p, o in taken:
+            if self._pending((p, o)):
+                self._deliver(p, o, 1, stream_id, member_id, now_ms, out, budget, stored.get((p, o)))
 
     def _pick_fresh(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                     budget: list[int]) -> None:
@@ -281,10 +299,6 @@ class GroupRuntime:
             if not progressed:  # nothing stored in [nxt, limit): pruned under us
                 nxt = limit
         self._next_fresh[p] = nxt
-
-    def _stored(self, p: int, o: int) -> record_log.Entry | None:
-        tid = self.meta.topic_id
-        return record_log.get(self._state.records_store(tid), tid, p, o, self.bounds(p)[0])
 
     def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                  budget: list[int], stored: record_log.Entry | None) -> None:
@@ -355,7 +369,36 @@ class GroupRuntime:
                 out.events.append(self.event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
                                              "records before this position were pruned or expired"))
 
+    def skip_told(self, partition: int, start: int) -> bool:
+        """Whether a stream of this group has been told with SKIP_FORWARD that ``partition``'s
+        records from its watermark up to ``start`` are gone."""
+        with self.lock:
+            told = (partition, self._cursors[partition].committed, start)
+            return any(told in reported for reported in self._reported.values())
+
     # -- lease changes -----------------------------------------------------------------------------
+    def settle_started(self) -> None:
+        """A settle command of this group is about to be replicated. Its apply wakes the group's
+        streams before :meth:`settle_ended` forgets its leases, so a stream's pick in between finds
+        them still held (no room, a key still busy) and the stream would wait for the next change of
+        anything, or ``WAKE_S``: a consumer acking one message at a time got 16 msg/s
+        (bench/NOTE.md, 2026-12-06). :meth:`settle_ended` says when such a pick happened."""
+        with self.lock:
+            self._settles += 1
+
+    def settle_ended(self, entries: list[internal_pb2.SettleEntry] | None) -> bool:
+        """The settle command begun with :meth:`settle_started` was applied (``entries``: its leases
+        are forgotten, see :meth:`settled`) or failed (None: its leases stay). Returns whether a pick
+        found nothing to deliver while a settle was in flight (once per such pick): the caller then
+        wakes the streams."""
+        with self.lock:
+            self._settles -= 1
+            if entries is None:
+                return False  # kept for a settle that frees something
+            self.settled(entries)
+            woken, self._empty_pick_in_settle = self._empty_pick_in_settle, False
+            return woken
+
     def settled(self, entries: list[internal_pb2.SettleEntry]) -> None:
         """Forget the leases of applied settle entries (an EXPIRE only removes the expired lease)."""
         with self.lock:

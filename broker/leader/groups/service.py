@@ -264,11 +264,14 @@ class GroupService:
         """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes,
         one per entry in order.
         Partitions whose watermark is below the first retained record are committed up to it in
-        the same command (the reader was told with SKIP_FORWARD before it got later records)."""
+        the same command once a stream of the group has been told with SKIP_FORWARD (its pick
+        reports the event before any later record). Not before: an ack of a record leased before
+        a prune, settled before any pick saw the prune, would otherwise move the watermark past the
+        pruned records silently (SPEC §3.3); the next pick tells, and the next settle commits."""
         commits = list(commits or [])
         for p in sorted({e.partition for e in entries}):
             start, _ = rt.bounds(p)
-            if rt.cursor(p).committed < start:
+            if rt.cursor(p).committed < start and rt.skip_told(p, start):
                 commits.append((p, start))
         outcomes: list[Outcome] = []
         chunk: list[K.SettleEntry] = []
@@ -289,9 +292,15 @@ class GroupService:
         cmd = K.Command(group_settle=K.GroupSettleCommand(
             topic=rt.meta.topic, group=rt.meta.group, group_id=rt.gid, now_ms=self.clock.now_ms(), entries=entries,
             commit_partitions=[p for p, _ in commits], commit_offsets=[o for _, o in commits]))
-        result = raise_rejected(self.submit(cmd, rt.meta.topic))
+        rt.settle_started()
+        try:
+            result = raise_rejected(self.submit(cmd, rt.meta.topic))
+        except BaseException:
+            rt.settle_ended(None)  # nothing was freed: a stream waiting meanwhile waits for the same
+            raise
         assert isinstance(result, SettleResult) and len(result.outcomes) == len(entries)
-        rt.settled(entries)
+        if rt.settle_ended(entries):
+            self.state.notify_change()
         return list(result.outcomes)
 
     # -- data plane ------------------------------------------------------------------------------
