@@ -181,6 +181,23 @@ def test_a_prune_seen_by_no_pick_before_an_ack_is_still_told_with_skip_forward()
     assert [r.value for r in d.records] == [b"d"] and not d.events, "told once"
 
 
+def test_acks_after_the_told_stream_ended_commit_past_the_pruned_records() -> None:
+    """A stream with ``stop_at_end`` ends once caught up, and the sync SDK's acks often follow: the
+    group was told all the same (tests/cluster/test_prune_roles.py drives it through the SDK)."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c"])
+    env.group("t", "g", mode=QUEUE)
+    env.log.prune("t", 0, 2)
+    rt = env.service.runtime("t", "g")
+    stream = rt.open_stream()
+    d = env.pick(rt, stream)
+    assert [e.type for e in d.events] == [internal_pb2.EVENT_TYPE_SKIP_FORWARD]
+    rt.close_stream(stream)
+    assert env.service.ack("t", "g", [r.position for r in d.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 3
+
+
 def test_an_ordered_key_whose_waiting_record_was_pruned_is_told_and_goes_on() -> None:
     env = make_env()
     env.topic("t")

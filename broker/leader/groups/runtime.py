@@ -69,6 +69,7 @@ class GroupRuntime:
         self._waiting: dict[bytes, list[Position]] = {}
         self._version = -1
         self._reported: dict[int, set[tuple[object, ...]]] = {}
+        self._skips_told: dict[int, tuple[int, int]] = {}  # partition -> (watermark, start) a stream was told
         self._left: dict[str, None] = {}  # members that left: their streams get nothing more
         self._next_stream = 0
         self._rotation = 0
@@ -366,15 +367,16 @@ class GroupRuntime:
                     before_incarnation=meta.reset_from_topic_id))
             if cursor.committed < start and (p, cursor.committed, start) not in reported:
                 reported.add((p, cursor.committed, start))
+                self._skips_told[p] = (cursor.committed, start)
                 out.events.append(self.event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
                                              "records before this position were pruned or expired"))
 
     def skip_told(self, partition: int, start: int) -> bool:
-        """Whether a stream of this group has been told with SKIP_FORWARD that ``partition``'s
-        records from its watermark up to ``start`` are gone."""
+        """Whether a stream of this group has been told with SKIP_FORWARD, since this runtime began
+        (this leader's term), that ``partition``'s records from its watermark up to ``start`` are
+        gone. The stream may have ended since: the acks of what it received often come after."""
         with self.lock:
-            told = (partition, self._cursors[partition].committed, start)
-            return any(told in reported for reported in self._reported.values())
+            return self._skips_told.get(partition) == (self._cursors[partition].committed, start)
 
     # -- lease changes -----------------------------------------------------------------------------
     def settle_started(self) -> None:
