@@ -133,17 +133,6 @@ class LeaseTable:
                 lease.expiring = False
                 self._push(lease)
 
-    def next_deadline_ms(self) -> int | None:
-        """The earliest deadline of a lease not being expired (None: none)."""
-        heap, leases = self._deadlines, self._leases
-        while heap:
-            deadline, p, o = heap[0]
-            lease = leases.get((p, o))
-            if lease is not None and not lease.expiring and lease.deadline_ms == deadline:
-                return deadline
-            heapq.heappop(heap)
-        return None
-
     def of_partition(self, partition: int) -> list[Lease]:
         return list(self._by_partition.get(partition, {}).values())
 

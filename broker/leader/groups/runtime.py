@@ -148,27 +148,27 @@ class GroupRuntime:
             return out
 
     def _pick(self, stream_id: int, member_id: str, limit: int, now_ms: int, lease_now: int) -> Delivery:
-        with self.lock:
-            self.refresh()
-            if self.gone:
-                raise GroupNotFound(self.meta.topic, self.meta.group)
-            out = Delivery()
-            if member_id in self._left:
-                return out
-            eligible = self.eligible(member_id)
-            self._events(stream_id, eligible, out)
-            if self.meta.paused or limit <= 0 or not eligible:
-                return out
-            self._rotation = (self._rotation + 1) % len(eligible)
-            order = eligible[self._rotation:] + eligible[:self._rotation]
-            budget = [limit]
-            self._pick_retries(set(eligible), stream_id, member_id, now_ms, lease_now, out, budget)
-            for p in order:
-                self._pick_ready(p, stream_id, member_id, lease_now, out, budget)
-            self._pick_waiting(set(eligible), stream_id, member_id, lease_now, out, budget)
-            for p in order:
-                self._pick_fresh(p, stream_id, member_id, lease_now, out, budget)
+        """:meth:`pick`, under the lock."""
+        self.refresh()
+        if self.gone:
+            raise GroupNotFound(self.meta.topic, self.meta.group)
+        out = Delivery()
+        if member_id in self._left:
             return out
+        eligible = self.eligible(member_id)
+        self._events(stream_id, eligible, out)
+        if self.meta.paused or limit <= 0 or not eligible:
+            return out
+        self._rotation = (self._rotation + 1) % len(eligible)
+        order = eligible[self._rotation:] + eligible[:self._rotation]
+        budget = [limit]
+        self._pick_retries(set(eligible), stream_id, member_id, now_ms, lease_now, out, budget)
+        for p in order:
+            self._pick_ready(p, stream_id, member_id, lease_now, out, budget)
+        self._pick_waiting(set(eligible), stream_id, member_id, lease_now, out, budget)
+        for p in order:
+            self._pick_fresh(p, stream_id, member_id, lease_now, out, budget)
+        return out
 
     def _pending(self, position: Position) -> bool:
         """Not settled, not leased, not waiting for a retry (retries are picked on their own)."""
