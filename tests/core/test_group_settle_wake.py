@@ -7,7 +7,8 @@ MemoryStore and InMemoryReplicator).
   at a time got 16 msg/s, one delivery in eight waiting 500 ms (bench/NOTE.md, 2026-12-06). The
   race is made to happen by running the stream's step inside the settle's submit, after its apply.
 - Waiting keys' heads and released records are read together; what a pick hands out must not change.
-- A settle commits past pruned records only once a stream was told with SKIP_FORWARD (SPEC §3.3).
+- A settle commits past pruned records only once a client received SKIP_FORWARD: it settled a
+  record its stream delivered after the event (SPEC §3.3).
 """
 
 from __future__ import annotations
@@ -220,3 +221,55 @@ def test_an_ordered_key_whose_waiting_record_was_pruned_is_told_and_goes_on() ->
         assert isinstance(step, internal_pb2.SubscribeResponse)
         rest.append(step)
     assert [r.value for step in rest if step.HasField("batch") for r in step.batch.records] == [b"c"]
+
+
+def test_an_event_sent_to_a_stream_whose_client_settled_nothing_after_it_is_told_again() -> None:
+    """A SKIP_FORWARD sent is not one received: the connection may break right after it. An ack of
+    a record leased before the event (here by another member) must not move the watermark past the
+    pruned records; the next stream is told again, and the settle of a record it received after
+    the event commits past them. Before, the event sent counted as told, and nobody heard of the
+    loss (SPEC §3.3)."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c", b"d"])
+    env.group("t", "g", mode=QUEUE)
+    rt = env.service.runtime("t", "g")
+    holder = rt.open_stream()
+    held = env.pick(rt, holder, 1)
+    assert [r.value for r in held.records] == [b"a"]
+    env.log.prune("t", 0, 2)  # a (leased) and b (never delivered) go
+    lost = rt.open_stream()
+    sent = env.pick(rt, lost, 1)
+    assert [(e.offset_before, e.offset_after) for e in sent.events] == [(0, 2)]
+    assert [r.value for r in sent.records] == [b"c"]
+    rt.close_stream(lost)  # its client never read the event, nor settled c
+    assert env.service.ack("t", "g", [r.position for r in held.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 1, "an ack of what was leased before the event: not told"
+    env.service.nack("t", "g", [r.position for r in sent.records], 0, True)  # c comes again at once
+    again = rt.open_stream()
+    d = env.pick(rt, again, 1)
+    assert [(e.offset_before, e.offset_after) for e in d.events] == [(1, 2)], "told again"
+    assert [r.value for r in d.records] == [b"c"]
+    assert env.service.ack("t", "g", [r.position for r in d.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 3, "received: the settle commits past the gap"
+
+
+def test_a_record_leased_before_the_event_on_the_same_stream_proves_nothing() -> None:
+    """A stream's own earlier lease, acked after its event was sent, does not prove the event
+    arrived (the client may ack it without having read further)."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c"])
+    env.group("t", "g", mode=QUEUE)
+    rt = env.service.runtime("t", "g")
+    stream = rt.open_stream()
+    first = env.pick(rt, stream, 1)
+    env.log.prune("t", 0, 2)
+    d = env.pick(rt, stream, 1)
+    assert [(e.offset_before, e.offset_after) for e in d.events] == [(0, 2)]
+    assert env.service.ack("t", "g", [r.position for r in first.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 1
+    again = env.pick(rt, stream, 1)
+    assert not again.events and not again.records, "the event sent covers the gap left: not sent again"
+    assert env.service.ack("t", "g", [r.position for r in d.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 3, "c came after the event: received"

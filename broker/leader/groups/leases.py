@@ -41,6 +41,9 @@ class Lease:
     attempt: int  # 1 for the first delivery
     key: bytes | None  # the record key (ordered groups block it while leased)
     expiring: bool = False  # an EXPIRE for it is being replicated; see take_expired
+    # (watermark, first retained offset) of the SKIP_FORWARD its stream was sent before this lease:
+    # the client's settle of it proves the event arrived (GroupRuntime.confirm_told)
+    after_skip: tuple[int, int] | None = None
 
     @property
     def position(self) -> Position:

@@ -69,7 +69,8 @@ class GroupRuntime:
         self._waiting: dict[bytes, list[Position]] = {}
         self._version = -1
         self._reported: dict[int, set[tuple[object, ...]]] = {}
-        self._skips_told: dict[int, tuple[int, int]] = {}  # partition -> (watermark, start) a stream was told
+        self._skips_sent: dict[tuple[int, int], tuple[int, int]] = {}  # (stream, partition) -> (watermark, start) sent
+        self._skips_told: dict[int, tuple[int, int]] = {}  # partition -> (watermark, start) a client received
         self._left: dict[str, None] = {}  # members that left: their streams get nothing more
         self._next_stream = 0
         self._rotation = 0
@@ -128,6 +129,8 @@ class GroupRuntime:
     def close_stream(self, stream_id: int) -> None:
         with self.lock:
             self._reported.pop(stream_id, None)
+            for key in [k for k in self._skips_sent if k[0] == stream_id]:
+                del self._skips_sent[key]
 
     def eligible(self, member_id: str) -> list[int]:
         """Partitions whose records ``member_id`` may receive now."""
@@ -335,7 +338,8 @@ class GroupRuntime:
         record.delivery_attempt = attempt
         key = record.key if record.HasField("key") and self.meta.config.ordered else None
         deadline = now_ms + self.meta.config.visibility_timeout_ms
-        self.leases.add(Lease(record.partition, record.offset, stream_id, member_id, deadline, attempt, key))
+        self.leases.add(Lease(record.partition, record.offset, stream_id, member_id, deadline, attempt, key,
+                              after_skip=self._skips_sent.get((stream_id, record.partition))))
         out.records.append(record)
         budget[0] -= 1
 
@@ -351,7 +355,8 @@ class GroupRuntime:
 
     def _events(self, stream_id: int, partitions: list[int], out: Delivery) -> None:
         """RESET while a re-created topic's partition has no progress yet; SKIP_FORWARD while the
-        watermark is below the first retained record. Each reported once per stream."""
+        watermark is below the first retained record. Each reported once per stream (a SKIP_FORWARD
+        again only for a gap the one sent does not cover: the watermark moved back, or more went)."""
         reported = self._reported.setdefault(stream_id, set())
         meta = self.meta
         for p in partitions:
@@ -365,18 +370,30 @@ class GroupRuntime:
                     internal_pb2.EVENT_TYPE_RESET, p, before, meta.start_offsets[p],
                     f"topic was re-created (incarnation {meta.reset_from_topic_id} -> {meta.topic_id})",
                     before_incarnation=meta.reset_from_topic_id))
-            if cursor.committed < start and (p, cursor.committed, start) not in reported:
-                reported.add((p, cursor.committed, start))
-                self._skips_told[p] = (cursor.committed, start)
+            if cursor.committed < start and not _covers(self._skips_sent.get((stream_id, p)), cursor.committed, start):
+                self._skips_sent[(stream_id, p)] = (cursor.committed, start)
                 out.events.append(self.event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
                                              "records before this position were pruned or expired"))
 
-    def skip_told(self, partition: int, start: int) -> bool:
-        """Whether a stream of this group has been told with SKIP_FORWARD, since this runtime began
-        (this leader's term), that ``partition``'s records from its watermark up to ``start`` are
-        gone. The stream may have ended since: the acks of what it received often come after."""
+    def confirm_told(self, positions: list[Position]) -> None:
+        """The client settled ``positions`` (ack, nack or discard). A lease handed to a stream after
+        that stream was sent SKIP_FORWARD for its partition proves that the client received the
+        event: a stream's responses arrive in order, the event before the record. From then on
+        :meth:`skip_told` holds for that gap, even after the stream ended (the acks of what a
+        stream received often come after it)."""
         with self.lock:
-            return self._skips_told.get(partition) == (self._cursors[partition].committed, start)
+            for position in positions:
+                lease = self.leases.get(position)
+                if lease is not None and lease.after_skip is not None:
+                    self._skips_told[lease.partition] = lease.after_skip
+
+    def skip_told(self, partition: int, start: int) -> bool:
+        """Whether a client of this group has received SKIP_FORWARD, since this runtime began (this
+        leader's term), saying that ``partition``'s records from its watermark up to ``start`` are
+        gone (:meth:`confirm_told`). An event sent is not enough: a connection that breaks right
+        after it loses it, and the next stream must be told again."""
+        with self.lock:
+            return _covers(self._skips_told.get(partition), self._cursors[partition].committed, start)
 
     # -- lease changes -----------------------------------------------------------------------------
     def settle_started(self) -> None:
@@ -472,3 +489,9 @@ class GroupRuntime:
         Neither do retries whose records are leased: the lease's end wakes the stream."""
         with self.lock:
             return self._retries.next_due_ms(self.eligible(member_id), now_ms, self._leased)
+
+
+def _covers(told: tuple[int, int] | None, watermark: int, start: int) -> bool:
+    """Whether a SKIP_FORWARD of ``told`` (watermark, first retained offset) says all that one from
+    ``watermark`` to ``start`` would: the records in between were among those it said were gone."""
+    return told is not None and told[0] <= watermark and start <= told[1]
