@@ -2,8 +2,9 @@
 
 A claim leases up to ``max`` deliverable records of a queue group to the caller and returns at
 once (possibly none); each message carries a ``receipt`` (its position token) that ``ack``,
-``nack`` and ``extend`` take. An unsettled lease runs out after ``visibility_ms`` (or the group's
-visibility timeout) and the record is delivered again: at-least-once, as over gRPC.
+``nack`` and ``extend`` take, and the response's ``events`` report what the group lost before
+them. An unsettled lease runs out after ``visibility_ms`` (or the group's visibility timeout) and
+the record is delivered again: at-least-once, as over gRPC.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ def _positions(receipts: list[str]) -> list[bytes]:
 
 @router.post("/claim")
 async def claim(topic: Topic, group: Group, body: ClaimBody, request: Request) -> dict[str, Any]:
-    """Lease up to ``max`` records (creating the queue group on first use)."""
+    """Lease up to ``max`` records (creating the queue group on first use). ``events``: the group's
+    events sent before them (``skip_forward`` for records pruned before anyone received them): an
+    ack of a message that came after one tells the group that it was received."""
     messages = await _client(request).claim(topic, group, max_records=body.max, visibility_ms=body.visibility_ms)
     return {"messages": [{**codec.record_json(m.record), "receipt": codec.b64url(m.position),
-                          "delivery_attempt": m.delivery_attempt} for m in messages]}
+                          "delivery_attempt": m.delivery_attempt} for m in messages],
+            "events": [codec.event_json(e) for e in messages.events]}
 
 
 @router.post("/ack")

@@ -278,6 +278,53 @@ def test_a_prune_no_stream_saw_before_an_ack_is_told_to_the_next_member(cluster:
     assert [m.value for m in items[1:] if isinstance(m, AsyncMessage)] == [b"c", b"d"]
 
 
+def test_a_skip_forward_sent_to_a_client_that_settled_nothing_after_it_is_told_again(cluster: DevCluster) -> None:
+    """SPEC §3.3: an event sent is not one received. After a prune, a claim's stream is sent
+    SKIP_FORWARD with the next record, and its client settles nothing after it (as one whose
+    connection broke would); then a record leased before the prune is acked. That ack must not move
+    the group past the pruned records: the next member is told again, and its ack of what followed
+    the event commits past them. Before, the event sent counted as told: the ack committed past the
+    gap and the next member got no event."""
+    leader = cluster.addresses.index(cluster.wait_ready())
+    metrics = cluster.metrics_address(leader)
+
+    async def main() -> tuple[int, list[object], int]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-unheard", 1)
+            await c.publish_batch("aio-unheard", ["a", "b", "c", "d"])
+            [held] = await c.claim("aio-unheard", "w", max_records=1, visibility_ms=60_000)
+            assert held.value == b"a"
+            wait_until(lambda: _open_streams(metrics) == 0, 30, "the claim's stream to close on the leader")
+            assert await c.prune("aio-unheard", 2, partition=0) == 2
+            claimed = await c.claim("aio-unheard", "w", max_records=1, visibility_ms=500)
+            assert [m.value for m in claimed] == [b"c"]
+            assert [(e.type, e.offset_before, e.offset_after) for e in claimed.events] == [("skip_forward", 0, 2)]
+            wait_until(lambda: _open_streams(metrics) == 0, 30, "the second claim's stream to close on the leader")
+            assert await held.ack()
+            committed = (await c.group_lag("aio-unheard", "w")).partitions[0].committed
+            items: list[object] = []
+
+            async def take() -> None:
+                async with c.consumer("aio-unheard", "w") as consumer:
+                    async for item in consumer:
+                        items.append(item)
+                        if isinstance(item, AsyncMessage):
+                            await item.ack()
+                            if {b"c", b"d"} <= {m.value for m in items if isinstance(m, AsyncMessage)}:
+                                return
+
+            await asyncio.wait_for(take(), 60)  # c comes again once its 500 ms lease has run out
+            return committed, items, (await c.group_lag("aio-unheard", "w")).partitions[0].committed
+
+    committed, items, after = asyncio.run(main())
+    assert committed == 1, "the ack of a record leased before the event does not count the gap as told"
+    event = items[0]
+    assert isinstance(event, Event) and event.type == "skip_forward", items
+    assert (event.offset_before, event.offset_after) == (1, 2)
+    assert sorted(m.value for m in items[1:] if isinstance(m, AsyncMessage)) == [b"c", b"d"]
+    assert after == 4
+
+
 def test_concurrent_acks_of_a_consumer_share_requests_and_settle_every_message(cluster: DevCluster) -> None:
     """``run`` with 32 handlers acking one message each: every message settled once, in far fewer
     ``Ack`` calls than messages (counted by the leader's own RPC counter)."""

@@ -190,3 +190,23 @@ def test_a_queue_claimed_by_two_http_workers_no_overlap_and_redelivery(http_clus
         problem(a.post("/v1/topics/h-jobs/groups/w/ack", json={"receipts": ["%%%"]}), 400, "INVALID_ARGUMENT")
         problem(a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 0}), 400, "INVALID_ARGUMENT")
         problem(a.get("/v1/topics/h-jobs/groups/nobody/lag"), 404, "GROUP_NOT_FOUND")
+
+
+def test_a_claim_reports_the_records_pruned_before_anyone_received_them(http_cluster: DevCluster) -> None:
+    """SPEC §3.3 over HTTP: a claim after a prune answers the SKIP_FORWARD its stream was sent beside
+    the leases (before, the gateway dropped it), and an ack of a lease that came after the event
+    moves the group past the pruned records."""
+    with gateway(http_cluster) as h:
+        h.put("/v1/topics/h-lost", json={"partitions": 1})
+        h.post("/v1/topics/h-lost/records", json={"records": [{"value": v} for v in "abcd"]})
+        held = h.post("/v1/topics/h-lost/groups/w/claim", json={"max": 1, "visibility_ms": 600000}).json()
+        assert [m["value"] for m in held["messages"]] == ["a"] and held["events"] == []
+        assert h.post("/v1/topics/h-lost/prune", json={"before_offset": 2}).json() == {"pruned": 2}
+        told = h.post("/v1/topics/h-lost/groups/w/claim", json={"max": 1, "visibility_ms": 600000}).json()
+        assert [m["value"] for m in told["messages"]] == ["c"]
+        assert [(e["type"], e["partition"], e["offset_before"], e["offset_after"]) for e in told["events"]] == [
+            ("skip_forward", 0, 0, 2)]
+        for leases, committed in ((held, 1), (told, 3)):  # a was leased before the event, c after it
+            receipts = [m["receipt"] for m in leases["messages"]]
+            assert h.post("/v1/topics/h-lost/groups/w/ack", json={"receipts": receipts}).json()["settled"] == 1
+            assert h.get("/v1/topics/h-lost/groups/w/lag").json()["partitions"][0]["committed"] == committed

@@ -38,6 +38,7 @@ from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFou
 from broker.client.groups import GroupLag, PartitionLag
 from broker.client.models import (
     ClusterStatus,
+    Event,
     OutgoingRecord,
     PublishResult,
     PublishResults,
@@ -51,6 +52,15 @@ from broker.client.sessions import SessionPool
 from broker.v1 import admin_pb2, broker_pb2
 
 AsyncHandler = Callable[[AsyncMessage], Awaitable[object]]
+
+
+class Claimed(list[AsyncMessage]):
+    """The messages :meth:`AsyncClient.claim` leased, and in ``events`` the group's events its
+    stream was sent before them, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Event] = []
 
 
 class AsyncClient:
@@ -280,23 +290,28 @@ class AsyncClient:
         return AsyncConsumer(self._router, topic, group, **options)
 
     async def claim(self, topic: str, group: str, *, max_records: int = 1, visibility_ms: int | None = None,
-                    **group_options: Any) -> list[AsyncMessage]:
+                    **group_options: Any) -> Claimed:
         """Lease up to ``max_records`` deliverable records of a queue group and return at once (fewer,
         or none, when fewer are deliverable). With ``visibility_ms`` the leases end that long from now;
-        else after the group's visibility timeout. Settle them with ``ack``/``nack``/``extend``."""
+        else after the group's visibility timeout. Settle them with ``ack``/``nack``/``extend``.
+        The group's events sent with them (``SKIP_FORWARD`` for records pruned before anyone received
+        them, ``RESET``, ``BADMSG``) are in ``.events``: settling a message that came after one tells
+        the group that it was received (SPEC §3.3), so read them first."""
         if not 1 <= max_records <= 1000:
             raise invalid_argument(f"max must be within [1, 1000], got {max_records}")
         if visibility_ms is not None and visibility_ms <= 0:
             raise invalid_argument(f"visibility_ms must be positive, got {visibility_ms}")
         consumer = AsyncConsumer(self._router, topic, group, stop_at_end=True, max_in_flight=max_records,
                                  max_batch=max_records, **group_options)
-        claimed: list[AsyncMessage] = []
+        claimed = Claimed()
         try:
             async for item in consumer:
                 if isinstance(item, AsyncMessage):
                     claimed.append(item)
                     if len(claimed) >= max_records:
                         break
+                else:
+                    claimed.events.append(item)
         finally:
             await consumer.stop()  # not close(): leaving the group would give the leases back
         if claimed and visibility_ms is not None:
