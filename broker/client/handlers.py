@@ -28,6 +28,13 @@ from broker.client.models import Event
 from broker.client.routing import Router
 
 log = logging.getLogger(__name__)
+
+
+def log_event(event: Event) -> None:
+    """What a handler-driven consumer does with a group's event nobody asked for: a logged warning
+    (``skip_forward``: records pruned before anyone received them; ``reset``; ``badmsg``), never
+    nothing (SPEC §3.3: no silent loss)."""
+    log.warning("%s: %s", event.topic, event)
 Handler = Callable[[Message], object]
 _STOP = object()
 _SETTLE_LINGER_S = 0.005
@@ -173,9 +180,10 @@ class GroupsMixin:
         """Consume ``topic`` as a member of ``group`` with ``handler`` until ``stop`` is set, the
         stream ends (``stop_at_end=True``) or ``limit`` messages were handled; returns how many.
         ``options``: as for ``subscribe`` (group config such as ``visibility_timeout_ms``,
-        ``max_attempts``, ``backoff``, ``ordered``; ``start``; ``stop_at_end``)."""
+        ``max_attempts``, ``backoff``, ``ordered``; ``start``; ``stop_at_end``). ``on_event``: the
+        group's events (``skip_forward``, ``reset``, ``badmsg``); default :func:`log_event`."""
         max_in_flight = options.pop("max_in_flight", max(2 * concurrency * batch_size, concurrency + 1))
-        consumer = Consumer(self._router, topic, group, mode=mode, on_event=on_event or (lambda e: None),
+        consumer = Consumer(self._router, topic, group, mode=mode, on_event=on_event or log_event,
                             max_in_flight=max_in_flight, **options)
         return run_handler(consumer, handler, ack=ack, concurrency=concurrency, batch_size=batch_size, limit=limit,
                            stop=stop, stream_mode=mode == "stream")

@@ -33,13 +33,13 @@ model first. Reading yields model instances; a stored value that does not fit th
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
 from broker.client.errors import SchemaMismatchError, TopicExists, invalid_argument
+from broker.client.handlers import log_event
 from broker.client.models import Event, OutgoingRecord, PublishResult, PublishResults, Record, TopicInfo
 from broker.client.subscription import Subscription
 
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from broker.client.client import Client
 
 M = TypeVar("M", bound=BaseModel)
-log = logging.getLogger(__name__)
 
 _ANNOTATIONS = frozenset({"title", "description", "examples", "default", "$comment", "deprecated", "readOnly",
                           "writeOnly", "$schema", "$id"})
@@ -130,7 +129,7 @@ class TypedSubscription(Iterator[M], Generic[M]):
     def __init__(self, subscription: Subscription, model: type[M], on_event: Callable[[Event], None] | None) -> None:
         self._subscription = subscription
         self._model = model
-        self._on_event = on_event or (lambda e: log.warning("%s: %s", e.topic, e))
+        self._on_event = on_event or log_event
         self.record: Record | None = None
 
     def __iter__(self) -> TypedSubscription[M]:

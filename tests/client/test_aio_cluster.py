@@ -325,6 +325,33 @@ def test_a_skip_forward_sent_to_a_client_that_settled_nothing_after_it_is_told_a
     assert after == 4
 
 
+def test_run_logs_the_records_pruned_before_anyone_received_them(cluster: DevCluster,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """``AsyncClient.run`` hands its handler messages only: a group's SKIP_FORWARD is a logged
+    warning, never dropped (SPEC §3.3)."""
+    cluster.wait_ready()
+
+    async def main() -> tuple[int, int]:
+        async with AsyncClient(cluster.addresses) as c:
+            await c.create_topic("aio-lost-run", 1)
+            await c.publish_batch("aio-lost-run", [f"r{i}" for i in range(6)])
+            [first] = await c.claim("aio-lost-run", "w")
+            assert await first.ack()
+            assert await c.prune("aio-lost-run", 4, partition=0) == 4  # 1-3 go before the group received them
+
+            async def handler(m: AsyncMessage) -> None:
+                pass
+
+            n = await c.run("aio-lost-run", group="w", handler=handler, stop_at_end=True)
+            return n, (await c.group_lag("aio-lost-run", "w")).partitions[0].committed
+
+    with caplog.at_level("WARNING", logger="broker.client.handlers"):
+        handled, committed = asyncio.run(main())
+    assert handled == 2 and committed == 6
+    warned = [r.getMessage() for r in caplog.records if "skip_forward" in r.getMessage()]
+    assert len(warned) == 1 and "aio-lost-run" in warned[0], caplog.text
+
+
 def test_concurrent_acks_of_a_consumer_share_requests_and_settle_every_message(cluster: DevCluster) -> None:
     """``run`` with 32 handlers acking one message each: every message settled once, in far fewer
     ``Ack`` calls than messages (counted by the leader's own RPC counter)."""

@@ -83,6 +83,23 @@ def test_run_sends_the_acks_queued_while_one_call_is_in_flight_together(client: 
     assert 1 <= calls <= 200, f"{calls:.0f} Ack calls for 400 acks"
 
 
+
+def test_run_without_on_event_logs_the_records_pruned_before_anyone_received_them(
+        client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """SPEC §3.3: ``run`` hands its handler messages only; a group's SKIP_FORWARD goes to
+    ``on_event``, and without one it is a logged warning (before, the default dropped it)."""
+    client.create_topic("g-lost", 1)
+    publish(client, "g-lost", 6)
+    seen: list[bytes] = []
+    assert client.run("g-lost", group="lost", handler=lambda m: seen.append(m.value), limit=1, max_in_flight=1) == 1
+    assert client.prune("g-lost", 4, partition=0) == 4  # 1-3 go before the group received them
+    with caplog.at_level("WARNING", logger="broker.client.handlers"):
+        assert client.run("g-lost", group="lost", handler=lambda m: seen.append(m.value), stop_at_end=True) == 2
+    assert len(seen) == 3
+    warned = [r.getMessage() for r in caplog.records if "skip_forward" in r.getMessage()]
+    assert len(warned) == 1 and "g-lost" in warned[0], caplog.text
+    assert client.groups.lag("g-lost", "lost").partitions[0].committed == 6, "told and acked: past the gap"
+
 def test_manual_acks_from_many_threads_share_requests_and_each_tells_its_own(client: Client,
                                                                            cluster: DevCluster) -> None:
     """``ack="manual"`` with 16 handlers each calling ``message.ack()``: every message settled, each

@@ -36,6 +36,7 @@ from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, Asy
 from broker.client.client import RecordLike
 from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.groups import GroupLag, PartitionLag
+from broker.client.handlers import log_event
 from broker.client.models import (
     ClusterStatus,
     Event,
@@ -324,7 +325,8 @@ class AsyncClient:
         stream ends or ``limit`` were handled; a handler that returns acks, one that raises nacks. In
         stream mode the messages of one partition are handled one after another, in order. If run() is
         cancelled (or the stream fails), the handlers still running are cancelled and awaited before it
-        ends; their records are delivered again once their leases run out."""
+        ends; their records are delivered again once their leases run out. The group's events
+        (``skip_forward``: records pruned before anyone received them) are logged as warnings."""
         if concurrency < 1 or (limit is not None and limit < 1):
             raise invalid_argument("concurrency and limit must be at least 1")
         slots = asyncio.Semaphore(concurrency)
@@ -352,6 +354,7 @@ class AsyncClient:
                 dispatched = 0
                 async for item in consumer:
                     if not isinstance(item, AsyncMessage):
+                        log_event(item)  # a handler sees messages: the group's events are logged
                         continue
                     await slots.acquire()
                     task = asyncio.get_running_loop().create_task(handle(item))
