@@ -245,6 +245,18 @@ def _open_streams(metrics_address: str) -> float:
                if sample.name == "raftbroker_subscribers")
 
 
+async def _a_claimed_then_a_and_b_pruned(c: AsyncClient, topic: str, metrics: str) -> AsyncMessage:
+    """``topic`` gets a, b, c, d; group ``w`` claims a (returned, leased for a minute) and its
+    stream closes; then a and b are pruned."""
+    await c.create_topic(topic, 1)
+    await c.publish_batch(topic, ["a", "b", "c", "d"])
+    [claimed] = await c.claim(topic, "w", max_records=1, visibility_ms=60_000)
+    assert claimed.value == b"a"
+    wait_until(lambda: _open_streams(metrics) == 0, 30, "the claim's stream to close on the leader")
+    assert await c.prune(topic, 2, partition=0) == 2
+    return claimed
+
+
 def test_a_prune_no_stream_saw_before_an_ack_is_told_to_the_next_member(cluster: DevCluster) -> None:
     """SPEC §3.3, never silent data loss: a record is claimed, the records up to offset 2 are
     pruned while no stream of the group is open, and the claimed one is acked. The next member must
@@ -256,12 +268,7 @@ def test_a_prune_no_stream_saw_before_an_ack_is_told_to_the_next_member(cluster:
 
     async def main() -> list[object]:
         async with AsyncClient(cluster.addresses) as c:
-            await c.create_topic("aio-pruned", 1)
-            await c.publish_batch("aio-pruned", ["a", "b", "c", "d"])
-            [claimed] = await c.claim("aio-pruned", "w", max_records=1, visibility_ms=60_000)
-            assert claimed.value == b"a"
-            wait_until(lambda: _open_streams(metrics) == 0, 30, "the claim's stream to close on the leader")
-            assert await c.prune("aio-pruned", 2, partition=0) == 2
+            claimed = await _a_claimed_then_a_and_b_pruned(c, "aio-pruned", metrics)
             assert await claimed.ack()
             items: list[object] = []
             async with c.consumer("aio-pruned", "w", stop_at_end=True) as consumer:
@@ -290,12 +297,7 @@ def test_a_skip_forward_sent_to_a_client_that_settled_nothing_after_it_is_told_a
 
     async def main() -> tuple[int, list[object], int]:
         async with AsyncClient(cluster.addresses) as c:
-            await c.create_topic("aio-unheard", 1)
-            await c.publish_batch("aio-unheard", ["a", "b", "c", "d"])
-            [held] = await c.claim("aio-unheard", "w", max_records=1, visibility_ms=60_000)
-            assert held.value == b"a"
-            wait_until(lambda: _open_streams(metrics) == 0, 30, "the claim's stream to close on the leader")
-            assert await c.prune("aio-unheard", 2, partition=0) == 2
+            held = await _a_claimed_then_a_and_b_pruned(c, "aio-unheard", metrics)
             claimed = await c.claim("aio-unheard", "w", max_records=1, visibility_ms=500)
             assert [m.value for m in claimed] == [b"c"]
             assert [(e.type, e.offset_before, e.offset_after) for e in claimed.events] == [("skip_forward", 0, 2)]

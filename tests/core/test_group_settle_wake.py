@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from broker.leader.groups.runtime import Delivery, GroupRuntime
 from broker.leader.reading import Idle, Step
 from broker.services import wire
 from broker.v1 import broker_pb2, internal_pb2
@@ -157,12 +158,9 @@ def test_an_ordered_group_read_in_batches_keeps_one_lease_per_key_and_each_key_i
             assert in_partition == sorted(in_partition), f"key {key!r} out of order in partition {p}"
 
 
-def test_a_prune_seen_by_no_pick_before_an_ack_is_still_told_with_skip_forward() -> None:
-    """An ack settled before any pick saw a prune must not move the watermark past the pruned
-    records silently (SPEC §3.3): the next pick tells with SKIP_FORWARD, and only then does a
-    settle commit past them. Before the fix the ack's settle committed up to the first retained
-    record at once, and the stream went on to later records without an event."""
-    env = make_env()
+def _a_leased_then_a_and_b_pruned(env: Env) -> tuple[GroupRuntime, int, Delivery]:
+    """Topic ``t`` holds a, b, c, d; queue group ``g``'s first stream leased a (its delivery is
+    returned), then a (leased) and b (never delivered) were pruned."""
     env.topic("t")
     env.publish("t", [b"a", b"b", b"c", b"d"])
     env.group("t", "g", mode=QUEUE)
@@ -170,7 +168,17 @@ def test_a_prune_seen_by_no_pick_before_an_ack_is_still_told_with_skip_forward()
     stream = rt.open_stream()
     first = env.pick(rt, stream, 1)
     assert [r.value for r in first.records] == [b"a"]
-    env.log.prune("t", 0, 2)  # a (leased) and b (never delivered) go
+    env.log.prune("t", 0, 2)
+    return rt, stream, first
+
+
+def test_a_prune_seen_by_no_pick_before_an_ack_is_still_told_with_skip_forward() -> None:
+    """An ack settled before any pick saw a prune must not move the watermark past the pruned
+    records silently (SPEC §3.3): the next pick tells with SKIP_FORWARD, and only then does a
+    settle commit past them. Before the fix the ack's settle committed up to the first retained
+    record at once, and the stream went on to later records without an event."""
+    env = make_env()
+    rt, stream, first = _a_leased_then_a_and_b_pruned(env)
     assert env.service.ack("t", "g", [r.position for r in first.records]) == 1
     d = env.pick(rt, stream, 1)
     skips = [(e.offset_before, e.offset_after) for e in d.events if e.type == internal_pb2.EVENT_TYPE_SKIP_FORWARD]
@@ -230,14 +238,7 @@ def test_an_event_sent_to_a_stream_whose_client_settled_nothing_after_it_is_told
     the event commits past them. Before, the event sent counted as told, and nobody heard of the
     loss (SPEC §3.3)."""
     env = make_env()
-    env.topic("t")
-    env.publish("t", [b"a", b"b", b"c", b"d"])
-    env.group("t", "g", mode=QUEUE)
-    rt = env.service.runtime("t", "g")
-    holder = rt.open_stream()
-    held = env.pick(rt, holder, 1)
-    assert [r.value for r in held.records] == [b"a"]
-    env.log.prune("t", 0, 2)  # a (leased) and b (never delivered) go
+    rt, _, held = _a_leased_then_a_and_b_pruned(env)
     lost = rt.open_stream()
     sent = env.pick(rt, lost, 1)
     assert [(e.offset_before, e.offset_after) for e in sent.events] == [(0, 2)]
