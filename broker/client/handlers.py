@@ -35,6 +35,8 @@ def log_event(event: Event) -> None:
     (``skip_forward``: records pruned before anyone received them; ``reset``; ``badmsg``), never
     nothing (SPEC §3.3: no silent loss)."""
     log.warning("%s: %s", event.topic, event)
+
+
 Handler = Callable[[Message], object]
 _STOP = object()
 _SETTLE_LINGER_S = 0.005
