@@ -7,8 +7,8 @@ MemoryStore and InMemoryReplicator).
   at a time got 16 msg/s, one delivery in eight waiting 500 ms (bench/NOTE.md, 2026-12-06). The
   race is made to happen by running the stream's step inside the settle's submit, after its apply.
 - Waiting keys' heads and released records are read together; what a pick hands out must not change.
-- A settle commits past pruned records only once a client received SKIP_FORWARD: it settled a
-  record its stream delivered after the event (SPEC §3.3).
+- A settle commits past pruned records only once a client received SKIP_FORWARD: it settled (or
+  released) a record its stream delivered after the event (SPEC §3.3).
 """
 
 from __future__ import annotations
@@ -274,3 +274,48 @@ def test_a_record_leased_before_the_event_on_the_same_stream_proves_nothing() ->
     assert not again.events and not again.records, "the event sent covers the gap left: not sent again"
     assert env.service.ack("t", "g", [r.position for r in d.records]) == 1
     assert env.ops.lag("t", "g").partitions[0].committed == 3, "c came after the event: received"
+
+
+def test_an_ack_that_also_commits_past_the_gap_settles_the_pruned_lease_it_names() -> None:
+    """One ack of a record leased before a prune (a) and of one received after the event (c): the
+    settle commits past the gap, and a was settled by this call all the same, so both answer
+    settled. Before, the command's commit ran ahead of its entries and a answered "not settled by
+    this call", though no other call had settled it. A repeat in the same call is still a repeat."""
+    env = make_env()
+    rt, _, held = _a_leased_then_a_and_b_pruned(env)
+    told = rt.open_stream()
+    d = env.pick(rt, told, 1)
+    assert [(e.offset_before, e.offset_after) for e in d.events] == [(0, 2)]
+    a, c = held.records[0].position, d.records[0].position
+    assert env.service.ack_each("t", "g", [a, c, a]) == [True, True, False]
+    assert env.ops.lag("t", "g").partitions[0].committed == 3
+    assert env.service.ack_each("t", "g", [a, c]) == [False, False], "settled before"
+
+
+def test_a_release_of_what_followed_the_event_proves_it_arrived() -> None:
+    """A client that releases a lease its stream got after SKIP_FORWARD (a nack with ``release``)
+    held that record, so it read the event before it: the next settle commits past the gap.
+    Before, only an ack, nack or discard counted, and the next stream was told again."""
+    env = make_env()
+    rt, _, held = _a_leased_then_a_and_b_pruned(env)
+    d = env.pick(rt, rt.open_stream(), 1)
+    assert [(e.offset_before, e.offset_after) for e in d.events] == [(0, 2)]
+    env.service.nack("t", "g", [r.position for r in d.records], 0, True)
+    assert env.service.ack("t", "g", [r.position for r in held.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 2, "past the gap; c is open again"
+    again = env.pick(rt, rt.open_stream(), 10)
+    assert not again.events, "told: not told again"
+    assert [r.value for r in again.records] == [b"c", b"d"]
+
+
+def test_an_extend_of_what_followed_the_event_proves_nothing() -> None:
+    """The SDKs' ``claim`` extends the leases it took (to the caller's visibility) before its caller
+    sees the event or the records, so an extend is no sign that the event was read."""
+    env = make_env()
+    rt, _, held = _a_leased_then_a_and_b_pruned(env)
+    lost = rt.open_stream()
+    d = env.pick(rt, lost, 1)
+    assert env.service.extend("t", "g", [r.position for r in d.records], 60_000)[0] > 0
+    rt.close_stream(lost)
+    assert env.service.ack("t", "g", [r.position for r in held.records]) == 1
+    assert env.ops.lag("t", "g").partitions[0].committed == 1

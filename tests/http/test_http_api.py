@@ -210,3 +210,19 @@ def test_a_claim_reports_the_records_pruned_before_anyone_received_them(http_clu
             receipts = [m["receipt"] for m in leases["messages"]]
             assert h.post("/v1/topics/h-lost/groups/w/ack", json={"receipts": receipts}).json()["settled"] == 1
             assert h.get("/v1/topics/h-lost/groups/w/lag").json()["partitions"][0]["committed"] == committed
+
+
+def test_one_ack_of_a_lease_from_before_a_prune_and_one_after_its_event_settles_both(http_cluster: DevCluster) -> None:
+    """One ack of a (leased before the prune) and c (leased after the SKIP_FORWARD): the settle
+    commits past the pruned records, and both records were settled by this call. Before, the
+    command's commit ran ahead of its entries and the answer counted 1."""
+    with gateway(http_cluster) as h:
+        h.put("/v1/topics/h-both", json={"partitions": 1})
+        h.post("/v1/topics/h-both/records", json={"records": [{"value": v} for v in "abcd"]})
+        held = h.post("/v1/topics/h-both/groups/w/claim", json={"max": 1, "visibility_ms": 600000}).json()
+        assert h.post("/v1/topics/h-both/prune", json={"before_offset": 2}).json() == {"pruned": 2}
+        told = h.post("/v1/topics/h-both/groups/w/claim", json={"max": 1, "visibility_ms": 600000}).json()
+        assert [e["type"] for e in told["events"]] == ["skip_forward"]
+        receipts = [m["receipt"] for m in held["messages"] + told["messages"]]
+        assert h.post("/v1/topics/h-both/groups/w/ack", json={"receipts": receipts}).json()["settled"] == 2
+        assert h.get("/v1/topics/h-both/groups/w/lag").json()["partitions"][0]["committed"] == 3

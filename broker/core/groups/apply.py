@@ -328,14 +328,36 @@ class GroupApplier:
         if isinstance(meta, Rejected):
             return meta
         run = _Apply(self._sm, meta, batch, changes)
-        for p, offset in zip(cmd.commit_partitions, cmd.commit_offsets, strict=True):
-            if p < meta.partitions:
-                self._commit(run, p, offset)
-        run.load_retries([(e.partition, e.offset) for e in cmd.entries if e.partition < meta.partitions])
+        positions = [(e.partition, e.offset) for e in cmd.entries if e.partition < meta.partitions]
+        committed_acks = self._commit_all(run, cmd, positions) if cmd.commit_partitions else set()
+        run.load_retries(positions)
         outcomes = [self._settle_one(run, cmd.now_ms, entry) for entry in cmd.entries]
+        if committed_acks:  # an ack the commit settled ahead of it was settled by this call all the same
+            for i, entry in enumerate(cmd.entries):
+                if outcomes[i] is Outcome.IGNORED and entry.kind == K.SETTLE_ACK:
+                    position = (entry.partition, entry.offset)
+                    if position in committed_acks:
+                        committed_acks.discard(position)  # once: a repeat in the same call is a repeat
+                        outcomes[i] = Outcome.SETTLED
         run.write_cursors()
         self._touched(meta.group_id, changes, run.retries_changed)
         return SettleResult(outcomes)
+
+    def _commit_all(self, run: _Apply, cmd: K.GroupSettleCommand, positions: list[Position]) -> set[Position]:
+        """Apply the command's commits (they run ahead of its entries); returns the positions of its
+        ack entries that were open before and that the commits settled. Only the answer uses them:
+        the state is what the commits and entries make it either way."""
+        run.load_retries(positions)
+        open_acks = {(e.partition, e.offset) for e in cmd.entries if e.kind == K.SETTLE_ACK
+                     and e.partition < run.meta.partitions and not self._settled(run, (e.partition, e.offset))}
+        for p, offset in zip(cmd.commit_partitions, cmd.commit_offsets, strict=True):
+            if p < run.meta.partitions:
+                self._commit(run, p, offset)
+        return {pos for pos in open_acks if self._settled(run, pos)}
+
+    @staticmethod
+    def _settled(run: _Apply, position: Position) -> bool:
+        return run.retries.get(position) is None and run.cursor(position[0]).is_settled(position[1])
 
     def _commit(self, run: _Apply, partition: int, offset: int) -> None:
         """Settle everything below ``offset`` (bounded by the partition's end), retries included."""

@@ -376,7 +376,9 @@ class GroupRuntime:
                                              "records before this position were pruned or expired"))
 
     def confirm_told(self, positions: list[Position]) -> None:
-        """The client settled ``positions`` (ack, nack or discard). A lease handed to a stream after
+        """The client settled ``positions`` (ack, nack, discard) or released them (a nack with
+        ``release``). An extend proves nothing: the SDKs' ``claim`` extends what it took before its
+        caller sees anything (the HTTP gateway's claim too). A lease handed to a stream after
         that stream was sent SKIP_FORWARD for its partition proves that the client received the
         event: a stream's responses arrive in order, the event before the record. From then on
         :meth:`skip_told` holds for that gap, even after the stream ended (the acks of what a

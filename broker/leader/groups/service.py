@@ -51,7 +51,8 @@ TICK_S = 0.05
 # yet): it has nothing to expire, and creating a runtime wakes it. At TICK_S an idle node's ticker woke
 # 20 times a second for nothing (0.3-0.5 % of a core here).
 IDLE_TICK_S = 1.0
-_CLIENT_SETTLES = frozenset((K.SETTLE_ACK, K.SETTLE_NACK, K.SETTLE_DISCARD))  # a client's own, of what it received
+# a client's own, of what it received (a release is too: GroupRuntime.confirm_told)
+_CLIENT_SETTLES = frozenset((K.SETTLE_ACK, K.SETTLE_NACK, K.SETTLE_DISCARD))
 SETTLE_BYTES_MAX = 4 << 20  # one settle command stays well below the replication limit
 POSITIONS_MAX = 10_000
 REASON_CHARS_MAX = 1024
@@ -266,7 +267,8 @@ class GroupService:
         one per entry in order.
         Partitions whose watermark is below the first retained record are committed up to it in
         the same command once a client of the group has received SKIP_FORWARD for the gap: it
-        settled a record its stream delivered after the event (:meth:`GroupRuntime.confirm_told`).
+        settled or released a record its stream delivered after the event
+        (:meth:`GroupRuntime.confirm_told`).
         Not before: an ack of a record leased before a prune, settled before any pick saw the
         prune, or after the event was sent to a connection that then broke, would otherwise move
         the watermark past the pruned records silently (SPEC §3.3); the next pick tells, and a
@@ -332,6 +334,7 @@ class GroupService:
         rt = self.runtime(topic, group)
         positions = self.positions(rt, tokens)
         if release:
+            rt.confirm_told(positions)
             if rt.release(positions):
                 self.state.notify_change()
             return
