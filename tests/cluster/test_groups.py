@@ -100,6 +100,23 @@ def test_run_without_on_event_logs_the_records_pruned_before_anyone_received_the
     assert len(warned) == 1 and "g-lost" in warned[0], caplog.text
     assert client.groups.lag("g-lost", "lost").partitions[0].committed == 6, "told and acked: past the gap"
 
+
+def test_records_given_back_then_pruned_are_told_once_and_not_dead_lettered(client: Client) -> None:
+    """A consumer that took more than it handled (``max_in_flight`` 4, ``limit`` 1) gives the rest
+    back when it stops, and those are pruned. The next consumer is told with one SKIP_FORWARD for
+    the whole gap, as for records nobody was handed. Before, each record given back was also
+    reported as BADMSG and dead-lettered without a body (the README tour's ``consume --group
+    --limit`` then ``prune`` showed it)."""
+    client.create_topic("g-given", 1)
+    publish(client, "g-given", 6)
+    assert client.run("g-given", group="given", handler=lambda m: None, limit=1, max_in_flight=4) == 1
+    assert client.prune("g-given", 4, partition=0) == 4
+    events: list[Event] = []
+    assert client.run("g-given", group="given", handler=lambda m: None, on_event=events.append, stop_at_end=True) == 2
+    assert [(e.type, e.offset_before, e.offset_after) for e in events] == [("skip_forward", 1, 4)]
+    lag = client.groups.lag("g-given", "given").partitions[0]
+    assert (lag.committed, lag.dead) == (6, 0)
+
 def test_manual_acks_from_many_threads_share_requests_and_each_tells_its_own(client: Client,
                                                                            cluster: DevCluster) -> None:
     """``ack="manual"`` with 16 handlers each calling ``message.ack()``: every message settled, each

@@ -229,6 +229,32 @@ def test_an_ordered_key_whose_waiting_record_was_pruned_is_told_and_goes_on() ->
         assert isinstance(step, internal_pb2.SubscribeResponse)
         rest.append(step)
     assert [r.value for step in rest if step.HasField("batch") for r in step.batch.records] == [b"c"]
+    assert not [step for step in rest if step.HasField("event")], "b, waiting for its key, is the event's alone"
+    assert env.ops.lag("t", "g").partitions[0].dead == 0
+
+
+def test_records_given_back_then_pruned_are_the_skip_forwards_alone() -> None:
+    """Records a stream took and gave back when it closed, then pruned, are below the gap that
+    SKIP_FORWARD reports, like the records nobody was handed: no BADMSG, no dead letter, and the
+    gap's commit settles them. Before, each was reported as BADMSG and dead-lettered without a body."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a", b"b", b"c", b"d", b"e"])
+    env.group("t", "g", mode=QUEUE)
+    rt = env.service.runtime("t", "g")
+    first = rt.open_stream()
+    taken = env.pick(rt, first, 4, member="early")
+    assert env.service.ack("t", "g", [taken.records[0].position]) == 1
+    rt.close_stream(first)
+    env.service.leave("t", "g", "early")  # b, c and d are given back
+    env.log.prune("t", 0, 3)  # a, b and c go
+    d = env.pick(rt, rt.open_stream(), 10)
+    assert [(e.type, e.offset_before, e.offset_after) for e in d.events] == [
+        (internal_pb2.EVENT_TYPE_SKIP_FORWARD, 1, 3)]
+    assert [r.value for r in d.records] == [b"d", b"e"] and not d.bad
+    assert env.service.ack("t", "g", [r.position for r in d.records]) == 2
+    lag = env.ops.lag("t", "g").partitions[0]
+    assert (lag.committed, lag.dead) == (5, 0)
 
 
 def test_an_event_sent_to_a_stream_whose_client_settled_nothing_after_it_is_told_again() -> None:

@@ -111,6 +111,13 @@ class GroupRuntime:
         st = self._state.partition(self.meta.topic_id, partition)
         return st.start_offset, st.end_offset
 
+    def _start(self, partition: int, known: dict[int, int]) -> int:
+        """The partition's first retained offset, looked up once per ``known``."""
+        start = known.get(partition)
+        if start is None:
+            start = known[partition] = self.bounds(partition)[0]
+        return start
+
     def retry_state(self, position: Position) -> internal_pb2.RetryState | None:
         return self._retries.entries.get(position)
 
@@ -238,12 +245,16 @@ class GroupRuntime:
 
     def _pick_ready(self, p: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                     budget: list[int]) -> None:
+        """Released records (given back, no attempt counted). One pruned since is dropped: it is
+        below the watermark's gap, which this pick's SKIP_FORWARD reports and the gap's commit
+        settles, as for a record nobody was handed (:meth:`_events`)."""
         heap = self._ready[p]
+        start = self.bounds(p)[0]
         while heap and budget[0] > 0:
             taken: list[Position] = []  # read together
             while heap and len(taken) < budget[0]:
                 o = heapq.heappop(heap)
-                if self._pending((p, o)):
+                if o >= start and self._pending((p, o)):
                     taken.append((p, o))
             stored = self._read_positions(taken)
             for position in taken:
@@ -252,10 +263,13 @@ class GroupRuntime:
 
     def _pick_waiting(self, eligible: set[int], stream_id: int, member_id: str, now_ms: int, out: Delivery,
                       budget: list[int]) -> None:
+        """Records of an ordered group waiting for their key; one pruned since is dropped, as a
+        released one is (:meth:`_pick_ready`)."""
         taken: list[Position] = []  # the head of each key free now, read together below
+        starts: dict[int, int] = {}
         for key in list(self._waiting):
             queue = self._waiting[key]
-            while queue and not self._pending(queue[0]):
+            while queue and (not self._pending(queue[0]) or queue[0][1] < self._start(queue[0][0], starts)):
                 heapq.heappop(queue)
             if not queue:
                 del self._waiting[key]
@@ -307,7 +321,8 @@ class GroupRuntime:
     def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                  budget: list[int], stored: record_log.Entry | None) -> None:
         """Lease the record at ``(p, o)`` (``stored``: as read, None if it is not stored)."""
-        if stored is None:  # pruned while it waited: report the loss and settle it as unreadable
+        if stored is None:  # a retry pruned while it waited (released and waiting ones were dropped
+            # before: the SKIP_FORWARD covers them); it failed before, so it is reported and dead-lettered
             self._bad(p, o, "the record was pruned before it could be delivered again", out)
             return
         record = self._decode(p, stored, out)
