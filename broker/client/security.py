@@ -132,8 +132,9 @@ def load_client_config(path: Path | str | None = None) -> ClientConfig | None:
     token, token_file = data.get("token"), data.get("token_file")
     if not isinstance(token, str | None) or not isinstance(token_file, str | None):
         raise ClientConfigError(f"client config {path}: token and token_file must be strings")
+    ca_pem, cert_pem, key_pem = read("ca_file"), read("cert_file"), read("key_file")  # each names the file itself
     try:
-        security = ClientSecurity(ca_pem=read("ca_file"), cert_pem=read("cert_file"), key_pem=read("key_file"),
+        security = ClientSecurity(ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
                                   token=token, token_file=base / token_file if token_file else None,
                                   server_name=data.get("server_name"))
     except ClientConfigError as exc:

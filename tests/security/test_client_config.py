@@ -47,8 +47,9 @@ def test_environment_variable_names_the_file(tmp_path: Path, monkeypatch: pytest
 def test_errors_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "c.toml"
     config.write_text(text)
-    with pytest.raises(ClientConfigError, match=message):
+    with pytest.raises(ClientConfigError, match=message) as raised:
         load_client_config(config)
+    assert str(raised.value).count("client config") == 1, "the file is named once"
 
 
 def test_cli_reports_a_broken_client_config_as_usage_error(tmp_path: Path) -> None:
