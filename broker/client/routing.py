@@ -42,7 +42,7 @@ from broker.client.errors import (
     says_no_quorum,
 )
 from broker.client.packing import PublishBytesStub
-from broker.client.security import ClientSecurity
+from broker.client.security import CLIENT_CONFIG_ENV, ClientSecurity, answers_tls
 from broker.reasons import Reason
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
@@ -136,6 +136,7 @@ class Router:
         """``security``: TLS and token for every channel (redirects included); None: plaintext."""
         self._credentials = security.channel_credentials() if security is not None else None
         self._options = _CHANNEL_OPTIONS + (security.channel_options() if security is not None else [])
+        self.answers_tls: dict[str, bool] = {}  # by address, once probed (TlsWatch)
         known = [a.strip() for a in bootstrap if a.strip()]
         if not known:
             raise ValueError("bootstrap needs at least one host:port address")
@@ -299,6 +300,7 @@ class Router:
         address = (self._leader or self.next_address(None)) if write else self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
         quorum = QuorumWatch(self.policy.no_quorum_grace_s)
+        tls = TlsWatch(self._credentials is not None, self.answers_tls)
         while True:
             tried.append(address)
             try:
@@ -310,6 +312,11 @@ class Router:
                 unknown_outcome = unknown_outcome or (write and outcome is Outcome.UNKNOWN)
                 if quorum.note(address, outcome, err) and quorum.covers(self.known_addresses):
                     raise quorum.lost(what, unknown_outcome) from None
+                if tls.wants_probe(address, err):
+                    self.answers_tls[address] = answers_tls(address)
+                tls.note(address, err)
+                if tls.covers(self.known_addresses):
+                    raise tls.error(what, unknown_outcome) from None
                 pause = True
                 if hint is not None:
                     redirects += 1
@@ -335,6 +342,47 @@ class Router:
         nodes = ", ".join(dict.fromkeys(tried))
         return gave_up(f"{what}: no leader answered within {self.policy.retry_deadline_s:g}s (tried {nodes}); "
                        f"last error: {rpc_code(err).name}: {rpc_details(err)}", err, after_unknown_outcome=unknown)
+
+
+class TlsWatch:
+    """Within one call: the nodes whose answers say that this client and they disagree about TLS
+    (a plaintext client's connection closed by a node that answers TLS, see
+    :func:`~broker.client.security.answers_tls`; a TLS client's handshake answered in plaintext).
+    A cluster's nodes share one setting, so once every known node disagrees, the client's settings
+    are wrong and no failover will help: the call ends at once, saying what to change."""
+
+    def __init__(self, tls: bool, answers_tls: dict[str, bool]) -> None:
+        self._tls = tls
+        self._answers_tls = answers_tls  # the router's, by address: whether it answered a TLS handshake
+        self._disagree: list[str] = []
+
+    def wants_probe(self, address: str, err: grpc.RpcError) -> bool:
+        """Whether ``err`` may be a TLS node closing this plaintext client's connection, and
+        ``address`` was not probed yet (the caller probes it into the router's map)."""
+        return not self._tls and address not in self._answers_tls and "socket closed" in rpc_details(err).lower()
+
+    def note(self, address: str, err: grpc.RpcError) -> None:
+        details = rpc_details(err).lower()
+        if self._tls:
+            disagrees = "wrong_version_number" in details
+        else:
+            disagrees = "socket closed" in details and self._answers_tls.get(address, False)
+        if disagrees and address not in self._disagree:
+            self._disagree.append(address)
+
+    def covers(self, known: list[str]) -> bool:
+        return bool(self._disagree) and all(a in self._disagree for a in known)
+
+    def error(self, what: str, unknown: bool) -> Unavailable:
+        nodes = ", ".join(self._disagree)
+        if self._tls:
+            text = (f"this client connects with TLS (its client config), and the nodes answer without it ({nodes}): "
+                    "connect without a client config, or check the addresses")
+        else:
+            text = (f"the nodes expect TLS ({nodes}), and this client connects without it: give it the cluster's "
+                    f"client config (Client(client_config=PATH), the CLI's --client-config PATH, or "
+                    f"${CLIENT_CONFIG_ENV}; 'raftbroker dev --secure' prints the path)")
+        return Unavailable("UNAVAILABLE", f"{what}: {text}", after_unknown_outcome=unknown)
 
 
 class QuorumWatch:

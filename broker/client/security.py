@@ -15,6 +15,8 @@ Relative paths are relative to the config file. Used through ``Client(client_con
 from __future__ import annotations
 
 import os
+import socket
+import ssl
 import threading
 import tomllib
 from dataclasses import dataclass
@@ -140,3 +142,23 @@ def load_client_config(path: Path | str | None = None) -> ClientConfig | None:
     except ClientConfigError as exc:
         raise ClientConfigError(f"client config {path}: {exc}") from None
     return ClientConfig(tuple(a.strip() for a in bootstrap if a.strip()), security)
+
+
+def answers_tls(address: str, timeout_s: float = 0.5) -> bool:
+    """Whether the node at ``address`` (``host:port``) answers a TLS handshake: how a client that
+    connects without TLS tells a node that wants TLS from a node that is down. Nothing is checked
+    (only the language spoken matters), and an alert from the node (it wants a client certificate)
+    counts as TLS too; a refused connection, a plaintext answer or silence does not."""
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock, \
+                context.wrap_socket(sock, do_handshake_on_connect=False) as tls:
+            tls.do_handshake()
+            return True
+    except ssl.SSLError as exc:
+        return "alert" in str(exc).lower()  # the node spoke TLS, and refused this client
+    except (OSError, ValueError):
+        return False

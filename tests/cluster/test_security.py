@@ -5,6 +5,7 @@ under a connected client, the audit log, and the CLI and SDK with the printed cl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from broker.client import Client, ClientSecurity, PermissionDenied, Record, Unauthenticated, Unavailable
+from broker.client.aio import AsyncClient
 from broker.devcluster import DevCluster
 from broker.security.devcerts import issue_cert, make_ca
 from broker.security.tokens import hash_token_sha256
@@ -210,9 +212,31 @@ def test_untrusted_ca_is_refused(secure: SecureCluster, orders: str) -> None:
         client.list_topics()
 
 
-def test_plaintext_against_the_tls_port_is_refused(secure: SecureCluster) -> None:
-    with Client(secure.addresses, retry_deadline_s=2) as client, pytest.raises(Unavailable):
+def test_plaintext_against_the_tls_port_is_refused_at_once_saying_so(secure: SecureCluster) -> None:
+    """A client without the cluster's TLS settings is told what is wrong, not left to retry as if
+    every node were down: each node is asked once whether it answers TLS. The retry deadline is a
+    minute, so an answer that came from waiting it out would say "no leader answered"."""
+    with Client(secure.addresses, retry_deadline_s=60) as client, pytest.raises(Unavailable) as raised:
         client.list_topics()
+    assert "expect TLS" in raised.value.message and "--client-config" in raised.value.message, raised.value
+    assert all(a in raised.value.message for a in secure.addresses)
+
+    async def aio() -> None:
+        async with AsyncClient(secure.addresses, retry_deadline_s=60) as c:
+            await c.list_topics()
+
+    with pytest.raises(Unavailable, match="expect TLS"):
+        asyncio.run(aio())
+
+
+def test_tls_against_a_plaintext_cluster_is_refused_at_once_saying_so(secure: SecureCluster,
+                                                                       cluster: DevCluster) -> None:
+    """The other way round: a client with a client config against a cluster that serves plaintext."""
+    cluster.wait_ready()
+    with Client(cluster.addresses, security=secure.security(), retry_deadline_s=60) as client, \
+            pytest.raises(Unavailable, match="answer without it") as raised:
+        client.list_topics()
+    assert all(a in raised.value.message for a in cluster.addresses)
 
 
 def _forged_record(value: bytes) -> broker_pb2.PublishRecord:

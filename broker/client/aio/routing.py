@@ -22,8 +22,8 @@ import grpc.aio
 
 from broker.client.errors import BrokerError, Unavailable, error_from_rpc, rpc_code, rpc_details
 from broker.client.packing import PublishBytesStub
-from broker.client.routing import _CHANNEL_OPTIONS, Backoff, Outcome, QuorumWatch, RetryPolicy, classify
-from broker.client.security import ClientSecurity
+from broker.client.routing import _CHANNEL_OPTIONS, Backoff, Outcome, QuorumWatch, RetryPolicy, TlsWatch, classify
+from broker.client.security import ClientSecurity, answers_tls
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
 T = TypeVar("T")
@@ -61,6 +61,7 @@ class AsyncRouter:
         self._members_task: asyncio.Task[bool] | None = None
         self._credentials = security.channel_credentials() if security is not None else None
         self._options = [*_CHANNEL_OPTIONS, *(security.channel_options() if security is not None else [])]
+        self.answers_tls: dict[str, bool] = {}  # by address, once probed (TlsWatch)
 
     # -- channels -------------------------------------------------------------------------------
     def channel(self, address: str) -> grpc.aio.Channel:
@@ -173,6 +174,7 @@ class AsyncRouter:
         address = (self._leader or self.next_address(None)) if write else await self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
         quorum = QuorumWatch(policy.no_quorum_grace_s)
+        tls = TlsWatch(self._credentials is not None, self.answers_tls)
         while True:
             tried.append(address)
             try:
@@ -184,6 +186,11 @@ class AsyncRouter:
                 unknown_outcome = unknown_outcome or (write and outcome is Outcome.UNKNOWN)
                 if quorum.note(address, outcome, err) and quorum.covers(self.known_addresses):
                     raise quorum.lost(what, unknown_outcome) from None
+                if tls.wants_probe(address, err):
+                    self.answers_tls[address] = await asyncio.to_thread(answers_tls, address)
+                tls.note(address, err)
+                if tls.covers(self.known_addresses):
+                    raise tls.error(what, unknown_outcome) from None
                 pause = True
                 if hint is not None:
                     redirects += 1
