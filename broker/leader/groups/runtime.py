@@ -321,9 +321,11 @@ class GroupRuntime:
     def _deliver(self, p: int, o: int, attempt: int, stream_id: int, member_id: str, now_ms: int, out: Delivery,
                  budget: list[int], stored: record_log.Entry | None) -> None:
         """Lease the record at ``(p, o)`` (``stored``: as read, None if it is not stored)."""
-        if stored is None:  # a retry pruned while it waited (released and waiting ones were dropped
-            # before: the SKIP_FORWARD covers them); it failed before, so it is reported and dead-lettered
-            self._bad(p, o, "the record was pruned before it could be delivered again", out)
+        if stored is None:
+            if o < self.bounds(p)[0]:  # a retry pruned while it waited: see _dead_pruned
+                self._dead_pruned(p, o, out)
+            else:
+                self._bad(p, o, "the record is not stored", out)
             return
         record = self._decode(p, stored, out)
         if record is None:
@@ -342,6 +344,15 @@ class GroupRuntime:
             self._bad(p, stored.offset, f"record skipped: {problem}", out)
             return None
         return record
+
+    def _dead_pruned(self, p: int, o: int, out: Delivery) -> None:
+        """A retry whose record was pruned while it waited. Its loss is the SKIP_FORWARD's, as for
+        every record below the partition's start (this pick's events came first); it is not a
+        BADMSG, since nothing is wrong with the store. It had failed before, so it is dead-lettered
+        (without a body) and its failures stay on record. Released and waiting records, which
+        never failed, are only dropped (:meth:`_pick_ready`)."""
+        out.bad.append(internal_pb2.SettleEntry(kind=internal_pb2.SETTLE_BADMSG, partition=p, offset=o,
+                                                reason="pruned before its retry"))
 
     def _bad(self, p: int, o: int, detail: str, out: Delivery) -> None:
         out.events.append(self.event(internal_pb2.EVENT_TYPE_BADMSG, p, o, o + 1, detail))
