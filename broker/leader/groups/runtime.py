@@ -346,11 +346,12 @@ class GroupRuntime:
         return record
 
     def _dead_pruned(self, p: int, o: int, out: Delivery) -> None:
-        """A retry whose record was pruned while it waited. Its loss is the SKIP_FORWARD's, as for
-        every record below the partition's start (this pick's events came first); it is not a
-        BADMSG, since nothing is wrong with the store. It had failed before, so it is dead-lettered
-        (without a body) and its failures stay on record. Released and waiting records, which
-        never failed, are only dropped (:meth:`_pick_ready`)."""
+        """A retry whose record was pruned while it waited. Above the watermark its loss is the
+        SKIP_FORWARD's, as for every record below the partition's start (this pick's events came
+        first); a retried dead letter below the watermark was delivered before it died. Either way
+        it is not a BADMSG, since nothing is wrong with the store. It had failed before, so it is
+        dead-lettered (without a body) and its failures stay on record. Released and waiting
+        records, which never failed, are only dropped (:meth:`_pick_ready`)."""
         out.bad.append(internal_pb2.SettleEntry(kind=internal_pb2.SETTLE_BADMSG, partition=p, offset=o,
                                                 reason="pruned before its retry"))
 
