@@ -300,7 +300,7 @@ class Router:
         address = (self._leader or self.next_address(None)) if write else self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
         quorum = QuorumWatch(self.policy.no_quorum_grace_s)
-        tls = TlsWatch(self._credentials is not None, self.answers_tls)
+        tls = self.tls_watch()
         while True:
             tried.append(address)
             try:
@@ -312,10 +312,7 @@ class Router:
                 unknown_outcome = unknown_outcome or (write and outcome is Outcome.UNKNOWN)
                 if quorum.note(address, outcome, err) and quorum.covers(self.known_addresses):
                     raise quorum.lost(what, unknown_outcome) from None
-                if tls.wants_probe(address, err):
-                    self.answers_tls[address] = answers_tls(address)
-                tls.note(address, err)
-                if tls.covers(self.known_addresses):
+                if self.disagree_on_tls(tls, address, err):
                     raise tls.error(what, unknown_outcome) from None
                 pause = True
                 if hint is not None:
@@ -335,6 +332,18 @@ class Router:
                 self.learn(address, is_leader=True)
             self.learn_members_soon(address)
             return result
+
+    def tls_watch(self) -> TlsWatch:
+        """A :class:`TlsWatch` for one call's attempts (or one stream's reopenings)."""
+        return TlsWatch(self._credentials is not None, self.answers_tls)
+
+    def disagree_on_tls(self, watch: TlsWatch, address: str, err: grpc.RpcError) -> bool:
+        """Note a failed attempt on ``address`` (probing it once if it may answer TLS); True once every
+        known node disagrees with this client about TLS (raise ``watch.error``)."""
+        if watch.wants_probe(address, err):
+            self.answers_tls[address] = answers_tls(address)
+        watch.note(address, err)
+        return watch.covers(self.known_addresses)
 
     def _gave_up(self, what: str, err: grpc.RpcError, tried: list[str], unknown: bool) -> Unavailable:
         """Out of time: UNAVAILABLE with the reason and metadata of the last answer (none when no

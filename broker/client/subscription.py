@@ -184,6 +184,7 @@ class _Resuming(Iterator[T], Generic[T]):
         backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
         address = self._router.read_address()
         failing_since: float | None = None
+        tls = self._router.tls_watch()
         while not self._closed:
             call = self._open(address, self._request(partition))
             started = time.monotonic()
@@ -200,6 +201,8 @@ class _Resuming(Iterator[T], Generic[T]):
                     raise error_from_rpc(err) from None
                 if not resumable and self._tokens:
                     raise _Interrupted() from None
+                if self._router.disagree_on_tls(tls, address, err):
+                    raise tls.error(f"subscribe {self._topic}", False) from None
                 now = time.monotonic()
                 if failing_since is None or now - started >= _ESTABLISHED_S:
                     failing_since = now

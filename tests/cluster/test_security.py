@@ -221,12 +221,22 @@ def test_plaintext_against_the_tls_port_is_refused_at_once_saying_so(secure: Sec
     assert "expect TLS" in raised.value.message and "--client-config" in raised.value.message, raised.value
     assert all(a in raised.value.message for a in secure.addresses)
 
+    with Client(secure.addresses, retry_deadline_s=60) as client, pytest.raises(Unavailable, match="expect TLS"):
+        next(iter(client.subscribe("orders", start="earliest")))  # a stream's own retries
+
     async def aio() -> None:
         async with AsyncClient(secure.addresses, retry_deadline_s=60) as c:
             await c.list_topics()
 
-    with pytest.raises(Unavailable, match="expect TLS"):
-        asyncio.run(aio())
+    async def aio_stream() -> None:  # the unary call that opens a batch subscription says so
+        async with AsyncClient(secure.addresses, retry_deadline_s=60) as c, \
+                c.subscribe_batches("orders", start="earliest") as sub:
+            async for _ in sub:
+                break
+
+    for main in (aio, aio_stream):
+        with pytest.raises(Unavailable, match="expect TLS"):
+            asyncio.run(main())
 
 
 def test_tls_against_a_plaintext_cluster_is_refused_at_once_saying_so(secure: SecureCluster,

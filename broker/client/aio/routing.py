@@ -164,6 +164,17 @@ class AsyncRouter:
         if self._members_task is None and not self._closed:
             self._members_task = asyncio.get_running_loop().create_task(self._learn_members(address))
 
+    def tls_watch(self) -> TlsWatch:
+        """A :class:`~broker.client.routing.TlsWatch` for one call's attempts (or one stream's reopenings)."""
+        return TlsWatch(self._credentials is not None, self.answers_tls)
+
+    async def disagree_on_tls(self, watch: TlsWatch, address: str, err: grpc.RpcError) -> bool:
+        """:meth:`broker.client.routing.Router.disagree_on_tls` (the probe runs in a thread)."""
+        if watch.wants_probe(address, err):
+            self.answers_tls[address] = await asyncio.to_thread(answers_tls, address)
+        watch.note(address, err)
+        return watch.covers(self.known_addresses)
+
     # -- the retry loop -------------------------------------------------------------------------
     async def call(self, fn: AsyncCall[T], *, write: bool, what: str) -> T:
         """``await fn(address, timeout_s)`` on the leader, following redirects and retrying
@@ -174,7 +185,7 @@ class AsyncRouter:
         address = (self._leader or self.next_address(None)) if write else await self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
         quorum = QuorumWatch(policy.no_quorum_grace_s)
-        tls = TlsWatch(self._credentials is not None, self.answers_tls)
+        tls = self.tls_watch()
         while True:
             tried.append(address)
             try:
@@ -186,10 +197,7 @@ class AsyncRouter:
                 unknown_outcome = unknown_outcome or (write and outcome is Outcome.UNKNOWN)
                 if quorum.note(address, outcome, err) and quorum.covers(self.known_addresses):
                     raise quorum.lost(what, unknown_outcome) from None
-                if tls.wants_probe(address, err):
-                    self.answers_tls[address] = await asyncio.to_thread(answers_tls, address)
-                tls.note(address, err)
-                if tls.covers(self.known_addresses):
+                if await self.disagree_on_tls(tls, address, err):
                     raise tls.error(what, unknown_outcome) from None
                 pause = True
                 if hint is not None:
