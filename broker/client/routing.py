@@ -354,16 +354,21 @@ class Router:
 
 
 class TlsWatch:
-    """Within one call: the nodes whose answers say that this client and they disagree about TLS
-    (a plaintext client's connection closed by a node that answers TLS, see
-    :func:`~broker.client.security.answers_tls`; a TLS client's handshake answered in plaintext).
-    A cluster's nodes share one setting, so once every known node disagrees, the client's settings
-    are wrong and no failover will help: the call ends at once, saying what to change."""
+    """Within one call: the nodes whose answers say that this client cannot talk to them the way it
+    is set up, whichever node it tries: a plaintext client's connection closed by a node that
+    answers TLS (see :func:`~broker.client.security.answers_tls`), a TLS client's handshake
+    answered in plaintext, or a node certificate this client does not trust (its CA, or the name
+    it checks). A cluster's nodes share one setting and one CA, so once every known node has
+    answered so, the client's settings are wrong and no failover will help: the call ends at once,
+    saying what to change, instead of retrying until its deadline as if every node were down."""
+
+    _TRUST = {"certificate_verify_failed": "ca",  # a node certificate no CA of the client's signed
+              "hostname verification check failed": "name"}  # or one without the name the client checks
 
     def __init__(self, tls: bool, answers_tls: dict[str, bool]) -> None:
         self._tls = tls
         self._answers_tls = answers_tls  # the router's, by address: whether it answered a TLS handshake
-        self._disagree: list[str] = []
+        self._disagree: dict[str, str] = {}  # address -> what it said: "tls", "plaintext", "ca" or "name"
 
     def wants_probe(self, address: str, err: grpc.RpcError) -> bool:
         """Whether ``err`` may be a TLS node closing this plaintext client's connection, and
@@ -372,25 +377,35 @@ class TlsWatch:
 
     def note(self, address: str, err: grpc.RpcError) -> None:
         details = rpc_details(err).lower()
-        if self._tls:
-            disagrees = "wrong_version_number" in details
+        if not self._tls:
+            if "socket closed" in details and self._answers_tls.get(address, False):
+                self._disagree[address] = "tls"
+        elif "wrong_version_number" in details:
+            self._disagree[address] = "plaintext"
         else:
-            disagrees = "socket closed" in details and self._answers_tls.get(address, False)
-        if disagrees and address not in self._disagree:
-            self._disagree.append(address)
+            said = next((kind for sign, kind in self._TRUST.items() if sign in details), None)
+            if said is not None:
+                self._disagree[address] = said
 
     def covers(self, known: list[str]) -> bool:
         return bool(self._disagree) and all(a in self._disagree for a in known)
 
     def error(self, what: str, unknown: bool) -> Unavailable:
         nodes = ", ".join(self._disagree)
-        if self._tls:
-            text = (f"this client connects with TLS (its client config), and the nodes answer without it ({nodes}): "
-                    "connect without a client config, or check the addresses")
-        else:
+        said = list(self._disagree.values())[-1]
+        if said == "tls":
             text = (f"the nodes expect TLS ({nodes}), and this client connects without it: give it the cluster's "
                     f"client config (Client(client_config=PATH), the CLI's --client-config PATH, or "
                     f"${CLIENT_CONFIG_ENV}; 'raftbroker dev --secure' prints the path)")
+        elif said == "plaintext":
+            text = (f"this client connects with TLS (its client config), and the nodes answer without it ({nodes}): "
+                    "connect without a client config, or check the addresses")
+        elif said == "ca":
+            text = (f"this client does not trust the nodes' certificates ({nodes}): no CA of its client config's "
+                    "ca_file signed them; give it the CA that did")
+        else:
+            text = (f"the nodes' certificates do not carry the name this client checks ({nodes}): set server_name in "
+                    "its client config to a name they carry, or connect by one")
         return Unavailable("UNAVAILABLE", f"{what}: {text}", after_unknown_outcome=unknown)
 
 

@@ -205,10 +205,19 @@ def test_admin_without_the_acl_is_denied(secure: SecureCluster) -> None:
         assert [r for r in admin.list_routes()] == []
 
 
-def test_untrusted_ca_is_refused(secure: SecureCluster, orders: str) -> None:
+def test_untrusted_ca_is_refused_at_once_saying_so(secure: SecureCluster, orders: str) -> None:
+    """A CA that signed none of the nodes' certificates, or a ``server_name`` none of them carries:
+    refused, and said so once every node has answered that way (a minute's retry deadline, so
+    waiting it out would say "no leader answered")."""
     other_ca, _ = make_ca("some other CA")
-    security = ClientSecurity(ca_pem=other_ca, token=(secure.tls / "admin.token").read_text().strip())
-    with Client(secure.addresses, security=security, retry_deadline_s=2) as client, pytest.raises(Unavailable):
+    token = (secure.tls / "admin.token").read_text().strip()
+    security = ClientSecurity(ca_pem=other_ca, token=token)
+    with Client(secure.addresses, security=security, retry_deadline_s=60) as client, \
+            pytest.raises(Unavailable, match="does not trust the nodes' certificates"):
+        client.list_topics()
+    security = ClientSecurity(ca_pem=(secure.tls / "ca.pem").read_bytes(), token=token, server_name="elsewhere")
+    with Client(secure.addresses, security=security, retry_deadline_s=60) as client, \
+            pytest.raises(Unavailable, match="do not carry the name this client checks"):
         client.list_topics()
 
 
