@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from broker.client import Client, InvalidArgument, TopicExists, TopicNotFound, Unavailable
+from broker.client.routing import TlsWatch
 from tests.client.fakes import FakeNode
 from tests.conftest import wait_until
 
@@ -184,3 +186,24 @@ def test_an_election_in_progress_restarts_the_no_quorum_watch(nodes: tuple[FakeN
             pytest.raises(Unavailable) as info:
         client.publish("t", "v")
     assert "no leader answered within 1.5s" in info.value.message
+
+
+def test_a_tls_disagreement_ends_a_call_only_once_every_known_node_said_so() -> None:
+    """A certificate rotation half done (one node signed by a CA the client lacks) must not stop a
+    client that the other nodes still serve: only when every known node disagrees is it final."""
+    plaintext = grpc.RpcError("ipv4:h:1: Tls handshake failed (TSI_PROTOCOL_FAILURE): WRONG_VERSION_NUMBER")
+    untrusted = grpc.RpcError("ipv4:h:2: Tls handshake failed: CERTIFICATE_VERIFY_FAILED: unable to get local issuer")
+    watch = TlsWatch(tls=True, answers_tls={})
+    watch.note("h:1", grpc.RpcError("ipv4:h:1: Socket closed"))
+    watch.note("h:2", untrusted)
+    assert not watch.covers(["h:1", "h:2"]), "h:1 only closed a connection"
+    watch.note("h:1", plaintext)
+    assert watch.covers(["h:1", "h:2"])
+    assert "h:2, h:1" in watch.error("list topics", False).message
+    plain = TlsWatch(tls=False, answers_tls={"h:1": True, "h:2": False})
+    assert not plain.wants_probe("h:1", grpc.RpcError("Socket closed")), "probed once per router"
+    assert plain.wants_probe("h:3", grpc.RpcError("ipv4:h:3: Socket closed"))
+    plain.note("h:1", grpc.RpcError("Socket closed"))
+    plain.note("h:2", grpc.RpcError("Socket closed"))
+    assert plain.covers(["h:1"]) and not plain.covers(["h:1", "h:2"]), "h:2 does not answer TLS: it may be down"
+    assert "expect TLS (h:1)" in plain.error("list topics", False).message
