@@ -169,6 +169,7 @@ class Consumer:
         backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
         address = self._router.leader or self._router.discover_leader() or self._router.next_address(None)
         failing_since: float | None = None
+        tls = self._router.tls_watch()
         if self._stream_mode:
             self._join()
         while not self._closed.is_set():
@@ -184,6 +185,8 @@ class Consumer:
                     return
                 if not is_retryable(err):
                     raise error_from_rpc(err) from None
+                if self._router.disagree_on_tls(tls, address, err):
+                    raise tls.error(f"group {self.group} of {self.topic}", False) from None
                 now = time.monotonic()
                 failing_since = failing_since if failing_since is not None else now
                 if now - failing_since >= policy.retry_deadline_s:

@@ -232,6 +232,9 @@ def test_plaintext_against_the_tls_port_is_refused_at_once_saying_so(secure: Sec
 
     with Client(secure.addresses, retry_deadline_s=60) as client, pytest.raises(Unavailable, match="expect TLS"):
         next(iter(client.subscribe("orders", start="earliest")))  # a stream's own retries
+    with Client(secure.addresses, retry_deadline_s=60) as client, pytest.raises(Unavailable, match="expect TLS"), \
+            client.subscribe("orders", group="billing-x") as consumer:
+        next(iter(consumer))
 
     async def aio() -> None:
         async with AsyncClient(secure.addresses, retry_deadline_s=60) as c:
@@ -243,7 +246,12 @@ def test_plaintext_against_the_tls_port_is_refused_at_once_saying_so(secure: Sec
             async for _ in sub:
                 break
 
-    for main in (aio, aio_stream):
+    async def aio_group() -> None:  # a queue group's stream opens without a unary call first
+        async with AsyncClient(secure.addresses, retry_deadline_s=60) as c, c.consumer("orders", "billing-x") as sub:
+            async for _ in sub:
+                break
+
+    for main in (aio, aio_stream, aio_group):
         with pytest.raises(Unavailable, match="expect TLS"):
             asyncio.run(main())
 

@@ -56,6 +56,7 @@ async def _follow(router: AsyncRouter, open_call: Callable[[str], Any], on_respo
     backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
     address = start or await router.read_address()
     failing_since: float | None = None
+    tls = router.tls_watch()
     while not closed.is_set():
         call = open_call(address)
         started = time.monotonic()
@@ -70,6 +71,8 @@ async def _follow(router: AsyncRouter, open_call: Callable[[str], Any], on_respo
                 return
             if not is_retryable(err):
                 raise error_from_rpc(err) from None
+            if await router.disagree_on_tls(tls, address, err):
+                raise tls.error(what, False) from None
             now = time.monotonic()
             if failing_since is None or now - started >= _ESTABLISHED_S:
                 failing_since = now
