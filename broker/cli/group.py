@@ -25,7 +25,7 @@ from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, st
 from broker.cli.data import FROM_HELP, parse_from
 
 if TYPE_CHECKING:  # annotations only: the SDK is imported when a command runs (broker/cli/context.py)
-    from broker.client import GroupLag
+    from broker.client import DeadLettersRetried, GroupLag
 
 app = typer.Typer(help="Consumer groups: lag, seek and replay, pause and resume, dead letters.",
                   no_args_is_help=True)
@@ -243,8 +243,7 @@ def dlq_retry(
     """Deliver these dead letters again (their attempts start over)."""
     positions = [_position(m) for m in messages]
     with connect(ctx) as client:
-        count = client.groups.retry_dead_letters(topic, group, positions)
-    _say(ctx, {"retried": count}, f"retried {count} dead letter(s)")
+        _say_retried(ctx, client.groups.retry_dead_letters(topic, group, positions))
 
 
 @dlq_app.command("retry-all")
@@ -252,8 +251,13 @@ def dlq_retry_all(ctx: typer.Context, topic: Topic, group: Group, json_: JsonFla
                   bootstrap_: BootstrapOption = None) -> None:
     """Deliver every dead letter of GROUP again."""
     with connect(ctx) as client:
-        count = client.groups.retry_all_dead_letters(topic, group)
-    _say(ctx, {"retried": count}, f"retried {count} dead letter(s)")
+        _say_retried(ctx, client.groups.retry_all_dead_letters(topic, group))
+
+
+def _say_retried(ctx: typer.Context, done: DeadLettersRetried) -> None:
+    pruned = (f"; {done.pruned} left dead: their records were pruned (`group dlq purge` forgets them)"
+              if done.pruned else "")
+    _say(ctx, {"retried": done.retried, "pruned": done.pruned}, f"retried {done.retried} dead letter(s){pruned}")
 
 
 @dlq_app.command("purge")

@@ -40,7 +40,7 @@ from broker.client.errors import (
     Unavailable,
     Unimplemented,
 )
-from broker.client.groups import DeadLetter, GroupInfo, GroupLag, Groups, PartitionLag
+from broker.client.groups import DeadLetter, DeadLettersRetried, GroupInfo, GroupLag, Groups, PartitionLag
 from broker.client.models import (
     Batch,
     ClusterStatus,
@@ -79,6 +79,7 @@ __all__ = [
     "Consumer",
     "ClusterStatus",
     "DeadLetter",
+    "DeadLettersRetried",
     "DeadlineExceeded",
     "DuplicateMessageError",
     "FailedPrecondition",

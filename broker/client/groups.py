@@ -101,6 +101,16 @@ class DeadLetter:
     record: Record | None
 
 
+@dataclass(frozen=True)
+class DeadLettersRetried:
+    """What a retry of dead letters did: ``retried`` went back to delivery (attempts start over);
+    ``pruned`` stayed dead because their records were pruned (nothing is left to deliver; purge
+    forgets them). ``pruned`` is always 0 before the cluster's command format reaches 3."""
+
+    retried: int
+    pruned: int
+
+
 def group_config(mode: str | None = None, *, visibility_timeout_ms: int | None = None, backoff: str | None = None,
                  base_delay_ms: int | None = None, max_delay_ms: int | None = None, max_attempts: int | None = None,
                  ordered: bool = False, session_timeout_ms: int | None = None, max_pending: int | None = None,
@@ -241,17 +251,21 @@ class Groups:
         return [DeadLetter(d.partition, d.offset, d.attempts, d.reason, d.dead_ms, d.dlq_partition, d.dlq_offset,
                            wire.record(d.record) if d.HasField("record") else None) for d in response.dead_letters]
 
-    def retry_dead_letters(self, topic: str, group: str, messages: Sequence[tuple[int, int]]) -> int:
-        """Deliver these dead letters ((partition, offset) pairs) again; returns how many were found."""
+    def retry_dead_letters(self, topic: str, group: str, messages: Sequence[tuple[int, int]]) -> DeadLettersRetried:
+        """Deliver these dead letters ((partition, offset) pairs) again; names that are not dead
+        letters are ignored. Those whose records were pruned stay dead (``pruned``)."""
         request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, messages=[
             admin_pb2.PartitionOffset(partition=p, offset=o) for p, o in messages])
-        admin = self._router.admin
-        return int(self._call(lambda a, t: admin(a).RetryDeadLetters(request, timeout=t), f"retry {group}").retried)
+        return self._retry(request)
 
-    def retry_all_dead_letters(self, topic: str, group: str) -> int:
-        request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, all=True)
+    def retry_all_dead_letters(self, topic: str, group: str) -> DeadLettersRetried:
+        """Deliver every dead letter of ``group`` again, but those whose records were pruned."""
+        return self._retry(admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, all=True))
+
+    def _retry(self, request: admin_pb2.RetryDeadLettersRequest) -> DeadLettersRetried:
         admin = self._router.admin
-        return int(self._call(lambda a, t: admin(a).RetryDeadLetters(request, timeout=t), f"retry {group}").retried)
+        done = self._call(lambda a, t: admin(a).RetryDeadLetters(request, timeout=t), f"retry {request.group}")
+        return DeadLettersRetried(int(done.retried), int(done.pruned))
 
     def purge_dead_letters(self, topic: str, group: str) -> int:
         """Forget the group's dead letters (their copies stay in the dead-letter topic)."""

@@ -23,6 +23,8 @@ Formats:
 - 1: ``set_format`` (Command field 60) and the cluster's format.
 - 2: the apply digest (``core/apply_digest.py``): from the ``set_format`` that reaches 2, every apply
   also writes ``META/apply_digest``.
+- 3: ``retry_dead_letters`` with ``start_offsets``: a dead letter below its partition's start (its
+  record was pruned) stays dead and is counted apart, instead of going back to be dead-lettered again.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import struct
 from broker.storage import ApplyHalt, Batch, Column, Store
 from broker.v1 import internal_pb2
 
-CODE_FORMAT = 2  # the newest command format this code applies
+CODE_FORMAT = 3  # the newest command format this code applies
+PRUNED_DEAD_FORMAT = 3  # from this format a retry of dead letters carries the leader's start offsets
 # Tests only: run this node as a release that applies formats up to N <= CODE_FORMAT (an older node
 # in a rolling upgrade). Unset in production; a value above CODE_FORMAT is refused.
 APPLY_FORMAT_ENV = "RAFTBROKER_TEST_APPLY_FORMAT"

@@ -142,8 +142,8 @@ class GroupAdminMethods:
     def RetryDeadLetters(self, request: admin_pb2.RetryDeadLettersRequest,
                          context: grpc.ServicerContext) -> admin_pb2.RetryDeadLettersResponse:
         positions = [(m.partition, m.offset) for m in request.messages]
-        return admin_pb2.RetryDeadLettersResponse(
-            retried=self._group_ops.retry_dead_letters(request.topic, request.group, positions, request.all))
+        done = self._group_ops.retry_dead_letters(request.topic, request.group, positions, request.all)
+        return admin_pb2.RetryDeadLettersResponse(retried=done.retried, pruned=done.pruned)
 
     @errors.unary
     def MarkGroup(self, request: admin_pb2.MarkGroupRequest, context: grpc.ServicerContext) -> admin_pb2.GroupInfo:

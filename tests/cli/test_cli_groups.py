@@ -74,7 +74,8 @@ def test_dead_letter_commands(bootstrap: str, cluster: DevCluster) -> None:
     assert [(d["offset"], d["attempts"], d["record"]["value"]) for d in dead] == [(0, 1, "poison")]
     assert dead[0]["record"]["headers"]["dlq.topic"] == "cg-dl"
     assert "poison" in cli(bootstrap, "group", "dlq", "list", "cg-dl", "strict").stdout
-    assert json.loads(cli(bootstrap, "group", "dlq", "retry-all", "cg-dl", "strict", "--json").stdout) == {"retried": 1}
+    assert json.loads(cli(bootstrap, "group", "dlq", "retry-all", "cg-dl", "strict", "--json").stdout) == {"retried": 1,
+                                                                                                  "pruned": 0}
     again = lines(cli(bootstrap, "consume", "cg-dl", "--group", "strict", "--json"))
     assert [r["value"] for r in again] == ["poison"], "retried, and consume acked it"
     assert json.loads(cli(bootstrap, "group", "dlq", "purge", "cg-dl", "strict", "--json").stdout) == {"purged": 0}

@@ -14,9 +14,11 @@ from typing import TypedDict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client import Client, Event, GroupNotFound, Message
+from broker.client import Client, DeadLettersRetried, Event, GroupNotFound, Message
+from broker.core import formats
 from broker.devcluster import DevCluster
 from broker.v1 import broker_pb2
+from tests.cli.helpers import cli
 from tests.cluster.group_helpers import Log, first_line, run_member, spawn_member
 from tests.cluster.stubs import stubs
 from tests.conftest import wait_until
@@ -116,6 +118,38 @@ def test_records_given_back_then_pruned_are_told_once_and_not_dead_lettered(clie
     assert [(e.type, e.offset_before, e.offset_after) for e in events] == [("skip_forward", 1, 4)]
     lag = client.groups.lag("g-given", "given").partitions[0]
     assert (lag.committed, lag.dead) == (6, 0)
+
+def test_a_retry_of_dead_letters_leaves_the_pruned_ones_dead_and_says_so(client: Client, cluster: DevCluster) -> None:
+    """Dead letters at offsets 0, 1 and 3, then a prune below 2: a retry of all sends back offset
+    3 alone and answers one pruned, the CLI says so, and the consumer gets offset 3 with no BADMSG
+    and no new dead letter. Before, all three went back and the pruned two died again."""
+    wait_until(lambda: client.cluster_status().leader is not None
+               and client.cluster_status().leader.cluster_format >= formats.PRUNED_DEAD_FORMAT,  # type: ignore[union-attr]
+               60, "the cluster's command format raised by the leader's housekeeping")
+    client.create_topic("g-dead-pruned", 1)
+    publish(client, "g-dead-pruned", 5)
+
+    def handler(m: Message) -> None:
+        if m.offset in (0, 1, 3):
+            m.discard("bad")
+        else:
+            m.ack()
+
+    assert client.run("g-dead-pruned", group="dp", handler=handler, ack="manual", stop_at_end=True) == 5
+    assert [d.offset for d in client.groups.dead_letters("g-dead-pruned", "dp")] == [0, 1, 3]
+    assert client.prune("g-dead-pruned", 2, partition=0) == 2
+    out = cli(cluster.addresses[0], "group", "dlq", "retry", "g-dead-pruned", "dp", "0:0").stdout
+    assert "retried 0 dead letter(s); 1 left dead: their records were pruned" in out, out
+    assert client.groups.retry_all_dead_letters("g-dead-pruned", "dp") == DeadLettersRetried(retried=1, pruned=2)
+    events: list[Event] = []
+    seen: list[tuple[int, bytes]] = []
+    assert client.run("g-dead-pruned", group="dp", handler=lambda m: seen.append((m.offset, m.value)),
+                      on_event=events.append, stop_at_end=True) == 1
+    assert seen == [(3, b"m0003")] and not [e for e in events if e.type == "badmsg"], events
+    assert [(d.offset, d.reason) for d in client.groups.dead_letters("g-dead-pruned", "dp")] == [
+        (0, "discarded: bad"), (1, "discarded: bad")], "the pruned two stay as they were"
+    assert client.groups.lag("g-dead-pruned", "dp").partitions[0].dead == 2
+
 
 def test_manual_acks_from_many_threads_share_requests_and_each_tells_its_own(client: Client,
                                                                            cluster: DevCluster) -> None:
@@ -295,7 +329,7 @@ def test_always_failing_handler_backs_off_lands_in_dead_letters_and_retry_brings
     lag = client.groups.lag("g-fail", "strict").partitions[0]
     assert (lag.committed, lag.lag, lag.retrying, lag.dead) == (2, 0, 0, 1)
     attempts.clear()
-    assert client.groups.retry_dead_letters("g-fail", "strict", [(0, 0)]) == 1
+    assert client.groups.retry_dead_letters("g-fail", "strict", [(0, 0)]) == DeadLettersRetried(1, 0)
     wait_until(lambda: len(attempts) >= 1, 10, "the retried dead letter delivered again")
     assert attempts[0][1] == 1, "attempts start over"
     stop.set()

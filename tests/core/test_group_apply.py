@@ -8,7 +8,7 @@ import pytest
 from broker.core.applied import Rejected
 from broker.core.errors import GroupExists, GroupNotFound
 from broker.core.groups import layout
-from broker.core.groups.apply import GroupApplier, Outcome, SettleResult
+from broker.core.groups.apply import DeadRetried, GroupApplier, Outcome, SettleResult
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.storage import Column
@@ -128,7 +128,7 @@ def test_discard_retry_and_purge_dead_letters() -> None:
     assert len(list(layout.dead_letters(sm.store, gid))) == 2
     retried = sm.apply(5, K.Command(retry_dead_letters=K.RetryDeadLettersCommand(
         topic="t", group="g", group_id=gid, now_ms=9, partitions=[0], offsets=[0])).SerializeToString())
-    assert retried == 1
+    assert retried == DeadRetried(1, 0)
     [(p, o, r)] = list(layout.retries(sm.store, gid))
     assert (p, o, r.attempts, r.due_ms) == (0, 0, 0, 9)
     assert layout.get_cursor(sm.store, gid, 0).dead == 0 and layout.get_cursor(sm.store, gid, 0).retrying == 1

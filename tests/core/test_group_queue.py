@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core import records
+from broker.core import formats, records
 from broker.core.groups import layout
+from broker.core.groups.apply import DeadRetried
 from broker.v1 import internal_pb2
 from tests.core.groups_env import make_env, positions, values
 
@@ -111,7 +112,7 @@ def test_always_failing_record_goes_to_dead_letters_then_retry_brings_it_back() 
     [dead] = env.ops.dead_letters("t", "g", 0, None, None)
     assert dead.attempts == 3 and dead.record.value == b"poison"
     assert dead.record.topic == "t.g.dlq" and dead.record.headers["dlq.offset"] == "0"
-    assert env.ops.retry_dead_letters("t", "g", [(0, 0)], False) == 1
+    assert env.ops.retry_dead_letters("t", "g", [(0, 0)], False) == DeadRetried(1, 0)
     back = env.pick(rt, s)
     assert values(back) == [b"poison"] and back.records[0].delivery_attempt == 1
     env.service.ack("t", "g", positions(back))
@@ -243,3 +244,31 @@ def test_due_retries_are_read_together_and_a_pruned_one_is_reported_not_delivere
     rest = env.pick(rt, s, 100)
     assert [(r.partition, r.offset) for r in rest.records] == [(1, o) for o in range(1, 10)]
     assert all(r.delivery_attempt == 2 for r in again.records + rest.records)
+
+
+@pytest.mark.parametrize("cluster_format", [formats.PRUNED_DEAD_FORMAT - 1, formats.PRUNED_DEAD_FORMAT])
+def test_a_retry_of_dead_letters_leaves_those_whose_records_were_pruned_dead(cluster_format: int) -> None:
+    """Dead letters at offsets 0, 1 (pruned since) and 3 (retained): a retry, named or of all,
+    sends back offset 3 alone and counts the two apart; they stay listed. Before format 3 the
+    command carries no cut and every one goes back (and dies again, pruned before its retry)."""
+    env = make_env()
+    env.replicator.submit(formats.set_format_command(cluster_format).SerializeToString(), lambda *_: None)
+    env.topic("t")
+    env.publish("t", [b"v%d" % i for i in range(5)], partition=0)
+    rt = env.group("t", "g")
+    s = rt.open_stream()
+    first = env.pick(rt, s, 5)
+    dead = [r.position for r in first.records if r.offset in (0, 1, 3)]
+    env.service.discard("t", "g", dead, "bad")
+    env.service.ack("t", "g", [r.position for r in first.records if r.offset in (2, 4)])
+    env.log.prune("t", 0, 2)
+    assert [d.offset for d in env.ops.dead_letters("t", "g", 0, None, None)] == [0, 1, 3]
+    if cluster_format < formats.PRUNED_DEAD_FORMAT:
+        assert env.ops.retry_dead_letters("t", "g", [(0, 0), (0, 3)], False) == DeadRetried(2, 0)
+        return
+    assert env.ops.retry_dead_letters("t", "g", [(0, 0), (0, 3), (0, 9)], False) == DeadRetried(1, 1)
+    assert [d.offset for d in env.ops.dead_letters("t", "g", 0, None, None)] == [0, 1]
+    assert env.ops.retry_dead_letters("t", "g", [], True) == DeadRetried(0, 2)
+    back = env.pick(rt, s, 5)
+    assert [(r.offset, r.value) for r in back.records] == [(3, b"v3")] and not back.bad
+    assert env.ops.lag("t", "g").partitions[0].dead == 2

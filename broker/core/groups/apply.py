@@ -51,6 +51,15 @@ class SettleResult:
     outcomes: list[Outcome]
 
 
+@dataclass(frozen=True)
+class DeadRetried:
+    """What a ``retry_dead_letters`` did: dead letters delivered again, and those left dead because
+    their records were pruned (format 3 commands only; 0 otherwise)."""
+
+    retried: int
+    pruned: int
+
+
 class _Apply:
     """State of one settle apply: cursors and retry entries as changed so far (the batch is not
     readable until written, so every read goes through here)."""
@@ -409,7 +418,11 @@ class GroupApplier:
 
     # -- dead letters --------------------------------------------------------------------------
     def _retry_dead(self, cmd: K.RetryDeadLettersCommand, batch: Batch, changes: CacheChanges) -> object:
-        """Dead letters back to delivery (attempts start again); returns how many were found."""
+        """Dead letters back to delivery (attempts start again); returns :class:`DeadRetried`.
+
+        With ``start_offsets`` (format 3, one per partition, the leader's cut) a dead letter below
+        its partition's start stays dead: its record was pruned, so a retry would only dead-letter
+        it again. Without them (older commands) every one found goes back, as before."""
         meta = self._group(cmd.topic, cmd.group, cmd.group_id)
         if isinstance(meta, Rejected):
             return meta
@@ -421,9 +434,15 @@ class GroupApplier:
             raws = store.get_many(Column.GROUPS, keys)
             found = [(p, o, K.DeadLetterState.FromString(raw))
                      for p, o, raw in zip(cmd.partitions, cmd.offsets, raws, strict=True) if raw is not None]
+        found = list(dict(((p, o), (p, o, d)) for p, o, d in found).values())
+        starts = cmd.start_offsets
+        pruned = 0
+        if len(starts) == meta.partitions:
+            kept = [(p, o, d) for p, o, d in found if p >= len(starts) or o >= starts[p]]
+            pruned, found = len(found) - len(kept), kept
         run = _Apply(self._sm, meta, batch, changes)
         run.load_retries([(p, o) for p, o, _ in found])
-        for p, offset, dead in dict(((p, o), (p, o, d)) for p, o, d in found).values():
+        for p, offset, dead in found:
             batch.delete(Column.GROUPS, layout.dead_key(gid, p, offset))
             run.cursor(p).dead -= 1
             run.set_retry(p, offset, K.RetryState(attempts=0, due_ms=cmd.now_ms, delay_ms=0,
@@ -431,7 +450,7 @@ class GroupApplier:
                                                   key=dead.key))
         run.write_cursors()
         self._touched(gid, changes, run.retries_changed)
-        return len({(p, o) for p, o, _ in found})
+        return DeadRetried(len(found), pruned)
 
     def _purge_dead(self, cmd: K.PurgeDeadLettersCommand, batch: Batch, changes: CacheChanges) -> object:
         """Forget every dead letter of the group (their copies stay in the dead-letter topic)."""

@@ -16,7 +16,9 @@ from google.protobuf.message import DecodeError
 
 from broker.core import record_log, records
 from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.formats import PRUNED_DEAD_FORMAT
 from broker.core.groups import layout
+from broker.core.groups.apply import DeadRetried
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.groups.service import GroupService, raise_rejected
@@ -218,17 +220,25 @@ class GroupOperations:
             dead.dlq_offset
         item.record.timestamp_ms = stored.timestamp_ms
 
-    def retry_dead_letters(self, topic: str, group: str, positions: list[tuple[int, int]], everything: bool) -> int:
-        """Deliver dead letters again (attempts start over); returns how many were found."""
+    def retry_dead_letters(self, topic: str, group: str, positions: list[tuple[int, int]],
+                           everything: bool) -> DeadRetried:
+        """Deliver dead letters again (attempts start over). Once the cluster's command format is 3,
+        the command carries this leader's start offsets: dead letters whose records were pruned stay
+        dead and are counted apart (a retry could only dead-letter them again)."""
         rt = self._service.runtime(topic, group)
         if not everything and not positions:
             raise InvalidArgument("name the dead letters to retry (partition, offset) or ask for all")
         cmd = K.Command(retry_dead_letters=K.RetryDeadLettersCommand(
             topic=topic, group=group, group_id=rt.gid, now_ms=self._service.clock.now_ms(), all=everything,
             partitions=[p for p, _ in positions], offsets=[o for _, o in positions]))
-        count = raise_rejected(self._service.submit(cmd, topic))
-        assert isinstance(count, int)
-        return count
+        topic_meta = self._state.topic(topic)
+        if self._state.cluster_format >= PRUNED_DEAD_FORMAT and topic_meta is not None:
+            cmd.retry_dead_letters.start_offsets[:] = [
+                self._state.partition(topic_meta.topic_id, p).start_offset for p in range(rt.meta.partitions)]
+            cmd.format = PRUNED_DEAD_FORMAT
+        result = raise_rejected(self._service.submit(cmd, topic))
+        assert isinstance(result, DeadRetried)
+        return result
 
     def purge_dead_letters(self, topic: str, group: str) -> int:
         rt = self._service.runtime(topic, group)
