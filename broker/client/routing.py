@@ -391,22 +391,28 @@ class TlsWatch:
         return bool(self._disagree) and all(a in self._disagree for a in known)
 
     def error(self, what: str, unknown: bool) -> Unavailable:
-        nodes = ", ".join(self._disagree)
-        said = list(self._disagree.values())[-1]
+        """One sentence per kind of answer, each naming its nodes and its fix (a rotation gone
+        wrong can leave one node untrusted and another without the checked name)."""
+        by_kind: dict[str, list[str]] = {}
+        for address, said in self._disagree.items():
+            by_kind.setdefault(said, []).append(address)
+        text = "; and ".join(self._advice(said, ", ".join(nodes)) for said, nodes in by_kind.items())
+        return Unavailable("UNAVAILABLE", f"{what}: {text}", after_unknown_outcome=unknown)
+
+    @staticmethod
+    def _advice(said: str, nodes: str) -> str:
         if said == "tls":
-            text = (f"the nodes expect TLS ({nodes}), and this client connects without it: give it the cluster's "
+            return (f"the nodes expect TLS ({nodes}), and this client connects without it: give it the cluster's "
                     f"client config (Client(client_config=PATH), the CLI's --client-config PATH, or "
                     f"${CLIENT_CONFIG_ENV}; 'raftbroker dev --secure' prints the path)")
-        elif said == "plaintext":
-            text = (f"this client connects with TLS (its client config), and the nodes answer without it ({nodes}): "
+        if said == "plaintext":
+            return (f"this client connects with TLS (its client config), and the nodes answer without it ({nodes}): "
                     "connect without a client config, or check the addresses")
-        elif said == "ca":
-            text = (f"this client does not trust the nodes' certificates ({nodes}): no CA of its client config's "
+        if said == "ca":
+            return (f"this client does not trust the nodes' certificates ({nodes}): no CA of its client config's "
                     "ca_file signed them; give it the CA that did")
-        else:
-            text = (f"the nodes' certificates do not carry the name this client checks ({nodes}): set server_name in "
-                    "its client config to a name they carry, or connect by one")
-        return Unavailable("UNAVAILABLE", f"{what}: {text}", after_unknown_outcome=unknown)
+        return (f"the nodes' certificates do not carry the name this client checks ({nodes}): set server_name in "
+                "its client config to a name they carry, or connect by one")
 
 
 class QuorumWatch:

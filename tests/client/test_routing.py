@@ -199,7 +199,13 @@ def test_a_tls_disagreement_ends_a_call_only_once_every_known_node_said_so() -> 
     assert not watch.covers(["h:1", "h:2"]), "h:1 only closed a connection"
     watch.note("h:1", plaintext)
     assert watch.covers(["h:1", "h:2"])
-    assert "h:2, h:1" in watch.error("list topics", False).message
+    said = watch.error("list topics", False).message
+    assert "does not trust the nodes' certificates (h:2): no CA" in said, said
+    assert "; and this client connects with TLS (its client config), and the nodes answer without it (h:1)" in said
+    same = TlsWatch(tls=True, answers_tls={})
+    same.note("h:1", untrusted)
+    same.note("h:2", untrusted)
+    assert same.error("list topics", False).message.count("(h:1, h:2)") == 1, "one kind: one sentence"
     plain = TlsWatch(tls=False, answers_tls={"h:1": True, "h:2": False})
     assert not plain.wants_probe("h:1", grpc.RpcError("Socket closed")), "probed once per router"
     assert plain.wants_probe("h:3", grpc.RpcError("ipv4:h:3: Socket closed"))
