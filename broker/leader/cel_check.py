@@ -82,11 +82,18 @@ def tokens(expression: str) -> list[Token]:
     return out
 
 
-def check(expression: str, what: str, boolean: bool, limits: ExpressionLimits = LIMITS) -> None:
-    """Raise :class:`InvalidArgument` when ``expression`` breaks a limit, or (``boolean``) cannot be a
-    filter's true/false; ``what`` names it in messages (``filter``, ``partition_key``)."""
+def check_length(expression: str, what: str, limits: ExpressionLimits = LIMITS) -> None:
+    """Raise :class:`InvalidArgument` when ``expression`` is too long to parse (checked first)."""
     if len(expression) > limits.expression_chars_max:
         raise InvalidArgument(f"{what} is longer than {limits.expression_chars_max} characters")
+
+
+def check(expression: str, what: str, boolean: bool, limits: ExpressionLimits = LIMITS) -> None:
+    """Raise :class:`InvalidArgument` when ``expression`` breaks a limit, or (``boolean``) cannot be a
+    filter's true/false; ``what`` names it in messages (``filter``, ``partition_key``). Run on an
+    expression the CEL parser accepted: the tokens are read loosely, so a syntax error could pass
+    for something else here (``value.status = "paid"`` for a value)."""
+    check_length(expression, what, limits)
     toks = tokens(expression)
     _check_structure(toks, what, limits)
     _check_key_usage(toks, what)

@@ -61,11 +61,12 @@ class RecordExpression:
 
     def __init__(self, expression: str, what: str = "filter",
                  sandbox: cel_sandbox.CelSandbox | None = None) -> None:
-        cel_check.check(expression, what, self.boolean)
-        try:
+        cel_check.check_length(expression, what)
+        try:  # the parser first: a syntax error is said as one, not as what the token checks infer
             program = _cel().compile(expression)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"invalid {what} expression: {shown(str(exc), quote=False, chars_max=400)}") from None
+        cel_check.check(expression, what, self.boolean)
         unknown = set(program.variables()) - _VARIABLES - _bound_names(expression)
         if unknown:
             names = shown(", ".join(sorted(unknown)), quote=False)

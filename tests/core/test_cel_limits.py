@@ -11,6 +11,7 @@ import pytest
 from broker.core.errors import InvalidArgument, shown
 from broker.leader import cel_check
 from broker.leader.cel_sandbox import CelSandbox, ExpressionBudgetExceeded, SandboxLimits
+from broker.leader.filters import RecordFilter
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -46,6 +47,14 @@ def test_refused_filters(expression: str, refusal: str) -> None:
 ])
 def test_accepted_filters(expression: str) -> None:
     cel_check.check(expression, "filter", boolean=True)
+
+
+@pytest.mark.parametrize("expression", ['value.status = "paid"', "(((", "value.", "value.amt >"])
+def test_a_syntax_error_is_said_as_one(expression: str, sandbox: CelSandbox) -> None:
+    """The parser runs before the token checks, which would call ``value.status = "paid"`` (one
+    ``=``) a filter that yields a value."""
+    with pytest.raises(InvalidArgument, match=r"invalid filter expression: .*(?i:syntax error)"):
+        RecordFilter(expression, sandbox=sandbox)
 
 
 def test_a_partition_key_need_not_be_boolean() -> None:
