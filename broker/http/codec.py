@@ -90,8 +90,12 @@ def encode_cursor(places: Mapping[int, Place]) -> str:
     return b64url(json.dumps(raw, separators=(",", ":")).encode())
 
 
-def decode_cursor(cursor: str) -> dict[int, Place]:
-    """The per-partition places of a cursor made by :func:`encode_cursor`."""
+NOT_A_CURSOR = "not a cursor of this API (use the next value of a read, or an SSE event id)"
+
+
+def decode_cursor(cursor: str, refusal: str = NOT_A_CURSOR) -> dict[int, Place]:
+    """The per-partition places of a cursor made by :func:`encode_cursor`; ``refusal`` is the
+    message for text that is none (it names where the text came from)."""
     if len(cursor) > CURSOR_CHARS_MAX:
         raise invalid_argument(f"a cursor has at most {CURSOR_CHARS_MAX} characters")
     try:
@@ -104,7 +108,7 @@ def decode_cursor(cursor: str) -> dict[int, Place]:
                 raise ValueError
             places[int(p)] = t if isinstance(t, int) else from_b64url(t, "cursor")
     except (ValueError, TypeError, UnicodeDecodeError):
-        raise invalid_argument("not a cursor of this API (use the next value of a read, or an SSE event id)") from None
+        raise invalid_argument(refusal) from None
     if any(not 0 <= p < 2**31 for p in places):
         raise invalid_argument("not a cursor of this API (partition out of range)")
     return places

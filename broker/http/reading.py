@@ -45,7 +45,9 @@ async def start_places(client: AsyncClient, topic: str, partition: int | None, s
         if offset >= 2**63:
             raise invalid_argument(f"offset {start} is out of range")
         return dict.fromkeys(partitions, offset)
-    places = codec.decode_cursor(start)
+    places = codec.decode_cursor(start, "Last-Event-ID is not an event id of this API (the id of an SSE event)"
+                                 if last_event_id else "from must be earliest, latest, an offset, or a cursor (the "
+                                 "next value of a read, or an SSE event id)")
     unknown = sorted(set(places) - set(range(info.partition_count)))
     if unknown:
         raise invalid_argument(f"the cursor names partition(s) {unknown} the topic does not have")

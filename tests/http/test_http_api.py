@@ -112,7 +112,8 @@ def test_paging_with_cursors_neither_skips_nor_repeats(http_cluster: DevCluster)
         assert h.post("/v1/topics/h-page/prune", json={"before_offset": 5}).json()["pruned"] > 0
         lossy = h.get("/v1/topics/h-page/records", params={"from": "0", "partition": 0}).json()["records"]
         assert lossy and "event" in lossy[0], "a loss is reported inline, not skipped silently"
-        problem(h.get("/v1/topics/h-page/records", params={"from": "garbage!"}), 400, "INVALID_ARGUMENT")
+        said = problem(h.get("/v1/topics/h-page/records", params={"from": "banana"}), 400, "INVALID_ARGUMENT")
+        assert str(said["detail"]).startswith("from must be earliest, latest, an offset, or a cursor"), said
         problem(h.get("/v1/topics/h-page/records", params={"limit": 0}), 400, "INVALID_ARGUMENT")
         problem(h.get("/v1/topics/h-page/records", params={"partition": 7}), 400, "INVALID_ARGUMENT")
         with h.stream("GET", "/v1/topics/h-page/watch", params={"from": "latest", "heartbeat_ms": 200}) as stream:
@@ -122,7 +123,8 @@ def test_paging_with_cursors_neither_skips_nor_repeats(http_cluster: DevCluster)
                 if "heartbeat" in event.comments:
                     break
         problem(h.get("/v1/topics/h-none/watch"), 404, "TOPIC_NOT_FOUND")
-        problem(h.get("/v1/topics/h-page/watch", headers={"Last-Event-ID": "nonsense"}), 400, "INVALID_ARGUMENT")
+        said = problem(h.get("/v1/topics/h-page/watch", headers={"Last-Event-ID": "nonsense"}), 400, "INVALID_ARGUMENT")
+        assert str(said["detail"]).startswith("Last-Event-ID is not an event id of this API"), said
         problem(h.get("/v1/topics/h-page/watch", params={"heartbeat_ms": 1}), 400, "INVALID_ARGUMENT")
 
 
