@@ -249,10 +249,12 @@ def emit_event(event: Event, json_output: bool) -> None:
         sys.stderr.write(f"raftbroker: {render.event_line(event)}\n")
 
 
-def parse_from(text: str) -> tuple[str | int | bytes, int | None]:
-    """``--from`` as ``(start, timestamp_ms)`` for ``Client.subscribe`` (see ``FROM_HELP``)."""
+def parse_from(text: str, option: str = "--from") -> tuple[str | int | bytes, int | None]:
+    """``--from`` (or ``option``: ``group seek --to``) as ``(start, timestamp_ms)`` for
+    ``Client.subscribe`` (see ``FROM_HELP``)."""
     value = text.strip()
     kind, sep, rest = value.partition(":")
+    why = ""
     try:
         if value in ("earliest", "latest"):
             return value, None
@@ -270,9 +272,17 @@ def parse_from(text: str) -> tuple[str | int | bytes, int | None]:
             return "earliest", _timestamp_ms(rest)
         if kind == "token":
             return base64.b64decode(rest, validate=True), None
+    except NoTimeZone as exc:
+        why = f" ({exc})"
     except ValueError:
         pass
-    raise typer.BadParameter(f"cannot read {text!r}; {FROM_HELP}", param_hint="--from")
+    start_help = FROM_HELP if option == "--from" else (
+        FROM_HELP.replace("Where to start: ", "Where to move the position: ").replace(" (default)", ""))
+    raise typer.BadParameter(f"cannot read {text!r}{why}; {start_help}", param_hint=option)
+
+
+class NoTimeZone(ValueError):
+    """An ISO timestamp without a zone: which instant it names depends on the machine."""
 
 
 def _timestamp_ms(text: str) -> int:
@@ -280,7 +290,8 @@ def _timestamp_ms(text: str) -> int:
         return int(text)
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
-        raise ValueError("an ISO timestamp needs a time zone (e.g. Z)")
+        raise NoTimeZone(f"an ISO timestamp needs a time zone, e.g. {text}T00:00:00Z" if "T" not in text
+                         else f"an ISO timestamp needs a time zone, e.g. {text}Z")
     return int(moment.timestamp() * 1000)
 
 

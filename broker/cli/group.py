@@ -135,7 +135,7 @@ def seek(
     json_: JsonFlag = False, bootstrap_: BootstrapOption = None,
 ) -> None:
     """Move GROUP's committed position (backwards too); prints the new position per partition."""
-    start, timestamp_ms = parse_from(to)
+    start, timestamp_ms = parse_from(to, "--to")
     with connect(ctx) as client:
         moved = client.groups.seek(topic, group, start, timestamp_ms=timestamp_ms, partition=partition)
     _say(ctx, {str(p): o for p, o in moved.items()}, " ".join(f"{p}:{o}" for p, o in sorted(moved.items())))

@@ -50,6 +50,14 @@ def test_bad_from_is_a_usage_error(text: str) -> None:
         parse_from(text)
 
 
+def test_a_bad_start_names_its_option_and_a_missing_time_zone_says_so() -> None:
+    with pytest.raises(typer.BadParameter) as raised:
+        parse_from("ts:2020-01-01", "--to")
+    assert raised.value.param_hint == "--to"
+    assert "needs a time zone, e.g. 2020-01-01T00:00:00Z" in raised.value.message
+    assert "(default)" not in raised.value.message, "--to has no default"
+
+
 def test_headers_parse_and_reject_items_without_equals() -> None:
     assert parse_headers(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
     with pytest.raises(typer.BadParameter):
