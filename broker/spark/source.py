@@ -24,7 +24,17 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from broker.client import Client, TopicNotFound
 from broker.spark.options import SparkOptionError, reader_options, writer_options
@@ -76,21 +86,36 @@ class RaftBrokerDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         o = writer_options(self.options)
-        _check_input(schema)
+        _check_input(schema, overwrite)
         topic_info_or_fail(o.bootstrap, o.topic)
         return BatchWriter(o)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         o = writer_options(self.options)
-        _check_input(schema)
+        _check_input(schema, overwrite)
         topic_info_or_fail(o.bootstrap, o.topic)
         return StreamWriter(o)
 
 
-def _check_input(schema: StructType) -> None:
-    names = set(schema.fieldNames())
-    if "value" not in names:
-        raise SparkOptionError(f"raftbroker: the DataFrame to write needs a 'value' column; it has {sorted(names)}")
+_TEXT = (BinaryType, StringType)
+_INTEGERS = (ByteType, ShortType, IntegerType, LongType)
+
+
+def _check_input(schema: StructType, overwrite: bool) -> None:
+    """On the driver, before any task runs: what the writer would refuse row by row in an executor."""
+    if overwrite:  # a topic is a log: replacing its records is not a write (clear it first)
+        raise SparkOptionError("raftbroker: mode 'overwrite' is not supported: a topic is appended to; write with "
+                               "mode('append') (to replace what a topic holds, 'raftbroker topic clear' it first)")
+    types = {f.name: f.dataType for f in schema.fields}
+    if "value" not in types:
+        raise SparkOptionError(f"raftbroker: the DataFrame to write needs a 'value' column; it has {sorted(types)}")
+    wanted: dict[str, tuple[tuple[type[DataType], ...], str]] = {
+        "value": (_TEXT, "binary or string"), "key": (_TEXT, "binary or string"),
+        "headers": ((MapType,), "map<string,string>"), "partition": (_INTEGERS, "an integer")}
+    for name, (kinds, said) in wanted.items():
+        if name in types and not isinstance(types[name], kinds):
+            raise SparkOptionError(f"raftbroker: column {name!r} must be {said}, got {types[name].simpleString()}"
+                                   + (f" (cast it: col('{name}').cast('string'))" if kinds is _TEXT else ""))
 
 
 def register(spark: SparkSession) -> SparkSession:

@@ -1,7 +1,8 @@
 """Batch and stream writers of the ``raftbroker`` data source: exactly-once into a topic.
 
 Input columns: ``value`` (binary or string, required), ``key`` (binary or string), ``headers``
-(map<string,string>), ``partition`` (int); other columns are ignored.
+(map<string,string>), ``partition`` (int); other columns are ignored. The data source checks
+their types, and refuses an overwrite, on the driver (``broker/spark/source.py``).
 
 Exactly-once (SPEC §4, §7): every Spark task publishes as a producer session whose ``dedup_id`` is
 ``spark:<query id>:<batch id>:<Spark partition id>`` and whose message ids are the row indexes

@@ -187,3 +187,34 @@ def test_bad_stream_options_fail_at_start(spark: SparkSession, bootstrap: str, t
     assert "stage failure" not in str(failed.value)  # no task ran
     with Client(bootstrap) as client:
         assert client.end_offsets("three")[0][1] in (0, 150)  # nothing was written
+
+
+def test_a_batch_write_appends_every_column_and_refuses_overwrite_and_bad_types_on_the_driver(
+        spark: SparkSession, bootstrap: str) -> None:
+    """``df.write`` in append mode stores each row once with its key, headers and partition. An
+    overwrite (which would otherwise append silently) and a column of the wrong type are refused
+    before any task runs, and store nothing."""
+    with Client(bootstrap) as client:
+        client.create_topic("written", 2)
+    rows = spark.createDataFrame([("a", "k1", {"h": "1"}, 0), ("b", None, None, 1), ("c", "k2", {}, 1)],
+                                 "value string, key string, headers map<string,string>, partition int")
+
+    def write(df: DataFrame, mode: str) -> None:
+        df.write.format("raftbroker").mode(mode).option("bootstrap", bootstrap).option("topic", "written").save()
+
+    write(rows, "append")
+    with Client(bootstrap) as client:
+        stored = sorted((r.partition, r.value, r.key, r.headers) for r in records_only(
+            client.subscribe("written", stop_at_end=True)))
+    assert stored == [(0, b"a", b"k1", {"h": "1"}), (1, b"b", None, {}), (1, b"c", b"k2", {})]
+    for df, mode, message in [
+            (rows, "overwrite", "mode 'overwrite' is not supported"),
+            (spark.createDataFrame([(5,)], "value int"), "append", "column 'value' must be binary or string, got int"),
+            (spark.createDataFrame([("v", "0")], "value string, partition string"), "append",
+             "column 'partition' must be an integer, got string")]:
+        with pytest.raises(Exception) as failed:
+            write(df, mode)
+        assert message in str(failed.value)
+        assert "stage failure" not in str(failed.value) and "Task " not in str(failed.value), "no executor ran"
+    with Client(bootstrap) as client:
+        assert [end for _, (_, end) in sorted(client.end_offsets("written").items())] == [1, 2], "nothing more stored"
