@@ -338,8 +338,11 @@ class GroupApplier:
             return meta
         run = _Apply(self._sm, meta, batch, changes)
         positions = [(e.partition, e.offset) for e in cmd.entries if e.partition < meta.partitions]
-        committed_acks = self._commit_all(run, cmd, positions) if cmd.commit_partitions else set()
-        run.load_retries(positions)
+        if cmd.commit_partitions:
+            committed_acks = self._commit_all(run, cmd, positions)  # it loads the entries' retries first
+        else:
+            committed_acks = set()
+            run.load_retries(positions)
         outcomes = [self._settle_one(run, cmd.now_ms, entry) for entry in cmd.entries]
         if committed_acks:  # an ack the commit settled ahead of it was settled by this call all the same
             for i, entry in enumerate(cmd.entries):
