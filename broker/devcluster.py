@@ -167,7 +167,18 @@ class DevCluster:
         self.nodes += 1
         self.procs.append(None)
         self.spawn(i)
+        self.wait_answering(i)
         return i
+
+    def wait_answering(self, i: int, timeout_s: float = 60.0) -> None:
+        """Wait until node ``i`` answers ``NodeStatus`` (a leader adds only a node that answers)."""
+        deadline = time.monotonic() + timeout_s
+        while self.node_status(i) is None:
+            if not self.alive(i):
+                raise RuntimeError(f"node {self.node_id(i)} exited; see {self.log_path(i)}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"node {self.node_id(i)} did not answer within {timeout_s:g} s")
+            time.sleep(0.1)
 
     def spawn(self, i: int) -> None:
         """Start node ``i`` (it must not be running)."""

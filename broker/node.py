@@ -30,7 +30,7 @@ from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.formats import FormatRaiser
 from broker.leader.housekeeping import Housekeeper
-from broker.leader.membership import MembershipChanges
+from broker.leader.membership import MembershipChanges, NodeAnswer
 from broker.leader.reading import RESPONSE_BYTES_MAX, Reader
 from broker.leader.replica_check import ReplicaCheck
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
@@ -140,7 +140,7 @@ class Node:
                                        is_leader, config.housekeeping_period_ms / 1000,
                                        on_lead=[self.replica_check.make_due])
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
-                                       config.commit_timeout_ms / 1000)
+                                       config.commit_timeout_ms / 1000, lambda peer: _answer(peer_status, peer))
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,
                                  clock=self.clock, response_bytes_max=self.response_bytes_max)
         self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
@@ -220,6 +220,12 @@ class Node:
         while time.monotonic() < deadline and self.replicator.status().role == Role.LEADER:
             time.sleep(0.01)
         log.info("handed leadership over (now %s)", self.replicator.status().role.value)
+
+
+def _answer(peer_status: PeerStatus, peer: Peer) -> NodeAnswer | None:
+    """What the node at ``peer``'s gRPC address says of itself (None: nothing answered)."""
+    info = peer_status.info_fresh(peer)
+    return NodeAnswer(info.id, info.raft_address) if info is not None else None
 
 
 def _apply_formats(peer_status: PeerStatus, peers: list[Peer]) -> list[int | None]:

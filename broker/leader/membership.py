@@ -13,6 +13,12 @@ replicator first, then forgets the addresses. Each waits for its commits. pysync
 member at a time and uses a new configuration as soon as it is appended: the new node counts in
 the majority at once, so start it first (with the current members as ``--peer``); it catches up
 from the leader's snapshot and log.
+
+A node that is not running would count in the majority all the same: added to one node, it would
+stop every commit until it started, and to three it would leave no room for a failure. So ``add``
+first asks the new node's gRPC address for its status (``NodeStatus``, which needs no credentials),
+for up to :data:`ANSWER_WAIT_S` (a node spawned a moment ago is still starting), and refuses with
+``FAILED_PRECONDITION`` when nothing answers there, or when what answers is another node.
 """
 
 from __future__ import annotations
@@ -20,17 +26,41 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from broker.core.applied import Rejected
-from broker.core.errors import InvalidArgument, MemberExists, MemberNotFound, NotLeader, Unavailable, shown
-from broker.core.members import MemberRegistry
+from broker.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MemberExists,
+    MemberNotFound,
+    NotLeader,
+    Unavailable,
+    shown,
+)
+from broker.core.members import MemberRegistry, Peer
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication import FailReason, Membership, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2
 
 _NODE_ID = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _TRANSFER_WAIT_S = 2.0
+ANSWER_WAIT_S = 5.0  # how long ``add`` waits at most for the new node to answer at its gRPC address
+_ANSWER_POLL_S = 0.2
+
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """What a node said of itself when asked at a gRPC address."""
+
+    node_id: str
+    raft_address: str  # empty when the node did not say
+
+
+NodeProbe = Callable[[Peer], NodeAnswer | None]  # None: nothing answered at the peer's gRPC address
 
 
 def check_address(what: str, address: str) -> None:
@@ -53,7 +83,11 @@ class MembershipChanges:
     """Leader-side AddNode/RemoveNode: validate, record addresses, change the Raft group, wait."""
 
     def __init__(self, registry: MemberRegistry, replicator: Replicator, membership: Membership,
-                 submitter: CommandSubmitter, peers: PeerDirectory, timeout_s: float) -> None:
+                 submitter: CommandSubmitter, peers: PeerDirectory, timeout_s: float, probe: NodeProbe,
+                 answer_wait_s: float = ANSWER_WAIT_S) -> None:
+        """``probe``: asks a node at its gRPC address for its own status (see the module docstring)."""
+        self._probe = probe
+        self._answer_wait_s = answer_wait_s
         self._registry = registry
         self._replicator = membership
         self._status = replicator
@@ -62,8 +96,9 @@ class MembershipChanges:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()  # one change at a time from this node
 
-    def add(self, node_id: str, raft_address: str, grpc_address: str) -> None:
-        """Make the running node ``node_id`` a member; idempotent for the same addresses."""
+    def add(self, node_id: str, raft_address: str, grpc_address: str, answer_wait_s: float | None = None) -> None:
+        """Make the running node ``node_id`` a member; idempotent for the same addresses.
+        ``answer_wait_s``: wait less than the configured time for it to answer (the caller's deadline)."""
         if not _NODE_ID.fullmatch(node_id):
             raise InvalidArgument("node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), "
                                   f"got {shown(node_id)}")
@@ -80,10 +115,31 @@ class MembershipChanges:
                 raise MemberExists(f"Raft address {raft_address} belongs to member {owner.node_id!r}")
             if raft_address in members and known is not None and known.grpc_address == grpc_address:
                 return  # already done (a retried request)
+            if raft_address not in members:
+                wait_s = self._answer_wait_s if answer_wait_s is None else min(self._answer_wait_s, answer_wait_s)
+                self._check_running(Peer(node_id, raft_address, grpc_address), wait_s)
             member = internal_pb2.Member(node_id=node_id, raft_address=raft_address, grpc_address=grpc_address)
             self._record(member, remove=False)
             if raft_address not in members:
                 self._change(self._replicator.add_member, raft_address, f"add {node_id}")
+
+    def _check_running(self, peer: Peer, wait_s: float) -> None:
+        """Refuse a node that does not answer at its gRPC address within ``wait_s``, or answers as
+        another node."""
+        deadline = time.monotonic() + wait_s
+        while (info := self._probe(peer)) is None and time.monotonic() < deadline:
+            time.sleep(_ANSWER_POLL_S)
+        if info is None:
+            raise FailedPrecondition(
+                f"node {peer.node_id!r} does not answer at {peer.grpc_address} (waited {wait_s:.3g} s): "
+                "start it first, with the current members as --peer, then add it (a member that is not running "
+                "counts in the majority all the same)")
+        if info.node_id != peer.node_id:
+            raise FailedPrecondition(f"{peer.grpc_address} answers as node {info.node_id!r}, not {peer.node_id!r}: "
+                                     "check the address or the node's --node-id")
+        if info.raft_address and info.raft_address != peer.raft_address:
+            raise FailedPrecondition(f"node {peer.node_id!r} listens for Raft on {info.raft_address}, not "
+                                     f"{peer.raft_address}: add it with the address it was started with")
 
     def remove(self, node_id: str) -> None:
         """Take ``node_id`` out of the Raft group (a leader hands leadership over first)."""

@@ -9,6 +9,8 @@ from broker.leader.membership import MembershipChanges
 from broker.services import errors
 from broker.v1 import admin_pb2
 
+ANSWER_MARGIN_S = 3.0  # of an AddNode's deadline, kept for the change itself after the new node answered
+
 
 class MembershipAdminMethods:
     """Membership RPCs; answered by the leader (followers redirect with x-leader). The servicer's
@@ -19,7 +21,9 @@ class MembershipAdminMethods:
     @errors.unary
     def AddNode(self, request: admin_pb2.AddNodeRequest,  # noqa: N802 (gRPC's name)
                 context: grpc.ServicerContext) -> admin_pb2.MembershipResponse:
-        self._membership.add(request.id, request.raft_address, request.grpc_address)
+        remaining = context.time_remaining()  # answer before the caller's deadline, leaving time for the change
+        wait_s = None if remaining is None else max(0.0, remaining - ANSWER_MARGIN_S)
+        self._membership.add(request.id, request.raft_address, request.grpc_address, answer_wait_s=wait_s)
         return admin_pb2.MembershipResponse()
 
     @errors.unary

@@ -57,6 +57,18 @@ class PeerStatus:
                                       raft_address=peer.raft_address, metrics_address=peer.metrics_address,
                                       role="unreachable", reachable=False)
 
+    def info_fresh(self, peer: Peer) -> admin_pb2.NodeInfo | None:
+        """``peer``'s own status over a channel of its own, closed after (None: no answer). For a node
+        that may be starting: a kept channel would wait out its reconnect backoff before trying again."""
+        channel = self._peer_channel(peer.grpc_address)
+        try:
+            return admin_pb2_grpc.AdminStub(channel).NodeStatus(admin_pb2.NodeStatusRequest(),
+                                                                 timeout=PEER_STATUS_TIMEOUT_S)
+        except grpc.RpcError:
+            return None
+        finally:
+            channel.close()
+
     def infos(self, peers: Iterable[Peer]) -> list[admin_pb2.NodeInfo]:
         """:meth:`info` of each of ``peers``, asked in parallel, in their order."""
         return list(self._pool.map(self.info, peers))

@@ -93,6 +93,10 @@ def _rejoin(ctx: Ctx, client: Client, i: int) -> str | None:
     if not ctx.cluster.alive(i):
         ctx.cluster.spawn(i)
     try:
+        ctx.cluster.wait_answering(i, RECOVERY_TIMEOUT_S)  # a leader adds only a node that answers
+    except (RuntimeError, TimeoutError) as err:
+        return f"{name} did not start: {err}"
+    try:
         client.add_node(name, ctx.cluster.raft_address(i), ctx.cluster.grpc_address(i))
     except BrokerError as err:
         return f"AddNode {name} failed: {err}"

@@ -71,6 +71,10 @@ class FakeCluster:
         with open(self.log_path(i), "a") as log:
             log.write("restored state machine from snapshot at index 7\n")
 
+    def wait_answering(self, i: int, timeout_s: float = 60.0) -> None:
+        if i not in self.running:
+            raise RuntimeError(f"node {self.node_id(i)} exited")
+
     def current_leader(self) -> int | None:
         return self.leader
 

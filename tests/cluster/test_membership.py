@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import BrokerError, Client, MemberNotFound
+from broker.client import BrokerError, Client, FailedPrecondition, MemberNotFound
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.digests import digest, partition_contents, wait_converged
@@ -131,6 +131,12 @@ def test_grow_to_five_and_shrink_to_three_while_publishing(tmp_path: Path) -> No
             client.create_topic(TOPIC)
             with Publisher(client) as publisher:
                 publisher.wait_for_more(5000)  # > 200 entries: the leader has compacted
+                # a node that is not running is refused (it would count in the majority all the same)
+                i = c.nodes
+                with pytest.raises(FailedPrecondition, match=f"node '{c.node_id(i)}' does not answer at "
+                                                         f"{c.grpc_address(i)}.*start it first"):
+                    client.add_node(c.node_id(i), c.raft_address(i), c.grpc_address(i))
+                assert set(members(c, c.leader() or 0)) == {c.node_id(j) for j in range(3)}
                 added = []
                 for _ in range(2):
                     i = c.add_node()

@@ -92,6 +92,7 @@ def test_a_follower_removed_wiped_and_readded_in_a_loop_keeps_every_journal_whol
                     watch.forget(target)
                     shutil.rmtree(c.node_data_dir(target))
                     c.spawn(target)
+                    c.wait_answering(target)  # a leader adds only a node that answers
                     client.add_node(name, c.raft_address(target), c.grpc_address(target))
 
                     def rejoined(t: int = target) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from broker.core.errors import InvalidArgument, MemberNotFound, Unavailable
+from broker.core.errors import FailedPrecondition, InvalidArgument, MemberNotFound, Unavailable
 from broker.core.members import MemberRegistry, Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
-from broker.leader.membership import MembershipChanges
+from broker.leader.membership import MembershipChanges, NodeAnswer, NodeProbe
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication.memory import InMemoryReplicator
 from broker.storage.memory import MemoryStore
@@ -20,7 +20,13 @@ pytestmark = pytest.mark.unit
 ME = Peer("n1", "memory:0", "127.0.0.1:7001")
 
 
-def node(store: MemoryStore) -> tuple[MemberRegistry, PeerDirectory, MembershipChanges, CommandSubmitter]:
+def running(peer: Peer) -> NodeAnswer | None:
+    """Every node asked is running and is who it is said to be."""
+    return NodeAnswer(peer.node_id, peer.raft_address)
+
+
+def node(store: MemoryStore, probe: NodeProbe = running,
+         ) -> tuple[MemberRegistry, PeerDirectory, MembershipChanges, CommandSubmitter]:
     state = BrokerStateMachine(store, Changes())
     registry = MemberRegistry(state)
     replicator = InMemoryReplicator(state)
@@ -28,7 +34,8 @@ def node(store: MemoryStore) -> tuple[MemberRegistry, PeerDirectory, MembershipC
     peers = PeerDirectory([ME])
     peers.attach(registry, replicator.members)
     submitter = CommandSubmitter(replicator, peers, 5.0)
-    return registry, peers, MembershipChanges(registry, replicator, replicator, submitter, peers, 5.0), submitter
+    changes = MembershipChanges(registry, replicator, replicator, submitter, peers, 5.0, probe, answer_wait_s=0.3)
+    return registry, peers, changes, submitter
 
 
 def change(submitter: CommandSubmitter, node_id: str, raft: str = "", grpc: str = "", remove: bool = False) -> None:
@@ -79,3 +86,33 @@ def test_a_refused_change_is_reported_and_unknown_members_are_not_found() -> Non
         changes.remove("n9")
     with pytest.raises(Unavailable, match="cannot remove itself"):
         changes.remove("n1")  # the leader, with nobody to hand over to
+
+
+@pytest.mark.parametrize("answer, match", [
+    (None, r"node 'n4' does not answer at 10.0.0.4:7001 \(waited 0.3 s\): start it first"),
+    (NodeAnswer("n7", "10.0.0.4:7101"), "10.0.0.4:7001 answers as node 'n7', not 'n4'"),
+    (NodeAnswer("n4", "10.0.0.4:7999"), "listens for Raft on 10.0.0.4:7999, not 10.0.0.4:7101"),
+])
+def test_a_node_that_does_not_answer_or_is_another_is_not_added(answer: NodeAnswer | None, match: str) -> None:
+    """A member that is not running would count in the majority all the same; nothing is changed."""
+    asked: list[Peer] = []
+
+    def probe(peer: Peer) -> NodeAnswer | None:
+        asked.append(peer)
+        return answer
+
+    registry, _, changes, _ = node(MemoryStore(), probe)
+    with pytest.raises(FailedPrecondition, match=match):
+        changes.add("n4", "10.0.0.4:7101", "10.0.0.4:7001")
+    assert "n4" not in registry.members()
+    assert asked[0] == Peer("n4", "10.0.0.4:7101", "10.0.0.4:7001")
+    assert len(asked) > 1 if answer is None else len(asked) == 1, "a silent node is asked until the wait ends"
+
+
+def test_a_node_that_answers_after_a_while_is_added() -> None:
+    """A node spawned a moment ago is still starting: the leader asks again until it answers."""
+    answers: list[NodeAnswer | None] = [None, None, NodeAnswer("n4", "10.0.0.4:7101")]
+    registry, _, changes, _ = node(MemoryStore(), lambda peer: answers.pop(0))
+    with pytest.raises(Unavailable, match="add n4 failed"):  # past the check: the in-memory replicator's refusal
+        changes.add("n4", "10.0.0.4:7101", "10.0.0.4:7001")
+    assert not answers and "n4" in registry.members()
