@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker.devcluster import DevCluster
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -76,8 +77,12 @@ def test_grpcurl_lists_creates_publishes_and_reads_by_reflection(cluster: DevClu
     described = _ok(_curl(leader, "describe broker.v1.PublishRequest"))
     assert "repeated .broker.v1.PublishRecord records" in described
 
-    health = _messages(_ok(_curl(leader, "grpc.health.v1.Health/Check", {"service": "broker.v1.Broker"})))
-    assert health == [{"status": "SERVING"}]
+    def serving() -> bool:  # health is re-read every HEALTH_PERIOD_S: it may lag a fresh election
+        answer = _messages(_ok(_curl(leader, "grpc.health.v1.Health/Check", {"service": "broker.v1.Broker"})))
+        assert answer in ([{"status": "SERVING"}], [{"status": "NOT_SERVING"}]), answer
+        return answer == [{"status": "SERVING"}]
+
+    wait_until(serving, 60, f"{leader} to answer SERVING to grpcurl")
 
     created = _messages(_ok(_curl(leader, "broker.v1.Admin/CreateTopic",
                                   {"config": {"name": "curled", "partitions": 2}})))
@@ -108,8 +113,10 @@ def test_grpcurl_sees_status_codes_and_the_leader_trailer(cluster: DevCluster) -
     assert bad.returncode != 0 and "Code: InvalidArgument" in bad.stderr
 
     follower = next(a for a in cluster.addresses if a != leader)
-    redirected = _curl(follower, "broker.v1.Admin/CreateTopic", {"config": {"name": "via-follower"}},
-                       verbose=True)
-    assert redirected.returncode != 0
-    assert "Code: Unavailable" in redirected.stderr
-    assert f"x-leader: {leader}" in redirected.stdout + redirected.stderr
+
+    def redirected() -> bool:  # a follower names the leader once it has heard from it
+        done = _curl(follower, "broker.v1.Admin/CreateTopic", {"config": {"name": "via-follower"}}, verbose=True)
+        assert done.returncode != 0 and "Code: Unavailable" in done.stderr, done.stderr
+        return f"x-leader: {leader}" in done.stdout + done.stderr
+
+    wait_until(redirected, 60, f"{follower} to redirect grpcurl to {leader}")
