@@ -41,6 +41,20 @@ _RECORD_FIELDS = ("value", "key", "partition", "headers", "op", "idempotency_key
 PUBLISH_BATCH_RECORDS_MAX = 100_000  # a copy of broker.limits.Limits.batch_records_max (pinned by a test)
 ID_CHARS_MAX = 256  # idempotency keys and dedup ids: a copy of broker.limits.ID_CHARS_MAX (pinned by a test)
 DEDUP_FOREVER = -1
+# The ranges of the wire's integer fields: a larger value cannot be sent (protobuf raises a bare
+# "Value out of range"), so each is refused here by name (:func:`in_range`).
+UINT32_MAX = 2**32 - 1
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+
+
+def in_range(value: int, what: str, low: int, high: int) -> int:
+    """``value`` when ``low <= value <= high``, else InvalidArgument naming ``what`` and the range
+    (a type's bound is said as such: "between 0 and 2**64 - 1")."""
+    if not low <= value <= high:
+        said = {UINT32_MAX: "2**32 - 1", INT64_MAX: "2**63 - 1", UINT64_MAX: "2**64 - 1", -INT64_MAX - 1: "-2**63"}
+        raise invalid_argument(f"{what} must be between {said.get(low, low)} and {said.get(high, high)}, got {value}")
+    return value
 
 
 def to_bytes(value: bytes | str, what: str) -> bytes:
@@ -79,8 +93,10 @@ def topic_config(
         raise invalid_argument(f"partitions must be an int, got {type(partitions).__name__}")
     if partitions <= 0:
         raise invalid_argument(f"partitions must be at least 1, got {partitions}")
+    in_range(partitions, "partitions", 1, UINT32_MAX)
     if dedup_window_ms is not None and (
         not _is_int(dedup_window_ms) or (dedup_window_ms <= 0 and dedup_window_ms != DEDUP_FOREVER)
+        or dedup_window_ms > INT64_MAX
     ):
         raise invalid_argument(
             f"dedup_window_ms must be a positive int or -1 (forever), got {dedup_window_ms!r}; "
@@ -99,7 +115,7 @@ def topic_config(
         raise invalid_argument(f"unknown retention field(s) {sorted(unknown)}; use {_RETENTION_FIELDS}")
     for key, cap in caps.items():
         if cap is not None:
-            setattr(config.retention, key, int(cap))
+            setattr(config.retention, key, in_range(int(cap), f"retention {key}", -INT64_MAX - 1, INT64_MAX))
     return config
 
 
@@ -172,6 +188,7 @@ def msg_ids(batch: Sequence[OutgoingRecord], dedup_id: str | None, first_msg_id:
             raise invalid_argument("give either first_msg_id or a msg_id on every record, not both")
         if not _is_int(first_msg_id) or first_msg_id < 1:
             raise invalid_argument(f"first_msg_id must be an int >= 1, got {first_msg_id!r}")
+        in_range(first_msg_id + len(batch) - 1, "the batch's last msg_id (first_msg_id + records - 1)", 1, INT64_MAX)
         return [first_msg_id + i for i in range(len(batch))]
     ids: list[int] = []
     for i, msg_id in enumerate(given):
@@ -179,6 +196,7 @@ def msg_ids(batch: Sequence[OutgoingRecord], dedup_id: str | None, first_msg_id:
             raise invalid_argument(f"record {i} has no msg_id: with a dedup_id give first_msg_id or every msg_id")
         if not _is_int(msg_id) or msg_id == 0:
             raise invalid_argument(f"record {i}: msg_id must be a non-zero int, got {msg_id!r}")
+        in_range(msg_id, f"record {i}: msg_id", -INT64_MAX, INT64_MAX)
         if ids and abs(msg_id) != abs(ids[-1]) + 1:
             raise invalid_argument(
                 f"record {i}: msg_id {msg_id} breaks the sequence (|msg_id| must rise by one per record; "
@@ -205,9 +223,7 @@ def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0
     if record.key is not None:
         msg.key = to_bytes(record.key, "key")
     if record.partition is not None:
-        if record.partition < 0:
-            raise invalid_argument(f"partition must be >= 0, got {record.partition}")
-        msg.partition = record.partition
+        msg.partition = in_range(record.partition, "partition", 0, UINT32_MAX)
     for name, text in record.headers.items():
         if not isinstance(name, str) or not isinstance(text, str):
             raise invalid_argument("headers must map str to str")
@@ -341,7 +357,7 @@ def position(start: Start, timestamp_ms: int | None) -> common_pb2.Position:
     if timestamp_ms is not None:
         if start not in ("earliest", None):
             raise invalid_argument("give either start or timestamp_ms, not both")
-        return common_pb2.Position(timestamp_ms=int(timestamp_ms))
+        return common_pb2.Position(timestamp_ms=in_range(int(timestamp_ms), "timestamp_ms", -INT64_MAX - 1, INT64_MAX))
     if start == "earliest":
         return common_pb2.Position(start=common_pb2.START_POSITION_EARLIEST)
     if start == "latest":
@@ -349,7 +365,7 @@ def position(start: Start, timestamp_ms: int | None) -> common_pb2.Position:
     if isinstance(start, bytes):
         return common_pb2.Position(token=start)
     if isinstance(start, int) and not isinstance(start, bool) and start >= 0:
-        return common_pb2.Position(offset=start)
+        return common_pb2.Position(offset=in_range(start, "start (an offset)", 0, UINT64_MAX))
     raise invalid_argument(f"start must be 'earliest', 'latest', an offset >= 0 or a token; got {start!r}")
 
 
@@ -385,10 +401,9 @@ def record(msg: common_pb2.Record) -> Record:
 
 def check_read_options(max_batch: int, partition: int | None) -> None:
     """Raises :class:`InvalidArgument` for a negative ``max_batch`` or ``partition``."""
-    if max_batch < 0:
-        raise invalid_argument(f"max_batch must be >= 0, got {max_batch}")
-    if partition is not None and partition < 0:
-        raise invalid_argument(f"partition must be >= 0, got {partition}")
+    in_range(max_batch, "max_batch", 0, UINT32_MAX)
+    if partition is not None:
+        in_range(partition, "partition", 0, UINT32_MAX)
 
 
 def compact_batch(msg: broker_pb2.CompactBatch) -> Batch:

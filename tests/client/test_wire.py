@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -171,3 +172,27 @@ def test_a_slice_of_a_batch_keeps_its_records_and_the_position_only_at_its_end()
     tail = batch.slice(2, 4)
     assert (tail.first_offset, tail.next_offset, tail.next_position) == (12, 14, b"tok")
     assert batch.slice(0, 4).values == batch.values
+
+
+@pytest.mark.parametrize(("build", "named"), [
+    (lambda: wire.position(2**64, None), "start (an offset) must be between 0 and 2**64 - 1"),
+    (lambda: wire.position("earliest", 2**63), "timestamp_ms must be between -2**63 and 2**63 - 1"),
+    (lambda: wire.publish_record(OutgoingRecord(value=b"v", partition=2**32), ""), "partition must be between 0"),
+    (lambda: wire.topic_config("t", 2**32, None, None, None), "partitions must be between 1 and 2**32 - 1"),
+    (lambda: wire.topic_config("t", 1, {"max_bytes": 2**63}, None, None), "retention max_bytes must be between"),
+    (lambda: wire.topic_config("t", 1, None, None, None, dedup_window_ms=2**63), "dedup_window_ms must be"),
+    (lambda: wire.msg_ids([OutgoingRecord(value=b"a"), OutgoingRecord(value=b"b")], "d", 2**63 - 1),
+     "the batch's last msg_id"),
+    (lambda: wire.check_read_options(2**32, None), "max_batch must be between 0 and 2**32 - 1"),
+])
+def test_a_number_too_large_for_its_wire_field_is_refused_by_name(build: object, named: str) -> None:
+    # protobuf itself raises a bare ValueError("Value out of range") that names no field
+    with pytest.raises(InvalidArgument, match=re.escape(named)):
+        build()  # type: ignore[operator]
+
+
+def test_the_largest_numbers_a_field_holds_are_sent() -> None:
+    assert wire.position(2**64 - 1, None).offset == 2**64 - 1
+    assert wire.position("earliest", 2**63 - 1).timestamp_ms == 2**63 - 1
+    assert wire.publish_record(OutgoingRecord(value=b"v", partition=2**32 - 1), "").partition == 2**32 - 1
+    assert wire.msg_ids([OutgoingRecord(value=b"a")], "d", 2**63 - 1) == [2**63 - 1]

@@ -170,10 +170,11 @@ class AsyncClient:
         if before_offset is not None and (not isinstance(before_offset, int) or isinstance(before_offset, bool)
                                           or before_offset < 0):
             raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
-        request = admin_pb2.PruneRequest(topic=topic, before_offset=before_offset or 0, group=group or "")
+        request = admin_pb2.PruneRequest(topic=topic, group=group or "",
+                                         before_offset=wire.in_range(before_offset or 0, "before_offset", 0,
+                                                                     wire.UINT64_MAX))
         if partition is not None:
-            if partition < 0:
-                raise invalid_argument(f"partition must be >= 0, got {partition}")
+            wire.in_range(partition, "partition", 0, wire.UINT32_MAX)
             request.partition = partition
         response = await self._admin("Prune", request, write=True, what=f"prune {topic}")
         return int(response.records_pruned)
