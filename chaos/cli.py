@@ -47,7 +47,7 @@ def drill_command(
     ctx: typer.Context,
     scenario: Annotated[str, typer.Argument(help="kill-leader, kill-follower, pause-leader, partition-leader, "
                                             "partition-minority, packet-loss, power-loss, corrupt, membership, "
-                                            "rolling-restart, rolling-upgrade, clock-jump, or all")],
+                                            "rolling-restart, rolling-upgrade, clock-jump, mixed, or all")],
     seed: Annotated[int, typer.Option(help="Seed of every random choice (printed; rerun with it to replay)")] = 1,
     duration: Annotated[float, typer.Option("--duration", min=5.0, max=3600.0,
                                             help="Seconds of faults per scenario")] = 30.0,

@@ -47,15 +47,16 @@ def state(ctx: typer.Context) -> CliState:
     return obj or CliState(bootstrap=tuple(DEFAULT_BOOTSTRAP.split(",")))
 
 
-def parse_bootstrap(text: str) -> tuple[str, ...]:
-    """``host:port,host:port`` as a tuple; raises ``typer.BadParameter`` when empty or malformed."""
+def parse_bootstrap(text: str, option: str = "--bootstrap") -> tuple[str, ...]:
+    """``host:port,host:port`` as a tuple; raises ``typer.BadParameter`` naming ``option`` when
+    empty or malformed."""
     addresses = tuple(a.strip() for a in text.split(",") if a.strip())
     if not addresses:
-        raise typer.BadParameter("give at least one host:port", param_hint="--bootstrap")
+        raise typer.BadParameter("give at least one host:port", param_hint=option)
     for address in addresses:
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
-            raise typer.BadParameter(f"{address!r} is not host:port", param_hint="--bootstrap")
+            raise typer.BadParameter(f"{address!r} is not host:port", param_hint=option)
     return addresses
 
 

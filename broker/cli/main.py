@@ -24,6 +24,10 @@ from broker.cli.group import register as register_group
 from broker.cli.health import register as register_health
 from broker.cli.serve import register as register_serve
 
+# A copy of broker.client.routing.TIMEOUT_S_MAX (the CLI imports no SDK until a command runs;
+# tests/cli/test_cli_unit.py pins the two equal).
+TIMEOUT_S_MAX = 86_400.0
+
 app = typer.Typer(
     name="raftbroker",
     help="A durable, Raft-replicated message broker: run nodes, manage topics, publish and consume.",
@@ -55,7 +59,7 @@ def main(
     ] = DEFAULT_BOOTSTRAP,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     timeout_s: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds one attempt of a request may take.")
+        float, typer.Option("--timeout", min=0.1, max=TIMEOUT_S_MAX, help="Seconds one attempt of a request may take.")
     ] = 10.0,
     retry_deadline_s: Annotated[
         float,

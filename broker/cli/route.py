@@ -75,7 +75,7 @@ def create(
     of the retained log, in order per source partition, keeping each record's origin.
     A route that would close a cycle of routes in this cluster is refused."""
     ops = parse_ops(op)
-    cluster = list(parse_bootstrap(to_cluster)) if to_cluster is not None else None
+    cluster = list(parse_bootstrap(to_cluster, "--to-cluster")) if to_cluster is not None else None
     with connect(ctx) as client:
         info = client.create_route(name, source, target, filter=filter_, partition_key=partition_key, ops=ops,
                                    target_cluster=cluster)

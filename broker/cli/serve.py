@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import signal
 import sys
@@ -14,6 +15,15 @@ import typer
 
 from broker.allocator import ENV as ALLOCATOR_ENV
 from broker.allocator import Allocator, AllocatorError, choose
+
+
+class LogLevel(enum.StrEnum):
+    """``serve --log-level``: any other value is refused before the node starts (exit 2)."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
 
 if TYPE_CHECKING:  # the SDK is imported late: `raftbroker --help` stays fast
     from broker.client.security import ClientSecurity
@@ -65,7 +75,8 @@ def serve_command(
         help="Client config (TLS, token) routes use towards secured clusters", rich_help_panel="Security")] = None,
     http: Annotated[str | None, typer.Option("--http", help=(
         "Also serve the HTTP/JSON gateway (/v1, SSE, /openapi.json) on HOST:PORT, in this process"))] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Least severe level logged")]
+    = LogLevel.INFO,
     allocator: Annotated[Allocator, typer.Option(envvar=ALLOCATOR_ENV, help=(
         "Memory allocator: auto (jemalloc when the system has it, else glibc's), jemalloc (refuse to start "
         "without it) or system. The node re-executes itself once, same PID, with jemalloc preloaded"))]
@@ -77,7 +88,7 @@ def serve_command(
     except AllocatorError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.value, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("broker.node").info("%s", allocator_line)
     from broker.config import ConfigError, PeerConfig, load_config  # pydantic: imported when it serves
 

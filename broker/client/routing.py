@@ -59,6 +59,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
 _DISCOVERY_TIMEOUT_S = 2.0
+# One attempt's longest timeout: a day. gRPC keeps a deadline in int64 nanoseconds, and one past
+# ~9.2e9 s overflows into the past (every call then fails at once with DEADLINE_EXCEEDED).
+TIMEOUT_S_MAX = 86_400.0
 _DISCOVERY_INTERVAL_S = 0.5
 
 
@@ -74,9 +77,11 @@ class RetryPolicy:
     no_quorum_grace_s: float = 1.0  # how long "no quorum" from every reachable node must last
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.retry_deadline_s < 0 or not 0 <= self.no_quorum_grace_s <= 60:
-            raise ValueError("timeout_s must be positive, retry_deadline_s not negative and "
-                             "no_quorum_grace_s within [0, 60]")
+        if (not 0 < self.timeout_s <= TIMEOUT_S_MAX or self.retry_deadline_s < 0
+                or not 0 <= self.no_quorum_grace_s <= 60):
+            raise ValueError(f"timeout_s must be within (0, {TIMEOUT_S_MAX:g}], retry_deadline_s not negative and "
+                             f"no_quorum_grace_s within [0, 60]; got {self.timeout_s}, {self.retry_deadline_s} and "
+                             f"{self.no_quorum_grace_s}")
 
 
 class Backoff:

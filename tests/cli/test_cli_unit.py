@@ -124,12 +124,42 @@ def test_unreachable_cluster_is_one_line_on_stderr_and_exit_1() -> None:
         ["publish", "t", "a", "--dedup-id", "d", "--msg-id", "0"],
         ["publish", "t", "a", "--dedup-id", "", "--msg-id", "1"],
         ["dedup", "reset", "t"],
+        ["--timeout", "1e10", "topic", "list"],  # past gRPC's int64-nanosecond deadline: every call failed
     ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_usage_errors_name_the_option_that_was_wrong() -> None:
+    route = runner.invoke(app, ["route", "create", "r", "--from", "a", "--to", "b", "--to-cluster", "garbage"])
+    assert route.exit_code == 2 and "--to-cluster" in route.output and "--bootstrap" not in route.output
+    timeout = runner.invoke(app, ["--timeout", "1e10", "topic", "list"])
+    assert "--timeout" in timeout.output and "86400" in timeout.output
+
+
+def test_serve_refuses_an_unknown_log_level_before_it_starts() -> None:
+    """It was a traceback from logging. In a process of its own: ``serve`` may re-execute itself."""
+    done = subprocess.run([sys.executable, "-m", "broker.cli.launch", "serve", "--log-level", "LOUD"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--log-level" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_cli_and_the_sdk_bound_one_attempt_alike() -> None:
+    from broker.cli.main import TIMEOUT_S_MAX
+    from broker.client.routing import TIMEOUT_S_MAX as SDK_TIMEOUT_S_MAX
+
+    assert TIMEOUT_S_MAX == SDK_TIMEOUT_S_MAX
+
+
+def test_the_drill_help_names_every_scenario() -> None:
+    from chaos.scenarios import ALL, SCENARIOS
+
+    shown = " ".join(runner.invoke(app, ["drill", "--help"], terminal_width=400).output.split())
+    assert all(name in shown for name in [*SCENARIOS, ALL]), shown
 
 
 def test_an_idempotency_key_with_several_stdin_lines_is_a_usage_error() -> None:
@@ -159,6 +189,25 @@ def test_json_and_bootstrap_are_accepted_after_the_command(fake: FakeNode) -> No
     assert json.loads(consumed.stdout)["value"] == "x"
     human = runner.invoke(app, ["consume", "t", "-b", fake.address])
     assert human.stdout == "0:0 x\n", "without --json anywhere the output stays human"
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["topic", "create", "z", "-p", "100000000000"], "partitions must be between 1 and 2**32 - 1"),
+    (["topic", "create", "z", "--max-bytes", "99999999999999999999"], "retention max_bytes must be between"),
+    (["group", "create", "t", "g", "--max-attempts", "99999999999"], "max_attempts must be between 1 and"),
+    (["group", "seek", "t", "g", "--to", "offset:999999999999999999999"], "must be between 0 and 2**64 - 1"),
+    (["group", "replay", "t", "g", "--from", "ts:99999999999999999999"], "timestamp_ms must be between"),
+    (["group", "dlq", "retry", "t", "g", "0:99999999999999999999"], "a dead letter's offset must be between"),
+    (["prune", "t", "--before", "99999999999999999999"], "before_offset must be between 0 and 2**64 - 1"),
+    (["publish", "t", "a", "-p", "99999999999"], "partition must be between 0 and 2**32 - 1"),
+    (["publish", "t", "a", "--dedup-id", "x", "--msg-id", "99999999999999999999"], "last msg_id"),
+    (["consume", "t", "--from", "offset:99999999999999999999"], "must be between 0 and 2**64 - 1"),
+])
+def test_a_number_too_large_for_the_wire_is_refused_by_name(fake: FakeNode, args: list[str], said: str) -> None:
+    """protobuf's own "Value out of range" named nothing and came out as an internal error."""
+    result = runner.invoke(app, [*args, "-b", fake.address])
+    assert result.exit_code == 1, result.output
+    assert said in result.stderr and "internal error" not in result.stderr
 
 
 def test_publish_prints_duplicates_of_an_idempotency_key(fake: FakeNode) -> None:
