@@ -78,3 +78,16 @@ def test_the_dashboards_promql_parses(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_docs_alert_table_lists_every_alert_with_its_for_and_severity() -> None:
+    """docs/metrics.md's alert table against deploy/alerts.yaml: the same alerts, each with its
+    ``for`` (0 when none) and severity (two were missing from the table once)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    table = doc.split("## Alerts", 1)[1].split("\n## ", 1)[0]
+    rows = {cells[0].strip("` "): (cells[-2].strip(), cells[-1].strip())
+            for line in table.splitlines() if line.startswith("| `")
+            for cells in [line.strip("|").split(" | ")]}
+    rules = {rule["alert"]: (str(rule.get("for", "0")), rule["labels"]["severity"])
+             for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"] if "alert" in rule}
+    assert rows == rules

@@ -24,7 +24,9 @@ def _buckets(h: HistogramSnapshot) -> list[tuple[str, float]]:
 
 class RaftCollector(Collector):
     """Role, term, indexes, quorum and the store's size, from the replicator's status (never stale,
-    no background thread)."""
+    no background thread). ``raftbroker_raft_has_quorum`` is 1 only on a leader that reaches a
+    majority: the status's ``has_quorum`` is any role's view of its connections, and a follower
+    connected to a majority would keep the NoQuorum alert's ``max by (job)`` at 1 with no leader."""
 
     def __init__(self, status: Callable[[], ReplicaStatus], store_size: Callable[[], int]) -> None:
         self._status = status
@@ -41,7 +43,7 @@ class RaftCollector(Collector):
         yield GaugeMetricFamily("raftbroker_raft_applied_index", "Raft index applied to the store",
                                 value=st.applied_index)
         yield GaugeMetricFamily("raftbroker_raft_has_quorum", "1 when this node is a leader with a quorum",
-                                value=1.0 if st.has_quorum else 0.0)
+                                value=1.0 if st.role == Role.LEADER and st.has_quorum else 0.0)
         yield GaugeMetricFamily("raftbroker_raft_halted", "1 when Raft stopped for good on this node "
                                 "(it serves nothing until repaired)", value=0.0 if st.halted_reason is None else 1.0)
         yield GaugeMetricFamily("raftbroker_store_size_bytes", "Approximate size of the local store",

@@ -106,8 +106,10 @@ def test_metrics_report_raft_state_and_publishes(cluster: DevCluster) -> None:
     assert m["raftbroker_publish_bytes_total{topic=metered}"] == published.ByteSize()  # the request as sent
     assert m["raftbroker_publish_latency_seconds_count"] >= 1
     assert "raftbroker_subscribers" in m and "raftbroker_store_size_bytes" in m
+    assert m["raftbroker_raft_has_quorum"] == 1
     follower = scrape(cluster.metrics_address((index + 1) % cluster.nodes))
     assert follower["raftbroker_raft_role{role=follower}"] == 1
+    assert follower["raftbroker_raft_has_quorum"] == 0  # a leader's figure: NoQuorum's max by (job) reads it
 
 
 def test_the_byte_counters_count_the_messages_that_carry_records(cluster: DevCluster) -> None:
@@ -166,9 +168,13 @@ def test_the_series_of_a_dropped_topic_are_removed(cluster: DevCluster) -> None:
             s.broker.Publish(broker_pb2.PublishRequest(topic="churn", records=[broker_pb2.PublishRecord(value=b"xy")]))
             req = broker_pb2.SubscribeRequest(topic="churn", stop_at_end=True)
             assert sum(len(i.batch.records) for i in s.broker.Subscribe(req, timeout=30)) == 1
+            if round_ == 0:  # a group outlives the drops; each re-created topic's first access rebases it
+                s.admin.CreateGroup(admin_pb2.CreateGroupRequest(topic="churn", group="churners"))
+            assert s.admin.GroupLag(admin_pb2.GroupLagRequest(topic="churn", group="churners")).partitions[0].lag == 1
             m = scrape(cluster.metrics_address(index))
             assert m["raftbroker_publish_records_total{topic=churn}"] == 1, round_  # counted from zero again
             assert m["raftbroker_deliver_records_total{topic=churn}"] == 1
+            assert m["raftbroker_group_lag_records{group=churners}{partition=0}{topic=churn}"] == 1
             s.admin.DropTopic(admin_pb2.DropTopicRequest(name="churn"))
             m = scrape(cluster.metrics_address(index))
             assert not [k for k in m if "topic=churn" in k], [k for k in m if "topic=churn" in k]

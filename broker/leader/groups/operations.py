@@ -249,11 +249,17 @@ class GroupOperations:
 
     # -- metrics ---------------------------------------------------------------------------------
     def figures(self) -> list[tuple[str, str, LagRow]]:
-        """(topic, group, row) of every partition of every group, as this node knows them."""
+        """(topic, group, row) of every partition of every group of a topic that exists, as this node
+        knows them. A group outlives a dropped topic (docs/design/groups.md) but has no figures then,
+        as ``group lag`` answers NOT_FOUND: its series leave with the topic's, and come back once a
+        re-created topic's first group access has rebased it."""
         runtimes = {(rt.meta.topic, rt.meta.group): rt for rt in self._service.runtimes()}
         now = self._service.clock.now_ms()
         out = []
         for meta in layout.all_metas(self._state.store):
+            topic = self._state.topic(meta.topic)
+            if topic is None or topic.topic_id != meta.topic_id:
+                continue
             rt = runtimes.get((meta.topic, meta.group))
             for row in lag_rows(self._state, meta, now, rt if rt is not None and rt.gid == meta.group_id else None):
                 out.append((meta.topic, meta.group, row))
