@@ -353,6 +353,9 @@ def consume(
     if group is None and (exec_ is not None or nack_delay_ms is not None):
         raise typer.BadParameter("--exec and --nack-delay-ms need --group (they settle leases)",
                                  param_hint="--exec")
+    if group is None and mode is not None:
+        raise typer.BadParameter("--mode needs --group (it is the mode of the group created on first use)",
+                                 param_hint="--mode")
     if group is not None and filter_:
         raise typer.BadParameter("a consumer group cannot filter its deliveries (the broker refuses it: skipped "
                                  "records would have to be settled for the whole group); filter in a handler, "

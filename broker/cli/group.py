@@ -148,9 +148,12 @@ def replay(
     json_: JsonFlag = False, bootstrap_: BootstrapOption = None,
 ) -> None:
     """Deliver everything again from a point in time (a seek to that timestamp)."""
-    start, timestamp_ms = parse_from(from_)
+    bare = from_.strip()
+    # a bare number is ms here, as the help says (for --from of consume one below 10**12 is an offset)
+    timestamp_ms = int(bare) if bare.isdigit() else parse_from(from_)[1]
     if timestamp_ms is None:
-        raise typer.BadParameter("replay takes a timestamp", param_hint="--from")
+        raise typer.BadParameter(f"replay takes a timestamp (ts:MS, ts:ISO-8601 with a zone, or a number of ms); "
+                                 f"got {from_!r}", param_hint="--from")
     with connect(ctx) as client:
         moved = client.groups.replay(topic, group, timestamp_ms)
     _say(ctx, {str(p): o for p, o in moved.items()}, " ".join(f"{p}:{o}" for p, o in sorted(moved.items())))

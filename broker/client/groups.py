@@ -254,8 +254,9 @@ class Groups:
                            wire.record(d.record) if d.HasField("record") else None) for d in response.dead_letters]
 
     def retry_dead_letters(self, topic: str, group: str, messages: Sequence[tuple[int, int]]) -> DeadLettersRetried:
-        """Deliver these dead letters ((partition, offset) pairs) again; names that are not dead
-        letters are ignored. Those whose records were pruned stay dead (``pruned``)."""
+        """Deliver these dead letters ((partition, offset) pairs) again; offsets that are not dead
+        letters are ignored, a partition the topic lacks is refused (InvalidArgument). Those whose
+        records were pruned stay dead (``pruned``)."""
         request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, messages=[
             admin_pb2.PartitionOffset(partition=wire.in_range(p, "a dead letter's partition", 0, wire.UINT32_MAX),
                                       offset=wire.in_range(o, "a dead letter's offset", 0, wire.UINT64_MAX))

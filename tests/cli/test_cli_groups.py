@@ -46,6 +46,8 @@ def test_seek_replay_pause_resume_and_delete(bootstrap: str) -> None:
     assert json.loads(cli(bootstrap, "group", "seek", "cg-ops", "g", "--to", "offset:1", "--json").stdout) == {"0": 1}
     assert [r["value"] for r in lines(cli(bootstrap, "consume", "cg-ops", "--group", "g", "--json"))] == ["b", "c"]
     cli(bootstrap, "group", "replay", "cg-ops", "g", "--from", "ts:0")
+    assert json.loads(cli(bootstrap, "group", "replay", "cg-ops", "g", "--from", "0", "--json").stdout) == {"0": 0}, \
+        "a bare number is ms, as the help says (it was refused as an offset)"
     assert json.loads(cli(bootstrap, "group", "pause", "cg-ops", "--json").stdout)["paused"] == ["g"]
     paused = lines(cli(bootstrap, "consume", "cg-ops", "--group", "g", "--json"))
     assert [e["event"] for e in paused] == ["paused"], "a paused group gets nothing, and says why"
@@ -79,7 +81,9 @@ def test_dead_letter_commands(bootstrap: str, cluster: DevCluster) -> None:
     again = lines(cli(bootstrap, "consume", "cg-dl", "--group", "strict", "--json"))
     assert [r["value"] for r in again] == ["poison"], "retried, and consume acked it"
     assert json.loads(cli(bootstrap, "group", "dlq", "purge", "cg-dl", "strict", "--json").stdout) == {"purged": 0}
-    cli(bootstrap, "group", "dlq", "retry", "cg-dl", "strict", "0:9")
+    cli(bootstrap, "group", "dlq", "retry", "cg-dl", "strict", "0:9")  # no such dead letter: ignored
+    beyond = cli(bootstrap, "group", "dlq", "retry", "cg-dl", "strict", "7:0", expect=1)
+    assert "partition 7 does not exist (topic has 1)" in beyond.stderr
 
 
 def test_consume_json_events_carry_both_positions(bootstrap: str) -> None:

@@ -124,6 +124,8 @@ def test_unreachable_cluster_is_one_line_on_stderr_and_exit_1() -> None:
         ["publish", "t", "a", "--dedup-id", "d", "--msg-id", "0"],
         ["publish", "t", "a", "--dedup-id", "", "--msg-id", "1"],
         ["dedup", "reset", "t"],
+        ["consume", "t", "--mode", "stream"],  # a group's mode, without --group (it was ignored)
+        ["group", "replay", "t", "g", "--from", "offset:5"],
         ["--timeout", "1e10", "topic", "list"],  # past gRPC's int64-nanosecond deadline: every call failed
     ],
 )

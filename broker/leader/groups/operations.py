@@ -228,6 +228,9 @@ class GroupOperations:
         rt = self._service.runtime(topic, group)
         if not everything and not positions:
             raise InvalidArgument("name the dead letters to retry (partition, offset) or ask for all")
+        beyond = sorted({p for p, _ in positions if p >= rt.meta.partitions})
+        if beyond:  # as list and seek answer; an offset that is no dead letter is ignored (the doc says so)
+            raise InvalidArgument(f"partition {beyond[0]} does not exist (topic has {rt.meta.partitions})")
         cmd = K.Command(retry_dead_letters=K.RetryDeadLettersCommand(
             topic=topic, group=group, group_id=rt.gid, now_ms=self._service.clock.now_ms(), all=everything,
             partitions=[p for p, _ in positions], offsets=[o for _, o in positions]))
