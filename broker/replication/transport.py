@@ -10,7 +10,9 @@ unless told otherwise. This module, applied at import by ``raft.py``:
   (the one class pysyncobj's messages and commands carry), so no pickle can run code, with or
   without a password;
 - replaces the frame parser with :func:`_parse_message` (same wire format) that caps frame and
-  decompressed sizes and logs every rejected frame with the peer's address (rate-limited), and the
+  decompressed sizes (to :data:`UNNAMED_FRAME_BYTES_MAX` on a connection that has not named a
+  member yet, so an anonymous zlib bomb costs the Raft thread 64 KiB of inflating, not 256 MiB)
+  and logs every rejected frame with the peer's address (rate-limited), and the
   socket read with :func:`_read`, which receives straight into a :class:`_ReadBuffer` reused for
   every frame of the connection; a large plain frame is unpickled where it lies (:class:`_FrameReader`);
 - replaces ``TcpConnection.send`` with :func:`_send`, which zlib-compresses each message (pysyncobj's
@@ -81,6 +83,11 @@ ALLOWED_GLOBALS = frozenset({
 })
 FRAME_BYTES_MAX = 64 * 1024 * 1024  # one wire frame (pysyncobj chunks entries by appendEntriesBatchSizeBytes)
 MESSAGE_BYTES_MAX = 256 * 1024 * 1024  # one frame once decompressed
+# A connection that has not named a cluster member yet sends only its key exchange (32 bytes) and a
+# member's address: its frames, raw and inflated, are held to this. Without it an anonymous socket
+# could send a zlib bomb that inflates to MESSAGE_BYTES_MAX on the Raft thread (0.7 s for 200 MB
+# here, longer than an election timeout: three of them moved the leadership three times).
+UNNAMED_FRAME_BYTES_MAX = 64 * 1024
 REJECT_LOG_INTERVAL_S = 10.0  # at most one warning per peer host in this interval
 _PASSWORD_KDF_ITERATIONS = 200_000
 _ADDRESS_CHALLENGE_BYTES = 32  # pysyncobj's random key exchanged first on encrypted connections
@@ -413,12 +420,18 @@ def _own_buffer(conn: Any, attribute: str) -> bytearray:
     return buffer
 
 
-def _decompress(data: bytes) -> bytes:
+def _decompress(data: bytes, limit: int = MESSAGE_BYTES_MAX) -> bytes:
     inflater = zlib.decompressobj()
-    out = inflater.decompress(data, MESSAGE_BYTES_MAX)
+    out = inflater.decompress(data, limit)
     if inflater.unconsumed_tail:
-        raise RaftPortViolation(f"frame inflates beyond {MESSAGE_BYTES_MAX} bytes")
+        raise RaftPortViolation(f"frame inflates beyond {limit} bytes")
     return out
+
+
+def _frame_bytes_max(conn: Any) -> int:
+    """The largest frame ``conn`` may send, raw or inflated: :data:`UNNAMED_FRAME_BYTES_MAX` while
+    :class:`GuardedTransport` holds it unnamed (it sets and clears ``unnamed``), else the frame caps."""
+    return UNNAMED_FRAME_BYTES_MAX if getattr(conn, "unnamed", False) else MESSAGE_BYTES_MAX
 
 
 class _ReadBuffer:
@@ -508,8 +521,10 @@ def _parse_message(self: Any) -> Any:
     if len(buffer) < 4:
         return None
     length = _LENGTH.unpack_from(buffer.data, buffer.start)[0]
-    if not 0 <= length <= FRAME_BYTES_MAX:
-        _reject(self, f"frame length {length} outside 0..{FRAME_BYTES_MAX}")
+    limit = _frame_bytes_max(self)
+    if not 0 <= length <= min(FRAME_BYTES_MAX, limit):
+        unnamed = " (a connection that has not named a cluster member)" if limit < FRAME_BYTES_MAX else ""
+        _reject(self, f"frame length {length} outside 0..{min(FRAME_BYTES_MAX, limit)}{unnamed}")
         return None
     if len(buffer) - 4 < length:
         return None
@@ -528,7 +543,7 @@ def _parse_message(self: Any) -> Any:
                 self.recvLastTimestamp = timestamp
                 data = self.encryptor.decrypt(data)
             plain = data[:1] == _PICKLE_PROTO_OPCODE  # sent with compression off (FRAME_BYTES_MAX bounds it)
-            message = restricted_loads(data if plain else _decompress(data))
+            message = restricted_loads(data if plain else _decompress(data, limit))
         if self.recvRandKey:
             rand_key, message = message
             if rand_key != self.recvRandKey:
@@ -587,6 +602,7 @@ class GuardedTransport(StampingTransport):
             self._close_unnamed(next(iter(self._unnamed)), f"more than {self._limits.total_max} connections "
                                                            "have not named a cluster member; closed the oldest")
         self._unnamed[conn] = (pysyncobj_monotonic(), host)
+        conn.unnamed = True  # its frames are held to UNNAMED_FRAME_BYTES_MAX until it names a member
 
     def _onTick(self) -> None:  # noqa: N802
         super()._onTick()
@@ -641,6 +657,8 @@ class GuardedTransport(StampingTransport):
             _reject(conn, f"names {message}, which this node dials itself (a member never dials here)")
             return
         super()._onIncomingMessageReceived(conn, message)
+        if conn not in self._unknownConnections:
+            conn.unnamed = False  # named a member: a member's frames may be as large as entries are
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         if not (isinstance(message, dict) and isinstance(message.get("type"), str)):

@@ -354,6 +354,51 @@ def test_a_refused_frame_still_disconnects_after_good_ones() -> None:
     assert transport._parse_message(receiver) is None and receiver.disconnected
 
 
+def test_a_connection_that_has_not_named_a_member_cannot_make_the_node_inflate_a_bomb(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zlib frame of ~60 KB that inflates to 60 MiB: refused from an unnamed connection before it
+    is inflated past UNNAMED_FRAME_BYTES_MAX (the Raft thread spent 0.7 s per 200 MB inflating such
+    frames from anonymous sockets, longer than an election timeout); a member's frames inflate as
+    large as MESSAGE_BYTES_MAX, the same bomb included."""
+    import zlib
+
+    bomb = zlib.compress(b"\0" * (60 << 20), 9)
+    assert len(bomb) < transport.UNNAMED_FRAME_BYTES_MAX
+    framed = struct.pack("i", len(bomb)) + bomb
+    inflated: list[int] = []
+    decompressobj = zlib.decompressobj
+
+    class _Counting:  # what the parser inflates, in bytes
+        def __init__(self) -> None:
+            self._inner = decompressobj()
+            self.unconsumed_tail = b""
+
+        def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+            out = self._inner.decompress(data, max_length)
+            self.unconsumed_tail = self._inner.unconsumed_tail
+            inflated.append(len(out))
+            return out
+
+    monkeypatch.setattr(transport.zlib, "decompressobj", _Counting)
+    anonymous = _Connection()
+    anonymous.unnamed = True  # type: ignore[attr-defined]  # as GuardedTransport marks an accepted one
+    anonymous._TcpConnection__readBuffer = framed
+    assert transport._parse_message(anonymous) is None and anonymous.disconnected
+    assert inflated == [transport.UNNAMED_FRAME_BYTES_MAX], "refused after inflating 64 KiB, not 60 MiB"
+    large = _Connection()
+    large.unnamed = True  # type: ignore[attr-defined]
+    large._TcpConnection__readBuffer = struct.pack("i", transport.UNNAMED_FRAME_BYTES_MAX + 1) + b"x"
+    assert transport._parse_message(large) is None and large.disconnected, "refused at its length prefix"
+    member = _Connection()
+    member._TcpConnection__readBuffer = framed  # a named member's frame: inflated, then refused by the unpickler
+    assert transport._parse_message(member) is None and member.disconnected
+    assert inflated[-1] == 60 << 20
+    named = _Connection()
+    named.unnamed = True  # type: ignore[attr-defined]
+    named._TcpConnection__readBuffer = _plain_frames("127.0.0.1:1234")
+    assert transport._parse_message(named) == "127.0.0.1:1234", "a member's address passes"
+
+
 def test_a_timeout_that_redials_during_a_send_drops_the_frame_instead_of_sending_it_first() -> None:
     """The read timeout checked before a send may disconnect, and pysyncobj's disconnect callback may
     at once dial the peer again on the same connection object (state CONNECTING, a new socket). The
