@@ -6,6 +6,8 @@ errors back (errors: :mod:`broker.http.problems`). The SDK finds the leader and 
 gateway on a follower forwards writes to the leader itself (no 307: a client keeps one base URL,
 a POST body is never replayed by a redirect-following client, and an SSE stream survives a
 failover behind the gateway). ``Authorization: Bearer`` is passed to every gRPC call as metadata.
+What HTTP alone needs is the gateway's own: a request body is capped before it is read whole
+(:mod:`broker.http.body_limit`, 413).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from broker.client.errors import BrokerError, TopicExists
 from broker.client.models import OutgoingRecord
 from broker.http import codec, problems, reading
 from broker.http.bodies import INT32_MAX, PruneBody, PublishBody, TopicBody
+from broker.http.body_limit import BODY_BYTES_MAX, BodyLimit
 from broker.http.groups import router as groups_router
 
 READ_LIMIT_MAX = 1000
@@ -59,8 +62,10 @@ class BearerPassThrough:
             call_metadata.reset(token)
 
 
-def create_app(bootstrap: Sequence[str], **client_options: Any) -> FastAPI:
-    """The gateway for the cluster reached through ``bootstrap`` (gRPC addresses, this node's first)."""
+def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX, **client_options: Any
+               ) -> FastAPI:
+    """The gateway for the cluster reached through ``bootstrap`` (gRPC addresses, this node's first);
+    a request body over ``body_bytes_max`` is answered 413 unread (``client_options``: the SDK's)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,6 +76,7 @@ def create_app(bootstrap: Sequence[str], **client_options: Any) -> FastAPI:
     app = FastAPI(title="raftbroker", version="1", lifespan=lifespan,
                   description="HTTP/JSON gateway of raftbroker: the gRPC API's rules, translated.")
     app.add_middleware(BearerPassThrough)
+    app.add_middleware(BodyLimit, bytes_max=body_bytes_max)  # outermost: an oversized body goes no further
     app.include_router(groups_router)
 
     @app.exception_handler(BrokerError)

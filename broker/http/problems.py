@@ -7,6 +7,10 @@ permission the token's principal lacks, 404 unknown topic/group/route,
 409 exists or duplicate, 412 the state forbids it, 413 too large, 429 back-pressure or a full
 topic, 501 not provided, 503 no leader/quorum, 504 deadline; anything else is 502 (the cluster
 answered something the gateway does not know), never a bare 500.
+
+A gRPC message over a size limit is RESOURCE_EXHAUSTED with gRPC's transport text; that is not
+back-pressure (a client told 429 retries the same request forever), so a request's is a 413 and an
+answer's a 502, each in our words with the limit in bytes (:func:`from_error`).
 """
 
 from __future__ import annotations
@@ -33,9 +37,26 @@ _STATUS: tuple[tuple[type[errors.BrokerError], int], ...] = (
 )
 # A size limit: the typed reason once the services send one, until then the services' wording.
 _TOO_LARGE = re.compile(r"TOO_LARGE|bytes,? (is )?over the limit|too large", re.IGNORECASE)
+# gRPC's own refusal of a message over a size limit (no ErrorInfo): "SERVER: Received message larger
+# than max (10800142 vs. 9437184)" when the node refuses the gateway's request, "CLIENT: Sent ..." when
+# the gateway's channel does, "CLIENT: Received ..." when the node's answer is over the channel's.
+_GRPC_MESSAGE_SIZE = re.compile(r"(?:(CLIENT|SERVER): )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
+TOO_LARGE_REASON = "REQUEST_TOO_LARGE"
+
+
+def _message_size(err: errors.BrokerError) -> tuple[bool, int, int] | None:
+    """(the request's, its size, the limit) for a gRPC message-size error, else None."""
+    found = _GRPC_MESSAGE_SIZE.search(err.message) if isinstance(err, errors.ResourceExhausted) else None
+    if found is None:
+        return None
+    side, direction, size, limit = found.groups()
+    return not (side == "CLIENT" and direction == "Received"), int(size), int(limit)
 
 
 def status_of(err: errors.BrokerError) -> int:
+    size = _message_size(err)
+    if size is not None:
+        return 413 if size[0] else 502
     for cls, status in _STATUS:
         if isinstance(err, cls):
             if status in (400, 429) and _TOO_LARGE.search(f"{getattr(err, 'reason', '') or ''} {err.message}"):
@@ -50,11 +71,29 @@ def problem(status: int, title: str, detail: str, reason: str, **extra: Any) -> 
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
 
 
+def too_large(detail: str, limit_bytes: int, **extra: Any) -> JSONResponse:
+    """The 413 of a request over a size limit: ``detail`` says which limit and what to do, and
+    ``limit_bytes`` gives the limit as a number."""
+    assert limit_bytes > 0, limit_bytes
+    return problem(413, "Request too large", detail, TOO_LARGE_REASON, limit_bytes=limit_bytes, **extra)
+
+
 def from_error(err: errors.BrokerError) -> JSONResponse:
     """The problem document for an SDK error: ``reason`` is the typed gRPC reason when the server sent
-    one (``err.reason``), else the gRPC status name; ``grpc_code`` is always the status name."""
+    one (``err.reason``), else the gRPC status name; ``grpc_code`` is always the status name. A gRPC
+    message-size error is told in our words, never in gRPC's transport text (see the module)."""
     reason = getattr(err, "reason", None) or err.code
     extra: dict[str, Any] = {"grpc_code": err.code}
     if err.after_unknown_outcome:
         extra["after_unknown_outcome"] = True
+    size = _message_size(err)
+    if size is not None:
+        request, size_bytes, limit_bytes = size
+        if request:
+            return too_large(f"the request is {size_bytes} bytes as one gRPC message, over the cluster's limit of "
+                             f"{limit_bytes} bytes per message: split the batch into smaller ones", limit_bytes,
+                             **extra)
+        return problem(502, "Answer too large", f"the cluster's answer is {size_bytes} bytes, over the gateway's "
+                       f"limit of {limit_bytes} bytes per gRPC message: ask for less at a time", "ANSWER_TOO_LARGE",
+                       limit_bytes=limit_bytes, **extra)
     return problem(status_of(err), err.code.replace("_", " ").capitalize(), err.message, reason, **extra)

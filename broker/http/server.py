@@ -16,6 +16,7 @@ import uvicorn
 
 from broker.client.security import ClientSecurity
 from broker.http.app import create_app
+from broker.http.body_limit import BODY_BYTES_MAX
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,13 @@ class Gateway:
         return not self.thread.is_alive()
 
 
-def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecurity | None = None
-                    ) -> Gateway:
+def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecurity | None = None,
+                    body_bytes_max: int = BODY_BYTES_MAX) -> Gateway:
     """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread.
-    ``security``: TLS towards TLS nodes (``broker.security.node.gateway_security``); None: plaintext."""
+    ``security``: TLS towards TLS nodes (``broker.security.node.gateway_security``); None: plaintext.
+    ``body_bytes_max``: the request body cap (``broker.http.body_limit.body_bytes_max``)."""
     host, port = parse_address(address)
-    app = create_app(bootstrap, security=security)
+    app = create_app(bootstrap, security=security, body_bytes_max=body_bytes_max)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)

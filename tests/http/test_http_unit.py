@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+from pathlib import Path
+
 import grpc
 import grpc.aio
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from broker.client import errors
 from broker.client.routing import Outcome, classify
 from broker.http import codec, problems
+from broker.http.bodies import PUBLISH_RECORDS_MAX
+from broker.http.body_limit import BODY_BYTES_MAX, BodyLimit, body_bytes_max
+from broker.limits import ID_CHARS_MAX, Limits
 
 pytestmark = [pytest.mark.unit]
 
@@ -58,6 +67,14 @@ def test_values_are_stored_and_shown_as_documented() -> None:
     (errors.DuplicateMessageError("ALREADY_EXISTS", "dup"), 409),
     (errors.FailedPrecondition("FAILED_PRECONDITION", "protected"), 412),
     (errors.ResourceExhausted("RESOURCE_EXHAUSTED", "full"), 429),
+    (errors.ResourceExhausted("RESOURCE_EXHAUSTED", "topic 't' partition 0 is full: 2 records + 1 would pass "
+                              "max_records=2 (full_policy=reject)"), 429),
+    (errors.ResourceExhausted("RESOURCE_EXHAUSTED", "SERVER: Received message larger than max (10800142 vs. 9437184)"),
+     413),
+    (errors.ResourceExhausted("RESOURCE_EXHAUSTED", "CLIENT: Sent message larger than max (150000056 vs. 67108864)"),
+     413),
+    (errors.ResourceExhausted("RESOURCE_EXHAUSTED", "CLIENT: Received message larger than max (70000000 vs. 67108864)"),
+     502),
     (errors.Unavailable("UNAVAILABLE", "no leader"), 503),
     (errors.DeadlineExceeded("DEADLINE_EXCEEDED", "slow"), 504),
     (errors.BrokerError("INTERNAL", "?"), 502),
@@ -65,3 +82,87 @@ def test_values_are_stored_and_shown_as_documented() -> None:
 def test_problem_statuses(error: errors.BrokerError, status: int) -> None:
     response = problems.from_error(error)
     assert response.status_code == status and response.media_type == problems.PROBLEM_JSON
+    assert problems.status_of(error) == status
+
+
+@pytest.mark.parametrize(("text", "size", "limit"), [
+    ("SERVER: Received message larger than max (10800142 vs. 9437184)", 10800142, 9437184),
+    ("CLIENT: Sent message larger than max (150000056 vs. 67108864)", 150000056, 67108864),
+])
+def test_a_grpc_message_size_error_is_a_413_in_our_words(text: str, size: int, limit: int) -> None:
+    """Not 429 (a client retries that forever) and not gRPC's transport text."""
+    body = json.loads(bytes(problems.from_error(errors.ResourceExhausted("RESOURCE_EXHAUSTED", text)).body))
+    assert body["status"] == 413 and body["reason"] == "REQUEST_TOO_LARGE" and body["limit_bytes"] == limit
+    assert body["grpc_code"] == "RESOURCE_EXHAUSTED"
+    assert body["detail"] == (f"the request is {size} bytes as one gRPC message, over the cluster's limit of {limit} "
+                              "bytes per message: split the batch into smaller ones")
+
+
+def test_the_body_cap_fits_the_json_of_every_batch_grpc_accepts() -> None:
+    """The cap (15 MiB) is the node's largest gRPC message (8 MiB batch + 1 MiB) as base64, plus the
+    JSON framing of the most records one HTTP publish carries; both extreme shapes fit."""
+    limits = Limits()
+    message_bytes_max = limits.batch_bytes_max + (1 << 20)
+    assert BODY_BYTES_MAX == body_bytes_max(limits.batch_bytes_max) == 15 << 20
+    assert message_bytes_max * 4 // 3 + PUBLISH_RECORDS_MAX * 85 <= BODY_BYTES_MAX
+    few = limits.batch_bytes_max // limits.record_bytes_max  # the batch in records of the largest size
+    big = [{"value_b64": base64.b64encode(b"v" * limits.record_bytes_max).decode(), "key": "k" * ID_CHARS_MAX,
+            "partition": 2**31 - 1, "headers": {"h": "v"}, "idempotency_key": "i" * ID_CHARS_MAX}] * few
+    value_bytes = limits.batch_bytes_max // PUBLISH_RECORDS_MAX  # the batch in the most records HTTP takes
+    many = [{"value_b64": base64.b64encode(b"v" * value_bytes).decode(), "key": "k" * 16, "partition": 2**31 - 1,
+             "headers": {"h": "v"}, "idempotency_key": "i" * 36}] * PUBLISH_RECORDS_MAX
+    for records in (big, many):
+        assert len(json.dumps({"records": records}, indent=2)) <= BODY_BYTES_MAX
+
+
+def run_body_limit(chunks: list[bytes], headers: list[tuple[bytes, bytes]], bytes_max: int
+                   ) -> tuple[list[Message], int, bytes | None]:
+    """Drive :class:`BodyLimit` over ``chunks``: what it sent, how many chunks it pulled, and the body
+    the app got (None: the app was not called)."""
+    pulled = 0
+    got: list[bytes] = []
+
+    async def receive() -> Message:
+        nonlocal pulled
+        pulled += 1
+        if pulled > len(chunks):
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": chunks[pulled - 1], "more_body": pulled < len(chunks)}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        got.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+    asyncio.run(BodyLimit(app, bytes_max=bytes_max)(scope, receive, send))
+    return sent, pulled, got[0] if got else None
+
+
+def test_the_body_limit_stops_reading_at_the_cap_and_answers_413() -> None:
+    chunks = [b"x" * 4] * 100
+    sent, pulled, body = run_body_limit(chunks, [], bytes_max=10)
+    assert pulled == 3 and body is None, "read up to the chunk that passes the cap, no further; the app not called"
+    assert sent[0]["status"] == 413 and (b"content-type", b"application/problem+json") in sent[0]["headers"]
+    answer = json.loads(sent[1]["body"])
+    assert answer["limit_bytes"] == 10 and "limit of 10 bytes" in answer["detail"] and "split" in answer["detail"]
+    sent, pulled, body = run_body_limit(chunks, [(b"content-length", b"400")], bytes_max=10)
+    assert pulled == 0 and body is None and sent[0]["status"] == 413, "a declared length over the cap: none read"
+    assert "(400 bytes)" in json.loads(sent[1]["body"])["detail"]
+
+
+def test_the_body_limit_hands_a_body_within_the_cap_to_the_app_whole() -> None:
+    sent, pulled, body = run_body_limit([b"ab", b"cd", b"ef"], [(b"content-length", b"6")], bytes_max=6)
+    assert body == b"abcdef" and pulled == 3 and sent[0]["status"] == 200
+    sent, _, body = run_body_limit([b""], [], bytes_max=6)
+    assert body == b"" and sent[0]["status"] == 200, "no body (a GET): the app runs as before"
+
+
+def test_the_docs_state_the_body_cap() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "http.md").read_text()
+    assert f"{BODY_BYTES_MAX:,} bytes" in docs and "413" in docs
