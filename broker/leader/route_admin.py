@@ -32,6 +32,12 @@ def _check_address(address: str) -> str:
     return address
 
 
+def _check_route_name(name: str) -> None:
+    if not NAME_RE.fullmatch(name):
+        raise InvalidArgument(f"invalid route name {shown(name)}: use 1-249 characters of "
+                              "A-Z a-z 0-9 . _ - starting with a letter or digit")
+
+
 def _stored_topic(state: BrokerStateMachine, name: str, role: str) -> internal_pb2.TopicMeta:
     validate_name(name)
     meta = state.topic(name)
@@ -68,9 +74,7 @@ class RouteAdmin:
 
     def normalized(self, config: internal_pb2.RouteConfig) -> internal_pb2.RouteConfig:
         """A validated copy of ``config``; raises the error a caller should see."""
-        if not NAME_RE.fullmatch(config.name):
-            raise InvalidArgument(f"invalid route name {shown(config.name)}: use 1-249 characters of "
-                                  "A-Z a-z 0-9 . _ - starting with a letter or digit")
+        _check_route_name(config.name)
         out = internal_pb2.RouteConfig()
         out.CopyFrom(config)
         _stored_topic(self._state, config.source, "source")
@@ -115,6 +119,7 @@ class RouteAdmin:
         return self.info(result)
 
     def delete(self, name: str) -> None:
+        _check_route_name(name)
         self._submitter.ensure_leader()
         meta = self._table.get(name)
         if meta is None:

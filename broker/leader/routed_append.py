@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from broker.clock import Clock
 from broker.core.applied import Appended, Rejected
@@ -87,6 +88,12 @@ class TrustedAppender:
             body = internal_pb2.RecordBody.FromString(copy.body)
         except DecodeError:
             raise InvalidArgument(f"record {i}: body is not a stored record") from None
+        unknown = UnknownFieldSet(body)
+        if unknown:
+            # stored bodies are merged into delivered Records by their bytes: a field RecordBody lacks
+            # (a Record's topic, offset, position, delivery attempt...) would reach every reader forged
+            numbers = sorted({field.field_number for field in unknown})
+            raise InvalidArgument(f"record {i}: body has fields a stored record does not (numbers {numbers})")
         if body.op not in internal_pb2.Op.values():
             raise InvalidArgument(f"record {i}: unknown op {body.op}")
         if not body.origin:

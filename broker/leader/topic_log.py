@@ -19,6 +19,7 @@ from broker.clock import Clock
 from broker.core import dedup, records
 from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.groups.config import validate_group_name
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import normalized_config, validate_name
 from broker.leader import partitioning, publish_ids, schemas
@@ -307,6 +308,8 @@ class TopicLog:
         """Delete every record before ``before_offset`` (in one partition, or in each); returns how
         many. With ``group`` (marked lead): up to its committed positions, and no further than
         ``before_offset`` unless that is 0. Groups marked protect may refuse it (FAILED_PRECONDITION)."""
+        if group:
+            validate_group_name(group)
         meta = self._leader_meta(topic)
         count = meta.config.partitions
         if partition is not None and partition >= count:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from broker.core import records
 from broker.core.errors import InvalidArgument
 from broker.core.topics import NAME_RE
 from broker.v1 import internal_pb2
@@ -39,6 +40,19 @@ def validate_group_name(group: str) -> None:
     if not GROUP_NAME_RE.fullmatch(group):
         raise InvalidArgument(f"invalid group name {group!r}: use 1-100 characters of A-Z a-z 0-9 _ - "
                               "starting with a letter or digit")
+
+
+MEMBER_ID_CHARS_MAX = 128
+
+
+def validate_member_id(member_id: str) -> None:
+    """A stream-mode member's id (empty where the leader makes one up): at most
+    :data:`MEMBER_ID_CHARS_MAX` printable characters. It is echoed in DescribeGroup and logs, so an
+    unbounded one could make every DescribeGroup answer too large to send."""
+    if len(member_id) > MEMBER_ID_CHARS_MAX or not member_id.isprintable():
+        shown = member_id[:40] + ("..." if len(member_id) > 40 else "")
+        raise InvalidArgument(f"invalid member_id {shown!r} ({len(member_id)} characters): use at most "
+                              f"{MEMBER_ID_CHARS_MAX} printable characters")
 
 
 def dlq_topic_name(topic: str, group: str) -> str:
@@ -91,6 +105,11 @@ def normalized_group_config(config: internal_pb2.GroupConfig) -> internal_pb2.Gr
         raise InvalidArgument("ordered applies to queue mode (stream mode is ordered per partition already)")
     if not out.HasField("start_from"):
         out.start_from.start = internal_pb2.START_POSITION_EARLIEST
+    kind = out.start_from.WhichOneof("kind")
+    if kind == "start" and out.start_from.start not in internal_pb2.StartPosition.values():
+        raise InvalidArgument(f"unknown start position {out.start_from.start} in start_from")  # as Subscribe says
+    if kind == "token":
+        records.PositionToken.decode(out.start_from.token)  # raises InvalidArgument for a malformed one
     return out
 
 

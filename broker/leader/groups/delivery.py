@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from broker.core.errors import InvalidArgument
-from broker.core.groups.config import validate_group_name
+from broker.core.groups.config import validate_group_name, validate_member_id
 from broker.core.topics import validate_name
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.groups.service import GroupService
@@ -56,7 +56,6 @@ def chunks(rows: list[internal_pb2.Record], count_max: int, bytes_max: int) -> I
 DEFAULT_IN_FLIGHT = 100
 MAX_IN_FLIGHT = 10_000
 WAKE_S = 0.5  # how often an idle stream re-checks its caller and this node's leadership
-MEMBER_ID_CHARS_MAX = 128
 GROUP_FILTER_REFUSED = (
     "a group subscription cannot take a filter: records it skipped would have to be settled for the whole "
     "group, which the broker does not do yet (docs/design/groups.md); filter in the consumer and ack what it "
@@ -90,8 +89,7 @@ class GroupDelivery:
             raise InvalidArgument(GROUP_FILTER_REFUSED)
         if request.max_in_flight > MAX_IN_FLIGHT or request.max_batch > MAX_BATCH:
             raise InvalidArgument(f"max_in_flight must be at most {MAX_IN_FLIGHT} and max_batch at most {MAX_BATCH}")
-        if len(request.member_id) > MEMBER_ID_CHARS_MAX:
-            raise InvalidArgument(f"member_id is longer than {MEMBER_ID_CHARS_MAX} characters")
+        validate_member_id(request.member_id)
         rt = self._service.ensure(request.topic, request.group, request.group_config)
         member = request.member_id
         if rt.members is not None:

@@ -19,9 +19,11 @@ from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.formats import PRUNED_DEAD_FORMAT
 from broker.core.groups import layout
 from broker.core.groups.apply import DeadRetried
+from broker.core.groups.config import validate_group_name
 from broker.core.state_machine import BrokerStateMachine
+from broker.core.topics import validate_name
 from broker.leader.groups.runtime import GroupRuntime
-from broker.leader.groups.service import GroupService, raise_rejected
+from broker.leader.groups.service import POSITIONS_MAX, GroupService, raise_rejected
 from broker.v1 import internal_pb2
 
 K = internal_pb2
@@ -116,6 +118,8 @@ class GroupOperations:
 
     def delete(self, topic: str, group: str) -> None:
         """Delete the group's state (its dead-letter topic stays: drop it like any topic)."""
+        validate_name(topic)
+        validate_group_name(group)
         self._service.ready()
         meta = layout.get_meta(self._state.store, topic, group)
         gid = meta.group_id if meta is not None else 0
@@ -158,6 +162,9 @@ class GroupOperations:
 
     def pause(self, topic: str, group: str, paused: bool) -> list[str]:
         """Pause (or resume) one group, or every group of ``topic`` when ``group`` is empty."""
+        validate_name(topic)
+        if group:
+            validate_group_name(group)
         self._service.ready()
         if self._state.topic(topic) is None and not layout.topic_metas(self._state.store, topic):
             raise TopicNotFound(topic)
@@ -168,6 +175,8 @@ class GroupOperations:
 
     def mark(self, topic: str, group: str, role: int) -> GroupView:
         """Set the group's prune role (lead, protect or none; SPEC §2.2)."""
+        validate_name(topic)
+        validate_group_name(group)
         self._service.ready()
         if role not in internal_pb2.PruneRole.values():
             raise InvalidArgument(f"unknown prune role {role}")
@@ -228,6 +237,10 @@ class GroupOperations:
         rt = self._service.runtime(topic, group)
         if not everything and not positions:
             raise InvalidArgument("name the dead letters to retry (partition, offset) or ask for all")
+        if everything and positions:
+            raise InvalidArgument("give either all or the dead letters to retry, not both")
+        if len(positions) > POSITIONS_MAX:
+            raise InvalidArgument(f"at most {POSITIONS_MAX} dead letters per call, got {len(positions)}")
         beyond = sorted({p for p, _ in positions if p >= rt.meta.partitions})
         if beyond:  # as list and seek answer; an offset that is no dead letter is ignored (the doc says so)
             raise InvalidArgument(f"partition {beyond[0]} does not exist (topic has {rt.meta.partitions})")

@@ -21,6 +21,7 @@ from broker.core import record_log, records
 from broker.core.applied import Rejected
 from broker.core.errors import (
     BrokerError,
+    FailedPrecondition,
     GroupExists,
     GroupNotFound,
     InvalidArgument,
@@ -36,6 +37,7 @@ from broker.core.groups.config import (
     normalized_group_config,
     validate_delay_ms,
     validate_group_name,
+    validate_member_id,
 )
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
@@ -179,8 +181,15 @@ class GroupService:
         """Create a group; its partitions start where ``config.start_from`` resolves now."""
         validate_name(topic)
         validate_group_name(group)
-        dlq_topic_name(topic, group)  # a derived name that would be invalid fails here, not at apply
+        dlq = dlq_topic_name(topic, group)  # a derived name that would be invalid fails here, not at apply
         normalized = normalized_group_config(config)
+        existing_dlq = self.state.topic(dlq)
+        if existing_dlq is not None and existing_dlq.config.full_policy == internal_pb2.FULL_POLICY_REJECT:
+            # a topic of that name is the group's dead-letter topic (pre-created ones too: their retention
+            # applies); but dead letters cannot be refused, so a full one would silently pass its limits
+            raise FailedPrecondition(f"topic {dlq!r} would be this group's dead-letter topic, and its full "
+                                     "policy is reject: dead letters cannot be refused. Alter it to discard_old "
+                                     "or drop it, or name the group otherwise")
         self._check_term()
         meta = self.state.topic(topic)
         if meta is None:
@@ -370,6 +379,10 @@ class GroupService:
         rt = self.runtime(topic, group)
         if partition >= rt.meta.partitions:
             raise InvalidArgument(f"partition {partition} does not exist (group has {rt.meta.partitions})")
+        end = self.state.partition(rt.meta.topic_id, partition).end_offset
+        if offset > end:  # it was settled as if it were the end: a typo would have skipped what comes next
+            raise InvalidArgument(f"offset {offset} is past the end of partition {partition} ({end}): commit at "
+                                  "most the offset after the last record read")
         self.settle(rt, [], [(partition, offset)])
 
     def join(self, topic: str, group: str, member_id: str,
@@ -379,6 +392,7 @@ class GroupService:
         refused join creates nothing)."""
         validate_name(topic)
         validate_group_name(group)
+        validate_member_id(member_id)
         if layout.get_meta(self.state.store, topic, group) is None and not is_stream(normalized_group_config(config)):
             raise InvalidArgument(f"group {group!r} does not exist and the join's config is queue mode: "
                                   "members of queue-mode groups need not join")
@@ -396,6 +410,7 @@ class GroupService:
         """Keep a member alive (re-joining it after a failover); returns its partitions now."""
         if not member_id:
             raise InvalidArgument("member_id is required")
+        validate_member_id(member_id)
         rt = self.runtime(topic, group)
         if rt.members is None:
             return []
@@ -410,6 +425,7 @@ class GroupService:
         its streams get nothing more and, in stream mode, its partitions move now."""
         if not member_id:
             raise InvalidArgument("member_id is required")
+        validate_member_id(member_id)
         rt = self.runtime(topic, group)
         with rt.lock:
             if rt.members is not None:
