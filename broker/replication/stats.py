@@ -9,10 +9,13 @@ here: ``broker.services.metrics`` turns these into metric families.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 # upper bounds, seconds (an implicit +Inf bucket follows)
 FSYNC_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -144,8 +147,8 @@ class RaftCounters:
 
 
 class LeadershipTracker:
-    """Fed by the replication thread at every tick: counts leader changes (every new leader this node
-    learns of, the first one included) and, while this node leads, refreshes ``counters.followers``
+    """Fed by the replication thread at every tick: counts and logs leader changes (every new leader
+    this node learns of, the first one included) and, while this node leads, refreshes ``counters.followers``
     every :data:`LAG_PERIOD_S` from the followers' match indexes."""
 
     def __init__(self, counters: RaftCounters) -> None:
@@ -159,8 +162,11 @@ class LeadershipTracker:
         """``last_index``: this node's last log index; ``matches``: follower address -> match index
         (read only when ``leading``); ``now_s``: a monotonic clock."""
         if leader is not None and leader != self._leader_seen:
+            was = self._leader_seen
             self._leader_seen = leader
             self._counters.leader_changes += 1
+            # every change an operator may need to line up with a pause (the first one too)
+            log.info("leader: %s%s (before: %s)", leader, ", this node" if leading else "", was or "none seen")
         if not leading:
             if self._counters.followers:
                 self._counters.followers = ()

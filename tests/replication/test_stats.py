@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from broker.replication.stats import LAG_PERIOD_S, AppendClock, LatencyTally, LeadershipTracker, RaftCounters
@@ -33,13 +35,17 @@ def test_append_clock_dates_the_oldest_entry_a_follower_lacks() -> None:
     assert clock.age_s(4, now_s=112.0) == 1.0
 
 
-def test_leadership_tracker_counts_new_leaders_and_reports_lag_only_while_leading() -> None:
+def test_leadership_tracker_counts_new_leaders_and_reports_lag_only_while_leading(
+        caplog: pytest.LogCaptureFixture) -> None:
     counters = RaftCounters()
     tracker = LeadershipTracker(counters)
-    tracker.observe(None, False, 1, {}, now_s=0.0)
-    tracker.observe("a:1", False, 1, {}, now_s=1.0)
-    tracker.observe("a:1", False, 2, {}, now_s=2.0)
-    tracker.observe("b:1", True, 5, {"a:1": 2, "c:1": 5}, now_s=3.0)
+    with caplog.at_level(logging.INFO, logger="broker.replication.stats"):
+        tracker.observe(None, False, 1, {}, now_s=0.0)
+        tracker.observe("a:1", False, 1, {}, now_s=1.0)
+        tracker.observe("a:1", False, 2, {}, now_s=2.0)
+        tracker.observe("b:1", True, 5, {"a:1": 2, "c:1": 5}, now_s=3.0)
+    assert [r.getMessage() for r in caplog.records] == ["leader: a:1 (before: none seen)",
+                                                         "leader: b:1, this node (before: a:1)"]
     st = counters.snapshot()
     assert st.leader_changes == 2
     lag = {f.raft_address: (f.entries, f.seconds) for f in st.followers}
