@@ -110,6 +110,7 @@ def serve_command(
     from broker.core.formats import DataFormatTooNew
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.replication import ReplicaDataDamaged
+    from broker.services.binding import BindFailed
     from broker.storage import StoreCorruption
 
     gateway = None
@@ -126,6 +127,10 @@ def serve_command(
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None
+    except BindFailed as exc:  # a port in use, an address not on this host: exit 2, as for a bad setting
+        # (the fix is a free address or stopping what holds it; the data is fine, unlike exit 3)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     finally:
         if gateway is not None and not gateway.stop():
             logging.getLogger("broker.http").warning("the HTTP gateway did not stop within 10 s")

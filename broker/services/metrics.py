@@ -3,14 +3,17 @@
 Every family is listed and explained in ``docs/metrics.md``. Label values come from bounded sets
 only: topic names of existing topics (series of a dropped topic are removed), status codes, Raft
 roles and member addresses, the methods the gRPC server serves.
+
+They are served by :class:`~broker.services.metrics_server.MetricsHttpServer` (its docstring says how
+the port bounds what a caller can make the node hold), not by prometheus_client's
+``start_http_server``, which gave every open connection a thread of its own for as long as it stayed
+open.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,12 +24,13 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
 )
 
 from broker.replication import ReplicaStatus
 from broker.replication.stats import RaftStats
+from broker.services.binding import METRICS, BindFailed, describe
 from broker.services.grpc_metrics import GrpcServerMetrics
+from broker.services.metrics_server import DEFAULT_LIMITS, MetricsHttpLimits, MetricsHttpServer
 from broker.services.raft_metrics import DiskCollector, RaftCollector, RaftStatsCollector
 
 # No `x_created` series beside every counter and histogram: Prometheus 2.x ingests them as separate
@@ -62,7 +66,7 @@ class NodeMetrics:
                                      ["topic"], registry=self.registry)
         self.subscribers = Gauge("raftbroker_subscribers", "Open subscription streams", registry=self.registry)
         self._published: dict[str, tuple[Counter, Counter]] = {}  # topic -> its series of publish_records, _bytes
-        self._http: tuple[WSGIServer, threading.Thread] | None = None
+        self._http: MetricsHttpServer | None = None
 
     def published(self, topic: str, records: int, request_bytes: int) -> None:
         """Count an acknowledged publish of ``records`` records in a request of ``request_bytes``:
@@ -95,16 +99,22 @@ class NodeMetrics:
         if data_dir is not None:
             self.registry.register(DiskCollector(data_dir))
 
-    def serve(self, host: str, port: int) -> None:
-        self._http = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int, limits: MetricsHttpLimits = DEFAULT_LIMITS) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: a port the kernel picks); return the port bound.
+        Raises :class:`~broker.services.binding.BindFailed` when the address cannot be bound."""
+        assert self._http is None, "serve() may be called once"
+        try:
+            server = MetricsHttpServer(host, port, self.registry, limits)
+        except OSError as exc:
+            raise BindFailed(METRICS, f"{host}:{port}", describe(exc)) from exc
+        server.start()
+        self._http = server
+        return server.port
 
     def close(self) -> None:
-        """Stop serving: the port is freed and the server's thread ends (it holds the registry, and
-        through the collectors the whole node, gRPC server included, for as long as it runs)."""
+        """Stop serving: the port is freed and the server's threads end (they hold the registry, and
+        through the collectors the whole node, gRPC server included, for as long as they run)."""
         if self._http is None:
             return
-        server, thread = self._http
-        self._http = None
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+        server, self._http = self._http, None
+        server.close()

@@ -1,0 +1,72 @@
+"""A listen address a node cannot bind at start, said in one line that names the address, the setting
+that chose it and the operating system's reason.
+
+The gRPC server (``grpc_address``, ``--grpc``) and the metrics server (``metrics_address``,
+``--metrics``) raise :class:`BindFailed`; ``raftbroker serve`` prints its message as one line and
+exits 2, as for an invalid setting (docs/operations.md). The Raft port is not here: pysyncobj binds
+it on its tick thread and retries every second until the port is free.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One of a node's listening ports: what it serves and the setting and flag that set its address."""
+
+    what: str
+    setting: str
+    flag: str
+
+
+GRPC = Listener("gRPC", "grpc_address", "--grpc")
+METRICS = Listener("metrics", "metrics_address", "--metrics")
+
+# what the OS's reasons mean here
+_HINTS = {
+    errno.EADDRINUSE: "another process, or an earlier node still running, listens on that port",
+    errno.EADDRNOTAVAIL: "no network interface of this host has that address",
+    errno.EACCES: "a port below 1024 needs privileges",
+}
+
+
+class BindFailed(OSError):
+    """``listener`` cannot listen on ``address``; ``reason`` says why (the OS's error, with a hint)."""
+
+    def __init__(self, listener: Listener, address: str, reason: str) -> None:
+        assert address and reason, "name the address and the reason"
+        super().__init__(f"cannot listen on {address}, the {listener.what} address "
+                         f"({listener.flag} / {listener.setting}): {reason}")
+        self.listener = listener
+        self.address = address
+
+
+def describe(exc: OSError) -> str:
+    """``exc``, a failed bind, as a reason: the OS's text and, for the common causes, what it means."""
+    hint = _HINTS.get(exc.errno) if exc.errno is not None else None
+    text = exc.strerror or str(exc)
+    return f"{text} ({hint})" if hint else text
+
+
+def bind_error(address: str) -> str:
+    """Why ``address`` (HOST:PORT) cannot be bound right now, from a bind of each of its resolved
+    addresses as the servers bind them (SO_REUSEADDR: a port left in TIME_WAIT is free); "" when it can
+    be. For a server, such as gRPC's, that reports a failed bind without the OS's reason."""
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, ValueError) as exc:
+        return f"cannot resolve it: {exc}"
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                return describe(exc)
+    return ""
