@@ -126,6 +126,10 @@ _PINNED_SHA256 = {
     (pysyncobj_transport.TCPTransport, "_shouldConnect"): (
         "45eab7664e7caa39655d7ccd39ecccfec9389c11a44220216555dabf962e244c"
     ),
+    # relied upon by GuardedTransport._maybeBind: a failed bind counts _bindAttempts and is retried
+    (pysyncobj_transport.TCPTransport, "_maybeBind"): (
+        "d0f13699c8a87e49e562b11af1546ec81177e06848d93b878d6d8a34c200663e"
+    ),
     (pysyncobj_transport.TCPTransport, "_createServer"): (
         "df2c7dd8d54c60839cde7872e9afaf19b8239191958e0dfd60bbdf6dc032786e"
     ),
@@ -628,6 +632,18 @@ class GuardedTransport(StampingTransport):
     def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802 (pysyncobj's name)
         """Utility commands (status, add, remove, transfer, set_version) are off on the Raft port."""
 
+    def _maybeBind(self) -> None:  # noqa: N802
+        """pysyncobj's, saying why a bind failed: it retries every ``bindRetryTime`` without a word, so a
+        node whose Raft port another process holds started, said ready and stayed a follower that no
+        member could reach. Logged at the first failure and every :data:`BIND_REPORT_EVERY` after."""
+        failed = self._bindAttempts
+        super()._maybeBind()
+        if self._bindAttempts > failed and failed % BIND_REPORT_EVERY == 0:
+            address = self._syncObj.conf.bindAddress
+            logger.error("raft port: cannot listen on %s (--raft / raft_address): %s; this node takes no "
+                         "part in Raft until it can (retrying every %g s, %d attempts so far)", address,
+                         _bind_reason(address), self._syncObj.conf.bindRetryTime, self._bindAttempts)
+
     def _createServer(self) -> None:  # noqa: N802
         if self._syncObj.conf.bindAddress is None:
             raise RaftPortViolation("refusing to bind the Raft port without an explicit bindAddress")
@@ -669,6 +685,25 @@ class GuardedTransport(StampingTransport):
                 conn.disconnect()
             return
         super()._onMessageReceived(node, message)
+
+
+BIND_REPORT_EVERY = 30  # failed binds of the Raft port between two log lines (one a second: 30 s)
+
+
+def _bind_reason(address: str) -> str:
+    """Why ``address`` cannot be bound now (the OS's words), from a bind as pysyncobj's (SO_REUSEADDR)."""
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port),
+                                                              type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(sockaddr)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return f"{reason} (another process, or an earlier node, listens there?)" if getattr(
+            exc, "errno", None) == errno.EADDRINUSE else reason
+    return "it could not be bound a moment ago"
 
 
 def salted_password(password: str, salt: str) -> str:

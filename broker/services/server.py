@@ -28,7 +28,9 @@ from grpc_reflection.v1alpha import reflection
 
 from broker.security.node import ServerSecurity
 from broker.services.admin_service import AdminServicer
+from broker.services.binding import GRPC, BindFailed, bind_error
 from broker.services.broker_service import BrokerServicer, add_broker_service
+from broker.services.grpc_log import quiet_abandoned_streams
 from broker.services.streams import StreamRuntime
 from broker.v1 import admin_pb2, admin_pb2_grpc, broker_pb2
 
@@ -53,7 +55,9 @@ class GrpcServer:
         """``extra``: more services as (full service name, registrar), e.g. the Mirror service.
         ``interceptors``: server interceptors, e.g. the per-RPC metrics'.
         ``health_check``: None means always SERVING while running. ``security``: TLS credentials and
-        the auth interceptor (``broker.security``); None serves plaintext without authentication."""
+        the auth interceptor (``broker.security``); None serves plaintext without authentication.
+        Raises :class:`~broker.services.binding.BindFailed` when ``address`` cannot be bound."""
+        quiet_abandoned_streams()  # a stream's peer gone mid-write is not an ERROR (broker.services.grpc_log)
         self._security = security
         self._streams = streams
         self._health_check = health_check or (lambda: (True, ""))
@@ -106,9 +110,12 @@ class GrpcServer:
         reflection.enable_server_reflection(names, server)
         self._names = names[:2]
         credentials = self._security.credentials if self._security is not None else None
-        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        try:
+            bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        except RuntimeError:  # grpc's "Failed to bind to address": the OS's reason is only in its log line
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind gRPC address {address}")
+            raise BindFailed(GRPC, address, bind_error(address) or "gRPC could not bind it (its log line says why)")
         return server, health
 
     def start(self) -> None:
