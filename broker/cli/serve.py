@@ -118,7 +118,7 @@ def serve_command(
         from broker.security.node import gateway_security
 
         gateway = start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure,
-                             gateway_security(cfg))
+                             gateway_security(cfg), batch_bytes_max=cfg.max_batch_bytes)
 
     try:
         serve(cfg)
@@ -137,10 +137,14 @@ def serve_command(
 
 
 def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool,
-               security: ClientSecurity | None = None) -> Gateway:
-    """Start the HTTP gateway beside this node (exit 2 on a bad or exposed address)."""
+               security: ClientSecurity | None = None, batch_bytes_max: int | None = None) -> Gateway:
+    """Start the HTTP gateway beside this node (exit 2 on a bad, exposed or taken address: uvicorn
+    binds on its own thread and only logs a failure, which left the node running without it). Its
+    body cap lets through every batch of ``batch_bytes_max`` (this node's ``max_batch_bytes``)."""
     from broker.config import is_loopback
+    from broker.http.body_limit import BODY_BYTES_MAX, body_bytes_max
     from broker.http.server import parse_address, start_in_thread
+    from broker.services.binding import bind_error
 
     try:
         parse_address(address)
@@ -150,7 +154,12 @@ def start_http(address: str, grpc_address: str, peers: list[str], insecure: bool
     if not is_loopback(address) and not insecure:
         typer.echo(f"error: --http {address} is not a loopback address: add --insecure to expose it", err=True)
         raise typer.Exit(2)
-    return start_in_thread(address, [grpc_address, *peers], security)
+    taken = bind_error(address)
+    if taken:
+        typer.echo(f"error: cannot listen on {address}, the HTTP gateway's address (--http): {taken}", err=True)
+        raise typer.Exit(2)
+    cap = BODY_BYTES_MAX if batch_bytes_max is None else max(BODY_BYTES_MAX, body_bytes_max(batch_bytes_max))
+    return start_in_thread(address, [grpc_address, *peers], security, body_bytes_max=cap)
 
 
 def dev_command(

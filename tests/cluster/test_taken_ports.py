@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client
-from broker.devcluster import METRICS_PORT_OFFSET, RAFT_PORT_OFFSET, free_base_port
+from broker.devcluster import HTTP_PORT_OFFSET, METRICS_PORT_OFFSET, RAFT_PORT_OFFSET, free_base_port
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -83,3 +83,23 @@ def test_a_taken_raft_port_is_said_and_the_node_takes_part_once_it_is_free(tmp_p
         holder.close()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_taken_http_address_stops_serve_before_the_node_starts(tmp_path: Path) -> None:
+    """uvicorn binds on its own thread and only logs a failure: the node ran on without its gateway,
+    after saying it served one."""
+    base = free_base_port(1)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", base + HTTP_PORT_OFFSET))
+        holder.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "broker.cli.launch", "serve", "--node-id", "s1", "--data-dir", str(tmp_path),
+             "--grpc", f"127.0.0.1:{base}", "--raft", f"127.0.0.1:{base + RAFT_PORT_OFFSET}",
+             "--metrics", f"127.0.0.1:{base + METRICS_PORT_OFFSET}", "--http", f"127.0.0.1:{base + HTTP_PORT_OFFSET}"],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        f"error: cannot listen on 127.0.0.1:{base + HTTP_PORT_OFFSET}, the HTTP gateway's address (--http): Address "
+        "already in use (another process, or an earlier node still running, listens on that port)")
