@@ -12,6 +12,7 @@ enforces uniqueness (see ``BrokerStateMachine``).
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -73,10 +74,22 @@ def json_depth(document: Any, stop_above: int) -> int:
 
 
 def _parse_bounded(text: str | bytes, depth_max: int, what: str) -> Any:
-    """``json.loads`` that refuses documents nested deeper than ``depth_max`` (InvalidArgument)."""
+    """``json.loads`` that refuses documents nested deeper than ``depth_max``, and NaN, Infinity and
+    numbers beyond a double (InvalidArgument): Python reads them, RFC 8259 has none of them, and a
+    schema check then saw ``null`` ("null is not of type number") where the record held NaN."""
     deep = InvalidArgument(f"{what} is nested deeper than {depth_max} levels")
+
+    def constant(name: str) -> float:
+        raise InvalidArgument(f"{what}: {name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+    def finite(number: str) -> float:
+        parsed = float(number)
+        if math.isinf(parsed):
+            raise InvalidArgument(f"{what}: the number {number[:40]} is beyond a double's range")
+        return parsed
+
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=constant, parse_float=finite)
     except RecursionError:
         raise deep from None
     # Counting brackets is cheap; only a document with many of them needs the walk.

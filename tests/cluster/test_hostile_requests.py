@@ -145,3 +145,9 @@ def test_a_topic_named_as_a_dead_letter_topic_that_refuses_records_is_not_taken_
     code, message = refused(lambda: leader.admin.CreateGroup(admin_pb2.CreateGroupRequest(
         topic="hostile", group="strict"), timeout=30))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "its full policy is reject" in message
+
+
+def test_a_group_of_a_topic_that_does_not_exist_says_the_topic_is_missing(leader: Stubs) -> None:
+    code, message = refused(lambda: leader.admin.GroupLag(admin_pb2.GroupLagRequest(topic="never-made", group="g"),
+                                                          timeout=30))
+    assert code == grpc.StatusCode.NOT_FOUND and message == "topic 'never-made' does not exist"

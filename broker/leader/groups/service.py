@@ -127,12 +127,12 @@ class GroupService:
         validate_name(topic)
         validate_group_name(group)
         self._check_term()
+        current = self.state.topic(topic)
+        if current is None:  # first: a group of a topic that does not exist is no answer to give
+            raise TopicNotFound(topic)
         meta = layout.get_meta(self.state.store, topic, group)
         if meta is None:
             raise GroupNotFound(topic, group)
-        current = self.state.topic(topic)
-        if current is None:
-            raise TopicNotFound(topic)
         if current.topic_id != meta.topic_id:
             meta = self._rebase(meta, current)
         with self._lock:
