@@ -26,7 +26,6 @@ travel on one ``PublishStream`` per topic, cheaper for the node than a call each
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
@@ -160,15 +159,8 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         If an earlier attempt's outcome was unknown (connection lost mid-call) and the retry finds
         the topic existing, that attempt created it: the topic is described and returned.
         """
-        request = admin_pb2.CreateTopicRequest(
-            config=wire.topic_config(name, partitions, retention, durability, full_policy, dedup_window_ms)
-        )
-        if schema is not None:
-            request.config.schema_json = schema if isinstance(schema, str) else json.dumps(schema)
-        if dedup_fields is not None:
-            if isinstance(dedup_fields, str):
-                raise invalid_argument("dedup_fields must be a sequence of field names, not one string")
-            request.config.dedup_fields.extend(dedup_fields)
+        request = wire.create_topic_request(name, partitions, retention, durability, full_policy, dedup_window_ms,
+                                            schema, dedup_fields)
         try:
             info = self._router.call(
                 lambda addr, t: self._router.admin(addr).CreateTopic(request, timeout=t),
@@ -183,8 +175,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             existing = self.describe_topic(name)
             differences = wire.config_differences(request.config, existing)
             if differences:
-                raise TopicExists(err.code, f"{err.message}, with a different config: {'; '.join(differences)}"
-                                  ) from None
+                raise wire.exists_differently(err, differences) from None
             return existing
         return wire.topic_info(info)
 
@@ -243,7 +234,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         flight go together in the next request (:mod:`broker.client.coalescing`); each caller gets
         its own result or error.
         """
-        record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
+        record = OutgoingRecord(value=value, key=key, partition=partition, headers=wire.headers_of(headers),
                                 idempotency_key=idempotency_key, msg_id=msg_id)
         if self._coalescer is None or idempotency_key is not None or dedup_id is not None or msg_id is not None:
             return self.publish_batch(topic, [record], dedup_id=dedup_id)[0]
@@ -260,7 +251,8 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         """Publish records all-or-nothing; one result per record, in request order.
 
         Records may be :class:`OutgoingRecord`, dicts of its fields (``value``, ``key``,
-        ``partition``, ``headers``, ``op``, ``idempotency_key``, ``msg_id``), or bare values.
+        ``partition``, ``headers``, ``op``, ``idempotency_key``, ``msg_id``), or bare values. ``records``
+        is a list of them: one bare str, bytes or dict is refused (InvalidArgument), not split up.
 
         Exactly-once in effect. Without caller keys (no ``idempotency_key`` on any record, no
         ``dedup_id``) the batch is one range of one of the client's producer sessions (see the

@@ -7,13 +7,14 @@ start position) raise :class:`~broker.client.errors.InvalidArgument` here, befor
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from broker.client import packing
-from broker.client.errors import BrokerError, invalid_argument
+from broker.client.errors import BrokerError, TopicExists, invalid_argument
 from broker.client.models import (
     DURABILITIES,
     EVENT_TYPES,
@@ -46,6 +47,11 @@ DEDUP_FOREVER = -1
 UINT32_MAX = 2**32 - 1
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
+# Copies of the server's rules (broker/core/groups/config.py), so a bad value is refused before
+# anything is leased or sent; tests/client/test_sdk_input_checks_unit.py pins them to the originals.
+GROUP_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")
+EXTEND_MAX_MS = 12 * 3600 * 1000  # the longest lease an Extend (a claim's visibility_ms) may ask for
+NACK_DELAY_MAX_MS = 12 * 3600 * 1000  # the longest a Nack may delay a retry
 
 
 def in_range(value: int, what: str, low: int, high: int) -> int:
@@ -55,6 +61,57 @@ def in_range(value: int, what: str, low: int, high: int) -> int:
         said = {UINT32_MAX: "2**32 - 1", INT64_MAX: "2**63 - 1", UINT64_MAX: "2**64 - 1", -INT64_MAX - 1: "-2**63"}
         raise invalid_argument(f"{what} must be between {said.get(low, low)} and {said.get(high, high)}, got {value}")
     return value
+
+
+def check_int(value: object, what: str, low: int, high: int) -> int:
+    """``value`` when it is an int (not a bool) within ``[low, high]``, else InvalidArgument naming
+    ``what``, the expected type and the range."""
+    if not _is_int(value):
+        raise invalid_argument(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    assert isinstance(value, int)
+    return in_range(value, what, low, high)
+
+
+def check_str(value: object, what: str) -> str:
+    """``value`` when it is a str, else InvalidArgument naming ``what`` and the type it got."""
+    if not isinstance(value, str):
+        raise invalid_argument(f"{what} must be a str, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_group(group: object) -> str:
+    """A consumer group name as the server accepts it (1-100 of ``A-Z a-z 0-9 _ -``, starting
+    with a letter or digit), else InvalidArgument before anything is sent."""
+    check_str(group, "group")
+    assert isinstance(group, str)
+    if not GROUP_NAME_RE.fullmatch(group):
+        raise invalid_argument(f"invalid group name {group!r}: use 1-100 characters of A-Z a-z 0-9 _ - "
+                               "starting with a letter or digit")
+    return group
+
+
+def check_batch(records: object) -> Sequence[Any]:
+    """The records of a batch as a sequence: a bare str, bytes, dict or record is refused (it is one
+    record, not a batch: give a list of records), as is a value that is not iterable."""
+    if isinstance(records, str | bytes | bytearray | memoryview | Mapping | OutgoingRecord):
+        raise invalid_argument(f"records must be a list of records, got one {type(records).__name__}: "
+                               "give a list of records (e.g. [value])")
+    if isinstance(records, Sequence):
+        return records
+    try:
+        return list(records)  # type: ignore[call-overload]
+    except TypeError:
+        raise invalid_argument(f"records must be a list of records, got {type(records).__name__}") from None
+
+
+def headers_of(headers: Mapping[str, str] | None) -> Mapping[str, str]:
+    """A publish call's ``headers`` for its record: a copy of the mapping, ``{}`` for None; anything
+    else is refused (InvalidArgument naming the argument)."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise invalid_argument(f"headers must be a dict of str to str, got {type(headers).__name__}")
+    return dict(headers)
 
 
 def to_bytes(value: bytes | str, what: str) -> bytes:
@@ -89,6 +146,7 @@ def topic_config(
     dedup_window_ms: int | None = None,
 ) -> admin_pb2.TopicConfig:
     """The ``TopicConfig`` of a create request (``dedup_window_ms`` ``None``: server default)."""
+    check_str(name, "name (the topic name)")
     if not _is_int(partitions):
         raise invalid_argument(f"partitions must be an int, got {type(partitions).__name__}")
     if partitions <= 0:
@@ -109,14 +167,48 @@ def topic_config(
         full_policy=_enum_value(full_policy, FULL_POLICIES, "FULL_POLICY", "full_policy"),
         dedup_window_ms=dedup_window_ms or 0,
     )
+    if retention is not None and not isinstance(retention, Retention | Mapping):
+        raise invalid_argument(f"retention must be a dict or a Retention, got {type(retention).__name__}")
     caps = retention.__dict__ if isinstance(retention, Retention) else dict(retention or {})
     unknown = set(caps) - set(_RETENTION_FIELDS)
     if unknown:
         raise invalid_argument(f"unknown retention field(s) {sorted(unknown)}; use {_RETENTION_FIELDS}")
     for key, cap in caps.items():
         if cap is not None:
-            setattr(config.retention, key, in_range(int(cap), f"retention {key}", -INT64_MAX - 1, INT64_MAX))
+            setattr(config.retention, key, check_int(cap, f"retention {key}", -INT64_MAX - 1, INT64_MAX))
     return config
+
+
+def create_topic_request(name: str, partitions: int, retention: Mapping[str, int | None] | Retention | None,
+                         durability: str | None, full_policy: str | None, dedup_window_ms: int | None,
+                         schema: Mapping[str, Any] | str | None,
+                         dedup_fields: Sequence[str] | None) -> admin_pb2.CreateTopicRequest:
+    """The ``CreateTopicRequest`` of both SDKs' ``create_topic``; every argument is checked here
+    (InvalidArgument naming it and the expected type), before anything is sent."""
+    request = admin_pb2.CreateTopicRequest(
+        config=topic_config(name, partitions, retention, durability, full_policy, dedup_window_ms))
+    if schema is not None:
+        if not isinstance(schema, str | Mapping):
+            raise invalid_argument(f"schema must be a dict or JSON text, got {type(schema).__name__}")
+        try:
+            request.config.schema_json = schema if isinstance(schema, str) else json.dumps(schema)
+        except (TypeError, ValueError) as err:
+            raise invalid_argument(f"schema cannot be written as JSON: {err}") from None
+    if dedup_fields is not None:
+        if isinstance(dedup_fields, str) or not isinstance(dedup_fields, Sequence):
+            raise invalid_argument("dedup_fields must be a sequence of field names (str), not "
+                                   + ("one string" if isinstance(dedup_fields, str) else type(dedup_fields).__name__))
+        for i, field_name in enumerate(dedup_fields):
+            check_str(field_name, f"dedup_fields[{i}]")
+        request.config.dedup_fields.extend(dedup_fields)
+    return request
+
+
+def exists_differently(err: TopicExists, differences: Sequence[str]) -> TopicExists:
+    """The ``TopicExists`` of ``create_topic(exist_ok=True)`` finding the topic with another config:
+    the server's code, reason and metadata (``TOPIC_EXISTS``, ``{"topic": name}``), and the differences."""
+    return TopicExists(err.code, f"{err.message}, with a different config: {'; '.join(differences)}",
+                       reason=err.reason, metadata=err.metadata)
 
 
 def _is_int(value: object) -> bool:
@@ -223,7 +315,9 @@ def publish_record(record: OutgoingRecord, idempotency_key: str, msg_id: int = 0
     if record.key is not None:
         msg.key = to_bytes(record.key, "key")
     if record.partition is not None:
-        msg.partition = in_range(record.partition, "partition", 0, UINT32_MAX)
+        msg.partition = check_int(record.partition, "partition", 0, UINT32_MAX)
+    if not isinstance(record.headers, Mapping):
+        raise invalid_argument(f"headers must be a dict of str to str, got {type(record.headers).__name__}")
     for name, text in record.headers.items():
         if not isinstance(name, str) or not isinstance(text, str):
             raise invalid_argument("headers must map str to str")
@@ -289,6 +383,8 @@ def publish_request(topic: str, records: Sequence[Any], dedup_id: str | None,
     records packed, compact results asked for. Bare values (bytes or str, the common case) are
     packed without an :class:`OutgoingRecord` or a bytes object each. Raises InvalidArgument before
     anything is sent."""
+    check_str(topic, "topic")
+    records = check_batch(records)
     header = broker_pb2.PublishRequest(topic=topic, dedup_id=dedup_id or "", results=broker_pb2.RESULT_FORM_COMPACT)
     parts = [b""]
     if dedup_id is None and first_msg_id is None and _bare_values(records):

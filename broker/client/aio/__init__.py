@@ -1,6 +1,10 @@
 """Native asyncio SDK of raftbroker, on ``grpc.aio``: ``async with AsyncClient([...]) as c: ...``.
 
-The same surface and guarantees as the sync :mod:`broker.client` (see :mod:`.client`)."""
+The same surface and guarantees as the sync :mod:`broker.client` (see :mod:`.client`): the same
+method names, arguments and meanings. Deliberate differences, said where they are: the client's
+``on_event(kind, item)`` observes (:data:`Observer`), ``run`` has no ``stop`` event (cancel its task),
+``claim`` exists only here. Closing the client ends every ``async for`` over its subscriptions and
+consumers with ``BrokerError`` (CANCELLED), as the sync client's close does."""
 
 from broker.client.aio.client import AsyncClient, AsyncHandler, Claimed
 from broker.client.aio.routing import AsyncRouter, call_metadata

@@ -13,6 +13,10 @@ in flight per topic (:mod:`broker.client.aio.coalescing`; ``coalesce_publishes=F
 and those requests travel on one ``PublishStream`` per topic, cheaper for the node than a call each
 (:mod:`broker.client.aio.publish_streams`; ``stream_publishes=False``: unary calls).
 
+:meth:`AsyncClient.close` ends every subscription and consumer being iterated: the iteration raises
+``BrokerError`` (CANCELLED) "the client was closed", as with the sync client. Arguments are checked
+(InvalidArgument naming the argument) before anything is sent or leased.
+
 ``on_event(kind, item)`` observes what the broker committed: "published" (a list of
 :class:`PublishResult` after a publish returned), and, from subscriptions and consumers, "record",
 "batch" (``subscribe_batches``), "message", "event" (loss/reset) and "rebalance" (see :mod:`broker.client.aio.streams`).
@@ -21,19 +25,18 @@ and those requests travel on one ``PublishStream`` per topic, cheaper for the no
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from broker.client import wire
 from broker.client.acks import settled_each
 from broker.client.aio.coalescing import PublishCoalescer
+from broker.client.aio.handlers import AsyncHandler, HandlerRun
 from broker.client.aio.publish_streams import PublishStreams
 from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
 from broker.client.client import RecordLike
+from broker.client.consumer import GROUP_FILTER_REFUSED
 from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
 from broker.client.groups import GroupLag, PartitionLag
 from broker.client.handlers import log_event
@@ -51,8 +54,6 @@ from broker.client.routing import RetryPolicy
 from broker.client.security import ClientSecurity
 from broker.client.sessions import SessionPool
 from broker.v1 import admin_pb2, broker_pb2
-
-AsyncHandler = Callable[[AsyncMessage], Awaitable[object]]
 
 
 class Claimed(list[AsyncMessage]):
@@ -124,14 +125,8 @@ class AsyncClient:
                            dedup_window_ms: int | None = None, schema: Mapping[str, Any] | str | None = None,
                            dedup_fields: Sequence[str] | None = None, exist_ok: bool = False) -> TopicInfo:
         """Create a topic (the contract of :meth:`Client.create_topic`)."""
-        request = admin_pb2.CreateTopicRequest(
-            config=wire.topic_config(name, partitions, retention, durability, full_policy, dedup_window_ms))
-        if schema is not None:
-            request.config.schema_json = schema if isinstance(schema, str) else json.dumps(schema)
-        if dedup_fields is not None:
-            if isinstance(dedup_fields, str):
-                raise invalid_argument("dedup_fields must be a sequence of field names, not one string")
-            request.config.dedup_fields.extend(dedup_fields)
+        request = wire.create_topic_request(name, partitions, retention, durability, full_policy, dedup_window_ms,
+                                            schema, dedup_fields)
         try:
             info = await self._admin("CreateTopic", request, write=True, what=f"create topic {name}")
         except TopicExists as err:
@@ -142,8 +137,7 @@ class AsyncClient:
             existing = await self.describe_topic(name)
             differences = wire.config_differences(request.config, existing)
             if differences:
-                raise TopicExists(err.code, f"{err.message}, with a different config: {'; '.join(differences)}"
-                                  ) from None
+                raise wire.exists_differently(err, differences) from None
             return existing
         return wire.topic_info(info)
 
@@ -182,13 +176,16 @@ class AsyncClient:
     # -- publishing -----------------------------------------------------------------------------
     async def publish(self, topic: str, value: bytes | str, *, key: bytes | str | None = None,
                       partition: int | None = None, headers: Mapping[str, str] | None = None,
-                      idempotency_key: str | None = None) -> PublishResult:
-        """Publish one record. Calls made while this topic's request is in flight go together in the
-        next request (see :mod:`broker.client.aio.coalescing`); each caller gets its own result or error."""
-        record = OutgoingRecord(value=value, key=key, partition=partition, headers=dict(headers or {}),
-                                idempotency_key=idempotency_key)
-        if self._coalescer is None or idempotency_key is not None:
-            return (await self.publish_batch(topic, [record]))[0]
+                      idempotency_key: str | None = None, dedup_id: str | None = None,
+                      msg_id: int | None = None) -> PublishResult:
+        """Publish one record (the contract of :meth:`Client.publish`: ``idempotency_key``, or your
+        own producer session ``dedup_id`` + ``msg_id``). Calls made while this topic's request is in
+        flight go together in the next request (see :mod:`broker.client.aio.coalescing`); each caller
+        gets its own result or error."""
+        record = OutgoingRecord(value=value, key=key, partition=partition, headers=wire.headers_of(headers),
+                                idempotency_key=idempotency_key, msg_id=msg_id)
+        if self._coalescer is None or idempotency_key is not None or dedup_id is not None or msg_id is not None:
+            return (await self.publish_batch(topic, [record], dedup_id=dedup_id))[0]
         return await self._coalescer.publish(topic, record)
 
     async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
@@ -257,10 +254,28 @@ class AsyncClient:
         await self._admin("ResetWatermark", request, write=True, what=f"reset watermark {dedup_id} of {topic}")
 
     # -- consuming ------------------------------------------------------------------------------
-    def subscribe(self, topic: str, *, partition: int | None = None, start: str | int | bytes = "earliest",
-                  timestamp_ms: int | None = None, stop_at_end: bool = False, max_batch: int = 0,
-                  filter: str | None = None) -> AsyncSubscription:
-        """Records and events of ``topic`` from ``start`` (see :meth:`Client.subscribe`); ``async for`` it."""
+    @overload
+    def subscribe(self, topic: str, *, group: None = None, **options: Any) -> AsyncSubscription: ...
+
+    @overload
+    def subscribe(self, topic: str, *, group: str, **options: Any) -> AsyncConsumer: ...
+
+    def subscribe(self, topic: str, *, group: str | None = None, partition: int | None = None,
+                  start: str | int | bytes = "earliest", timestamp_ms: int | None = None, stop_at_end: bool = False,
+                  max_batch: int = 0, filter: str | None = None,
+                  **group_options: Any) -> AsyncSubscription | AsyncConsumer:
+        """Records and events of ``topic`` from ``start`` (see :meth:`Client.subscribe`); ``async for`` it.
+        With ``group``: an :class:`AsyncConsumer`, a member of that consumer group (as :meth:`consumer`;
+        ``mode`` and the group options apply when the group is created)."""
+        if group is not None:
+            if partition is not None:
+                raise invalid_argument("a group member reads the partitions the group gives it: drop partition")
+            if filter:
+                raise invalid_argument(GROUP_FILTER_REFUSED)
+            return self.consumer(topic, group, start=start, timestamp_ms=timestamp_ms, stop_at_end=stop_at_end,
+                                 max_batch=max_batch, **group_options)
+        if group_options:
+            raise invalid_argument(f"unknown option(s) {sorted(group_options)} (group options need group=...)")
         wire.check_read_options(max_batch, partition)
         return AsyncSubscription(self._router, topic, self._partitions(topic, partition),
                                  position=wire.position(start, timestamp_ms), stop_at_end=stop_at_end,
@@ -299,10 +314,14 @@ class AsyncClient:
         The group's events sent with them (``SKIP_FORWARD`` for records pruned before anyone received
         them, ``RESET``, ``BADMSG``) are in ``.events``: settling a message that came after one tells
         the group that it was received (SPEC §3.3), so read them first."""
-        if not 1 <= max_records <= 1000:
-            raise invalid_argument(f"max must be within [1, 1000], got {max_records}")
-        if visibility_ms is not None and visibility_ms <= 0:
-            raise invalid_argument(f"visibility_ms must be positive, got {visibility_ms}")
+        # Every argument is checked before anything is leased: a claim refused after it leased would
+        # strand its leases until they ran out.
+        wire.check_int(max_records, "max_records", 1, 1000)
+        if visibility_ms is not None:
+            wire.check_int(visibility_ms, "visibility_ms", 1, wire.EXTEND_MAX_MS)
+        fixed = sorted({"stop_at_end", "max_in_flight", "max_batch"} & set(group_options))
+        if fixed:
+            raise invalid_argument(f"claim sets {', '.join(fixed)} itself (from max_records): drop them")
         consumer = AsyncConsumer(self._router, topic, group, stop_at_end=True, max_in_flight=max_records,
                                  max_batch=max_records, **group_options)
         claimed = Claimed()
@@ -320,60 +339,35 @@ class AsyncClient:
             await consumer.extend(claimed, visibility_ms)
         return claimed
 
-    async def run(self, topic: str, *, group: str, handler: AsyncHandler, concurrency: int = 1,
-                  limit: int | None = None, **options: Any) -> int:
+    async def run(self, topic: str, *, group: str, handler: AsyncHandler, ack: str = "auto", concurrency: int = 1,
+                  batch_size: int = 1, mode: str | None = None, limit: int | None = None,
+                  on_event: Callable[[Event], None] | None = None, **options: Any) -> int:
         """Feed the group's messages to ``await handler(message)``, ``concurrency`` at a time, until the
-        stream ends or ``limit`` were handled; a handler that returns acks, one that raises nacks. In
-        stream mode the messages of one partition are handled one after another, in order. If run() is
-        cancelled (or the stream fails), the handlers still running are cancelled and awaited before it
-        ends; their records are delivered again once their leases run out. The group's events
-        (``skip_forward``: records pruned before anyone received them) are logged as warnings."""
-        if concurrency < 1 or (limit is not None and limit < 1):
-            raise invalid_argument("concurrency and limit must be at least 1")
-        slots = asyncio.Semaphore(concurrency)
-        in_order = options.get("mode") == "stream"
-        partition_turns: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
-        handled = 0
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def handle(message: AsyncMessage) -> None:
-            nonlocal handled
-            turn = partition_turns[message.partition] if in_order else contextlib.nullcontext()
-            try:
-                async with turn:  # tasks start in creation order, and asyncio locks are fair
-                    await handler(message)
-            except Exception:  # noqa: BLE001 - a failing handler nacks its message
-                await message.nack()
-            else:
-                await message.ack()
-            finally:
-                slots.release()
-            handled += 1
-
-        try:
-            async with self.consumer(topic, group, **options) as consumer:
-                dispatched = 0
-                async for item in consumer:
-                    if not isinstance(item, AsyncMessage):
-                        log_event(item)  # a handler sees messages: the group's events are logged
-                        continue
-                    await slots.acquire()
-                    task = asyncio.get_running_loop().create_task(handle(item))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    dispatched += 1
-                    if limit is not None and dispatched >= limit:
-                        break
-                if tasks:
-                    await asyncio.gather(*tasks)
-        finally:
-            # Cancelled, or the stream failed: the handlers still running stop with it (their records'
-            # leases run out and they are delivered again); none is left running after run() returns.
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-        return handled
+        stream ends or ``limit`` were handled; returns how many. The arguments of :meth:`Client.run`,
+        with the same meanings: ``ack="auto"``: a handler that returns acks, one that raises nacks;
+        ``ack="manual"``: the handler settles (``await message.ack()``, ...) and a message it leaves
+        unsettled is nacked. ``batch_size``: as many leases per handler slot are asked for (the acks
+        of finished handlers share requests whatever it is: :mod:`broker.client.aio.acks`).
+        ``on_event(event)``: the group's events (``skip_forward``: records pruned before anyone
+        received them, ``reset``, ``badmsg``); default: logged as warnings. ``options``: as for
+        :meth:`consumer`. A settle that fails is logged as a warning, as the sync client does (its
+        record comes back when its lease runs out). In stream mode the messages of one partition are
+        handled one after another, in order. The sync ``stop`` event has no twin: cancel the task
+        that awaits run(). If run() is cancelled (or the stream fails), the handlers still running
+        are cancelled and awaited before it ends; their records are delivered again once their
+        leases run out."""
+        if "stop" in options:
+            raise invalid_argument("AsyncClient.run takes no stop event: cancel the task awaiting run() instead")
+        if ack not in ("auto", "manual"):
+            raise invalid_argument(f"ack must be 'auto' or 'manual', got {ack!r}")
+        for name, value in (("concurrency", concurrency), ("batch_size", batch_size)):
+            wire.check_int(value, name, 1, wire.UINT32_MAX)
+        if limit is not None:
+            wire.check_int(limit, "limit", 1, wire.INT64_MAX)
+        options.setdefault("max_in_flight", max(2 * concurrency * batch_size, concurrency + 1))
+        consumer = self.consumer(topic, group, mode=mode, **options)  # checks the group and options first
+        return await HandlerRun(handler, manual=ack == "manual", concurrency=concurrency, in_order=mode == "stream",
+                                on_event=on_event or log_event).run(consumer, limit)
 
     async def group_lag(self, topic: str, group: str) -> GroupLag:
         request = admin_pb2.GroupLagRequest(topic=topic, group=group)
@@ -394,12 +388,14 @@ class AsyncClient:
                                        write=True, what=f"ack in {group}")
             return [int(settled) for settled in settled_each(acked.settled, acked.not_settled, len(positions))]
         elif verb == "nack":
-            if delay_ms is not None and delay_ms < 0:
-                raise invalid_argument(f"delay_ms must not be negative, got {delay_ms}")
+            if delay_ms is not None:
+                wire.check_int(delay_ms, "delay_ms", 0, wire.NACK_DELAY_MAX_MS)
             await self._broker("Nack", broker_pb2.NackRequest(topic=topic, group=group, positions=positions,
                                                               delay_ms=delay_ms or 0), write=True,
                                what=f"nack in {group}")
         elif verb == "extend":
+            if extend_ms is not None:
+                wire.check_int(extend_ms, "extend_ms", 0, wire.EXTEND_MAX_MS)
             response = await self._broker("Extend", broker_pb2.ExtendRequest(
                 topic=topic, group=group, positions=positions, extend_ms=extend_ms or 0), write=True,
                 what=f"extend in {group}")

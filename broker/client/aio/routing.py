@@ -93,6 +93,11 @@ class AsyncRouter:
         """``Broker.Publish`` taking a request's bytes (``wire.PublishCall.data``)."""
         return self.stub(address, PublishBytesStub)
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: every call and stream then ends with an error."""
+        return self._closed
+
     async def close(self) -> None:
         self._closed = True
         if self._members_task is not None:

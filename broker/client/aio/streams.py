@@ -51,7 +51,8 @@ _END = object()
 async def _follow(router: AsyncRouter, open_call: Callable[[str], Any], on_response: Callable[[Any], None],
                   what: str, closed: asyncio.Event, start: str | None = None) -> None:
     """Run a server stream on the leader (or any node), reopening it after retryable failures until it
-    ends; gives up with ``Unavailable`` after ``retry_deadline_s`` of failures without a response."""
+    ends; gives up with ``Unavailable`` after ``retry_deadline_s`` of failures without a response, and
+    raises ``BrokerError`` (CANCELLED) "the client was closed" when the client closes under it."""
     policy = router.policy
     backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
     address = start or await router.read_address()
@@ -66,6 +67,12 @@ async def _follow(router: AsyncRouter, open_call: Callable[[str], Any], on_respo
                 backoff.reset()
                 on_response(response)
             return
+        except asyncio.CancelledError:
+            # grpc.aio ends a call its closing channel cancelled with CancelledError, as if this task
+            # had been cancelled: the reader would wait forever for an end nobody queues.
+            if router.closed and not _cancelled(asyncio.current_task()):
+                raise client_closed(what) from None
+            raise
         except grpc.RpcError as err:
             if closed.is_set():
                 return
@@ -86,8 +93,20 @@ async def _follow(router: AsyncRouter, open_call: Callable[[str], Any], on_respo
             call.cancel()
 
 
+def client_closed(what: str) -> BrokerError:
+    """What a stream's reader gets when the client closes under it (the sync client's code)."""
+    return BrokerError("CANCELLED", f"{what}: the client was closed")
+
+
+def _cancelled(task: asyncio.Task[Any] | None) -> bool:
+    """Whether ``task`` itself was asked to stop (``task.cancel()``), not one of its calls."""
+    return task is not None and task.cancelling() > 0
+
+
 class _Merged:
-    """Tasks feeding one queue; the iterator ends when all have ended, or raises the first error."""
+    """Tasks feeding one queue; the iterator ends when all have ended, or raises the first error.
+    A task that ends in any way but :meth:`close` queues its end or its error, so the iterator
+    never waits for a task that is gone."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1000)
@@ -101,9 +120,14 @@ class _Merged:
         async def run() -> None:
             try:
                 await make()
-                await self.queue.put(_END)
+                item: object = _END
+            except asyncio.CancelledError:
+                if self.closed.is_set() or _cancelled(asyncio.current_task()):
+                    raise  # close(): nobody waits for this task's items
+                item = BrokerError("CANCELLED", "the stream was cancelled (was the client closed?)")
             except Exception as err:  # noqa: BLE001 - raised to the iterating caller
-                await self.queue.put(err)
+                item = err
+            await self.queue.put(item)
         self._tasks.append(asyncio.get_running_loop().create_task(run()))
 
     async def next(self) -> object:
@@ -298,7 +322,10 @@ class AsyncMessage:
 
 
 class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
-    """A consumer-group member: ``async with client.subscribe(topic, group=g) as c: async for m in c``."""
+    """A consumer-group member: ``async with client.subscribe(topic, group=g) as c: async for m in c``
+    (or ``client.consumer(topic, g)``). Iteration yields :class:`AsyncMessage` and :class:`Event`
+    items; the client's ``on_event(kind, item)`` observes them and does not take the events away
+    (unlike the sync ``Consumer``'s ``on_event(event)``, which receives the events instead)."""
 
     def __init__(self, router: AsyncRouter, topic: str, group: str, *, mode: str | None = None,
                  start: str | int | bytes = "earliest", timestamp_ms: int | None = None, stop_at_end: bool = False,
@@ -306,8 +333,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
                  on_event: Observer | None = None, filter: str | None = None, **config: Any) -> None:
         if filter:
             raise invalid_argument(GROUP_FILTER_REFUSED)
-        if max_in_flight <= 0:
-            raise invalid_argument(f"max_in_flight must be positive, got {max_in_flight}")
+        wire.check_group(group)
+        wire.check_int(max_in_flight, "max_in_flight", 1, wire.UINT32_MAX)
         self._router, self.topic, self.group = router, topic, group
         self.member_id = member_id or uuid.uuid4().hex[:16]
         self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,
@@ -380,7 +407,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
 
     async def _beat(self, interval_s: float) -> None:
         request = broker_pb2.HeartbeatRequest(topic=self.topic, group=self.group, member_id=self.member_id)
-        while True:
+        while not self._router.closed:  # a closed client's stream ends with an error: stop beating too
             await asyncio.sleep(interval_s)
             with contextlib.suppress(BrokerError):  # keep beating through failovers; the stream reports errors
                 response = await self._router.call(
@@ -415,8 +442,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         return settled_each(response.settled, response.not_settled, len(positions))
 
     async def nack(self, messages: Sequence[AsyncMessage], delay_ms: int | None = None) -> None:
-        if delay_ms is not None and delay_ms < 0:
-            raise invalid_argument(f"delay_ms must not be negative, got {delay_ms}")
+        if delay_ms is not None:
+            wire.check_int(delay_ms, "delay_ms", 0, wire.NACK_DELAY_MAX_MS)
         await self._settle(messages, "nack", lambda p, a, t: self._router.broker(a).Nack(
             broker_pb2.NackRequest(topic=self.topic, group=self.group, positions=p, delay_ms=delay_ms or 0),
             timeout=t, metadata=metadata()))
@@ -427,6 +454,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             timeout=t, metadata=metadata()))
 
     async def extend(self, messages: Sequence[AsyncMessage], ms: int | None = None) -> list[int]:
+        if ms is not None:
+            wire.check_int(ms, "ms (the lease's length)", 0, wire.EXTEND_MAX_MS)
         request = broker_pb2.ExtendRequest(topic=self.topic, group=self.group,
                                            positions=[m.position for m in messages], extend_ms=ms or 0)
         response = await self._router.call(
