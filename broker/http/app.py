@@ -27,7 +27,7 @@ from broker.client.aio import AsyncClient, call_metadata
 from broker.client.errors import BrokerError, TopicExists
 from broker.client.models import OutgoingRecord
 from broker.http import codec, problems, reading
-from broker.http.bodies import INT32_MAX, PruneBody, PublishBody, TopicBody
+from broker.http.bodies import INT32_MAX, BodyRefused, JsonRoute, PruneBody, PublishBody, TopicBody
 from broker.http.body_limit import BODY_BYTES_MAX, BodyLimit
 from broker.http.groups import router as groups_router
 
@@ -75,6 +75,7 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
 
     app = FastAPI(title="raftbroker", version="1", lifespan=lifespan,
                   description="HTTP/JSON gateway of raftbroker: the gRPC API's rules, translated.")
+    app.router.route_class = JsonRoute  # bodies are JSON, parsed strictly (broker.http.bodies)
     app.add_middleware(BearerPassThrough)
     app.add_middleware(BodyLimit, bytes_max=body_bytes_max)  # outermost: an oversized body goes no further
     app.include_router(groups_router)
@@ -82,6 +83,10 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
     @app.exception_handler(BrokerError)
     async def broker_error(request: Request, err: BrokerError) -> Response:
         return problems.from_error(err)
+
+    @app.exception_handler(BodyRefused)
+    async def body_refused(request: Request, err: BodyRefused) -> Response:
+        return problems.problem(err.status_code, err.title, str(err.detail), err.reason)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, err: RequestValidationError) -> Response:
@@ -132,8 +137,10 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
     @app.post("/v1/topics/{topic}/records", tags=["records"])
     async def publish(topic: Topic, body: PublishBody, request: Request) -> dict[str, Any]:
         """Publish all records or none; per record its partition, offset and whether it was a duplicate."""
-        records = [OutgoingRecord(value=codec.stored_value(r.value, r.value_b64, f"record {i}"), key=r.key,
-                                  partition=r.partition, headers=r.headers, idempotency_key=r.idempotency_key)
+        records = [OutgoingRecord(value=codec.stored_value(r.value if "value" in r.model_fields_set else codec.ABSENT,
+                                                           r.value_b64, f"record {i}"),
+                                  key=r.key, partition=r.partition, headers=r.headers,
+                                  idempotency_key=r.idempotency_key)
                    for i, r in enumerate(body.records)]
         results = await client(request).publish_batch(topic, records)
         return {"results": [{"partition": r.partition, "offset": r.offset, "duplicate": r.duplicate,

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Path, Request
 
 from broker.client.aio import AsyncClient
 from broker.http import codec
-from broker.http.bodies import AckBody, ClaimBody, ExtendBody, NackBody
+from broker.http.bodies import AckBody, ClaimBody, ExtendBody, JsonRoute, NackBody
 
-router = APIRouter(prefix="/v1/topics/{topic}/groups/{group}", tags=["groups"])
+router = APIRouter(prefix="/v1/topics/{topic}/groups/{group}", tags=["groups"], route_class=JsonRoute)
 Topic = Annotated[str, Path(description="a topic name", examples=["orders"])]
 Group = Annotated[str, Path(description="a group name", examples=["workers"])]
 
@@ -29,7 +29,7 @@ def _client(request: Request) -> AsyncClient:
 
 
 def _positions(receipts: list[str]) -> list[bytes]:
-    return [codec.from_b64url(r, f"receipt {i}") for i, r in enumerate(receipts)]
+    return [codec.receipt(r, f"receipt {i}") for i, r in enumerate(receipts)]
 
 
 @router.post("/claim")

@@ -10,7 +10,11 @@ answered something the gateway does not know), never a bare 500.
 
 A gRPC message over a size limit is RESOURCE_EXHAUSTED with gRPC's transport text; that is not
 back-pressure (a client told 429 retries the same request forever), so a request's is a 413 and an
-answer's a 502, each in our words with the limit in bytes (:func:`from_error`).
+answer's a 502, each in our words with the limit in bytes (:func:`from_error`). Every 413 is the
+same problem (:func:`too_large`: reason ``REQUEST_TOO_LARGE``, title "Request too large",
+``limit_bytes``), the services' own refusal of a record or batch over their limits too (before, it
+kept the title and type of ``INVALID_ARGUMENT`` under its 413 status); ``grpc_code`` keeps the
+gRPC status.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ _TOO_LARGE = re.compile(r"TOO_LARGE|bytes,? (is )?over the limit|too large", re.
 # the gateway's channel does, "CLIENT: Received ..." when the node's answer is over the channel's.
 _GRPC_MESSAGE_SIZE = re.compile(r"(?:(CLIENT|SERVER): )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
 TOO_LARGE_REASON = "REQUEST_TOO_LARGE"
+# The limit in the services' refusal: "record 0 is 2097166 bytes, over the limit of 1048576 bytes".
+_LIMIT_BYTES = re.compile(r"over the limit of (\d+) bytes")
 
 
 def _message_size(err: errors.BrokerError) -> tuple[bool, int, int] | None:
@@ -71,17 +77,20 @@ def problem(status: int, title: str, detail: str, reason: str, **extra: Any) -> 
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
 
 
-def too_large(detail: str, limit_bytes: int, **extra: Any) -> JSONResponse:
+def too_large(detail: str, limit_bytes: int | None, **extra: Any) -> JSONResponse:
     """The 413 of a request over a size limit: ``detail`` says which limit and what to do, and
-    ``limit_bytes`` gives the limit as a number."""
-    assert limit_bytes > 0, limit_bytes
-    return problem(413, "Request too large", detail, TOO_LARGE_REASON, limit_bytes=limit_bytes, **extra)
+    ``limit_bytes`` gives the limit as a number (None: the refusal did not say it)."""
+    assert limit_bytes is None or limit_bytes > 0, limit_bytes
+    if limit_bytes is not None:
+        extra["limit_bytes"] = limit_bytes
+    return problem(413, "Request too large", detail, TOO_LARGE_REASON, **extra)
 
 
 def from_error(err: errors.BrokerError) -> JSONResponse:
     """The problem document for an SDK error: ``reason`` is the typed gRPC reason when the server sent
-    one (``err.reason``), else the gRPC status name; ``grpc_code`` is always the status name. A gRPC
-    message-size error is told in our words, never in gRPC's transport text (see the module)."""
+    one (``err.reason``), else the gRPC status name; ``grpc_code`` is always the status name. A 413
+    is :func:`too_large`'s (a typed reason other than the status name goes in ``grpc_reason``); a
+    gRPC message-size error is told in our words, never in gRPC's transport text (see the module)."""
     reason = getattr(err, "reason", None) or err.code
     extra: dict[str, Any] = {"grpc_code": err.code}
     if err.after_unknown_outcome:
@@ -96,4 +105,10 @@ def from_error(err: errors.BrokerError) -> JSONResponse:
         return problem(502, "Answer too large", f"the cluster's answer is {size_bytes} bytes, over the gateway's "
                        f"limit of {limit_bytes} bytes per gRPC message: ask for less at a time", "ANSWER_TOO_LARGE",
                        limit_bytes=limit_bytes, **extra)
-    return problem(status_of(err), err.code.replace("_", " ").capitalize(), err.message, reason, **extra)
+    status = status_of(err)
+    if status == 413:  # the services' refusal of a record or batch over their limits: a 413 like the others
+        limit = _LIMIT_BYTES.search(err.message)
+        if reason != err.code:
+            extra["grpc_reason"] = reason
+        return too_large(err.message, int(limit.group(1)) if limit else None, **extra)
+    return problem(status, err.code.replace("_", " ").capitalize(), err.message, reason, **extra)

@@ -50,7 +50,8 @@ def test_values_are_stored_and_shown_as_documented() -> None:
     assert codec.stored_value("text", None, "r") == b"text"
     assert codec.stored_value({"a": [1, 2]}, None, "r") == b'{"a":[1,2]}'
     assert codec.stored_value(None, "AP8=", "r") == b"\x00\xff"
-    for value, b64 in ((None, None), (1, "AA=="), (None, "not base64!")):
+    assert codec.stored_value(None, None, "r") == b"null", "null is a JSON value"
+    for value, b64 in ((codec.ABSENT, None), (1, "AA=="), (None, "not base64!")):
         with pytest.raises(errors.InvalidArgument):
             codec.stored_value(value, b64, "r")
     assert codec.shown_value(b'{"a":1}') == {"a": 1}
