@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from broker.client import wire
+from broker.client import checks, wire
 from broker.client.coalescing import ThreadCoalescer
 from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
 from broker.client.errors import TopicExists, TopicNotFound, invalid_argument
@@ -234,7 +234,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         flight go together in the next request (:mod:`broker.client.coalescing`); each caller gets
         its own result or error.
         """
-        record = OutgoingRecord(value=value, key=key, partition=partition, headers=wire.headers_of(headers),
+        record = OutgoingRecord(value=value, key=key, partition=partition, headers=checks.headers_of(headers),
                                 idempotency_key=idempotency_key, msg_id=msg_id)
         if self._coalescer is None or idempotency_key is not None or dedup_id is not None or msg_id is not None:
             return self.publish_batch(topic, [record], dedup_id=dedup_id)[0]

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from broker.client import wire
+from broker.client import checks, wire
 from broker.client.acks import ThreadAckCoalescer, settled_each
 from broker.client.errors import (
     error_from_rpc,
@@ -114,8 +114,8 @@ class Consumer:
                  **config: Any) -> None:
         if filter:
             raise invalid_argument(GROUP_FILTER_REFUSED)
-        wire.check_group(group)
-        wire.check_int(max_in_flight, "max_in_flight", 1, wire.UINT32_MAX)
+        checks.check_group(group)
+        checks.check_int(max_in_flight, "max_in_flight", 1, checks.UINT32_MAX)
         self._router = router
         self.topic, self.group = topic, group
         self.member_id = member_id or f"{uuid.uuid4().hex[:16]}"
@@ -277,7 +277,7 @@ class Consumer:
 
     def nack(self, messages: Sequence[Message], delay_ms: int | None = None) -> None:
         if delay_ms is not None:
-            wire.check_int(delay_ms, "delay_ms", 0, wire.NACK_DELAY_MAX_MS)
+            checks.check_int(delay_ms, "delay_ms", 0, checks.NACK_DELAY_MAX_MS)
 
         def send(positions: list[bytes], a: str, t: float) -> object:
             request = broker_pb2.NackRequest(topic=self.topic, group=self.group, positions=positions,
@@ -293,7 +293,7 @@ class Consumer:
 
     def extend(self, messages: Sequence[Message], ms: int | None = None) -> list[int]:
         if ms is not None:
-            wire.check_int(ms, "ms (the lease's length)", 0, wire.EXTEND_MAX_MS)
+            checks.check_int(ms, "ms (the lease's length)", 0, checks.EXTEND_MAX_MS)
         request = broker_pb2.ExtendRequest(topic=self.topic, group=self.group, positions=[m.position for m in messages],
                                            extend_ms=ms or 0)
         response = self._router.call(lambda a, t: self._router.broker(a).Extend(request, timeout=t), write=True,

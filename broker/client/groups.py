@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from broker.client import wire
+from broker.client import checks, wire
 from broker.client.errors import GroupNotFound, invalid_argument
 from broker.client.models import Record
 from broker.client.routing import Router
@@ -25,7 +25,7 @@ PRUNE_ROLES = {"none": common_pb2.PRUNE_ROLE_NONE, "lead": common_pb2.PRUNE_ROLE
 BACKOFFS = ("fixed", "exponential")
 _CONFIG_FIELDS = ("visibility_timeout_ms", "base_delay_ms", "max_delay_ms", "max_attempts", "session_timeout_ms",
                   "max_pending")
-_CONFIG_MAX = {"max_attempts": wire.UINT32_MAX, "max_pending": wire.UINT32_MAX}  # the others are int64
+_CONFIG_MAX = {"max_attempts": checks.UINT32_MAX, "max_pending": checks.UINT32_MAX}  # the others are int64
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def group_config(mode: str | None = None, *, visibility_timeout_ms: int | None =
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise invalid_argument(f"{name} must be a positive int, got {value!r}")
-            setattr(config, name, wire.in_range(value, name, 1, _CONFIG_MAX.get(name, wire.INT64_MAX)))
+            setattr(config, name, checks.in_range(value, name, 1, _CONFIG_MAX.get(name, checks.INT64_MAX)))
     if start is not None or timestamp_ms is not None:
         config.start_from.CopyFrom(wire.position(start if start is not None else "earliest", timestamp_ms))
     return config
@@ -200,7 +200,7 @@ class Groups:
         forgotten, dead letters stay. Returns the new committed offset per partition."""
         request = admin_pb2.SeekGroupRequest(topic=topic, group=group, to=wire.position(to, timestamp_ms))
         if partition is not None:
-            request.partition = wire.in_range(partition, "partition", 0, wire.UINT32_MAX)
+            request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
         admin = self._router.admin
         response = self._call(lambda a, t: admin(a).SeekGroup(request, timeout=t), f"seek group {group}")
         return {p.partition: p.offset for p in response.positions}
@@ -242,11 +242,11 @@ class Groups:
                      after_offset: int | None = None) -> builtins.list[DeadLetter]:
         """Dead letters in (partition, offset) order; page with ``partition`` + ``after_offset``."""
         request = admin_pb2.ListDeadLettersRequest(topic=topic, group=group,
-                                                   limit=wire.in_range(limit, "limit", 0, wire.UINT32_MAX))
+                                                   limit=checks.in_range(limit, "limit", 0, checks.UINT32_MAX))
         if partition is not None:
-            request.partition = wire.in_range(partition, "partition", 0, wire.UINT32_MAX)
+            request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
         if after_offset is not None:
-            request.after_offset = wire.in_range(after_offset, "after_offset", 0, wire.UINT64_MAX)
+            request.after_offset = checks.in_range(after_offset, "after_offset", 0, checks.UINT64_MAX)
         admin = self._router.admin
         response = self._call(lambda a, t: admin(a).ListDeadLetters(request, timeout=t), f"dead letters of {group}",
                               write=False)
@@ -258,8 +258,8 @@ class Groups:
         letters are ignored, a partition the topic lacks is refused (InvalidArgument). Those whose
         records were pruned stay dead (``pruned``)."""
         request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, messages=[
-            admin_pb2.PartitionOffset(partition=wire.in_range(p, "a dead letter's partition", 0, wire.UINT32_MAX),
-                                      offset=wire.in_range(o, "a dead letter's offset", 0, wire.UINT64_MAX))
+            admin_pb2.PartitionOffset(partition=checks.in_range(p, "a dead letter's partition", 0, checks.UINT32_MAX),
+                                      offset=checks.in_range(o, "a dead letter's offset", 0, checks.UINT64_MAX))
             for p, o in messages])
         return self._retry(request)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.client import wire
+from broker.client import checks, wire
 from broker.client.errors import invalid_argument
 from broker.client.models import FULL_POLICIES, Retention, TopicInfo
 from broker.client.routing import Router
@@ -54,10 +54,10 @@ class LogAdminMixin:
             before_offset = 0  # with a group: no bound of its own
         elif not isinstance(before_offset, int) or isinstance(before_offset, bool) or before_offset < 0:
             raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
-        before_offset = wire.in_range(before_offset, "before_offset", 0, wire.UINT64_MAX)
+        before_offset = checks.in_range(before_offset, "before_offset", 0, checks.UINT64_MAX)
         request = admin_pb2.PruneRequest(topic=topic, before_offset=before_offset, group=group or "")
         if partition is not None:
-            request.partition = wire.in_range(partition, "partition", 0, wire.UINT32_MAX)
+            request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
         response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),
                                      write=True, what=f"prune {topic}")
         return int(response.records_pruned)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import Client, InvalidArgument, wire
+from broker.client import Client, InvalidArgument, checks
 from broker.client.aio import AsyncClient, AsyncConsumer
 from broker.core.groups import config as server_groups
 
@@ -42,9 +42,9 @@ def in_async(nowhere: str, act: Callable[[AsyncClient], Awaitable[object]]) -> o
 # -- the client's copies of server rules ------------------------------------------------------------
 
 def test_the_client_copies_of_group_rules_equal_the_server_definitions() -> None:
-    assert wire.GROUP_NAME_RE.pattern == server_groups.GROUP_NAME_RE.pattern
-    assert wire.EXTEND_MAX_MS == server_groups.EXTEND_MAX_MS
-    assert wire.NACK_DELAY_MAX_MS == server_groups.NACK_DELAY_MAX_MS
+    assert checks.GROUP_NAME_RE.pattern == server_groups.GROUP_NAME_RE.pattern
+    assert checks.EXTEND_MAX_MS == server_groups.EXTEND_MAX_MS
+    assert checks.NACK_DELAY_MAX_MS == server_groups.NACK_DELAY_MAX_MS
 
 
 # -- defect 7: wrong types ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, overload
 
-from broker.client import wire
+from broker.client import checks, wire
 from broker.client.acks import settled_each
 from broker.client.aio.coalescing import PublishCoalescer
 from broker.client.aio.handlers import AsyncHandler, HandlerRun
@@ -165,10 +165,10 @@ class AsyncClient:
                                           or before_offset < 0):
             raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
         request = admin_pb2.PruneRequest(topic=topic, group=group or "",
-                                         before_offset=wire.in_range(before_offset or 0, "before_offset", 0,
-                                                                     wire.UINT64_MAX))
+                                         before_offset=checks.in_range(before_offset or 0, "before_offset", 0,
+                                                                     checks.UINT64_MAX))
         if partition is not None:
-            wire.in_range(partition, "partition", 0, wire.UINT32_MAX)
+            checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
             request.partition = partition
         response = await self._admin("Prune", request, write=True, what=f"prune {topic}")
         return int(response.records_pruned)
@@ -182,7 +182,7 @@ class AsyncClient:
         own producer session ``dedup_id`` + ``msg_id``). Calls made while this topic's request is in
         flight go together in the next request (see :mod:`broker.client.aio.coalescing`); each caller
         gets its own result or error."""
-        record = OutgoingRecord(value=value, key=key, partition=partition, headers=wire.headers_of(headers),
+        record = OutgoingRecord(value=value, key=key, partition=partition, headers=checks.headers_of(headers),
                                 idempotency_key=idempotency_key, msg_id=msg_id)
         if self._coalescer is None or idempotency_key is not None or dedup_id is not None or msg_id is not None:
             return (await self.publish_batch(topic, [record], dedup_id=dedup_id))[0]
@@ -316,9 +316,9 @@ class AsyncClient:
         the group that it was received (SPEC §3.3), so read them first."""
         # Every argument is checked before anything is leased: a claim refused after it leased would
         # strand its leases until they ran out.
-        wire.check_int(max_records, "max_records", 1, 1000)
+        checks.check_int(max_records, "max_records", 1, 1000)
         if visibility_ms is not None:
-            wire.check_int(visibility_ms, "visibility_ms", 1, wire.EXTEND_MAX_MS)
+            checks.check_int(visibility_ms, "visibility_ms", 1, checks.EXTEND_MAX_MS)
         fixed = sorted({"stop_at_end", "max_in_flight", "max_batch"} & set(group_options))
         if fixed:
             raise invalid_argument(f"claim sets {', '.join(fixed)} itself (from max_records): drop them")
@@ -361,9 +361,9 @@ class AsyncClient:
         if ack not in ("auto", "manual"):
             raise invalid_argument(f"ack must be 'auto' or 'manual', got {ack!r}")
         for name, value in (("concurrency", concurrency), ("batch_size", batch_size)):
-            wire.check_int(value, name, 1, wire.UINT32_MAX)
+            checks.check_int(value, name, 1, checks.UINT32_MAX)
         if limit is not None:
-            wire.check_int(limit, "limit", 1, wire.INT64_MAX)
+            checks.check_int(limit, "limit", 1, checks.INT64_MAX)
         options.setdefault("max_in_flight", max(2 * concurrency * batch_size, concurrency + 1))
         consumer = self.consumer(topic, group, mode=mode, **options)  # checks the group and options first
         return await HandlerRun(handler, manual=ack == "manual", concurrency=concurrency, in_order=mode == "stream",
@@ -389,13 +389,13 @@ class AsyncClient:
             return [int(settled) for settled in settled_each(acked.settled, acked.not_settled, len(positions))]
         elif verb == "nack":
             if delay_ms is not None:
-                wire.check_int(delay_ms, "delay_ms", 0, wire.NACK_DELAY_MAX_MS)
+                checks.check_int(delay_ms, "delay_ms", 0, checks.NACK_DELAY_MAX_MS)
             await self._broker("Nack", broker_pb2.NackRequest(topic=topic, group=group, positions=positions,
                                                               delay_ms=delay_ms or 0), write=True,
                                what=f"nack in {group}")
         elif verb == "extend":
             if extend_ms is not None:
-                wire.check_int(extend_ms, "extend_ms", 0, wire.EXTEND_MAX_MS)
+                checks.check_int(extend_ms, "extend_ms", 0, checks.EXTEND_MAX_MS)
             response = await self._broker("Extend", broker_pb2.ExtendRequest(
                 topic=topic, group=group, positions=positions, extend_ms=extend_ms or 0), write=True,
                 what=f"extend in {group}")

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import grpc
 
-from broker.client import wire
+from broker.client import checks, wire
 from broker.client.acks import settled_each
 from broker.client.aio.acks import AckCoalescer
 from broker.client.aio.routing import AsyncRouter, metadata
@@ -333,8 +333,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
                  on_event: Observer | None = None, filter: str | None = None, **config: Any) -> None:
         if filter:
             raise invalid_argument(GROUP_FILTER_REFUSED)
-        wire.check_group(group)
-        wire.check_int(max_in_flight, "max_in_flight", 1, wire.UINT32_MAX)
+        checks.check_group(group)
+        checks.check_int(max_in_flight, "max_in_flight", 1, checks.UINT32_MAX)
         self._router, self.topic, self.group = router, topic, group
         self.member_id = member_id or uuid.uuid4().hex[:16]
         self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,
@@ -443,7 +443,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
 
     async def nack(self, messages: Sequence[AsyncMessage], delay_ms: int | None = None) -> None:
         if delay_ms is not None:
-            wire.check_int(delay_ms, "delay_ms", 0, wire.NACK_DELAY_MAX_MS)
+            checks.check_int(delay_ms, "delay_ms", 0, checks.NACK_DELAY_MAX_MS)
         await self._settle(messages, "nack", lambda p, a, t: self._router.broker(a).Nack(
             broker_pb2.NackRequest(topic=self.topic, group=self.group, positions=p, delay_ms=delay_ms or 0),
             timeout=t, metadata=metadata()))
@@ -455,7 +455,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
 
     async def extend(self, messages: Sequence[AsyncMessage], ms: int | None = None) -> list[int]:
         if ms is not None:
-            wire.check_int(ms, "ms (the lease's length)", 0, wire.EXTEND_MAX_MS)
+            checks.check_int(ms, "ms (the lease's length)", 0, checks.EXTEND_MAX_MS)
         request = broker_pb2.ExtendRequest(topic=self.topic, group=self.group,
                                            positions=[m.position for m in messages], extend_ms=ms or 0)
         response = await self._router.call(
