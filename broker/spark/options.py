@@ -2,7 +2,10 @@
 
 Every bad option raises :class:`SparkOptionError` naming the option, when the query is defined or
 started (``load()`` / ``start()`` / ``save()``), never inside an executor. Option names are
-case-insensitive (Spark lower-cases them).
+case-insensitive (Spark lower-cases them). An option name the reader (or writer) does not know is
+refused, naming it and listing the known ones (a misspelled ``startingOffset`` would otherwise be
+ignored); the options Spark adds itself (``SPARK_OPTIONS``: ``path``, ``checkpointLocation``...)
+are allowed.
 
 Reader: ``bootstrap`` (required), ``topic`` (required), ``startingOffsets`` / ``endingOffsets``
 ("earliest", "latest" or JSON ``{"0": 12, "1": -2}`` with -2 = earliest, -1 = latest),
@@ -13,14 +16,20 @@ Writer: ``bootstrap``, ``topic``, ``publishBatchRecords`` (records per publish c
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 EARLIEST = -2
 LATEST = -1
 PUBLISH_BATCH_RECORDS_MAX = 10_000
 VALUE_FORMATS = ("binary", "json")
+READER_OPTIONS = ("bootstrap", "topic", "startingOffsets", "startingTimestamp", "endingOffsets",
+                  "maxRecordsPerPartition", "maxRecordsPerTrigger", "failOnDataLoss", "valueFormat")
+WRITER_OPTIONS = ("bootstrap", "topic", "publishBatchRecords")
+# Added by Spark itself: load(path)/save(path)/start(path), load([paths]), checkpoints, query names.
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName")
 
 
 class SparkOptionError(ValueError):
@@ -65,6 +74,22 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
         if key.lower() == wanted:
             return str(value)
     return None
+
+
+def check_known(options: Mapping[str, str], known: Sequence[str], side: str) -> None:
+    """Refuse an option name that is neither in ``known`` nor one Spark adds (``SPARK_OPTIONS``),
+    naming it (with the closest known name) and listing the known ones."""
+    allowed = {name.lower() for name in (*known, *SPARK_OPTIONS)}
+    unknown = sorted(str(key) for key in options if str(key).lower() not in allowed)
+    if not unknown:
+        return
+    by_lower = {name.lower(): name for name in known}
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.lower(), list(by_lower), n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {by_lower[close[0]]!r}?)" if close else ""))
+    raise SparkOptionError(f"raftbroker: unknown {side} option {', '.join(hints)}; the {side} options are "
+                           f"{', '.join(known)}")
 
 
 def _required(options: Mapping[str, str], name: str) -> str:
@@ -126,6 +151,7 @@ def parse_offsets(name: str, raw: str | None, default: int) -> Offsets:
 
 def reader_options(options: Mapping[str, str], *, streaming: bool) -> ReaderOptions:
     """Validate a reader's options; streams start at latest by default, batch reads at earliest."""
+    check_known(options, READER_OPTIONS, "reader")
     starting_raw = _get(options, "startingOffsets")
     timestamp_raw = _get(options, "startingTimestamp")
     timestamp_ms: int | None = None
@@ -142,10 +168,16 @@ def reader_options(options: Mapping[str, str], *, streaming: bool) -> ReaderOpti
     if value_format not in VALUE_FORMATS:
         raise SparkOptionError(f"raftbroker: option 'valueFormat' must be one of {', '.join(VALUE_FORMATS)}, "
                                f"got {value_format!r}")
+    starting = parse_offsets("startingOffsets", starting_raw, LATEST if streaming else EARLIEST)
+    for partition, start in sorted(starting.per_partition.items()):
+        end = ending.for_partition(partition)
+        if start >= 0 and end >= 0 and start > end:  # both given: the cluster need not be asked
+            raise SparkOptionError(f"raftbroker: topic {_get(options, 'topic')!r} partition {partition}: "
+                                   f"startingOffsets {start} is after endingOffsets {end}")
     return ReaderOptions(
         bootstrap=_required(options, "bootstrap"),
         topic=_required(options, "topic"),
-        starting=parse_offsets("startingOffsets", starting_raw, LATEST if streaming else EARLIEST),
+        starting=starting,
         ending=ending,
         starting_timestamp_ms=timestamp_ms,
         max_records_per_partition=_positive_int(options, "maxRecordsPerPartition", None),
@@ -157,6 +189,7 @@ def reader_options(options: Mapping[str, str], *, streaming: bool) -> ReaderOpti
 
 def writer_options(options: Mapping[str, str]) -> WriterOptions:
     """Validate a writer's options."""
+    check_known(options, WRITER_OPTIONS, "writer")
     batch = _positive_int(options, "publishBatchRecords", 500, PUBLISH_BATCH_RECORDS_MAX)
     assert batch is not None
     return WriterOptions(bootstrap=_required(options, "bootstrap"), topic=_required(options, "topic"),

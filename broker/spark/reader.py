@@ -6,6 +6,8 @@ Reading (executors) reads one range through :meth:`broker.client.Client.read_ran
 range always yields the same records (deterministic replays) and every hole is seen: with
 ``failOnDataLoss=true`` (the default) it fails the query with a message naming topic, partition
 and the missing range; with ``false`` it logs the gap and goes on (SKIP_FORWARD, SPEC §3.3).
+Planning refuses offsets out of range, naming topic, partition and offsets: a start after the
+ending offset, and a start past a partition's end (unless ``failOnDataLoss=false``: it starts there).
 
 Stream offsets are JSON objects ``{"<partition>": <next offset>}``, stored in Spark's checkpoint.
 """
@@ -20,7 +22,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from broker.client import Batch, Client, MissingRange
-from broker.spark.options import EARLIEST, LATEST, ReaderOptions
+from broker.spark.options import EARLIEST, LATEST, ReaderOptions, SparkOptionError
 from broker.spark.schema import arrow_schema, batches_to_arrow
 
 log = logging.getLogger("broker.spark")
@@ -49,19 +51,57 @@ def data_loss(options: ReaderOptions, missing: MissingRange | str) -> None:
 
 
 def resolve(client: Client, options: ReaderOptions, bounds: Mapping[int, tuple[int, int]]) -> dict[int, int]:
-    """Starting offset per partition: the timestamp's, or the option's, clamped into the log."""
+    """Starting offset per partition: the timestamp's, or the option's. A given offset past a
+    partition's end (the next offset to be written) is out of range: refused, or with
+    ``failOnDataLoss=false`` the partition starts at its end (logged), like Kafka's source."""
     starts: dict[int, int] = {}
     unknown = sorted(set(options.starting.per_partition) - set(bounds))
     if unknown:
-        raise ValueError(f"raftbroker: startingOffsets names partition(s) {unknown} that topic "
-                         f"{options.topic!r} does not have (it has {len(bounds)})")
+        raise SparkOptionError(f"raftbroker: startingOffsets names partition(s) {unknown} that topic "
+                               f"{options.topic!r} does not have (it has {len(bounds)})")
     for partition, (first, end) in sorted(bounds.items()):
         if options.starting_timestamp_ms is not None:
             starts[partition] = client.offset_for_timestamp(options.topic, partition, options.starting_timestamp_ms)
             continue
         wanted = options.starting.for_partition(partition)
         starts[partition] = first if wanted == EARLIEST else end if wanted == LATEST else wanted
+        if starts[partition] > end:
+            starts[partition] = past_end(options, partition, wanted, end)
     return starts
+
+
+def past_end(options: ReaderOptions, partition: int, wanted: int, end: int) -> int:
+    """Where a partition asked to start at ``wanted`` > its ``end`` starts (``failOnDataLoss=false``:
+    at its end), or the refusal naming the partition and both offsets."""
+    said = (f"startingOffsets asks for offset {wanted} of topic {options.topic!r} partition {partition}, "
+            f"past its end {end} (the next offset to be written)")
+    if options.fail_on_data_loss:
+        raise SparkOptionError(f"raftbroker: {said}; set failOnDataLoss=false to start such a partition at its end")
+    log.warning("raftbroker: %s: starting at %d", said, end)
+    return end
+
+
+def ending_offsets(options: ReaderOptions, bounds: Mapping[int, tuple[int, int]], starts: Mapping[int, int]
+                   ) -> dict[int, int]:
+    """Ending offset per partition (batch reads); an ending offset past a partition's end, or
+    before its starting offset, is refused naming the partition and the offsets."""
+    unknown = sorted(set(options.ending.per_partition) - set(bounds))
+    if unknown:
+        raise SparkOptionError(f"raftbroker: endingOffsets names partition(s) {unknown} that topic "
+                               f"{options.topic!r} does not have (it has {len(bounds)})")
+    ends = {}
+    for partition, (_, end) in sorted(bounds.items()):
+        wanted = options.ending.for_partition(partition)
+        if wanted != LATEST and wanted > end:
+            raise SparkOptionError(f"raftbroker: endingOffsets asks for offset {wanted} of partition {partition}, "
+                                   f"beyond its end {end}")
+        ends[partition] = end if wanted == LATEST else wanted
+        if starts[partition] > ends[partition]:
+            origin = "startingTimestamp" if options.starting_timestamp_ms is not None else "startingOffsets"
+            raise SparkOptionError(f"raftbroker: topic {options.topic!r} partition {partition}: the starting offset "
+                                   f"{starts[partition]} ({origin}) is after the ending offset {ends[partition]} "
+                                   f"(endingOffsets)")
+    return ends
 
 
 def check_starts(options: ReaderOptions, starts: Mapping[int, int], bounds: Mapping[int, tuple[int, int]]
@@ -117,18 +157,9 @@ class BatchReader(DataSourceReader):
         o = self.options
         with Client(o.bootstrap) as client:
             bounds = client.end_offsets(o.topic)
-            starts = check_starts(o, resolve(client, o, bounds), bounds)
-        unknown = sorted(set(o.ending.per_partition) - set(bounds))
-        if unknown:
-            raise ValueError(f"raftbroker: endingOffsets names partition(s) {unknown} that topic {o.topic!r} "
-                             f"does not have (it has {len(bounds)})")
-        ends = {}
-        for partition, (_, end) in bounds.items():
-            wanted = o.ending.for_partition(partition)
-            ends[partition] = end if wanted == LATEST else min(wanted, end)
-            if wanted != LATEST and wanted > end:
-                raise ValueError(f"raftbroker: endingOffsets asks for offset {wanted} of partition {partition}, "
-                                 f"beyond its end {end}")
+            starts = resolve(client, o, bounds)
+        ends = ending_offsets(o, bounds, starts)  # before check_starts: a prune is no option mistake
+        starts = check_starts(o, starts, bounds)
         ranges = split(starts, ends, o.max_records_per_partition)
         return ranges or [OffsetRange(0, 0, 0)]  # Spark wants at least one partition
 

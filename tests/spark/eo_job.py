@@ -65,7 +65,9 @@ class CrashOnceDataSource(RaftBrokerDataSource):
         return CRASH_FORMAT
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        writer = super().streamWriter(schema, overwrite)
+        # crashMarker is this test's own option: the raftbroker writer refuses options it does not know
+        options = {k: v for k, v in self.options.items() if k.lower() != "crashmarker"}
+        writer = RaftBrokerDataSource(options).streamWriter(schema, overwrite)
         assert isinstance(writer, StreamWriter)
         return CrashOnceStreamWriter(writer.options, self.options["crashMarker"])
 
@@ -80,10 +82,12 @@ def main(argv: list[str]) -> None:
                   .alias("headers")))
     spark.dataSource.register(CrashOnceDataSource)
     for attempt in range(1, RESTARTS_MAX + 2):  # a slow Python worker start: restart from the checkpoint
-        query = (df.writeStream.format(CRASH_FORMAT if marker else "raftbroker")
-                 .option("bootstrap", bootstrap).option("topic", target).option("crashMarker", marker or "")
-                 .option("publishBatchRecords", "10").option("checkpointLocation", checkpoint)
-                 .trigger(availableNow=True).start())
+        writer = (df.writeStream.format(CRASH_FORMAT if marker else "raftbroker")
+                  .option("bootstrap", bootstrap).option("topic", target)
+                  .option("publishBatchRecords", "10").option("checkpointLocation", checkpoint))
+        if marker:  # only CRASH_FORMAT knows the option (raftbroker refuses an option it does not know)
+            writer = writer.option("crashMarker", marker)
+        query = writer.trigger(availableNow=True).start()
         try:
             query.awaitTermination()
             break

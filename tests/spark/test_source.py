@@ -154,6 +154,12 @@ def test_typed_topic_reads_as_columns(spark: SparkSession, bootstrap: str) -> No
     ({"topic": "three", "startingOffsets": '{"9": 5}'}, "names partition(s) [9] that topic 'three' does not have"),
     ({"topic": "three", "maxRecordsPerPartition": "0"}, "option 'maxRecordsPerPartition' must be > 0"),
     ({"topic": "three", "valueFormat": "json"}, "valueFormat=json needs a typed topic"),
+    ({"topic": "three", "startingOffset": "latest"}, "unknown reader option 'startingoffset' (did you mean "
+                                                     "'startingOffsets'?); the reader options are bootstrap, topic"),
+    ({"topic": "three", "startingOffsets": '{"0": 99999}'}, "asks for offset 99999 of topic 'three' partition 0, "
+                                                           "past its end"),
+    ({"topic": "three", "startingOffsets": '{"0": 500}', "endingOffsets": '{"0": 100}'},
+     "topic 'three' partition 0: startingOffsets 500 is after endingOffsets 100"),
 ])
 def test_bad_options_fail_at_query_start(spark: SparkSession, bootstrap: str, options: dict[str, str],
                                          message: str) -> None:
@@ -218,3 +224,63 @@ def test_a_batch_write_appends_every_column_and_refuses_overwrite_and_bad_types_
         assert "stage failure" not in str(failed.value) and "Task " not in str(failed.value), "no executor ran"
     with Client(bootstrap) as client:
         assert [end for _, (_, end) in sorted(client.end_offsets("written").items())] == [1, 2], "nothing more stored"
+
+
+def test_start_offsets_past_the_end_or_after_the_ending_offset_are_refused_on_the_driver(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    """A start past a partition's end read nothing from it, silently; now it is refused naming the
+    partition and the offsets (batch and stream), unless failOnDataLoss=false: then the partition
+    starts at its end. A start after the ending offset is refused whatever failOnDataLoss says."""
+    fill(bootstrap, "ranged", 2, 20)
+    for stream in (False, True):
+        with pytest.raises(Exception) as failed:
+            if stream:
+                run_stream(spark, bootstrap, "ranged", tmp_path / "refused", startingOffsets='{"0": 99999}')
+            else:
+                reader(spark, bootstrap, "ranged", startingOffsets='{"0": 99999}').collect()
+        text = str(failed.value)
+        assert "asks for offset 99999 of topic 'ranged' partition 0, past its end 20" in text
+        assert "set failOnDataLoss=false" in text and "stage failure" not in text and "Task " not in text
+    with pytest.raises(Exception) as failed:
+        reader(spark, bootstrap, "ranged", startingOffsets="latest", endingOffsets='{"0": 5}').collect()
+    assert "topic 'ranged' partition 0: the starting offset 20 (startingOffsets) is after the ending offset 5" in str(
+        failed.value)
+    lenient = {"startingOffsets": '{"0": 99999, "1": -2}', "failOnDataLoss": "false"}
+    rows = reader(spark, bootstrap, "ranged", **lenient).collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(1, o) for o in range(20)]
+    first = run_stream(spark, bootstrap, "ranged", tmp_path / "lenient", **lenient)
+    assert sorted(pair for rows in first.values() for pair in rows) == [(1, o) for o in range(20)]
+    with Client(bootstrap) as client:
+        client.publish_batch("ranged", [{"value": f"new-{i}", "partition": 0} for i in range(3)])
+    second = run_stream(spark, bootstrap, "ranged", tmp_path / "lenient", **lenient)
+    assert sorted(pair for rows in second.values() for pair in rows) == [(0, o) for o in range(20, 23)]
+
+
+def test_unknown_options_are_refused_by_every_reader_and_writer(spark: SparkSession, bootstrap: str,
+                                                                tmp_path: Path) -> None:
+    """A misspelled option is refused by read, readStream, write and writeStream on the driver
+    (naming it and the known ones), and nothing is read or written."""
+    with Client(bootstrap) as client:
+        client.create_topic("spelled", 1, exist_ok=True)
+        client.publish("spelled", b"one")
+    with pytest.raises(Exception) as failed:
+        spark.readStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "spelled").option(
+            "maxRecordPerTrigger", "5").load()
+    assert "unknown reader option 'maxrecordpertrigger' (did you mean 'maxRecordsPerTrigger'?)" in str(failed.value)
+    rows = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception) as failed:
+        rows.write.format("raftbroker").mode("append").option("bootstrap", bootstrap).option("topic", "spelled") \
+            .option("startingOffsets", "earliest").save()
+    assert "unknown writer option 'startingoffsets'; the writer options are bootstrap, topic, publishBatchRecords" \
+        in str(failed.value)
+    source = (spark.readStream.format("raftbroker").option("bootstrap", bootstrap)
+              .option("topic", "spelled").option("startingOffsets", "earliest").load().select("value"))
+    with pytest.raises(Exception) as failed:
+        query = (source.writeStream.format("raftbroker").option("bootstrap", bootstrap).option("topic", "spelled")
+                 .option("publishBatchRecord", "10").option("checkpointLocation", str(tmp_path / "w"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(600)
+    assert "unknown writer option 'publishbatchrecord' (did you mean 'publishBatchRecords'?)" in str(failed.value)
+    assert "stage failure" not in str(failed.value)
+    with Client(bootstrap) as client:
+        assert client.end_offsets("spelled") == {0: (0, 1)}, "nothing was written"

@@ -94,3 +94,31 @@ def test_json_batches_become_typed_columns_and_a_bad_field_names_its_record() ->
         batches_to_arrow([_batch("j", 0, 7, [b'{"n": "one"}'], 5)], fields, arrow_schema(fields))
     with pytest.raises(ValueError, match=r"j\[0\]@3 is not JSON"):
         batches_to_arrow([_batch("j", 0, 3, [b"nope"], 5)], fields, arrow_schema(fields))
+
+
+def test_unknown_options_are_refused_naming_them_and_listing_the_known_ones() -> None:
+    """A misspelled option (``startingOffset``) was ignored and the whole topic read; now the reader
+    and the writer refuse a name they do not know, but let through what Spark adds itself."""
+    base = {"bootstrap": "h:1", "topic": "t"}
+    for streaming in (False, True):
+        with pytest.raises(SparkOptionError) as refused:
+            reader_options({**base, "startingoffset": "latest"}, streaming=streaming)
+        assert "unknown reader option 'startingoffset' (did you mean 'startingOffsets'?)" in str(refused.value)
+        assert "the reader options are bootstrap, topic, startingOffsets, startingTimestamp" in str(refused.value)
+    with pytest.raises(SparkOptionError, match="unknown reader option 'publishbatchrecords'"):
+        reader_options({**base, "publishbatchrecords": "5"}, streaming=False)
+    with pytest.raises(SparkOptionError, match=r"unknown writer option 'startingOffsets'; the writer options are "
+                                               r"bootstrap, topic, publishBatchRecords"):
+        writer_options({**base, "startingOffsets": "earliest"})
+    spark_added = {"path": "/x", "paths": '["/x"]', "checkpointlocation": "/ck", "queryname": "q"}
+    assert reader_options({**base, **spark_added}, streaming=True).topic == "t"
+    assert writer_options({**base, **spark_added}).publish_batch_records == 500
+
+
+def test_a_starting_offset_after_the_ending_offset_is_refused() -> None:
+    with pytest.raises(SparkOptionError, match="topic 't' partition 0: startingOffsets 500 is after endingOffsets 100"):
+        reader_options({"bootstrap": "h:1", "topic": "t", "startingOffsets": '{"0": 500}',
+                        "endingOffsets": '{"0": 100}'}, streaming=False)
+    same = reader_options({"bootstrap": "h:1", "topic": "t", "startingOffsets": '{"0": 100, "1": -1}',
+                           "endingOffsets": '{"0": 100, "1": 5}'}, streaming=False)  # latest: checked at start
+    assert same.starting.for_partition(0) == 100
