@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import socket
 import sys
 import threading
 import time
@@ -25,6 +26,18 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """The other end closed ``sock`` (made non-blocking here): a node closing a connection it never
+    answers (a half-sent request head, an unnamed Raft peer). False while it is still open."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
 
 
 def start_cluster(tmp: Path, nodes: int = 3, extra_args: tuple[str, ...] = (), *, http: bool = False,

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.devcluster import DevCluster
 from broker.services.metrics_server import DEFAULT_LIMITS
-from tests.conftest import start_cluster, wait_until
+from tests.conftest import closed_by_peer, start_cluster, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -48,15 +48,6 @@ def _families(text: str) -> set[str]:
     return {family.name for family in text_string_to_metric_families(text)}
 
 
-def _closed_by_node(sock: socket.socket) -> bool:
-    """The node closed ``sock`` (it never answers half a request head)."""
-    try:
-        return sock.recv(4096) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-
 
 def test_idle_connections_hold_no_thread_and_are_closed_while_scrapes_are_answered(node: DevCluster) -> None:
     pid = node.pids[0]
@@ -75,7 +66,7 @@ def test_idle_connections_hold_no_thread_and_are_closed_while_scrapes_are_answer
         assert _threads(pid) <= baseline + THREADS_SLACK
         assert "raftbroker_raft_term" in _families(_scrape(address))  # Prometheus is not locked out
         assert _threads(pid) <= baseline + THREADS_SLACK
-        wait_until(lambda: all(_closed_by_node(s) for s in idle), DEFAULT_LIMITS.head_timeout_s + 30,
+        wait_until(lambda: all(closed_by_peer(s) for s in idle), DEFAULT_LIMITS.head_timeout_s + 30,
                    f"the node to close all {IDLE_CONNECTIONS} idle connections")
     finally:
         for sock in idle:

@@ -17,7 +17,7 @@ import pytest
 from broker.client import Client, Record
 from broker.devcluster import DevCluster
 from broker.replication.transport import HandshakeLimits
-from tests.conftest import wait_until
+from tests.conftest import closed_by_peer, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -157,15 +157,6 @@ def _connect(address: str, source_host: str) -> socket.socket:
     return sock
 
 
-def _closed_by_node(sock: socket.socket) -> bool:
-    """The node closed ``sock`` (which never gets an answer while it is unnamed)."""
-    try:
-        return sock.recv(4096) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-
 
 def test_connections_that_never_name_a_member_are_closed_and_capped(raft_cluster: DevCluster) -> None:
     """A stalled partial frame, a frame trickled a byte at a time and an idle socket each hold a file
@@ -184,14 +175,14 @@ def test_connections_that_never_name_a_member_are_closed_and_capped(raft_cluster
     sockets = [stalled, trickled, idle, *flood]
     try:
         def oldest_of_the_flood_closed() -> bool:
-            return all(_closed_by_node(s) for s in flood[:extra])
+            return all(closed_by_peer(s) for s in flood[:extra])
 
         wait_until(oldest_of_the_flood_closed, 60, f"node 1 to close the {extra} oldest unnamed connections")
 
         def all_closed() -> bool:
             with contextlib.suppress(OSError):
                 trickled.send(b"x")  # keeps the socket's reads fresh: pysyncobj's own timeout never fires
-            return all(_closed_by_node(s) for s in sockets)
+            return all(closed_by_peer(s) for s in sockets)
 
         wait_until(all_closed, limits.timeout_s + 60, "the handshake deadline to close every unnamed connection")
     finally:

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.services.binding import BindFailed, bind_error
 from broker.services.metrics import NodeMetrics
 from broker.services.metrics_server import MetricsHttpLimits, MetricsHttpServer
-from tests.conftest import wait_until
+from tests.conftest import closed_by_peer, wait_until
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -59,16 +59,6 @@ def _connect(port: int, send: bytes = HALF_A_HEAD) -> socket.socket:
     return sock
 
 
-def _closed_by_server(sock: socket.socket) -> bool:
-    """The server closed ``sock`` (it never answers half a head)."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(65536) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-
 
 def _threads_named(prefix: str) -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith(prefix))
@@ -79,11 +69,11 @@ def test_idle_connections_beyond_the_cap_close_the_oldest_without_a_thread_each(
     idle = [_connect(server.port) for _ in range(5 * LIMITS.connections_max)]
     try:
         oldest = idle[:-LIMITS.connections_max]
-        wait_until(lambda: all(_closed_by_server(s) for s in oldest), 10, "the oldest idle connections to close")
+        wait_until(lambda: all(closed_by_peer(s) for s in oldest), 10, "the oldest idle connections to close")
         assert threading.active_count() == threads
         assert _counter(_scrape(server.port)) == 3  # answered while the cap is full of idle connections
         started = time.monotonic()
-        wait_until(lambda: all(_closed_by_server(s) for s in idle), 10, "the head timeout to close the rest")
+        wait_until(lambda: all(closed_by_peer(s) for s in idle), 10, "the head timeout to close the rest")
         assert time.monotonic() - started < LIMITS.head_timeout_s + 2
         assert threading.active_count() == threads
         assert _counter(_scrape(server.port)) == 3
@@ -102,7 +92,7 @@ def test_a_head_trickled_a_byte_at_a_time_is_dropped_at_the_head_timeout(server:
                 sock.send(b"E")  # a byte per poll, far more often than the timeout
             except OSError:
                 return True
-            return _closed_by_server(sock)
+            return closed_by_peer(sock)
 
         wait_until(dropped, 10, "the trickled connection to be dropped", interval_s=0.1)
         assert time.monotonic() - started < LIMITS.head_timeout_s + 2
@@ -146,7 +136,7 @@ def test_a_connection_beyond_the_cap_of_connections_being_answered_is_closed_at_
     try:
         wait_until(lambda: srv.open_connections() == (0, limits.connections_max, 0), 10, "both scrapes answered")
         with _connect(srv.port, b"") as extra:
-            wait_until(lambda: _closed_by_server(extra), 1, "the connection beyond the cap to be closed at once")
+            wait_until(lambda: closed_by_peer(extra), 1, "the connection beyond the cap to be closed at once")
         assert srv.open_connections() == (0, limits.connections_max, 0)
         assert _threads_named("metrics-") == 1 + limits.workers
         gate.open.set()
@@ -213,7 +203,7 @@ def test_close_frees_the_port_and_ends_the_threads() -> None:
     try:
         assert _threads_named("metrics-") == 0
         assert bind_error(f"127.0.0.1:{srv.port}") == ""
-        wait_until(lambda: _closed_by_server(idle), 5, "the idle connection to close")
+        wait_until(lambda: closed_by_peer(idle), 5, "the idle connection to close")
     finally:
         idle.close()
 
