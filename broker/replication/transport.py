@@ -69,6 +69,7 @@ from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
+from broker.listen import bind_failure
 from broker.replication._patches import PINNED_VERSION, PysyncobjPatchError
 from broker.replication.snapshot_guard import StampingTransport
 
@@ -691,19 +692,13 @@ BIND_REPORT_EVERY = 30  # failed binds of the Raft port between two log lines (o
 
 
 def _bind_reason(address: str) -> str:
-    """Why ``address`` cannot be bound now (the OS's words), from a bind as pysyncobj's (SO_REUSEADDR)."""
-    host, _, port = address.rpartition(":")
-    try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port),
-                                                              type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(sockaddr)
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        return f"{reason} (another process, or an earlier node, listens there?)" if getattr(
-            exc, "errno", None) == errno.EADDRINUSE else reason
-    return "it could not be bound a moment ago"
+    """Why ``address`` cannot be bound now, in the OS's words (:func:`broker.listen.bind_failure`)."""
+    failure = bind_failure(address)
+    if failure is None:
+        return "it could not be bound a moment ago"
+    reason = failure.strerror or str(failure)
+    return f"{reason} (another process, or an earlier node, listens there?)" if failure.errno == errno.EADDRINUSE \
+        else reason
 
 
 def salted_password(password: str, salt: str) -> str:

@@ -10,8 +10,9 @@ it on its tick thread and retries every second until the port is free.
 from __future__ import annotations
 
 import errno
-import socket
 from dataclasses import dataclass
+
+from broker.listen import Unresolved, bind_failure
 
 
 @dataclass(frozen=True)
@@ -53,20 +54,10 @@ def describe(exc: OSError) -> str:
 
 
 def bind_error(address: str) -> str:
-    """Why ``address`` (HOST:PORT) cannot be bound right now, from a bind of each of its resolved
-    addresses as the servers bind them (SO_REUSEADDR: a port left in TIME_WAIT is free); "" when it can
-    be. For a server, such as gRPC's, that reports a failed bind without the OS's reason."""
-    host, _, port = address.rpartition(":")
-    try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except (socket.gaierror, ValueError) as exc:
-        return f"cannot resolve it: {exc}"
-    for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(sockaddr)
-            except OSError as exc:
-                return describe(exc)
-    return ""
+    """Why ``address`` (HOST:PORT) cannot be bound right now (:func:`broker.listen.bind_failure`),
+    said as :func:`describe` says it; "" when it can be. For a server, such as gRPC's, that reports
+    a failed bind without the OS's reason."""
+    failure = bind_failure(address)
+    if failure is None:
+        return ""
+    return str(failure) if isinstance(failure, Unresolved) else describe(failure)

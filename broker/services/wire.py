@@ -108,6 +108,9 @@ def group_lag(lag: GroupLag) -> admin_pb2.GroupLagResponse:
                                       node=lag.node)
 
 
+_RESULT_FORMS = frozenset(broker_pb2.ResultForm.values())  # once, not a list per publish
+
+
 def publish_batch(request: broker_pb2.PublishRequest, data: bytes | None = None) -> PublishBatch:
     """A ``PublishRequest`` as a :class:`PublishBatch`; the request is left as it was.
 
@@ -119,7 +122,7 @@ def publish_batch(request: broker_pb2.PublishRequest, data: bytes | None = None)
     (``packed_records``): :func:`broker.services.packed.packed_batch` (``data``: the request's bytes
     as received, when known). An unknown ``results`` form is refused (INVALID_ARGUMENT) before
     anything is submitted, as an unknown op is."""
-    if request.results not in broker_pb2.ResultForm.values():
+    if request.results not in _RESULT_FORMS:
         raise InvalidArgument(f"unknown results form {request.results}; use RESULT_FORM_PER_RECORD (0) or "
                               "RESULT_FORM_COMPACT (1)")
     if request.packed_records:
