@@ -41,6 +41,7 @@ from broker.replication import Role
 from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
 from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
+from broker.services.binding import METRICS, check_free
 from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
 from broker.services.log_metrics import (
@@ -184,6 +185,9 @@ class Node:
                               "be stale: read from another node, and repair or wipe this node's data directory")
 
     def start(self) -> None:
+        # gRPC bound its port as the node was built; the metrics port is checked here, before Raft starts,
+        # so a node that stops for a taken port has not taken part in an election on its way out
+        check_free(METRICS, self.config.metrics_address)
         self.replicator.start()
         host, _, port = self.config.metrics_address.rpartition(":")
         self.metrics.serve(host, int(port))

@@ -48,11 +48,14 @@ def reset(
 ) -> None:
     """Forget DEDUP_ID's watermark on TOPIC: its next message may start again at id 1.
 
-    --json: {"topic": T, "dedup_id": D, "reset": true}.
+    An unknown DEDUP_ID changes nothing and is said so (exit 0).
+    --json: {"topic": T, "dedup_id": D, "reset": true|false} (false: there was no watermark).
     """
     with connect(ctx) as client:
-        client.reset_watermark(topic, dedup_id)
+        existed = client.reset_watermark(topic, dedup_id)
     if state(ctx).json:
-        emit_json({"topic": topic, "dedup_id": dedup_id, "reset": True})
-    else:
+        emit_json({"topic": topic, "dedup_id": dedup_id, "reset": existed})
+    elif existed:
         Console().print(f"reset the watermark of {dedup_id} on {topic}")
+    else:
+        Console().print(f"{topic} has no watermark of {dedup_id}: nothing to reset")

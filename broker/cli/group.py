@@ -66,6 +66,12 @@ def create(
     json_: JsonFlag = False, bootstrap_: BootstrapOption = None,
 ) -> None:
     """Create GROUP on TOPIC (groups are also created by their first consumer)."""
+    if mode == "queue" and session_timeout_ms is not None:
+        raise typer.BadParameter("applies to --mode stream (queue-mode members have no sessions)",
+                                 param_hint="--session-timeout-ms")
+    if mode == "stream" and ordered:
+        raise typer.BadParameter("applies to --mode queue (stream mode is ordered per partition already)",
+                                 param_hint="--ordered")
     start, timestamp_ms = parse_from(from_)
     with connect(ctx) as client:
         info = client.groups.create(topic, group, mode, start=start, timestamp_ms=timestamp_ms,

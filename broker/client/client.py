@@ -310,15 +310,18 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         )
         return [wire.watermark(m) for m in response.watermarks]
 
-    def reset_watermark(self, topic: str, dedup_id: str) -> None:
+    def reset_watermark(self, topic: str, dedup_id: str) -> bool:
         """Forget ``dedup_id``'s watermark on ``topic`` (replicated): its next message may start
-        again at 1. Resetting an unknown ``dedup_id`` is a no-op; raises ``TopicNotFound``."""
+        again at 1. Returns whether there was one: resetting an unknown ``dedup_id`` changes nothing
+        and returns ``False`` (so may a call retried after a failover whose first attempt did reset
+        it). Raises ``TopicNotFound``."""
         request = admin_pb2.ResetWatermarkRequest(topic=topic, dedup_id=wire.check_id(dedup_id, "dedup_id"))
-        self._router.call(
+        response = self._router.call(
             lambda addr, t: self._router.admin(addr).ResetWatermark(request, timeout=t),
             write=True,
             what=f"reset watermark {dedup_id} of {topic}",
         )
+        return bool(response.existed)
 
     # -- consuming ------------------------------------------------------------------------------
 

@@ -123,6 +123,9 @@ def group_config(mode: str | None = None, *, visibility_timeout_ms: int | None =
         if mode not in MODES:
             raise invalid_argument(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
         config.mode = common_pb2.DELIVERY_MODE_QUEUE if mode == "queue" else common_pb2.DELIVERY_MODE_STREAM
+        if mode == "queue" and session_timeout_ms is not None:  # as the server refuses ordered with stream
+            raise invalid_argument("session_timeout_ms applies to stream mode: queue-mode members have no "
+                                   "sessions (a lease's visibility_timeout_ms bounds a silent member)")
     if backoff is not None:
         if backoff not in BACKOFFS:
             raise invalid_argument(f"unknown backoff {backoff!r}; use one of {', '.join(BACKOFFS)}")

@@ -385,8 +385,9 @@ class BrokerStateMachine:
         meta = self._topics.get(cmd.topic)
         if meta is None or meta.topic_id != cmd.topic_id:
             return Rejected(TopicNotFound(cmd.topic))
+        existed = dedup.watermark(self._store, meta.topic_id, cmd.dedup_id) != 0  # ids are non-zero
         dedup.reset_watermark(batch, meta.topic_id, cmd.dedup_id)
-        return None
+        return existed
 
     def create_topic_in(self, cmd: internal_pb2.CreateTopicCommand, batch: Batch, commit: CacheChanges) -> object:
         """Create a topic as part of another command's apply (at most one per apply: the new id is

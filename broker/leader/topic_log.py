@@ -26,7 +26,7 @@ from broker.leader import partitioning, publish_ids, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
 from broker.leader.submitter import CommandSubmitter
-from broker.limits import Limits
+from broker.limits import ID_CHARS_MAX, Limits
 from broker.protowire import ByLength, varint
 from broker.replication import CommandPieces
 from broker.v1 import internal_pb2
@@ -348,14 +348,19 @@ class TopicLog:
         """Every producer session's high watermark on ``topic`` (local applied state)."""
         return list(dedup.watermarks(self._state.store, self._meta(topic).topic_id))
 
-    def reset_watermark(self, topic: str, dedup_id: str) -> None:
-        """Forget ``dedup_id``'s watermark: its next message may start again at 1."""
+    def reset_watermark(self, topic: str, dedup_id: str) -> bool:
+        """Forget ``dedup_id``'s watermark: its next message may start again at 1. Returns whether
+        there was one (resetting an unknown session changes nothing and is not an error)."""
         if not dedup_id:
             raise InvalidArgument("dedup_id is required")
+        if len(dedup_id) > ID_CHARS_MAX:  # no watermark can have such an id: refused, not replicated
+            raise InvalidArgument(f"dedup_id is longer than {ID_CHARS_MAX} characters")
         meta = self._leader_meta(topic)
         cmd = internal_pb2.Command(reset_watermark=internal_pb2.ResetWatermarkCommand(
             topic=topic, topic_id=meta.topic_id, dedup_id=dedup_id))
-        self._raise_rejected(self._submitter.submit(cmd))
+        result = self._submitter.submit(cmd)
+        self._raise_rejected(result)
+        return result is True
 
     def expire_dedup(self) -> None:
         """Forget idempotency keys older than their topic's window (leader housekeeping)."""

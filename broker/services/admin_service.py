@@ -147,8 +147,7 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     @errors.unary
     def ResetWatermark(self, request: admin_pb2.ResetWatermarkRequest,
                        context: grpc.ServicerContext) -> admin_pb2.ResetWatermarkResponse:
-        self._log.reset_watermark(request.topic, request.dedup_id)
-        return admin_pb2.ResetWatermarkResponse()
+        return admin_pb2.ResetWatermarkResponse(existed=self._log.reset_watermark(request.topic, request.dedup_id))
 
     def close(self) -> None:
         self._peer_status.close()

@@ -1,10 +1,11 @@
 """A listen address a node cannot bind at start, said in one line that names the address, the setting
 that chose it and the operating system's reason.
 
-The gRPC server (``grpc_address``, ``--grpc``) and the metrics server (``metrics_address``,
-``--metrics``) raise :class:`BindFailed`; ``raftbroker serve`` prints its message as one line and
-exits 2, as for an invalid setting (docs/operations.md). The Raft port is not here: pysyncobj binds
-it on its tick thread and retries every second until the port is free.
+The gRPC server binds ``grpc_address`` (``--grpc``) as the node is built, and the node checks
+``metrics_address`` (``--metrics``) before its Raft starts (:func:`check_free`; the metrics server
+checks again as it binds). Each raises :class:`BindFailed`, whose message ``raftbroker serve``
+prints as one line before it exits 2, as for an invalid setting (docs/operations.md). The Raft port is not here:
+pysyncobj binds it on its tick thread and retries every second until the port is free.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def describe(exc: OSError) -> str:
     hint = _HINTS.get(exc.errno) if exc.errno is not None else None
     text = exc.strerror or str(exc)
     return f"{text} ({hint})" if hint else text
+
+
+def check_free(listener: Listener, address: str) -> None:
+    """Raise :class:`BindFailed` when ``address`` cannot be bound now: a node checks its ports before
+    its Raft starts, so a taken one stops it before it has taken part in any election."""
+    reason = bind_error(address)
+    if reason:
+        raise BindFailed(listener, address, reason)
 
 
 def bind_error(address: str) -> str:

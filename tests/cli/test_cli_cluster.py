@@ -160,7 +160,9 @@ def test_idempotency_key_and_producer_session(bootstrap: str) -> None:
         "topic": "cli-dedup", "dedup_id": "feed", "reset": True}
     assert cli(bootstrap, "dedup", "watermarks", "cli-dedup").stdout.strip() == "no watermarks on cli-dedup"
     assert cli(bootstrap, "--json", "dedup", "watermarks", "cli-dedup").stdout.strip() == "[]"
-    cli(bootstrap, "dedup", "reset", "cli-dedup", "feed")
+    again = cli(bootstrap, "dedup", "reset", "cli-dedup", "feed")
+    assert again.stdout.strip() == "cli-dedup has no watermark of feed: nothing to reset"
+    assert json.loads(cli(bootstrap, "dedup", "reset", "cli-dedup", "feed", "--json").stdout)["reset"] is False
     missing = cli(bootstrap, "dedup", "watermarks", "nope", expect=1)
     assert missing.stderr.startswith("raftbroker: error: ") and "does not exist" in missing.stderr
     gap = cli(bootstrap, "publish", "cli-dedup", "g", "--dedup-id", "feed", "--msg-id", "3", expect=1)

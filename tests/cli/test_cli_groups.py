@@ -37,6 +37,8 @@ def test_consume_with_a_group_acks_what_it_prints_and_lag_counts_the_rest(bootst
     assert len(other) == 10, "a second group gets everything again"
     listed = json.loads(cli(bootstrap, "group", "list", "cg", "--json").stdout)
     assert [(g["group"], g["mode"]) for g in listed] == [("billing", "queue"), ("stream-readers", "stream")]
+    missing = cli(bootstrap, "group", "list", "no-such-topic", expect=1)
+    assert "does not exist" in missing.stderr, "an unknown topic is not a topic without groups"
 
 
 def test_seek_replay_pause_resume_and_delete(bootstrap: str) -> None:

@@ -126,6 +126,8 @@ def test_unreachable_cluster_is_one_line_on_stderr_and_exit_1() -> None:
         ["dedup", "reset", "t"],
         ["consume", "t", "--mode", "stream"],  # a group's mode, without --group (it was ignored)
         ["group", "replay", "t", "g", "--from", "offset:5"],
+        ["group", "create", "t", "g", "--session-timeout-ms", "5000"],  # queue mode (the default): it was unused
+        ["group", "create", "t", "g", "--mode", "stream", "--ordered"],
         ["--timeout", "1e10", "topic", "list"],  # past gRPC's int64-nanosecond deadline: every call failed
     ],
 )

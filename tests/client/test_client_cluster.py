@@ -206,10 +206,12 @@ def test_watermarks_api(client: Client) -> None:
         client.publish("marks", "gap", dedup_id="feed", msg_id=9)  # the watermark is 4: 5 comes next
     assert client.get_watermarks("marks")[0] == Watermark("feed", 4)
 
-    client.reset_watermark("marks", "feed")
+    assert client.reset_watermark("marks", "feed") is True
     assert client.get_watermarks("marks") == [Watermark("other", 2)]
     assert not client.publish("marks", "again", dedup_id="feed", msg_id=1).duplicate, "a reset session restarts at 1"
-    client.reset_watermark("marks", "never-seen")  # a no-op
+    assert client.reset_watermark("marks", "never-seen") is False  # a no-op, said so
+    with pytest.raises(InvalidArgument, match="dedup_id"):
+        client.reset_watermark("marks", "x" * 10_000)
     got = records(list(client.subscribe("marks", stop_at_end=True)))
     assert sorted(r.msg_id for r in got) == sorted(["1", "2", "3", "1", "-2", "4", "1"])
     assert len(got) == 7, "discarded duplicates stored nothing"

@@ -92,6 +92,14 @@ def test_create_topic_with_a_wrong_type_is_invalid_argument_in_both_sdks(
         in_async(nowhere, lambda c: c.create_topic(*args, **kwargs))
 
 
+def test_a_session_timeout_for_a_queue_mode_group_is_refused(sync: Client) -> None:
+    """Queue-mode members have no sessions: the value was stored and never used."""
+    with pytest.raises(InvalidArgument, match="session_timeout_ms applies to stream mode"):
+        sync.groups.create("t", "g", "queue", session_timeout_ms=5000)
+    with pytest.raises(InvalidArgument, match="session_timeout_ms applies to stream mode"):
+        sync.subscribe("t", group="g", mode="queue", session_timeout_ms=5000)
+
+
 # -- defect 3: group names ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("group", ["", "-lead", "a.b", "x" * 101, 5])

@@ -52,6 +52,9 @@ def test_a_taken_port_stops_the_node_with_one_line_and_exit_code_2(tmp_path: Pat
                       "still running, listens on that port)"], err
     assert err.rstrip().splitlines()[-1] == errors[0]  # the last word
     assert "ready" not in out
+    # both ports are checked before Raft starts (its journal directory is made as it starts): a node
+    # that cannot serve must not have taken part in an election on its way out
+    assert not (tmp_path / "raft").exists()
 
 
 def test_a_taken_raft_port_is_said_and_the_node_takes_part_once_it_is_free(tmp_path: Path) -> None:

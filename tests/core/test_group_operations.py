@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.core import records
-from broker.core.errors import GroupNotFound, InvalidArgument
+from broker.core.errors import GroupNotFound, InvalidArgument, TopicNotFound
 from broker.leader.reading import Reader
 from broker.services import wire
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
@@ -139,6 +139,10 @@ def test_delete_ends_the_group_and_describe_reports_members() -> None:
     assert info.dlq_topic == "t.s.dlq" and [m.member_id for m in info.members] == ["alice"]
     assert list(info.members[0].partitions) == [0, 1]
     assert [g.meta.group for g in env.ops.list_groups("t")] == ["s"]
+    with pytest.raises(TopicNotFound):  # not an empty list: the topic itself is missing
+        env.ops.list_groups("nope")
+    with pytest.raises(InvalidArgument):
+        env.ops.list_groups("bad name!")
     env.ops.delete("t", "s")
     with pytest.raises(GroupNotFound):
         env.ops.describe("t", "s")

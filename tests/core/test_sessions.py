@@ -150,8 +150,9 @@ def test_the_last_id_of_the_range_may_be_the_largest_int64() -> None:
 def test_reset_watermark_lets_the_session_start_again_at_one() -> None:
     m = Machine()
     m.places(batch(1, [0, 0]))
-    assert m.apply(reset()) is None
+    assert m.apply(reset()) is True, "the apply says there was a watermark"
     assert not list(dedup.watermarks(m.sm.store, 1))
+    assert m.apply(reset()) is False, "and that there is none left"
     assert [d for *_, d in m.places(batch(1, [0]))] == [False], "stored again after the reset"
     assert m.stored(0) == 3
 

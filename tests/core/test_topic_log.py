@@ -97,6 +97,9 @@ def test_watermarks_discard_repeats_and_reject_gaps(log: TopicLog) -> None:
         pub(log, rec(5))
     assert log.watermarks("t") == [("s", 4)]
     assert sum(ends(log)) == 4
-    log.reset_watermark("t", "s")
+    assert log.reset_watermark("t", "s") is True
     assert log.watermarks("t") == []
+    assert log.reset_watermark("t", "s") is False, "nothing left to reset"
+    with pytest.raises(errors.InvalidArgument, match="longer than"):
+        log.reset_watermark("t", "s" * 10_000)  # refused on the leader, not replicated
     assert not pub(log, rec(1), dedup_id="s")[0].duplicate

@@ -249,9 +249,12 @@ class AsyncClient:
                                      what=f"get watermarks of {topic}")
         return [wire.watermark(m) for m in response.watermarks]
 
-    async def reset_watermark(self, topic: str, dedup_id: str) -> None:
+    async def reset_watermark(self, topic: str, dedup_id: str) -> bool:
+        """As :meth:`Client.reset_watermark`: whether there was a watermark to forget."""
         request = admin_pb2.ResetWatermarkRequest(topic=topic, dedup_id=wire.check_id(dedup_id, "dedup_id"))
-        await self._admin("ResetWatermark", request, write=True, what=f"reset watermark {dedup_id} of {topic}")
+        response = await self._admin("ResetWatermark", request, write=True,
+                                     what=f"reset watermark {dedup_id} of {topic}")
+        return bool(response.existed)
 
     # -- consuming ------------------------------------------------------------------------------
     @overload

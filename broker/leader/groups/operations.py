@@ -113,7 +113,12 @@ class GroupOperations:
         return self.info(rt.meta, rt)
 
     def list_groups(self, topic: str) -> list[GroupView]:
+        """The groups of ``topic``; a topic that does not exist is NOT_FOUND (as for DescribeGroup),
+        even while groups of a dropped topic wait for it to be re-created."""
+        validate_name(topic)
         self._service.read_barrier()
+        if self._state.topic(topic) is None:
+            raise TopicNotFound(topic)
         return [self.info(meta) for meta in layout.topic_metas(self._state.store, topic)]
 
     def delete(self, topic: str, group: str) -> None:
