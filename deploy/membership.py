@@ -14,7 +14,11 @@ one at a time (a leader hands over first), so the pods that go away are no longe
 majority. ``grow`` (after new pods run): every desired id that is not a member is added once its
 node answers on gRPC, then the next only after the added node is caught up (SERVING on the gRPC
 health service), so the cluster never has two members catching up at once. Both are idempotent:
-a rerun after a partial failure does the rest. Exit 0 when membership equals the desired set
+a rerun after a partial failure does the rest. ``shrink`` (the pre-upgrade hook) also refuses,
+before the StatefulSet changes, a grow whose new pods would be a majority of the desired members:
+they start with every desired member as a peer and would elect a leader among themselves before
+``grow`` adds them (``check_growth``); ``grow`` refuses to add a node that already serves as a member
+of another cluster. Exit 0 when membership equals the desired set
 (for ``shrink``: has no extra member), 1 with one line on stderr otherwise.
 """
 
@@ -68,6 +72,18 @@ def members(client: Client) -> set[str]:
     return {n.id for n in client.cluster_status().nodes}
 
 
+def check_growth(current: set[str], desired: list[PeerConfig]) -> None:
+    """Refuse (ValueError) a grow whose new members would be a majority of ``desired``: each new pod
+    starts with every desired member as a peer, so such new pods elect a leader among themselves
+    before ``grow`` adds them, a second cluster beside the old one, with the same node ids."""
+    joining = [p.id for p in desired if p.id not in current]
+    if current and 2 * len(joining) > len(desired):
+        raise ValueError(
+            f"{len(joining)} new members of {len(desired)} ({', '.join(joining)}) would be a majority and elect "
+            f"a leader of their own before they are added: grow from {len(current)} to at most "
+            f"{2 * len(current)} members per `helm upgrade`, then upgrade again")
+
+
 def shrink(client: Client, desired: list[PeerConfig]) -> list[str]:
     """Remove every member not in ``desired``; returns the removed ids."""
     wanted = {p.id for p in desired}
@@ -91,6 +107,9 @@ def grow(client: Client, desired: list[PeerConfig], wait_s: float = NODE_WAIT_S_
         print(f"membership: waiting for {peer.id} to answer on {peer.grpc_address}", flush=True)
         _wait(f"{peer.id} to answer on {peer.grpc_address}",
               lambda p=peer: _serving(p.grpc_address, security=security) is not None, deadline)
+        if _serving(peer.grpc_address, security=security):  # a node that is no member cannot be SERVING here
+            raise ValueError(f"{peer.id} serves as a member of another cluster (new nodes that elected a leader "
+                             "among themselves?): not adding it")
         print(f"membership: adding {peer.id} ({peer.raft_address}, gRPC {peer.grpc_address})", flush=True)
         client.add_node(peer.id, peer.raft_address, peer.grpc_address)
         _wait(f"{peer.id} to catch up", lambda p=peer: _serving(p.grpc_address, security=security) is True, deadline)
@@ -123,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     security = loaded.security if loaded else None
     with Client(args.bootstrap, retry_deadline_s=args.retry_deadline_s, security=security) as client:
         try:
-            if args.phase == "shrink":
+            if args.phase == "shrink":  # pre-upgrade: also checks the grow that follows, before pods change
+                check_growth(members(client), desired)
                 shrink(client, desired)
                 extra = members(client) - {p.id for p in desired}
                 if extra:
@@ -132,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 grow(client, desired, args.wait_s, security)
             now = sorted(members(client))
-        except (BrokerError, TimeoutError) as exc:
+        except (BrokerError, TimeoutError, ValueError) as exc:
             print(f"membership: error: {exc}", file=sys.stderr)
             return 1
     print(f"membership: members now {', '.join(now)}", flush=True)

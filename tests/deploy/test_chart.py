@@ -51,8 +51,8 @@ def test_default_values_render_a_three_node_statefulset() -> None:
     tpl = pod_template([o for group in objs.values() for o in group])
     assert tpl.environment(1)["RAFTBROKER_RAFT_ADDRESS"] == config["peers"][1]["raft_address"]
     hooks = {j["metadata"]["annotations"]["helm.sh/hook"]: j for j in objs["Job"]}
-    assert set(hooks) == {"pre-upgrade", "post-install,post-upgrade"}
-    assert hooks["pre-upgrade"]["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "shrink"
+    assert set(hooks) == {"pre-upgrade,pre-rollback", "post-install,post-upgrade,post-rollback"}
+    assert hooks["pre-upgrade,pre-rollback"]["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "shrink"
     assert "ServiceMonitor" not in objs
     assert any(p["metadata"]["annotations"]["helm.sh/hook"] == "test" for p in objs["Pod"])
 

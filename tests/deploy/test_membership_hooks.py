@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client, Record
+from broker.devcluster import DevCluster
 from tests.conftest import start_cluster, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -63,6 +64,55 @@ def test_grow_and_shrink_change_raft_membership(tmp_path: Path) -> None:
                     got = [r.value for r in one.subscribe("scaled", stop_at_end=True) if isinstance(r, Record)]
                     assert got == [f"r{k}".encode() for k in range(20)] + [b"after"]
     finally:
+        cluster.stop()
+
+
+def test_a_grow_whose_new_nodes_would_be_a_majority_is_refused(tmp_path: Path) -> None:
+    """docs/deploy.md's restore: one node restored from a backup, then grown. New pods start with
+    every desired member as a peer, so two new pods of three elect a leader of their own before the
+    grow hook adds them; adding them then merged the two clusters and lost every restored record.
+    The pre-upgrade hook (shrink) refuses 1 -> 3 before any pod changes; 1 -> 2 -> 3 keeps the data;
+    and grow refuses a node that already serves another cluster."""
+    cluster = start_cluster(tmp_path / "c", nodes=1)
+    other: DevCluster | None = None
+    try:
+        bootstrap = cluster.addresses[0]
+
+        def spec(n: int) -> str:
+            return ",".join(f"{cluster.node_id(i)}={cluster.raft_address(i)}/{cluster.grpc_address(i)}"
+                            for i in range(n))
+
+        with Client(bootstrap) as client:
+            client.create_topic("restored", partitions=1)
+            for k in range(20):
+                client.publish("restored", f"r{k}".encode(), partition=0)
+            refused = run(bootstrap, spec(3), "shrink")
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert "would be a majority" in refused.stderr and "to at most 2 members" in refused.stderr
+
+            # a node that serves a cluster of its own (here: another single node) is not added
+            other = start_cluster(tmp_path / "other", nodes=1)
+            stranger = f"{cluster.node_id(1)}={other.raft_address(0)}/{other.grpc_address(0)}"
+            strange = run(bootstrap, f"{spec(1)},{stranger}", "grow")
+            assert strange.returncode == 1 and "serves as a member of another cluster" in strange.stderr, \
+                strange.stdout + strange.stderr
+            assert {n.id for n in client.cluster_status().nodes} == {cluster.node_id(0)}
+            other.stop()
+            other = None
+
+            for n in (2, 3):  # one step at a time, as the pre-upgrade hook says
+                checked = run(bootstrap, spec(n), "shrink")
+                assert checked.returncode == 0, checked.stdout + checked.stderr
+                cluster.add_node()  # the new pod: every desired member as a peer
+                grown = run(bootstrap, spec(n), "grow")
+                assert grown.returncode == 0, grown.stdout + grown.stderr
+        for i in range(3):
+            with Client(cluster.grpc_address(i)) as one:
+                got = [r.value for r in one.subscribe("restored", stop_at_end=True) if isinstance(r, Record)]
+                assert got == [f"r{k}".encode() for k in range(20)], i
+    finally:
+        if other is not None:
+            other.stop()
         cluster.stop()
 
 

@@ -1,9 +1,11 @@
 {{/* Names, labels and the member list shared by the templates. */}}
+{{/* The objects' base name; no dots (Helm allows them in release names): Service names and the pods'
+host names are DNS labels. */}}
 {{- define "raftbroker.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- .Release.Name | replace "." "-" | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" (.Release.Name | replace "." "-") .Chart.Name | trunc 50 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
