@@ -135,6 +135,8 @@ def load_client_config(path: Path | str | None = None) -> ClientConfig | None:
     if not isinstance(token, str | None) or not isinstance(token_file, str | None):
         raise ClientConfigError(f"client config {path}: token and token_file must be strings")
     ca_pem, cert_pem, key_pem = read("ca_file"), read("cert_file"), read("key_file")  # each names the file itself
+    if token_file is not None and not (read("token_file") or b"").strip():  # else every call: "missing credentials"
+        raise ClientConfigError(f"client config {path}: token_file {base / token_file} is empty")
     try:
         security = ClientSecurity(ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
                                   token=token, token_file=base / token_file if token_file else None,

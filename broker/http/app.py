@@ -30,6 +30,7 @@ from broker.http import codec, problems, reading
 from broker.http.bodies import INT32_MAX, BodyRefused, JsonRoute, PruneBody, PublishBody, TopicBody
 from broker.http.body_limit import BODY_BYTES_MAX, BodyLimit
 from broker.http.groups import router as groups_router
+from broker.security import VIA_GATEWAY_METADATA
 
 READ_LIMIT_MAX = 1000
 Topic = Annotated[str, Path(description="a topic name", examples=["orders"])]
@@ -37,7 +38,9 @@ Topic = Annotated[str, Path(description="a topic name", examples=["orders"])]
 
 class BearerPassThrough:
     """ASGI middleware: the request's ``Authorization`` header becomes the metadata of every gRPC call
-    made while serving it (the SDK's ``call_metadata``); a header gRPC cannot carry is a 400."""
+    made while serving it (the SDK's ``call_metadata``); a header gRPC cannot carry is a 400. Every
+    such call also says it comes through the gateway: with mTLS the gateway presents its node's
+    certificate, which must not make a caller without a token that node's principal."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -47,15 +50,15 @@ class BearerPassThrough:
             await self.app(scope, receive, send)
             return
         value = dict(scope["headers"]).get(b"authorization")
-        if value is None:
-            await self.app(scope, receive, send)
-            return
-        if not all(0x20 <= b < 0x7F for b in value):
-            response = problems.problem(400, "Invalid argument", "the Authorization header must be printable ASCII",
-                                        "INVALID_ARGUMENT")
-            await response(scope, receive, send)
-            return
-        token = call_metadata.set((("authorization", value.decode()),))
+        metadata: tuple[tuple[str, str], ...] = ((VIA_GATEWAY_METADATA, "1"),)
+        if value is not None:
+            if not all(0x20 <= b < 0x7F for b in value):
+                response = problems.problem(400, "Invalid argument", "the Authorization header must be printable ASCII",
+                                            "INVALID_ARGUMENT")
+                await response(scope, receive, send)
+                return
+            metadata += (("authorization", value.decode()),)
+        token = call_metadata.set(metadata)
         try:
             await self.app(scope, receive, send)
         finally:

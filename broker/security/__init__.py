@@ -17,6 +17,10 @@ from contextvars import ContextVar
 
 _PRINCIPAL: ContextVar[str] = ContextVar("raftbroker_principal", default="")
 
+# metadata the HTTP gateway sends with every call it makes for an HTTP request: such a call is never
+# the principal of the client certificate (the gateway presents its node's own), only of its token
+VIA_GATEWAY_METADATA = "x-raftbroker-via-gateway"
+
 
 def current_principal() -> str:
     """The authenticated principal of the call being served ("" when authentication is off)."""

@@ -9,13 +9,16 @@ Authorisation: the rule's permission on the request's topic (``topic``, ``name``
 ``config.name`` field) and group (``group``), checked against the ACL; a refusal is
 PERMISSION_DENIED naming the permission and the resource. For ``PublishStream`` every request
 of the stream is checked; a refused one ends the stream (after the earlier ones are answered)
-with PERMISSION_DENIED.
+with PERMISSION_DENIED. A ``Subscribe`` stream is authorised again before each answer, so a grant
+revoked ends it too. A stream's token is checked when it opens only (a client whose token is
+rotated keeps its open streams; a removed token does not end them).
 The principal is set for the servicer (:func:`broker.security.current_principal`), which stamps it
 as each published record's producer. Refusals and every admin action are audited.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ from typing import Any
 import grpc
 
 from broker.protowire import Received
-from broker.security import set_principal
+from broker.security import VIA_GATEWAY_METADATA, set_principal
 from broker.security.acl import ADMIN, CLUSTER_ADMIN, CONSUME, MIRROR, PUBLISH, TOPIC_PERMISSIONS, Acl
 from broker.security.audit import audit
 from broker.security.tokens import AuthenticationError, TokenStore
@@ -67,6 +70,10 @@ METHOD_RULES: dict[str, Rule] = {
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": Rule(AUTHENTICATED),
 }
 DEFAULT_RULE = _CLUSTER
+# methods whose empty ``group`` means every group of the topic: authorised as the group "*", which
+# only a grant whose groups match every group (``"*"``) allows (no group name contains "*")
+EVERY_GROUP_METHODS = frozenset(f"/broker.v1.Admin/{m}" for m in ("PauseGroups", "ResumeGroups"))
+EVERY_GROUP = "*"
 
 
 class Denied(Exception):
@@ -93,6 +100,15 @@ def request_resource(request: Any) -> tuple[str, str]:
     return topic, group
 
 
+def call_resource(method: str, request: Any) -> tuple[str, str]:
+    """(topic, group) a call of ``method`` acts on: :func:`request_resource`, with :data:`EVERY_GROUP`
+    for a call of :data:`EVERY_GROUP_METHODS` that names no group."""
+    topic, group = request_resource(request) if request is not None else ("", "")
+    if not group and method in EVERY_GROUP_METHODS:
+        group = EVERY_GROUP
+    return topic, group
+
+
 def _describe(permission: str, topic: str, group: str) -> str:
     if permission in (CLUSTER_ADMIN, MIRROR, AUTHENTICATED):
         return "cluster"
@@ -109,7 +125,9 @@ class Guard:
 
     def authenticate(self, context: grpc.ServicerContext) -> str:
         token = ""
+        via_gateway = False
         for key, value in context.invocation_metadata() or ():
+            via_gateway = via_gateway or key == VIA_GATEWAY_METADATA
             if key == "authorization":
                 scheme, _, rest = str(value).partition(" ")
                 if scheme.lower() != "bearer" or not rest.strip():
@@ -122,7 +140,7 @@ class Guard:
                 return self._tokens.authenticate(token)
             except AuthenticationError as exc:
                 raise Denied(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
-        if self._from_cert:
+        if self._from_cert and not via_gateway:  # the gateway's certificate is its node's, not its caller's
             names = context.auth_context().get("x509_common_name") or []
             if names:
                 return bytes(names[0]).decode()
@@ -130,7 +148,7 @@ class Guard:
 
     def authorise(self, principal: str, method: str, rule: Rule, request: Any) -> str:
         """The resource description; :class:`Denied` when ``principal`` lacks the rule's permission."""
-        topic, group = request_resource(request) if request is not None else ("", "")
+        topic, group = call_resource(method, request)
         resource = _describe(rule.permission, topic, group)
         if rule.permission == AUTHENTICATED:
             return resource
@@ -183,7 +201,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             principal = self._guard.authenticate(context)
             resource = self._guard.authorise(principal, method, rule, request)
         except Denied as denied:
-            topic, group = request_resource(request) if request is not None else ("", "")
+            topic, group = call_resource(method, request)
             kind = "unauthenticated" if denied.code == grpc.StatusCode.UNAUTHENTICATED else "denied"
             audit(principal, method, _describe(rule.permission, topic, group), f"{kind}: {denied}", context.peer())
             raise
@@ -276,8 +294,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             except Denied as denied:
                 await context.abort(denied.code, str(denied))
             set_principal(principal)
-            async for item in behavior(request, context):
-                yield item
+            async with contextlib.aclosing(behavior(request, context)) as items:
+                async for item in items:
+                    try:  # again before each answer: a grant revoked ends an open stream (not its token,
+                        # checked when the stream opened: a client whose token is rotated keeps its streams)
+                        guard._guard.authorise(principal, method, rule, request)
+                    except Denied as denied:
+                        audit(principal, method, _describe(rule.permission, *call_resource(method, request)),
+                              f"denied: {denied}", context.peer())
+                        await context.abort(denied.code, str(denied))
+                    yield item
 
         return wrapper
 

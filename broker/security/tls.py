@@ -3,7 +3,8 @@
 gRPC asks :meth:`ServerTls._fetch` before each new TLS handshake; it answers a new configuration
 when a file's modification time or size changed (so a renewed certificate, e.g. by cert-manager,
 is served to new connections without a restart; open connections keep theirs). A broken update
-(unreadable, or a key that does not load) is logged and the last good configuration kept.
+(unreadable, or a key that does not load or is not the certificate's) is logged and the last good
+configuration kept.
 With a client CA, clients must present a certificate it signed (mTLS).
 """
 
@@ -14,8 +15,23 @@ import os
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 log = logging.getLogger(__name__)
+
+
+def _check_pair(cert_pem: bytes, key_pem: bytes, cert_file: Path, key_file: Path) -> None:
+    """``ValueError`` unless the key loads and belongs to the (first) certificate: gRPC would keep
+    serving the old pair silently (or, at start, fail every handshake)."""
+    try:
+        public = x509.load_pem_x509_certificate(cert_pem).public_key()
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{cert_file} or {key_file} does not load: {exc}") from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != public.public_bytes(*spki):
+        raise ValueError(f"the key {key_file} is not the key of the certificate {cert_file}")
 
 
 class ServerTls:
@@ -38,6 +54,7 @@ class ServerTls:
         cert, key = self._files[0].read_bytes(), self._files[1].read_bytes()
         if b"-----BEGIN" not in cert or b"-----BEGIN" not in key:
             raise ValueError(f"{self._files[0]} and {self._files[1]} must be PEM")
+        _check_pair(cert, key, self._files[0], self._files[1])
         root = self._files[2].read_bytes() if self._client_ca else None
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=root)
 

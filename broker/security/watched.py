@@ -25,7 +25,11 @@ class WatchedFile(Generic[T]):
         self._parse = parse
         self._lock = threading.Lock()
         self._stamp = self._stat()
-        self._value = parse(self.path.read_text())
+        try:
+            self._value = parse(self.path.read_text())
+        except ValueError as exc:  # a TOML error says where in the file, not which file
+            raise ValueError(f"invalid {self.path}: {exc}") from None
+        self._unreadable = False  # logged once until the file can be stat'ed again (not on every call)
 
     def _stat(self) -> tuple[int, int, int]:
         st = os.stat(self.path)
@@ -35,8 +39,11 @@ class WatchedFile(Generic[T]):
         try:
             stamp = self._stat()
         except OSError as exc:
-            log.error("cannot read %s (%s); keeping the last good version", self.path, exc)
+            if not self._unreadable:
+                self._unreadable = True
+                log.error("cannot read %s (%s); keeping the last good version", self.path, exc)
             return self._value
+        self._unreadable = False
         if stamp == self._stamp:
             return self._value
         with self._lock:

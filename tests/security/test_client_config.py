@@ -40,6 +40,8 @@ def test_environment_variable_names_the_file(tmp_path: Path, monkeypatch: pytest
     ('ca_file = "missing.pem"\n', "ca_file .*missing.pem"),
     ('cert_file = "c.toml"\n', "certificate and its key go together"),
     ('token = "a"\ntoken_file = "c.toml"\n', "token or token_file, not both"),
+    ('token_file = "missing.token"\n', "token_file .*missing.token: No such file"),
+    ('token_file = "empty.token"\n', "token_file .*empty.token is empty"),
     ('tokens = "a"\n', "unknown key"),
     ("bootstrap = [1]\n", "bootstrap must be a list"),
     ("bootstrap = [\n", "client config"),
@@ -47,6 +49,7 @@ def test_environment_variable_names_the_file(tmp_path: Path, monkeypatch: pytest
 def test_errors_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "c.toml"
     config.write_text(text)
+    (tmp_path / "empty.token").write_text("\n")
     with pytest.raises(ClientConfigError, match=message) as raised:
         load_client_config(config)
     assert str(raised.value).count("client config") == 1, "the file is named once"
