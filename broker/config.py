@@ -145,7 +145,8 @@ class NodeConfig(BaseModel):
                 "docs/security.md), or pass --insecure to accept that explicitly")
         if not is_loopback(self.raft_address) and not (self.raft_password or self.raft_password_file):
             raise ValueError("a non-loopback Raft address needs raft_password (it encrypts and authenticates the "
-                             "Raft transport; set it in the config file or RAFTBROKER_RAFT_PASSWORD)")
+                             "Raft transport; set it in the config file or RAFTBROKER_RAFT_PASSWORD), or "
+                             "raft_password_file (--raft-password-file, a mounted Secret)")
         if self.raft_password == "" or self.raft_password_salt == "":
             raise ValueError("raft_password and raft_password_salt must not be empty when set")
         return self

@@ -34,7 +34,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"grpc_address": "0.0.0.0:7001"}, "--insecure"),
     ({"metrics_address": "0.0.0.0:7201"}, "--insecure"),
     ({"metrics_address": "10.1.2.3:7201"}, "10.1.2.3:7201"),
-    ({"raft_address": "10.0.0.1:7101", "insecure": True}, "raft_password"),
+    ({"raft_address": "10.0.0.1:7101", "insecure": True}, "raft_password_file"),  # both ways of giving it are named
     ({"raft_password": "pw", "raft_password_salt": ""}, "raft_password_salt"),
     ({"peers": [{"id": "n1", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "unique"),
     ({"unknown_setting": 1}, "unknown_setting"),

@@ -110,15 +110,19 @@ def serve_command(
     from broker.core.formats import DataFormatTooNew
     from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.replication import ReplicaDataDamaged
+    from broker.security.node import SecuritySettingsError, gateway_security
     from broker.services.binding import BindFailed
     from broker.storage import StoreCorruption
 
     gateway = None
     if http is not None:
-        from broker.security.node import gateway_security
-
+        try:
+            security = gateway_security(cfg)
+        except SecuritySettingsError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
         gateway = start_http(http, cfg.grpc_address, [p.grpc_address for p in cfg.peers], cfg.insecure,
-                             gateway_security(cfg), batch_bytes_max=cfg.max_batch_bytes)
+                             security, batch_bytes_max=cfg.max_batch_bytes)
 
     try:
         serve(cfg)
@@ -127,8 +131,8 @@ def serve_command(
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None
-    except BindFailed as exc:  # a port in use, an address not on this host: exit 2, as for a bad setting
-        # (the fix is a free address or stopping what holds it; the data is fine, unlike exit 3)
+    except (BindFailed, SecuritySettingsError) as exc:  # a port in use, an address not on this host, a TLS,
+        # tokens or ACL file that cannot be used: exit 2, as for a bad setting (the data is fine, unlike exit 3)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     finally:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import grpc
 
@@ -17,6 +18,27 @@ from broker.security.tokens import TokenStore
 
 if TYPE_CHECKING:
     from broker.config import NodeConfig
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class SecuritySettingsError(ValueError):
+    """A file the node's security settings name cannot be used (missing, unreadable, malformed, a
+    key that is not its certificate's): ``raftbroker serve`` says so in one line and exits 2."""
+
+
+def _settings_files(build: Callable[P, T]) -> Callable[P, T]:
+    """``build``'s OSError or ValueError about a settings file as :class:`SecuritySettingsError`."""
+    @functools.wraps(build)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return build(*args, **kwargs)
+        except SecuritySettingsError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise SecuritySettingsError(f"security settings: {exc}") from None
+    return wrapper
 
 
 @dataclass
@@ -40,6 +62,7 @@ def _peer_channel(config: NodeConfig) -> Callable[[str], grpc.Channel]:
     return lambda address: grpc.secure_channel(address, credentials)
 
 
+@_settings_files
 def gateway_security(config: NodeConfig) -> ClientSecurity | None:
     """What this node's HTTP gateway presents to the nodes (None: plaintext): the peers' CA and, with
     mTLS, the node's own certificate, like :func:`_peer_channel`. No token of its own: the gateway
@@ -54,6 +77,7 @@ def gateway_security(config: NodeConfig) -> ClientSecurity | None:
     return ClientSecurity(ca_pem=Path(ca_file).read_bytes() if ca_file else None, cert_pem=cert, key_pem=key)
 
 
+@_settings_files
 def server_security(config: NodeConfig) -> ServerSecurity | None:
     """None when the node serves plaintext without authentication (the loopback dev default)."""
     if config.tls_cert_file is None or config.tls_key_file is None:
@@ -68,6 +92,7 @@ def server_security(config: NodeConfig) -> ServerSecurity | None:
     return ServerSecurity(tls.credentials(), interceptors, _peer_channel(config))
 
 
+@_settings_files
 def route_security(config: NodeConfig) -> ClientSecurity | None:
     """What this node's routers present to other clusters (``route_client_config``), else None."""
     if config.route_client_config is None:
