@@ -97,6 +97,12 @@ class ClientConfig:
     security: ClientSecurity
 
 
+# what each PEM file of a client config must hold: (a marker of its PEM block, what it is called)
+_PEM_KINDS = {"ca_file": (b"-----BEGIN CERTIFICATE-----", "certificate"),
+              "cert_file": (b"-----BEGIN CERTIFICATE-----", "certificate"),
+              "key_file": (b"PRIVATE KEY-----", "private key")}
+
+
 def load_client_config(path: Path | str | None = None) -> ClientConfig | None:
     """The config at ``path``, else at ``$RAFTBROKER_CLIENT_CONFIG``, else None."""
     if path is None:
@@ -122,9 +128,14 @@ def load_client_config(path: Path | str | None = None) -> ClientConfig | None:
         if not isinstance(value, str):
             raise ClientConfigError(f"client config {path}: {key} must be a path")
         try:
-            return (base / value).read_bytes()
+            content = (base / value).read_bytes()
         except OSError as exc:
             raise ClientConfigError(f"client config {path}: {key} {base / value}: {exc.strerror or exc}") from None
+        kind = _PEM_KINDS.get(key)
+        if kind is not None and kind[0] not in content:  # else gRPC's "Failed to create security handshaker",
+            # after every retry of the first call
+            raise ClientConfigError(f"client config {path}: {key} {base / value} holds no PEM {kind[1]}")
+        return content
 
     bootstrap = data.get("bootstrap", [])
     if isinstance(bootstrap, str):

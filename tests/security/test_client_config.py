@@ -13,17 +13,20 @@ from broker.client.security import _TokenFile
 
 pytestmark = pytest.mark.unit
 
+CERT = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"  # the loader checks the kind only
+KEY = b"-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
+
 
 def test_paths_are_relative_to_the_file_and_bootstrap_is_read(tmp_path: Path) -> None:
     (tmp_path / "tls").mkdir()
-    (tmp_path / "tls" / "ca.pem").write_bytes(b"CA")
+    (tmp_path / "tls" / "ca.pem").write_bytes(CERT)
     (tmp_path / "tls" / "token").write_text("tok\n")
     config = tmp_path / "client.toml"
     config.write_text('bootstrap = ["h1:1", "h2:2"]\nca_file = "tls/ca.pem"\ntoken_file = "tls/token"\n')
     loaded = load_client_config(config)
     assert loaded is not None
     assert loaded.bootstrap == ("h1:1", "h2:2")
-    assert loaded.security.ca_pem == b"CA" and loaded.security.token_file == tmp_path / "tls" / "token"
+    assert loaded.security.ca_pem == CERT and loaded.security.token_file == tmp_path / "tls" / "token"
 
 
 def test_environment_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +41,10 @@ def test_environment_variable_names_the_file(tmp_path: Path, monkeypatch: pytest
 
 @pytest.mark.parametrize(("text", "message"), [
     ('ca_file = "missing.pem"\n', "ca_file .*missing.pem"),
-    ('cert_file = "c.toml"\n', "certificate and its key go together"),
+    ('cert_file = "cert.pem"\n', "certificate and its key go together"),
+    ('ca_file = "key.pem"\n', "ca_file .*key.pem holds no PEM certificate"),  # was a handshake failure per call
+    ('cert_file = "key.pem"\nkey_file = "key.pem"\n', "cert_file .*key.pem holds no PEM certificate"),
+    ('cert_file = "cert.pem"\nkey_file = "cert.pem"\n', "key_file .*cert.pem holds no PEM private key"),
     ('token = "a"\ntoken_file = "c.toml"\n', "token or token_file, not both"),
     ('token_file = "missing.token"\n', "token_file .*missing.token: No such file"),
     ('token_file = "empty.token"\n', "token_file .*empty.token is empty"),
@@ -50,6 +56,8 @@ def test_errors_name_the_file_and_key(tmp_path: Path, text: str, message: str) -
     config = tmp_path / "c.toml"
     config.write_text(text)
     (tmp_path / "empty.token").write_text("\n")
+    (tmp_path / "cert.pem").write_bytes(CERT)
+    (tmp_path / "key.pem").write_bytes(KEY)
     with pytest.raises(ClientConfigError, match=message) as raised:
         load_client_config(config)
     assert str(raised.value).count("client config") == 1, "the file is named once"
