@@ -111,6 +111,9 @@ def prune(
     """
     if before is None and group is None:
         raise typer.BadParameter("give --before OFFSET (or --group G)", param_hint="--before")
+    if before == 0 and group is not None:
+        raise typer.BadParameter("0 with --group would delete nothing; leave --before out to prune up to what "
+                                 "the group committed", param_hint="--before")
     with connect(ctx) as client:
         pruned = client.prune(topic, before, partition, group=group)
     if state(ctx).json:

@@ -7,10 +7,13 @@ JSON shapes (stable, for scripts):
   ``dedup_window_ms`` is -1 when idempotency keys are kept forever; ``schema_json`` is the topic's JSON
   Schema as text (as ``TopicInfo.schema_json`` in the SDK) or ``null``.
 - record: ``{"topic", "partition", "offset", "key", "value", "headers", "timestamp_ms",
-  "position", "msg_id"}``; ``key``/``value`` are UTF-8 text, or ``null`` plus ``key_b64``/``value_b64``
-  (standard base64) when the bytes are not valid UTF-8; ``key`` is ``null`` without a key;
-  ``position`` is the base64 resume token (``consume --from token:...``); ``msg_id`` is the
-  producer-session message id as a decimal string, ``""`` when the record had none.
+  "position", "msg_id", "op", "origin", "producer"}``; ``key``/``value`` are UTF-8 text, or ``null``
+  plus ``key_b64``/``value_b64`` (standard base64) when the bytes are not valid UTF-8; ``key`` is
+  ``null`` without a key; ``position`` is the base64 resume token (``consume --from token:...``);
+  ``msg_id`` is the producer-session message id as a decimal string, ``""`` when the record had
+  none; ``op`` is ``insert``, ``update``, ``delete`` or ``tombstone``; ``origin`` is
+  ``"<cluster_id>/<node_id>"`` of the node that first accepted the record (routes and mirrors keep
+  it); ``producer`` is the authenticated principal that published it, ``""`` without auth.
 - publish result: ``{"partition", "offset", "duplicate"}``; ``partition`` and ``offset`` are ``null``
   for a duplicate at or below its producer session's watermark (no original place is kept).
 - event: ``{"event", "topic", "partition", "offset_before", "offset_after", "position_before",
@@ -80,6 +83,9 @@ def record_json(record: Record) -> dict[str, Any]:
     out["timestamp_ms"] = record.timestamp_ms
     out["position"] = base64.b64encode(record.position).decode("ascii")
     out["msg_id"] = record.msg_id
+    out["op"] = record.op
+    out["origin"] = record.origin
+    out["producer"] = record.producer
     return out
 
 

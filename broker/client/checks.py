@@ -61,6 +61,21 @@ def check_group(group: object) -> str:
     return group
 
 
+def prune_before(before_offset: object, group: str | None) -> int:
+    """A prune's wire ``before_offset``: the caller's bound (an int >= 0), or 0 ("no bound of its own")
+    when only a lead ``group`` bounds it. An explicit 0 with a group is refused: on the wire it would
+    mean no bound and prune up to what the group committed, the opposite of "no further than 0"."""
+    if before_offset is None:
+        if not group:
+            raise invalid_argument("give before_offset, or a lead group to prune by")
+        return 0
+    bound = check_int(before_offset, "before_offset", 0, UINT64_MAX)
+    if bound == 0 and group:
+        raise invalid_argument("before_offset 0 with a group would delete nothing (no record is below offset "
+                               "0); leave before_offset out to prune up to what the group committed")
+    return bound
+
+
 def check_batch(records: object) -> Sequence[Any]:
     """The records of a batch as a sequence: a bare str, bytes, dict or record is refused (it is one
     record, not a batch: give a list of records), as is a value that is not iterable."""

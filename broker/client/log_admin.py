@@ -48,14 +48,8 @@ class LogAdminMixin:
         ``group`` (a group marked lead, ``client.groups.mark``): prune up to what it has committed,
         and no further than ``before_offset`` when that is given too. A group marked protect refuses
         a prune past its own committed position (``FailedPrecondition``; nothing is deleted)."""
-        if before_offset is None:
-            if not group:
-                raise invalid_argument("give before_offset, or a lead group to prune by")
-            before_offset = 0  # with a group: no bound of its own
-        elif not isinstance(before_offset, int) or isinstance(before_offset, bool) or before_offset < 0:
-            raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
-        before_offset = checks.in_range(before_offset, "before_offset", 0, checks.UINT64_MAX)
-        request = admin_pb2.PruneRequest(topic=topic, before_offset=before_offset, group=group or "")
+        request = admin_pb2.PruneRequest(topic=topic, before_offset=checks.prune_before(before_offset, group),
+                                         group=group or "")
         if partition is not None:
             request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
         response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),

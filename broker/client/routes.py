@@ -57,6 +57,8 @@ def route_config(name: str, source: str, target: str, filter: str | None, partit
                  ops: Sequence[str] | None, target_cluster: Sequence[str] | str | None) -> routes_pb2.RouteConfig:
     config = routes_pb2.RouteConfig(name=name, source=source, target=target, filter=filter or "",
                                     partition_key=partition_key or "")
+    if isinstance(ops, str):  # iterated, "insert" would be refused letter by letter ("unknown op 'i'")
+        raise invalid_argument(f"ops must be a list of op names (e.g. [{ops!r}]), got one str; use {', '.join(OPS)}")
     for op in ops or ():
         if op not in OPS:
             raise invalid_argument(f"unknown op {op!r}; use one of {', '.join(OPS)}")

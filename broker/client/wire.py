@@ -111,7 +111,7 @@ def topic_config(
         raise invalid_argument(f"unknown retention field(s) {sorted(unknown)}; use {_RETENTION_FIELDS}")
     for key, cap in caps.items():
         if cap is not None:
-            setattr(config.retention, key, check_int(cap, f"retention {key}", -INT64_MAX - 1, INT64_MAX))
+            setattr(config.retention, key, check_int(cap, f"retention {key}", 1, INT64_MAX))  # None: no cap
     return config
 
 

@@ -45,4 +45,18 @@ def normalized_config(config: internal_pb2.TopicConfig) -> internal_pb2.TopicCon
         out.dedup_window_ms = DEFAULT_DEDUP_WINDOW_MS
     if out.dedup_window_ms < -1:
         raise InvalidArgument("dedup_window_ms must be positive, 0 (default) or -1 (forever)")
+    check_ephemeral_caps(out)
     return out
+
+
+def check_ephemeral_caps(config: internal_pb2.TopicConfig) -> None:
+    """An ``ephemeral`` topic keeps no log (only the leader's bounded ring of recent records), so
+    retention caps and ``full_policy=reject`` would never apply: refused rather than ignored."""
+    if config.durability != internal_pb2.DURABILITY_EPHEMERAL:
+        return
+    caps = [f for f in ("max_age_ms", "max_records", "max_bytes") if config.retention.HasField(f)]
+    if caps:
+        raise InvalidArgument(f"ephemeral topics keep no log, so retention {', '.join(caps)} would never apply; "
+                              "leave the caps out (or use durability memory)")
+    if config.full_policy == internal_pb2.FULL_POLICY_REJECT:
+        raise InvalidArgument("ephemeral topics keep no log, so full_policy reject would never apply")

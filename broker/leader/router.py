@@ -196,6 +196,7 @@ class RouteRunner:
                 log.error("route %s paused: %s (delete and re-create it with a cheaper expression)",
                           meta.config.name, exc)
             except Exception as exc:  # noqa: BLE001 - any failure of one route: report, back off, go on
+                self._forget_remote(meta.config)
                 stats.last_error = f"{type(exc).__name__}: {exc}"
                 stats.backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, stats.backoff_s * 2))
                 stats.retry_at = time.monotonic() + stats.backoff_s
@@ -251,6 +252,14 @@ class RouteRunner:
         if remote is None:
             remote = self._remotes[key] = self._remote_factory(addresses)
         return remote
+
+    def _forget_remote(self, config: internal_pb2.RouteConfig) -> None:
+        """Drop the connection (and the remembered cluster id) of a failed route's remote cluster:
+        the retry connects and identifies it again, so a cluster that came back, or another one now
+        at those addresses, is seen as it is, not as it was (a route need not be re-created)."""
+        remote = self._remotes.pop(tuple(config.target_cluster), None)
+        if remote is not None:
+            remote.close()
 
     def _collect(self, route: _Compiled, source: internal_pb2.TopicMeta, echo_cluster: str | None) -> _Pass:
         """Read and judge up to one batch of source records, partition by partition."""

@@ -21,7 +21,7 @@ from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.groups.config import validate_group_name
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.topics import normalized_config, validate_name
+from broker.core.topics import check_ephemeral_caps, normalized_config, validate_name
 from broker.leader import partitioning, publish_ids, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
@@ -299,6 +299,8 @@ class TopicLog:
         checked = normalized_config(probe)
         if full_policy == internal_pb2.FULL_POLICY_UNSPECIFIED:
             checked.full_policy = meta.config.full_policy
+        checked.durability = meta.config.durability
+        check_ephemeral_caps(checked)
         cmd = internal_pb2.Command(alter_topic=internal_pb2.AlterTopicCommand(
             name=name, topic_id=meta.topic_id, retention=checked.retention, full_policy=checked.full_policy))
         self._raise_rejected(self._submitter.submit(cmd))

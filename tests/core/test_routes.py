@@ -224,6 +224,30 @@ def test_remote_route_skips_records_from_the_target_cluster(env: Env) -> None:
         env.appender.append("src", [Copy(own, None, 0, "k-own")], foreign=True)
 
 
+def test_a_failed_remote_route_identifies_its_target_cluster_again(env: Env) -> None:
+    """A remote cluster's id is not remembered past a failure: the addresses first answered as this
+    very cluster (e.g. a remote started with the same cluster id); once a cluster of another id
+    runs there, the retry copies, without re-creating the route."""
+    create(env, "src")
+    publish(env, "src", [{"n": 1}])
+    answers = [FakeRemote("east"), env.remote]  # this cluster's own id first, then "west"
+    made: list[FakeRemote] = []
+
+    def connect(addresses: list[str]) -> FakeRemote:
+        made.append(answers[min(len(made), len(answers) - 1)])
+        return made[-1]
+
+    runner = RouteRunner(env.state, env.table, env.appender, env.submitter, lambda: True, connect)
+    env.admin.create(route("m", "src", "mirror", target_cluster=["127.0.0.1:1"]))
+    assert runner.run_once() is False
+    assert "the target cluster is this cluster" in runner.stats["m"].last_error
+    runner.stats["m"].retry_at = 0.0  # the backoff is over
+    assert runner.run_once() is True
+    assert runner.stats["m"].last_error == "" and len(made) == 2
+    (topic, copies), = env.remote.sent
+    assert topic == "mirror" and len(copies) == 1
+
+
 def test_records_the_target_refuses_are_skipped_and_counted(env: Env) -> None:
     create(env, "src")
     schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})

@@ -159,14 +159,8 @@ class AsyncClient:
     async def prune(self, topic: str, before_offset: int | None = None, partition: int | None = None, *,
                     group: str | None = None) -> int:
         """Delete records before ``before_offset`` (see :meth:`Client.prune`); returns how many."""
-        if before_offset is None and not group:
-            raise invalid_argument("give before_offset, or a lead group to prune by")
-        if before_offset is not None and (not isinstance(before_offset, int) or isinstance(before_offset, bool)
-                                          or before_offset < 0):
-            raise invalid_argument(f"before_offset must be an int >= 0, got {before_offset!r}")
         request = admin_pb2.PruneRequest(topic=topic, group=group or "",
-                                         before_offset=checks.in_range(before_offset or 0, "before_offset", 0,
-                                                                     checks.UINT64_MAX))
+                                         before_offset=checks.prune_before(before_offset, group))
         if partition is not None:
             checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
             request.partition = partition
