@@ -76,6 +76,19 @@ def append_command_pieces(append: internal_pb2.AppendCommand, bodies: list[bytes
     return CommandPieces(pieces, len(_APPEND_TAG) + len(size_head) + size)
 
 
+def _check_fits(config: internal_pb2.TopicConfig, bodies: list[bytes], suffix_bytes: int,
+                lengths: list[int] | None) -> None:
+    """Refuse a record whose stored body alone is over the topic's ``max_bytes``: it could never be
+    kept (``discard_old`` deleted it in the apply that stored it, after its offset was acknowledged;
+    ``reject`` called an empty partition full). Only for a cap below the record limit."""
+    cap = config.retention.max_bytes
+    sizes = [n + suffix_bytes for n in lengths] if lengths is not None else list(map(len, bodies))
+    if max(sizes) > cap:
+        i, size = next((i, n) for i, n in enumerate(sizes) if n > cap)
+        raise InvalidArgument(f"record {i} is {size} bytes stored, over topic {config.name!r}'s retention "
+                              f"max_bytes={cap}: it could never be kept (raise max_bytes or send smaller records)")
+
+
 @dataclass(frozen=True)
 class PreparedPublish:
     """A checked publish, ready to submit (:meth:`TopicLog.prepare_publish`)."""
@@ -270,6 +283,8 @@ class TopicLog:
             append.unique_keys.extend(self._schemas.check_documents(
                 meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))
         bodies, suffix, lengths = self._bodies(request, producer)
+        if config.retention.HasField("max_bytes") and config.retention.max_bytes < self._limits.record_bytes_max:
+            _check_fits(config, bodies, len(suffix), lengths)
         append.now_ms = self._clock.now_ms()
         return PreparedPublish(meta, cmd, bodies, suffix, request.count, placed, lengths)
 

@@ -49,6 +49,12 @@ def test_policies_prune_and_drop(tmp_path: Path) -> None:
         pub(broker_pb2.PublishRequest(topic="full", records=[broker_pb2.PublishRecord(value=b"x")] * 3))
         assert code(lambda: pub(broker_pb2.PublishRequest(topic="full", records=[broker_pb2.PublishRecord(
             value=b"y")]))) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # a record over max_bytes alone could never be kept: refused, not acknowledged and deleted at once
+        create(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+            name="small", retention=common_pb2.Retention(max_bytes=100))))
+        assert code(lambda: pub(broker_pb2.PublishRequest(topic="small", records=[broker_pb2.PublishRecord(
+            value=b"z" * 200)]))) == grpc.StatusCode.INVALID_ARGUMENT
+        assert s.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="small")).partitions[0].end_offset == 0
 
         schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
         create(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="typed", schema_json=schema,

@@ -12,6 +12,7 @@ from broker.core.members import Peer
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
+from broker.leader.publishing import PublishBatch
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, PartitionFigures, TopicLog
@@ -110,6 +111,24 @@ def test_reject_policy_by_bytes_refuses_the_batch_that_would_pass_max_bytes(
     with pytest.raises(errors.ResourceExhausted, match="max_bytes=60"):
         pub(log, "rb", 60 // used + 1, start=1)
     assert part(log, "rb").bytes == used and stored(state) == 1, "nothing of the refused batch"
+
+
+@pytest.mark.parametrize("policy", [internal_pb2.FULL_POLICY_DISCARD_OLD, internal_pb2.FULL_POLICY_REJECT])
+def test_a_record_larger_than_max_bytes_alone_is_refused_on_the_leader(env: Env, policy: int) -> None:
+    """Such a record could never be kept: discard_old acknowledged its offset and deleted it in the
+    same apply; reject called an empty partition full. Now INVALID_ARGUMENT names the record and the
+    cap, nothing is stored, and records that fit are still taken."""
+    log, _, state, _ = env
+    create(log, "big", policy=policy, max_bytes=200)
+    with pytest.raises(errors.InvalidArgument, match=r"record 1 is \d+ bytes stored, over topic 'big'.*max_bytes=200"):
+        log.publish(publish_request(topic="big", records=[broker_pb2.PublishRecord(value=b"small"),
+                                                          broker_pb2.PublishRecord(value=b"x" * 300)]))
+    assert part(log, "big").end_offset == 0 and stored(state) == 0, "nothing of the refused batch"
+    lean = PublishBatch("big", bodies=[internal_pb2.RecordBody(value=b"x" * 300).SerializeToString()])
+    with pytest.raises(errors.InvalidArgument, match="record 0 .* could never be kept"):  # the packed form too
+        log.publish(lean)
+    pub(log, "big", 2, size=50)
+    assert part(log, "big").records == 2
 
 
 def test_max_age_expires_old_records(env: Env) -> None:
