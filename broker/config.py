@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,19 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+# a node id or cluster id: a DNS-label-like name. A cluster id is the part of a record's origin
+# ("<cluster_id>/<node_id>") before the first "/", which routes read to prevent echo loops; a node id
+# is what AddNode accepts (broker.leader.membership)
+ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+ID_RULE = "1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric)"
+
+
+def _check_id(value: str, info: Any) -> str:
+    if not ID_RE.fullmatch(value):
+        raise ValueError(f"{info.field_name} must be {ID_RULE}, got {value!r}")
+    return value
+
+
 class PeerConfig(BaseModel):
     """Another member of the cluster."""
 
@@ -43,6 +57,7 @@ class PeerConfig(BaseModel):
     metrics_address: str = ""
 
     _addr = field_validator("raft_address", "grpc_address")(_check_address)
+    _id = field_validator("id")(_check_id)
 
     @staticmethod
     def parse(spec: str) -> PeerConfig:
@@ -121,6 +136,7 @@ class NodeConfig(BaseModel):
     route_client_config: Path | None = None  # client config (TLS, token) routes use towards other clusters
 
     _addr = field_validator("grpc_address", "raft_address", "metrics_address")(_check_address)
+    _ids = field_validator("node_id", "cluster_id")(_check_id)
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeConfig:

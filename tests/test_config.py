@@ -38,6 +38,10 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ({"raft_password": "pw", "raft_password_salt": ""}, "raft_password_salt"),
     ({"peers": [{"id": "n1", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "unique"),
     ({"unknown_setting": 1}, "unknown_setting"),
+    ({"cluster_id": "eu/west"}, "cluster_id"),  # origins are "<cluster_id>/<node_id>": routes read up to the "/"
+    ({"cluster_id": ""}, "cluster_id"),
+    ({"node_id": "n 1"}, "node_id"),  # as AddNode refuses it
+    ({"peers": [{"id": "n=2", "raft_address": "127.0.0.1:1", "grpc_address": "127.0.0.1:2"}]}, "id must be"),
     ({"raft_election_timeout_min_s": 0.1}, "raft_election_timeout_min_s"),
     ({"raft_journal_direct_write_min_bytes": -1}, "raft_journal_direct_write_min_bytes"),
     ({"raft_journal_direct_write_min_bytes": "lots"}, "raft_journal_direct_write_min_bytes"),

@@ -176,16 +176,23 @@ def dev_command(
     secure: Annotated[bool, typer.Option("--secure", help=(
         "TLS, tokens and ACLs: generate a CA, node certificates, an admin token and a client config "
         "under DATA_DIR (reused when present) and print 'client config: PATH'"))] = False,
+    cluster_id: Annotated[str, typer.Option(help=(
+        "The cluster's id, stamped into record origins; give a second local cluster another one "
+        "(with its own --base-port and --data-dir) to mirror between them with routes"))] = "local",
 ) -> None:
     """Start a local cluster of NODES separate processes on 127.0.0.1; Ctrl-C stops them all cleanly."""
+    from broker.config import ID_RE, ID_RULE
     from broker.devcluster import DevCluster
 
+    if not ID_RE.fullmatch(cluster_id):
+        raise typer.BadParameter(f"must be {ID_RULE}, got {cluster_id!r}", param_hint="--cluster-id")
     security = None
     if secure:
         from broker.security.devcerts import DevSecurity
 
         security = DevSecurity(data_dir)
-    cluster = DevCluster(nodes, data_dir, base_port, security=security, http=True)
+    cluster = DevCluster(nodes, data_dir, base_port, security=security, http=True,
+                         extra_args=["--cluster-id", cluster_id] if cluster_id != "local" else [])
     signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

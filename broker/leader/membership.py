@@ -23,13 +23,13 @@ for up to :data:`ANSWER_WAIT_S` (a node spawned a moment ago is still starting),
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from broker.config import ID_RE, ID_RULE
 from broker.core.applied import Rejected
 from broker.core.errors import (
     FailedPrecondition,
@@ -45,7 +45,6 @@ from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.replication import FailReason, Membership, ReplicationError, Replicator, Role
 from broker.v1 import internal_pb2
 
-_NODE_ID = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _TRANSFER_WAIT_S = 2.0
 ANSWER_WAIT_S = 5.0  # how long ``add`` waits at most for the new node to answer at its gRPC address
 _ANSWER_POLL_S = 0.2
@@ -99,9 +98,8 @@ class MembershipChanges:
     def add(self, node_id: str, raft_address: str, grpc_address: str, answer_wait_s: float | None = None) -> None:
         """Make the running node ``node_id`` a member; idempotent for the same addresses.
         ``answer_wait_s``: wait less than the configured time for it to answer (the caller's deadline)."""
-        if not _NODE_ID.fullmatch(node_id):
-            raise InvalidArgument("node id must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric), "
-                                  f"got {shown(node_id)}")
+        if not ID_RE.fullmatch(node_id):
+            raise InvalidArgument(f"node id must be {ID_RULE}, got {shown(node_id)}")
         check_address("raft_address", raft_address)
         check_address("grpc_address", grpc_address)
         with self._lock:

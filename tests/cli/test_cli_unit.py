@@ -129,6 +129,7 @@ def test_unreachable_cluster_is_one_line_on_stderr_and_exit_1() -> None:
         ["group", "create", "t", "g", "--session-timeout-ms", "5000"],  # queue mode (the default): it was unused
         ["group", "create", "t", "g", "--mode", "stream", "--ordered"],
         ["--timeout", "1e10", "topic", "list"],  # past gRPC's int64-nanosecond deadline: every call failed
+        ["dev", "--cluster-id", "eu/west"],  # refused before any node starts (origins split at the "/")
     ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""`raftbroker dev` prints each node's HTTP gateway and serves it; `serve --http` refuses bad addresses."""
+"""`raftbroker dev` prints each node's HTTP gateway and serves it (and takes a cluster id); `serve
+--http` refuses bad addresses."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.client import Client, Record
 from broker.devcluster import free_base_port
 from tests.conftest import wait_until
 from tests.http.conftest import gateway_up
@@ -24,7 +26,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 def test_dev_prints_and_serves_the_http_gateway_of_each_node(tmp_path: Path) -> None:
     base = free_base_port(2)
     proc = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "dev", "--nodes", "2", "--data-dir",
-                             str(tmp_path), "--base-port", str(base)],
+                             str(tmp_path), "--base-port", str(base), "--cluster-id", "west"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
 
@@ -56,6 +58,11 @@ def test_dev_prints_and_serves_the_http_gateway_of_each_node(tmp_path: Path) -> 
                     return False
             wait_until(answers, 60, f"{url} to answer")
             assert len(httpx.get(url, timeout=10).json()["nodes"]) == 2
+        with Client([f"127.0.0.1:{base}"], retry_deadline_s=60) as client:  # --cluster-id reached the nodes
+            client.create_topic("origins")
+            client.publish("origins", "x")
+            (record,) = [r for r in client.subscribe("origins", stop_at_end=True) if isinstance(r, Record)]
+            assert record.origin.startswith("west/n"), record.origin
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
