@@ -6,7 +6,8 @@ polls, producers, readers, consumer groups → faults until the duration is used
 wait until a publish invoked after the last heal is acknowledged → stop and settle producers (group
 members stop crashing) → wait until the nodes converge → final read of every partition on every
 node → readers catch up, groups drain (both bounded) and stop → teardown (every node killed by
-PID, the fabric removed) → checker. Teardown runs also on failure.
+PID, the fabric removed) → checker. Teardown runs also on failure and on an interrupt (Ctrl-C; the
+command turns SIGTERM into one too, ``chaos.cli``).
 """
 
 from __future__ import annotations
@@ -82,11 +83,14 @@ def run_drill(opts: DrillOptions, echo: Echo = print) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     run_id = secrets.token_hex(3)  # names of this run's namespaces: infrastructure, not a drill choice
     fabric = make_fabric(network, opts.nodes, run_id, seed=rng.getrandbits(32))
-    history = History(out / "history.jsonl")
-    try:
-        _run(scenario, opts, rng, fabric, history, out, echo)
+    try:  # the fabric goes also when the cluster could not even be set up on it, or on an interrupt
+        history = History(out / "history.jsonl")
+        try:
+            _run(scenario, opts, rng, fabric, history, out, echo)
+        finally:
+            history.close()
     finally:
-        history.close()
+        fabric.close()
     report = check(history.entries, scenario.name, opts.seed)
     unavailable = next((e.value["reason"] for e in history.entries if e.f == "scenario-unavailable"), None)
     if unavailable is not None:
@@ -160,9 +164,11 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
         for p in producers:
             p.join(60)
             p.settle()
+        writes_stopped_at = history.now()  # convergence is waited for only now: until then the index moves
         applied = cluster.wait_converged(opts.recovery_timeout_s)
-        history.info("drill", "converged", {"applied_index": applied,
-                                            "after_heal_s": None if applied is None else history.now() - healed_at})
+        history.info("drill", "converged", {
+            "applied_index": applied, "after_heal_s": None if applied is None else history.now() - healed_at,
+            "after_writes_stopped_s": None if applied is None else history.now() - writes_stopped_at})
         _verify_replicas(cluster, history)
         ends = _final_reads(cluster, history, opts.partitions)
         _await_readers(readers, ends)
@@ -170,22 +176,23 @@ def _run(scenario: Scenario, opts: DrillOptions, rng: random.Random, fabric: Fab
             for group in groups.await_drained(ends):
                 echo(f"  workload {GROUPS}: group {group} did not drain within the bound")
     finally:
-        stop.set()
-        abort.set()
-        for r in readers:
-            r.halt()
-        for p in producers:
-            p.join(30)
-            p.close()
-        for r in readers:
-            r.join(30)
-            r.close()
-        if groups is not None:
-            groups.halt()
-        if poller is not None:
-            poller.stop()
-        cluster.stop()
-        fabric.close()
+        try:
+            stop.set()
+            abort.set()
+            for r in readers:
+                r.halt()
+            for p in producers:
+                p.join(30)
+                p.close()
+            for r in readers:
+                r.join(30)
+                r.close()
+            if groups is not None:
+                groups.halt()
+            if poller is not None:
+                poller.stop()
+        finally:  # the nodes are killed whatever broke (or interrupted) the workloads' teardown
+            cluster.stop()
 
 
 def run_id_of(fabric: Fabric) -> str:

@@ -18,14 +18,18 @@ class Recovery:
     faults: list[dict[str, Any]] = field(default_factory=list)
     last_heal_s: float | None = None
     recovery_s: float | None = None  # last heal -> first acknowledged publish invoked after it
-    converged_s: float | None = None  # last heal -> every node applied the same index
+    # -> every node applied the same index, from the last heal (the drill lets the workload run
+    # TAIL_AFTER_HEAL_S past its first ack, so that is in it) and from the moment the writes stopped
+    converged_s: float | None = None
+    converged_after_stop_s: float | None = None
     max_unavailable_s: float = 0.0  # longest stretch without any acknowledged publish
 
     def to_json(self) -> dict[str, Any]:
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 3)
         return {"faults": self.faults, "last_heal_s": r(self.last_heal_s), "recovery_s": r(self.recovery_s),
-                "converged_s": r(self.converged_s), "max_unavailable_s": r(self.max_unavailable_s)}
+                "converged_s": r(self.converged_s), "converged_after_stop_s": r(self.converged_after_stop_s),
+                "max_unavailable_s": r(self.max_unavailable_s)}
 
 
 def _first_ok_after(oks: list[tuple[float, float]], t: float) -> float | None:
@@ -47,6 +51,8 @@ def measure(model: Model) -> tuple[Recovery, list[Violation]]:
             rec.last_heal_s = e.time if rec.last_heal_s is None else max(rec.last_heal_s, e.time)
         elif e.f == "converged" and e.value.get("after_heal_s") is not None:
             rec.converged_s = float(e.value["after_heal_s"])
+            stopped = e.value.get("after_writes_stopped_s")  # absent in older histories
+            rec.converged_after_stop_s = None if stopped is None else float(stopped)
     for f in faults.values():
         first = _first_ok_after(oks, f["at_s"])
         f["first_ack_after_fault_s"] = None if first is None else round(first, 3)

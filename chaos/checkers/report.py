@@ -79,7 +79,9 @@ class Report:
             lines.append(f"  fault {f['id']}: {f['kind']} {targets} at {f['at_s']:.1f}s"
                          f" healed {_s(f['healed_s'])}  first ack after {_s(f.get('first_ack_after_fault_s'))}"
                          + (f"  ({f['detail']})" if f.get("detail") else ""))
-        lines.append(f"  recovery after last heal: first ack {_s(rec.recovery_s)}, converged {_s(rec.converged_s)};"
+        converged = f"converged {_s(rec.converged_s)}" if rec.converged_after_stop_s is None else \
+            f"converged {_s(rec.converged_after_stop_s)} after the writes stopped"
+        lines.append(f"  recovery after last heal: first ack {_s(rec.recovery_s)}, {converged};"
                      f" longest stretch without acks {_s(rec.max_unavailable_s)}")
         live = ops.get("liveness")
         if live:

@@ -50,6 +50,12 @@ DRAIN_TIMEOUT_S = 30.0
 HALT_JOIN_S = 10.0  # for every thread together
 
 
+def group_config(mode: str) -> dict[str, Any]:
+    """:data:`GROUP_CONFIG` as a group of ``mode`` takes it: a queue-mode group has no member sessions,
+    and the broker and SDK refuse a session timeout for one (INVALID_ARGUMENT)."""
+    return {k: v for k, v in GROUP_CONFIG.items() if mode == "stream" or k != "session_timeout_ms"}
+
+
 class LagPoller(threading.Thread):
     """Polls ``Admin.GroupLag`` of each group every ``period_s`` into its ledger; keeps the latest
     answer per group with the monotonic time its request was sent (for :meth:`GroupWorkload.await_drained`)."""
@@ -118,8 +124,8 @@ class GroupWorkload:
         for ledger in self.ledgers:
             mode = GROUP_MODES[ledger.group]
             self.history.info(WORKLOAD, "group-config", {"topic": self.topic, "group": ledger.group, "mode": mode,
-                                                         **GROUP_CONFIG})
-            plan = MemberPlan(mode, {**GROUP_CONFIG, "max_in_flight": MAX_IN_FLIGHT},
+                                                         **group_config(mode)})
+            plan = MemberPlan(mode, {**group_config(mode), "max_in_flight": MAX_IN_FLIGHT},
                               hold_s=GROUP_CONFIG["visibility_timeout_ms"] / 1000 + 0.5)
             for k in range(MEMBERS_PER_GROUP):
                 self.members.append(GroupMember(f"g{mode[0]}{k}", plan, self.make_client, ledger, self.history,
@@ -133,7 +139,7 @@ class GroupWorkload:
         with self.make_client() as admin:
             for group, mode in GROUP_MODES.items():
                 try:
-                    admin.groups.create(self.topic, group, mode, **GROUP_CONFIG)
+                    admin.groups.create(self.topic, group, mode, **group_config(mode))
                 except GroupExists:
                     continue  # a retried create that had been applied
                 except BrokerError as err:

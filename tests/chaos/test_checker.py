@@ -234,6 +234,19 @@ def test_recovery_times_are_measured_from_the_heal() -> None:
     assert rec.faults[0]["first_ack_after_fault_s"] == pytest.approx(0.3)
 
 
+def test_convergence_is_reported_from_when_the_writes_stopped_not_from_the_heal() -> None:
+    h = clean()
+    h.fault(1)
+    h.heal(1)
+    # the drill runs the workload 2 s past the first ack after the heal, then waits for convergence
+    h.add("info", "drill", "converged", {"applied_index": 9, "after_heal_s": 2.15, "after_writes_stopped_s": 0.05})
+    report = check(h.entries)
+    assert report.recovery.converged_s == pytest.approx(2.15)
+    assert report.recovery.converged_after_stop_s == pytest.approx(0.05)
+    assert "converged 0.05s after the writes stopped" in report.table()
+    assert report.to_json()["recovery"]["converged_after_stop_s"] == pytest.approx(0.05)
+
+
 def test_checks_without_data_say_so_instead_of_passing() -> None:
     h = Hist()
     h.publish("p0", [("x", 0)], [(0, 0)])

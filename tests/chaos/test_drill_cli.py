@@ -139,3 +139,70 @@ def _app_without_drill() -> typer.Typer:
         """Test app."""
 
     return app
+
+
+# -- interrupted and refused runs -------------------------------------------------------------------
+def _processes_using(path: Path) -> list[int]:
+    """PIDs whose command line names ``path`` (a drill's nodes name their data directories)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(path).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(240)
+def test_sigterm_mid_drill_removes_its_nodes_and_network_and_exits_143(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from chaos.net import netns_unavailable
+    from chaos.net.netns import leftovers
+
+    out = tmp_path / "d"
+    with open(tmp_path / "drill.out", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "chaos", "drill", "kill-leader", "--seed", "3", "--duration",
+                                 "120", "--out", str(out)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    try:
+        history = out / "history.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and '"f":"fault"' not in (history.read_text() if history.exists() else ""):
+            time.sleep(0.2)
+        run = json.loads(history.read_text().splitlines()[0])["value"]
+        nodes = [pid for pid in _processes_using(out / "cluster") if pid != proc.pid]
+        assert len(nodes) >= 2, (tmp_path / "drill.out").read_text()  # mid-fault: the killed leader may be down
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 128 + signal.SIGTERM, (tmp_path / "drill.out").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "interrupted (SIGTERM)" in (tmp_path / "drill.out").read_text()
+    assert _processes_using(out / "cluster") == []
+    if netns_unavailable() is None:
+        assert [n for n in leftovers() if run["run_id"] in n] == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("args", [["--network", "ethernet"], ["--out", "{used}"], ["--out", "{file}"]])
+def test_a_bad_network_or_a_used_out_directory_is_a_usage_error_and_starts_nothing(
+        args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import chaos.drill
+
+    def run_drill(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the drill started")
+
+    monkeypatch.setattr(chaos.drill, "run_drill", run_drill)
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "history.jsonl").write_text("{}\n")  # an earlier run's
+    (tmp_path / "file").write_text("")
+    args = [a.format(used=tmp_path / "used", file=tmp_path / "file") for a in args]
+    result = CliRunner().invoke(_app(), ["drill", "kill-leader", "--seed", "3", *args])
+    assert result.exit_code == 2, result.output
+    assert "'--network'" in result.output or "'--out'" in result.output

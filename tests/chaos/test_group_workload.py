@@ -13,7 +13,7 @@ from chaos.checkers import check
 from chaos.drill import DrillOptions, run_drill
 from chaos.history import History
 from chaos.workloads.group_ledger import GroupLedger
-from chaos.workloads.groups import GROUP_MODES
+from chaos.workloads.groups import GROUP_MODES, group_config
 
 TOPIC = "t"
 
@@ -102,6 +102,15 @@ def test_a_group_that_did_not_drain_skips_the_undelivered_check_and_says_so() ->
     assert doc["checks"]["undelivered"] == "skipped: no group drained"
     assert doc["operations"]["groups_not_drained"] == ["g"] and doc["operations"]["group_deliveries"] == 1
     assert "groups: deliveries=1 commits=0 (ok=0)" in report.table() and "NOT drained: g" in report.table()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", sorted(set(GROUP_MODES.values())))
+def test_each_group_config_is_one_the_sdk_accepts_for_its_mode(mode: str) -> None:
+    from broker.client.groups import group_config as wire_config
+
+    wire_config(mode, **group_config(mode))  # a queue-mode group with a session timeout is refused
+    assert ("session_timeout_ms" in group_config(mode)) == (mode == "stream")
 
 
 @pytest.mark.chaos

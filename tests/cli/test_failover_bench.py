@@ -1,0 +1,55 @@
+"""``raftbroker bench failover`` (broker/cli/failover_bench.py) against the temporary cluster it starts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _processes_using(path: Path) -> list[int]:
+    """Running PIDs whose command line names ``path`` (the nodes name their data directories)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(path).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_benchmarks_nodes_removes_their_data_and_exits_143(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"  # the benchmark's cluster lives in a temporary directory: under this one
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "bench", "failover", "--trials", "100"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_processes_using(tmp)) < 3:
+            time.sleep(0.2)
+        assert len(_processes_using(tmp)) >= 3, "the benchmark started its nodes"
+        time.sleep(2.0)  # into the trials
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = _processes_using(tmp)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [], "nodes left running"
+    assert list(tmp.iterdir()) == [], "the cluster's temporary data was left behind"
