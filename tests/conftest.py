@@ -40,6 +40,19 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
+def processes_naming(path: Path) -> list[int]:
+    """Running PIDs whose command line names ``path`` (a node names its data directory): how a test
+    finds the nodes a command started for itself, to check they are gone."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(path).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def start_cluster(tmp: Path, nodes: int = 3, extra_args: tuple[str, ...] = (), *, http: bool = False,
                   ready: Callable[[DevCluster], object] | None = None) -> DevCluster:
     """A started cluster (``http``: its nodes also serve the HTTP gateway), ready to serve, and

@@ -8,47 +8,17 @@ agree on a leader again. Run against a temporary local cluster that the benchmar
 
 from __future__ import annotations
 
-import signal
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 
 from broker.cli.context import JsonFlag, emit_json, fail, reported_errors, state
-
-EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-class _Terminated(BaseException):
-    """SIGTERM arrived: unwind (the temporary cluster's nodes are stopped), then exit 143. A
-    BaseException, so that no retry loop's ``except Exception`` swallows it."""
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """While inside, SIGTERM raises :class:`_Terminated` in the main thread: killed outright, the
-    benchmark left its nodes running (they are in sessions of their own) and its data behind."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not break the teardown
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+from broker.cli.terminate import EXIT_TERMINATED, Terminated, sigterm_unwinds
 
 
 @dataclass(frozen=True)
@@ -107,9 +77,9 @@ def failover_command(
     Ctrl-C (exit 130) or SIGTERM (exit 143) stops the cluster and removes its data first."""
     with reported_errors():
         try:
-            with _sigterm_unwinds():
+            with sigterm_unwinds():
                 result = run_failover_bench(trials, nodes)
-        except _Terminated:
+        except Terminated:
             raise typer.Exit(EXIT_TERMINATED) from None
         except (TimeoutError, RuntimeError) as err:
             fail(f"could not run the failover benchmark: {err}")

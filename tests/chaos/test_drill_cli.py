@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from chaos.cli import register
 from chaos.scenarios import SCENARIOS, Scenario
+from tests.conftest import processes_naming
 
 UNAVAILABLE = Scenario("no-feature", "a fault whose broker feature does not exist", unavailable="no such feature yet")
 
@@ -142,18 +143,6 @@ def _app_without_drill() -> typer.Typer:
 
 
 # -- interrupted and refused runs -------------------------------------------------------------------
-def _processes_using(path: Path) -> list[int]:
-    """PIDs whose command line names ``path`` (a drill's nodes name their data directories)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(path).encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.chaos
 @pytest.mark.timeout(240)
 def test_sigterm_mid_drill_removes_its_nodes_and_network_and_exits_143(tmp_path: Path) -> None:
@@ -176,7 +165,7 @@ def test_sigterm_mid_drill_removes_its_nodes_and_network_and_exits_143(tmp_path:
         while time.monotonic() < deadline and '"f":"fault"' not in (history.read_text() if history.exists() else ""):
             time.sleep(0.2)
         run = json.loads(history.read_text().splitlines()[0])["value"]
-        nodes = [pid for pid in _processes_using(out / "cluster") if pid != proc.pid]
+        nodes = [pid for pid in processes_naming(out / "cluster") if pid != proc.pid]
         assert len(nodes) >= 2, (tmp_path / "drill.out").read_text()  # mid-fault: the killed leader may be down
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 128 + signal.SIGTERM, (tmp_path / "drill.out").read_text()
@@ -184,7 +173,7 @@ def test_sigterm_mid_drill_removes_its_nodes_and_network_and_exits_143(tmp_path:
         if proc.poll() is None:
             proc.kill()
     assert "interrupted (SIGTERM)" in (tmp_path / "drill.out").read_text()
-    assert _processes_using(out / "cluster") == []
+    assert processes_naming(out / "cluster") == []
     if netns_unavailable() is None:
         assert [n for n in leftovers() if run["run_id"] in n] == []
 

@@ -12,19 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import processes_naming
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _processes_using(path: Path) -> list[int]:
-    """Running PIDs whose command line names ``path`` (the nodes name their data directories)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(path).encode() in cmdline.read_bytes():
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.cluster
@@ -37,9 +27,9 @@ def test_sigterm_stops_the_benchmarks_nodes_removes_their_data_and_exits_143(tmp
                             env={**os.environ, "TMPDIR": str(tmp)})
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(_processes_using(tmp)) < 3:
+        while time.monotonic() < deadline and len(processes_naming(tmp)) < 3:
             time.sleep(0.2)
-        assert len(_processes_using(tmp)) >= 3, "the benchmark started its nodes"
+        assert len(processes_naming(tmp)) >= 3, "the benchmark started its nodes"
         time.sleep(2.0)  # into the trials
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -47,7 +37,7 @@ def test_sigterm_stops_the_benchmarks_nodes_removes_their_data_and_exits_143(tmp
     finally:
         if proc.poll() is None:
             proc.kill()
-        left = _processes_using(tmp)
+        left = processes_naming(tmp)
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
