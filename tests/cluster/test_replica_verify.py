@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 FAST = {"RAFTBROKER_HOUSEKEEPING_PERIOD_MS": "100"}  # the leader raises the format this soon
 CHECKS = {"RAFTBROKER_VERIFY_REPLICAS_PERIOD_MS": "300"}  # and compares the members' digests this often
 APPLY = """        dedup.reset_watermark(batch, meta.topic_id, cmd.dedup_id)
-        return None
+        return existed
 """
 
 
