@@ -5,7 +5,8 @@ through the same leader discovery and retry loop as every SDK call; they use the
 service, which accepts stored record bodies with their origin kept (the public ``Publish`` never
 lets a caller choose an origin). Every copy carries an idempotency key, so a retried append is
 stored once. Attempts are short (``timeout_s``, ``retry_deadline_s``): a router retries a
-failing route itself, with backoff, without holding up its other routes.
+failing route itself, with backoff, on the lane (thread) of that remote cluster, so a slow or
+unreachable cluster holds up only the routes to it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class MirrorCopy(Protocol):
 
 
 class MirrorClient:
-    """A connection to a remote cluster for one router; thread-compatible (one router thread)."""
+    """A connection to a remote cluster for one router lane: calls from one thread at a time;
+    :meth:`close` may come from any thread and cancels a call in flight (it then raises)."""
 
     def __init__(self, bootstrap: Sequence[str], *, timeout_s: float = 5.0, retry_deadline_s: float = 3.0,
                  security: ClientSecurity | None = None) -> None:
@@ -46,7 +48,8 @@ class MirrorClient:
         self._cluster_id: str | None = None
 
     def _stub(self, address: str) -> routes_pb2_grpc.MirrorStub:
-        return routes_pb2_grpc.MirrorStub(self._router.channel(address))
+        # made once per address under the Router's lock: close() may come from another thread
+        return self._router.stub(address, routes_pb2_grpc.MirrorStub)
 
     def cluster_id(self) -> str:
         """The remote cluster's id (asked once, then remembered)."""

@@ -1,8 +1,8 @@
 """The router: on the leader, copies every route's matching records into its target (SPEC §3.4).
 
-One daemon thread per node; it works only while its node leads. While routes exist, every apply
-that changes the state wakes it; without any, applies do not (a route created on this node wakes
-it through :meth:`RouteRunner.wake`, any other within ``WAKE_S``). A pass reads each route's
+One daemon thread per node (``router``); it works only while its node leads. While routes exist,
+every apply that changes the state wakes it; without any, applies do not (a route created on this
+node wakes it through :meth:`RouteRunner.wake`, any other within ``WAKE_S``). A pass reads each route's
 source partitions from the replicated cursor on (at most ``batch_records`` records per route),
 evaluates the op list, the CEL filter and the partition-key expression on every record, appends
 the copies to the target in source order (the local log through :class:`TrustedAppender`, or a
@@ -12,7 +12,19 @@ offset), so copies re-sent by a new leader after a failover are stored once (wit
 dedup window). A remote route never copies a record whose origin is the target cluster: mirrored
 clusters exchange their own records only (no echo).
 
-Errors never stop other routes: a route whose target is unreachable, missing or full is retried
+Lanes: the router thread runs the local routes; the routes to each remote cluster (one lane per
+target address list) run on a thread of their own (``router-<addresses>``), because a call to
+another cluster can block for seconds (connecting, leader discovery, the SDK's retry deadline) and
+would otherwise hold up every other route. A lane runs the very same pass over its routes only, so
+each route is worked by one thread at a time: its copies go out in source order and its cursor moves
+only after its target acknowledged them, as before. The router thread owns the lanes: it starts one
+when a remote route appears while this node leads, and retires it when no route targets those
+addresses any more, when leadership is lost, and at :meth:`RouteRunner.stop` (which joins them all).
+Retiring never waits on the lane: it closes the lane's connection, which cancels a call in flight
+(the copies of that call are re-sent later under the same idempotency keys), and a lane for the
+same addresses is started again only once the retired one has ended, never beside it.
+
+Errors never stall other routes: a route whose target is unreachable, missing or full is retried
 with a capped backoff and reports ``last_error``; a record its target refuses for good (schema,
 dedup fields) is skipped, counted and logged, and the route goes on. A route whose expressions this
 version refuses (e.g. stored before the checks of ``cel_check`` existed), that break their
@@ -34,7 +46,7 @@ from google.protobuf.message import DecodeError
 
 from broker.core import record_log
 from broker.core.applied import Rejected
-from broker.core.errors import InvalidArgument, ResourceExhausted
+from broker.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.cel_sandbox import ExpressionBudgetExceeded
@@ -55,7 +67,9 @@ BACKOFF_MAX_S = 5.0
 
 
 class RemoteCluster(Protocol):
-    """Another cluster a route mirrors into (implemented with the SDK: ``broker.client.mirror``)."""
+    """Another cluster a route mirrors into (implemented with the SDK: ``broker.client.mirror``).
+    Used by one lane thread; :meth:`close` may come from another thread and must make a call in
+    flight end soon (with an error)."""
 
     def cluster_id(self) -> str: ...
 
@@ -97,6 +111,60 @@ class _Pass:
     skipped: int = 0
 
 
+class _Connections:
+    """The remote clusters one thread sends to, connected on first use; :meth:`close` (from any
+    thread) closes them, which cancels a call in flight, and refuses new ones."""
+
+    def __init__(self, factory: Callable[[list[str]], RemoteCluster]) -> None:
+        self._factory = factory
+        self._remotes: dict[tuple[str, ...], RemoteCluster] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self, addresses: Sequence[str]) -> RemoteCluster:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("the router stopped sending to this cluster")
+            remote = self._remotes.get(tuple(addresses))
+            if remote is None:
+                remote = self._remotes[tuple(addresses)] = self._factory(list(addresses))
+            return remote
+
+    def forget(self, addresses: Sequence[str]) -> None:
+        """Drop the connection (and the remembered cluster id) of a failed route's remote cluster: the
+        retry connects and identifies it again, so a cluster that came back, or another one now at
+        those addresses, is seen as it is, not as it was (a route need not be re-created)."""
+        with self._lock:
+            remote = self._remotes.pop(tuple(addresses), None)
+        if remote is not None:
+            remote.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            remotes, self._remotes = list(self._remotes.values()), {}
+        for remote in remotes:
+            remote.close()
+
+
+@dataclass
+class _Lane:
+    """The thread that runs the routes to one remote cluster (``key``: its target addresses)."""
+
+    key: tuple[str, ...]
+    connections: _Connections
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def retire(self) -> None:
+        """Ask the thread to end, without waiting for it; a call in flight is cancelled."""
+        self.stop.set()
+        self.connections.close()
+
+
 def _is_poison(exc: Exception) -> bool:
     """A refusal that retrying cannot change (bad record for the target), as opposed to an outage:
     by the error's reason, the same for a core error (local) and an SDK error (remote)."""
@@ -104,13 +172,13 @@ def _is_poison(exc: Exception) -> bool:
 
 
 class RouteRunner:
-    """The router thread of one node; see the module docstring."""
+    """The router thread of one node and its lanes; see the module docstring."""
 
     def __init__(self, state: BrokerStateMachine, table: RouteTable, appender: TrustedAppender,
                  submitter: CommandSubmitter, is_leader: Callable[[], bool],
                  remote: Callable[[list[str]], RemoteCluster], batch_records: int = BATCH_RECORDS,
                  batch_bytes: int = BATCH_BYTES, wake_s: float = WAKE_S) -> None:
-        """``wake_s``: the longest an idle router waits before it looks at the routes again."""
+        """``wake_s``: the longest an idle router (or lane) waits before it looks at the routes again."""
         assert batch_records > 0 and batch_bytes > 0 and wake_s > 0
         self._state = state
         self._table = table
@@ -118,7 +186,9 @@ class RouteRunner:
         self._submitter = submitter
         self._is_leader = is_leader
         self._remote_factory = remote
-        self._remotes: dict[tuple[str, ...], RemoteCluster] = {}
+        self._connections = _Connections(remote)  # run_once's (remote routes on the calling thread)
+        self._lanes: dict[tuple[str, ...], _Lane] = {}
+        self._lanes_lock = threading.Lock()
         self._batch_records = batch_records
         self._batch_bytes = batch_bytes
         self._compiled: dict[int, _Compiled] = {}
@@ -134,29 +204,46 @@ class RouteRunner:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the router thread and every lane (cancelling their calls in flight) and join them."""
         self._stop.set()
         self.wake()
         if self._thread.is_alive():
             self._thread.join(10)
-        for remote in self._remotes.values():
-            remote.close()
+        with self._lanes_lock:
+            lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            lane.retire()
+        self._state.notify_change()  # lanes waiting for a change look at their stop flag
+        for lane in lanes:
+            if lane.thread is not None:
+                lane.thread.join(10)
+        self._connections.close()
 
     def wake(self) -> None:
         """Look at the routes now (e.g. one was just created)."""
         self._poked.set()
         self._state.notify_change()
 
+    def lane_threads(self) -> list[threading.Thread]:
+        """The threads of the lanes that have not ended yet (diagnostics and tests)."""
+        with self._lanes_lock:
+            return [lane.thread for lane in self._lanes.values() if lane.thread is not None and lane.alive()]
+
     # -- loop ----------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self._is_leader():
+                self._steer([])  # a follower runs no lane
                 self._stop.wait(0.2)
                 continue
             seen = self._state.version
             self._poked.clear()
             self.passes += 1
             try:
-                progressed = self.run_once()
+                routes = self._routes()
+                self._steer(routes)
+                progressed = self._pass([m for m in routes if not m.config.target_cluster], self._connections,
+                                        self._stop)
             except Exception:  # noqa: BLE001 - a bug must not kill the router thread; it is logged
                 log.exception("router pass failed")
                 progressed = False
@@ -168,19 +255,67 @@ class RouteRunner:
             else:  # no route: applies do not concern the router (a route created here calls wake())
                 self._poked.wait(self._wake_s)
 
+    def _run_lane(self, lane: _Lane) -> None:
+        """A lane's loop: passes over the routes to ``lane.key`` until it is retired."""
+        try:
+            while not lane.stop.is_set():
+                seen = self._state.version
+                try:
+                    routes = [m for m in self._table.all() if tuple(m.config.target_cluster) == lane.key]
+                    progressed = self._pass(routes, lane.connections, lane.stop)
+                except Exception:  # noqa: BLE001 - as in _run: logged, the lane goes on
+                    log.exception("router lane %s: pass failed", ",".join(lane.key))
+                    progressed = False
+                    lane.stop.wait(1.0)
+                if not progressed and not lane.stop.is_set():
+                    self._state.wait_for_change(seen, self._wake_s)
+        finally:
+            lane.connections.close()
+
+    def _steer(self, routes: Sequence[routes_internal_pb2.RouteMeta]) -> None:
+        """Start a lane for each remote cluster that ``routes`` target (none once stopping) and retire
+        the others; a retired lane is replaced only once its thread has ended (one thread per route)."""
+        retired = False
+        with self._lanes_lock:
+            wanted = set() if self._stop.is_set() else \
+                {tuple(m.config.target_cluster) for m in routes if m.config.target_cluster}
+            for key, lane in list(self._lanes.items()):
+                if key not in wanted and not lane.stop.is_set():
+                    lane.retire()
+                    retired = True
+                if not lane.alive():  # retired and ended (or ended by a bug): a new one may start
+                    del self._lanes[key]
+            for key in wanted - self._lanes.keys():
+                lane = self._lanes[key] = _Lane(key, _Connections(self._remote_factory))
+                lane.thread = threading.Thread(target=self._run_lane, args=(lane,), daemon=True,
+                                               name=f"router-{','.join(key)}")
+                lane.thread.start()
+        if retired:  # a retired lane waiting for a change looks at its stop flag
+            self._state.notify_change()
+
     def run_once(self) -> bool:
-        """One pass over every route; True when some cursor moved (more may be waiting)."""
+        """One pass over every route, remote ones included, on the calling thread (tests; the
+        router thread runs the remote routes on their lanes); True when some cursor moved."""
+        return self._pass(self._routes(), self._connections, self._stop)
+
+    def _routes(self) -> list[routes_internal_pb2.RouteMeta]:
+        """The stored routes; forgets the statistics and compiled expressions of deleted ones."""
         routes = self._table.all()
         self._routes_seen = bool(routes)
         live = {m.config.name for m in routes}
-        for name in [n for n in self.stats if n not in live]:
-            del self.stats[name]
+        for name in [n for n in list(self.stats) if n not in live]:
+            self.stats.pop(name, None)
         ids = {m.route_id for m in routes}
-        for route_id in [i for i in self._compiled if i not in ids]:
-            del self._compiled[route_id]
+        for route_id in [i for i in list(self._compiled) if i not in ids]:
+            self._compiled.pop(route_id, None)
+        return routes
+
+    def _pass(self, routes: Sequence[routes_internal_pb2.RouteMeta], connections: _Connections,
+              stop: threading.Event) -> bool:
+        """One pass over ``routes`` (all worked by the calling thread); True when some cursor moved."""
         progressed = False
         for meta in routes:
-            if self._stop.is_set() or not self._is_leader():
+            if stop.is_set() or not self._is_leader():
                 break
             stats = self.stats.get(meta.config.name)
             if stats is None or stats.route_id != meta.route_id:
@@ -188,7 +323,7 @@ class RouteRunner:
             if stats.paused or time.monotonic() < stats.retry_at:
                 continue
             try:
-                progressed = self._route(self._compile(meta), stats) or progressed
+                progressed = self._route(self._compile(meta), stats, connections) or progressed
                 stats.backoff_s = 0.0
             except _ExpressionRefused as exc:
                 stats.paused = True
@@ -196,7 +331,9 @@ class RouteRunner:
                 log.error("route %s paused: %s (delete and re-create it with a cheaper expression)",
                           meta.config.name, exc)
             except Exception as exc:  # noqa: BLE001 - any failure of one route: report, back off, go on
-                self._forget_remote(meta.config)
+                if stop.is_set():  # a call cancelled by stop or retirement: not the route's failure
+                    break
+                connections.forget(meta.config.target_cluster)
                 stats.last_error = f"{type(exc).__name__}: {exc}"
                 stats.backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, stats.backoff_s * 2))
                 stats.retry_at = time.monotonic() + stats.backoff_s
@@ -221,13 +358,13 @@ class RouteRunner:
         return compiled
 
     # -- one route -----------------------------------------------------------------------------
-    def _route(self, route: _Compiled, stats: RouteStats) -> bool:
+    def _route(self, route: _Compiled, stats: RouteStats, connections: _Connections) -> bool:
         config = route.meta.config
         source = self._state.topic(config.source)
         if source is None:
             stats.last_error = f"source topic {config.source!r} does not exist"
             return False
-        remote = self._remote(list(config.target_cluster)) if config.target_cluster else None
+        remote = connections.get(config.target_cluster) if config.target_cluster else None
         echo_cluster = remote.cluster_id() if remote is not None else None
         if echo_cluster == self._appender.cluster_id:
             raise InvalidArgument(f"the target cluster is this cluster ({echo_cluster!r}); route to the topic instead")
@@ -245,21 +382,6 @@ class RouteRunner:
         stats.skipped += work.skipped + refused
         stats.last_error = ""
         return True
-
-    def _remote(self, addresses: list[str]) -> RemoteCluster:
-        key = tuple(addresses)
-        remote = self._remotes.get(key)
-        if remote is None:
-            remote = self._remotes[key] = self._remote_factory(addresses)
-        return remote
-
-    def _forget_remote(self, config: internal_pb2.RouteConfig) -> None:
-        """Drop the connection (and the remembered cluster id) of a failed route's remote cluster:
-        the retry connects and identifies it again, so a cluster that came back, or another one now
-        at those addresses, is seen as it is, not as it was (a route need not be re-created)."""
-        remote = self._remotes.pop(tuple(config.target_cluster), None)
-        if remote is not None:
-            remote.close()
 
     def _collect(self, route: _Compiled, source: internal_pb2.TopicMeta, echo_cluster: str | None) -> _Pass:
         """Read and judge up to one batch of source records, partition by partition."""

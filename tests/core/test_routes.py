@@ -4,7 +4,9 @@ echo prevention and poison records, over the in-memory replicator."""
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2, routes_internal_pb2
+from tests.conftest import wait_until
 from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
@@ -323,3 +326,145 @@ def test_without_routes_applies_do_not_wake_the_router_and_a_created_route_does(
         assert [json.loads(r.value)["n"] for r in read(env, "dst")] == list(range(30))
     finally:
         runner.stop()
+
+
+@dataclass
+class HeldRemote:
+    """A remote cluster whose appends hang (as towards an unreachable cluster) until it is closed,
+    which makes the call in flight fail, as closing a gRPC channel does."""
+
+    entered: threading.Event = field(default_factory=threading.Event)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def cluster_id(self) -> str:
+        return "west"
+
+    def append(self, topic: str, copies: Sequence[Copy]) -> None:
+        self.entered.set()
+        self.closed.wait(60)
+        raise errors.Unavailable("cancelled: the connection was closed")
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def router_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The router threads (the router's and its lanes') running now that were not in ``before``."""
+    return [t for t in threading.enumerate()
+            if t not in before and (t.name == "router" or t.name.startswith("router-"))]
+
+
+def copied_through(env: Env, topic: str, n: int) -> bool:
+    """``topic`` holds the copies of the records numbered 0 to ``n``, in order."""
+    return [json.loads(r.value)["n"] for r in read(env, topic)] == list(range(n + 1))
+
+
+def test_a_hung_remote_route_holds_up_neither_local_routes_nor_stop(env: Env) -> None:
+    """The routes to a remote cluster run on a thread of their own: while an append to it hangs,
+    a local route keeps copying each new record; stop cancels the hung call and joins every thread."""
+    before = set(threading.enumerate())
+    remotes: list[HeldRemote] = []
+
+    def connect(addresses: list[str]) -> HeldRemote:
+        remotes.append(HeldRemote())
+        return remotes[-1]
+
+    runner = RouteRunner(env.state, env.table, env.appender, env.submitter, lambda: True, connect, wake_s=0.05)
+    admin = RouteAdmin(env.state, env.table, env.submitter, NodeClock(), runner)
+    create(env, "src")
+    create(env, "dst")
+    runner.start()
+    try:
+        admin.create(route("m", "src", "mirror", target_cluster=["127.0.0.1:1"]))
+        admin.create(route("r", "src", "dst"))
+        publish(env, "src", [{"n": 0}])
+        wait_until(lambda: remotes and remotes[0].entered.is_set(), 10, "the remote route to call its cluster")
+        for n in range(1, 6):  # one by one: each is copied while the remote call still hangs
+            publish(env, "src", [{"n": n}])
+            wait_until(functools.partial(copied_through, env, "dst", n), 10, f"record {n} copied")
+        assert not remotes[0].closed.is_set() and env.table.cursors("m") == {}
+        assert {t.name for t in router_threads(before)} == {"router", "router-127.0.0.1:1"}
+    finally:
+        started = time.monotonic()
+        runner.stop()
+    assert time.monotonic() - started < 5, "stop waited for the hung call"
+    assert all(r.closed.is_set() for r in remotes)
+    assert router_threads(before) == [] and runner.lane_threads() == []
+    assert env.table.cursors("m") == {}, "nothing acknowledged: the remote route's cursor never moved"
+
+
+def test_a_lane_ends_when_leadership_is_lost_or_its_routes_are_deleted(env: Env) -> None:
+    before = set(threading.enumerate())
+    leading = threading.Event()
+    leading.set()
+    runner = RouteRunner(env.state, env.table, env.appender, env.submitter, leading.is_set,
+                         lambda addresses: FakeRemote("west"), wake_s=0.05)
+    admin = RouteAdmin(env.state, env.table, env.submitter, NodeClock(), runner)
+    create(env, "src")
+    runner.start()
+    try:
+        admin.create(route("m", "src", "mirror", target_cluster=["127.0.0.1:1"]))
+        wait_until(lambda: len(runner.lane_threads()) == 1, 10, "a lane for the remote cluster")
+        leading.clear()
+        wait_until(lambda: runner.lane_threads() == [], 10, "the lane to end with leadership")
+        assert [t.name for t in router_threads(before)] == ["router"]
+        leading.set()
+        wait_until(lambda: len(runner.lane_threads()) == 1, 10, "a lane again once leading")
+        admin.delete("m")
+        runner.wake()
+        wait_until(lambda: runner.lane_threads() == [], 10, "the lane to end with its last route")
+    finally:
+        runner.stop()
+    assert router_threads(before) == []
+
+
+@dataclass
+class FlakyRemote:
+    """A remote cluster that refuses every append while ``down`` is set, and records what it took."""
+
+    down: threading.Event = field(default_factory=threading.Event)
+    taken: list[Copy] = field(default_factory=list)
+    connections: int = 0
+
+    def connect(self, addresses: list[str]) -> FlakyRemote:
+        self.connections += 1
+        return self
+
+    def cluster_id(self) -> str:
+        return "west"
+
+    def append(self, topic: str, copies: Sequence[Copy]) -> None:
+        if self.down.is_set():
+            raise errors.Unavailable("the remote cluster is unreachable")
+        self.taken.extend(copies)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_remote_that_fails_then_recovers_continues_from_its_committed_progress(env: Env) -> None:
+    """A lane's failed appends leave the cursor where the last acknowledged batch put it; once the
+    cluster answers again the route goes on from there: every record sent once acknowledged, in order."""
+    remote = FlakyRemote()
+    runner = RouteRunner(env.state, env.table, env.appender, env.submitter, lambda: True, remote.connect,
+                         batch_records=7, wake_s=0.05)
+    admin = RouteAdmin(env.state, env.table, env.submitter, NodeClock(), runner)
+    create(env, "src")
+    publish(env, "src", [{"n": i} for i in range(10)])
+    runner.start()
+    try:
+        meta = admin.create(route("m", "src", "mirror", target_cluster=["127.0.0.1:1"])).meta
+        wait_until(lambda: env.table.cursors("m") == {0: (1, 10)}, 10, "the first records mirrored")
+        remote.down.set()
+        publish(env, "src", [{"n": i} for i in range(10, 20)])
+        wait_until(lambda: "unreachable" in runner.stats["m"].last_error, 10, "an append to fail")
+        assert env.table.cursors("m") == {0: (1, 10)}, "a failed append never moves the cursor"
+        remote.down.clear()
+        wait_until(lambda: env.table.cursors("m") == {0: (1, 20)}, 10, "the route to recover")
+        wait_until(lambda: runner.stats["m"].last_error == "", 10, "the error to clear")
+    finally:
+        runner.stop()
+    assert [c.idempotency_key for c in remote.taken] == [idempotency_key("east", meta.route_id, 1, 0, offset)
+                                                         for offset in range(20)]
+    assert remote.connections >= 2, "a failure drops the connection: the retry connects again"
+    assert runner.stats["m"].copied == 20
