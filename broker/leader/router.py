@@ -40,18 +40,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
 from broker.core import record_log
 from broker.core.applied import Rejected
-from broker.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from broker.core.errors import InvalidArgument, ResourceExhausted
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.cel_sandbox import ExpressionBudgetExceeded
 from broker.leader.filters import RecordExpression, RecordFilter
 from broker.leader.route_copies import Copy, idempotency_key, origin_cluster
+from broker.leader.route_lanes import Connections, Lane, RemoteCluster
 from broker.leader.routed_append import TrustedAppender
 from broker.leader.submitter import CommandSubmitter
 from broker.reasons import refused_records
@@ -64,18 +64,6 @@ BATCH_BYTES = 1 << 20
 WAKE_S = 1.0
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
-
-
-class RemoteCluster(Protocol):
-    """Another cluster a route mirrors into (implemented with the SDK: ``broker.client.mirror``).
-    Used by one lane thread; :meth:`close` may come from another thread and must make a call in
-    flight end soon (with an error)."""
-
-    def cluster_id(self) -> str: ...
-
-    def append(self, topic: str, copies: Sequence[Copy]) -> object: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -111,60 +99,6 @@ class _Pass:
     skipped: int = 0
 
 
-class _Connections:
-    """The remote clusters one thread sends to, connected on first use; :meth:`close` (from any
-    thread) closes them, which cancels a call in flight, and refuses new ones."""
-
-    def __init__(self, factory: Callable[[list[str]], RemoteCluster]) -> None:
-        self._factory = factory
-        self._remotes: dict[tuple[str, ...], RemoteCluster] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def get(self, addresses: Sequence[str]) -> RemoteCluster:
-        with self._lock:
-            if self._closed:
-                raise Unavailable("the router stopped sending to this cluster")
-            remote = self._remotes.get(tuple(addresses))
-            if remote is None:
-                remote = self._remotes[tuple(addresses)] = self._factory(list(addresses))
-            return remote
-
-    def forget(self, addresses: Sequence[str]) -> None:
-        """Drop the connection (and the remembered cluster id) of a failed route's remote cluster: the
-        retry connects and identifies it again, so a cluster that came back, or another one now at
-        those addresses, is seen as it is, not as it was (a route need not be re-created)."""
-        with self._lock:
-            remote = self._remotes.pop(tuple(addresses), None)
-        if remote is not None:
-            remote.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            remotes, self._remotes = list(self._remotes.values()), {}
-        for remote in remotes:
-            remote.close()
-
-
-@dataclass
-class _Lane:
-    """The thread that runs the routes to one remote cluster (``key``: its target addresses)."""
-
-    key: tuple[str, ...]
-    connections: _Connections
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-
-    def alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
-
-    def retire(self) -> None:
-        """Ask the thread to end, without waiting for it; a call in flight is cancelled."""
-        self.stop.set()
-        self.connections.close()
-
-
 def _is_poison(exc: Exception) -> bool:
     """A refusal that retrying cannot change (bad record for the target), as opposed to an outage:
     by the error's reason, the same for a core error (local) and an SDK error (remote)."""
@@ -186,8 +120,8 @@ class RouteRunner:
         self._submitter = submitter
         self._is_leader = is_leader
         self._remote_factory = remote
-        self._connections = _Connections(remote)  # run_once's (remote routes on the calling thread)
-        self._lanes: dict[tuple[str, ...], _Lane] = {}
+        self._connections = Connections(remote)  # run_once's (remote routes on the calling thread)
+        self._lanes: dict[tuple[str, ...], Lane] = {}
         self._lanes_lock = threading.Lock()
         self._batch_records = batch_records
         self._batch_bytes = batch_bytes
@@ -255,7 +189,7 @@ class RouteRunner:
             else:  # no route: applies do not concern the router (a route created here calls wake())
                 self._poked.wait(self._wake_s)
 
-    def _run_lane(self, lane: _Lane) -> None:
+    def _run_lane(self, lane: Lane) -> None:
         """A lane's loop: passes over the routes to ``lane.key`` until it is retired."""
         try:
             while not lane.stop.is_set():
@@ -286,7 +220,7 @@ class RouteRunner:
                 if not lane.alive():  # retired and ended (or ended by a bug): a new one may start
                     del self._lanes[key]
             for key in wanted - self._lanes.keys():
-                lane = self._lanes[key] = _Lane(key, _Connections(self._remote_factory))
+                lane = self._lanes[key] = Lane(key, Connections(self._remote_factory))
                 lane.thread = threading.Thread(target=self._run_lane, args=(lane,), daemon=True,
                                                name=f"router-{','.join(key)}")
                 lane.thread.start()
@@ -310,7 +244,7 @@ class RouteRunner:
             self._compiled.pop(route_id, None)
         return routes
 
-    def _pass(self, routes: Sequence[routes_internal_pb2.RouteMeta], connections: _Connections,
+    def _pass(self, routes: Sequence[routes_internal_pb2.RouteMeta], connections: Connections,
               stop: threading.Event) -> bool:
         """One pass over ``routes`` (all worked by the calling thread); True when some cursor moved."""
         progressed = False
@@ -358,7 +292,7 @@ class RouteRunner:
         return compiled
 
     # -- one route -----------------------------------------------------------------------------
-    def _route(self, route: _Compiled, stats: RouteStats, connections: _Connections) -> bool:
+    def _route(self, route: _Compiled, stats: RouteStats, connections: Connections) -> bool:
         config = route.meta.config
         source = self._state.topic(config.source)
         if source is None:
