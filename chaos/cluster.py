@@ -39,6 +39,13 @@ class NodeView:
     applied_index: int
 
 
+# Every drill node's housekeeping runs each second, not every 10 s: the leader raises the cluster's
+# command format on its first housekeeping, and the apply digests (the ``apply-divergence`` check)
+# begin only then; at the default period a drill of 20 s or less ended with that check skipped.
+# A scenario's own ``node_env`` may set it otherwise (rolling-upgrade: 200 ms).
+DRILL_NODE_ENV = {"RAFTBROKER_HOUSEKEEPING_PERIOD_MS": "1000"}
+
+
 class ChaosCluster(DevCluster):
     """DevCluster on a fabric, with SIGSTOP/SIGCONT and status views that tolerate silent nodes.
     ``node_env`` is given to every node; ``{node_data_dir}`` (:data:`NODE_DIR`) in a value becomes
@@ -49,7 +56,7 @@ class ChaosCluster(DevCluster):
         base = NETNS_BASE_PORT if fabric.name == "netns" else free_base_port(nodes)
         super().__init__(nodes, data_dir, base_port=base, extra_args=extra_args)
         self.fabric = fabric
-        self.node_env = dict(node_env or {})
+        self.node_env = {**DRILL_NODE_ENV, **(node_env or {})}
         self.raft_password = secrets.token_hex(16)
         self.raft_password_salt = secrets.token_hex(16)
         self.paused: set[int] = set()

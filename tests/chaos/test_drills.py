@@ -49,6 +49,7 @@ def _drill(options: DrillOptions) -> None:
     assert doc["operations"]["records_acked"] > 0, "the workload ran"
     assert doc["recovery"]["faults"], "faults were injected"
     assert doc["checks"]["lost-write"] == 0 and doc["checks"]["multiple-leaders"] == 0
+    assert doc["checks"]["apply-divergence"] == 0, "the replicas' apply digests were compared, not skipped"
     if "groups" in doc["operations"]["not_available"]:  # its checks were skipped: not a pass under make chaos
         unavailable(f"{scenario}: workload groups: {doc['operations']['not_available']['groups']}")
     assert doc["operations"]["group_deliveries"] > 0 and doc["operations"]["group_commits_ok"] > 0, \
