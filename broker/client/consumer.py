@@ -116,6 +116,7 @@ class Consumer:
             raise invalid_argument(GROUP_FILTER_REFUSED)
         checks.check_group(group)
         checks.check_int(max_in_flight, "max_in_flight", 1, checks.UINT32_MAX)
+        checks.check_int(max_batch, "max_batch", 0, checks.UINT32_MAX)
         self._router = router
         self.topic, self.group = topic, group
         self.member_id = member_id or f"{uuid.uuid4().hex[:16]}"
@@ -302,6 +303,8 @@ class Consumer:
 
     def commit(self, partition: int, offset: int) -> None:
         """Stream mode: settle everything below ``offset`` in ``partition`` (never moves back)."""
+        checks.check_int(partition, "partition", 0, checks.UINT32_MAX)
+        checks.check_int(offset, "offset", 0, checks.UINT64_MAX)
         request = broker_pb2.CommitRequest(topic=self.topic, group=self.group, partition=partition, offset=offset)
         self._router.call(lambda a, t: self._router.broker(a).Commit(request, timeout=t), write=True,
                           what=f"commit in {self.group}")

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 
+from broker.client import checks
 from broker.client.aio import AsyncClient
 from broker.http import codec
 from broker.http.bodies import AckBody, ClaimBody, ExtendBody, JsonRoute, NackBody
@@ -64,6 +65,8 @@ async def nack(topic: Topic, group: Group, body: NackBody, request: Request) -> 
 @router.post("/extend")
 async def extend(topic: Topic, group: Group, body: ExtendBody, request: Request) -> dict[str, Any]:
     """Keep the leases longer; per receipt the new deadline (ms since the epoch), 0 if it was lost."""
+    if body.ms is not None:  # checked here to name the body's field (the SDK's argument is extend_ms)
+        checks.check_int(body.ms, "body.ms (the leases' new length)", 1, checks.EXTEND_MAX_MS)
     deadlines = await _client(request).settle("extend", topic, group, _positions(body.receipts), extend_ms=body.ms)
     return {"deadlines_ms": deadlines}
 

@@ -191,3 +191,22 @@ def test_async_run_checks_the_sync_arguments(nowhere: str, kwargs: dict[str, Any
 
     with pytest.raises(InvalidArgument, match=said):
         in_async(nowhere, lambda c: c.run("t", group="g", handler=handler, **kwargs))
+
+
+# -- a negative max_batch and commit position -------------------------------------------------------
+
+def test_a_negative_max_batch_and_a_commit_out_of_range_are_invalid_argument_naming_them(
+        sync: Client, nowhere: str) -> None:
+    """Before: protobuf's bare ``ValueError: Value out of range: -1``, naming nothing."""
+    with pytest.raises(InvalidArgument, match="max_batch must be between 0 and 2"):
+        sync.subscribe("t", group="g", max_batch=-1)
+    with pytest.raises(InvalidArgument, match="max_batch must be between 0 and 2"):
+        in_async(nowhere, lambda c: c.consumer("t", "g", max_batch=-1).stop())
+    consumer = sync.subscribe("t", group="g", mode="stream")
+    with pytest.raises(InvalidArgument, match="offset must be between 0 and 2"):
+        consumer.commit(0, -1)
+    with pytest.raises(InvalidArgument, match="offset must be between 0 and 2"):
+        consumer.commit(0, 2**64)
+    with pytest.raises(InvalidArgument, match="partition must be between 0 and 2"):
+        consumer.commit(-1, 0)
+    consumer.close()

@@ -14,8 +14,8 @@ from typing import TypedDict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.client import Client, DeadLettersRetried, Event, GroupNotFound, Message
-from broker.core import formats
+from broker.client import Client, DeadLettersRetried, Event, GroupNotFound, InvalidArgument, Message
+from broker.core import formats, records
 from broker.devcluster import DevCluster
 from broker.v1 import broker_pb2
 from tests.cli.helpers import cli
@@ -469,3 +469,31 @@ def test_async_iteration_and_manual_handlers_that_do_not_settle_nack(client: Cli
     runner.join(10)
     assert sorted(calls) == [(b"a", 1), (b"a", 2), (b"b", 1), (b"b", 2)]
     assert client.groups.lag("g-async", "manual").lag == 0
+
+
+def test_a_nack_after_the_lease_ran_out_and_a_receipt_past_the_end_change_nothing(client: Client) -> None:
+    """Before: a late nack counted a second failed attempt for one delivery (dead-lettered "attempt 2
+    of 2" after one delivery), and an ack of a receipt past the partition's end settled that offset
+    ahead, so the record written there later was never delivered."""
+    client.create_topic("g-late", 1)
+    client.publish("g-late", b"only")
+    consumer = client.subscribe("g-late", group="w", visibility_timeout_ms=300, backoff="fixed",
+                                base_delay_ms=60_000, max_attempts=2)
+    try:
+        message = next(m for m in consumer if isinstance(m, Message))
+        wait_until(lambda: client.groups.lag("g-late", "w").partitions[0].retrying == 1, 10, "the lease to run out")
+        assert message.extend(1000) == 0, "the lease ran out"
+        message.nack()
+        row = client.groups.lag("g-late", "w").partitions[0]
+        assert (row.committed, row.retrying, row.dead) == (0, 1, 0), row
+        assert client.groups.dead_letters("g-late", "w") == []
+        ahead = records.position_token(client.describe_topic("g-late").incarnation, 0, 2)
+        request = broker_pb2.AckRequest(topic="g-late", group="w", positions=[ahead])
+        with pytest.raises(InvalidArgument, match="ends at offset 1"):
+            client._router.call(lambda a, t: client._router.broker(a).Ack(request, timeout=t), write=True,
+                                what="ack")
+        client.publish("g-late", b"next")
+        row = client.groups.lag("g-late", "w").partitions[0]
+        assert (row.end_offset, row.committed, row.lag) == (2, 0, 2), row
+    finally:
+        consumer.close()

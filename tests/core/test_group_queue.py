@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.core import formats, records
+from broker.core.errors import InvalidArgument
 from broker.core.groups import layout
 from broker.core.groups.apply import DeadRetried
 from broker.v1 import internal_pb2
@@ -272,3 +273,82 @@ def test_a_retry_of_dead_letters_leaves_those_whose_records_were_pruned_dead(clu
     back = env.pick(rt, s, 5)
     assert [(r.offset, r.value) for r in back.records] == [(3, b"v3")] and not back.bad
     assert env.ops.lag("t", "g").partitions[0].dead == 2
+
+
+def test_a_nack_after_the_lease_ran_out_counts_no_second_failed_attempt() -> None:
+    """The expiry counted the delivery's failure; a late nack of it changes nothing (it made one
+    delivery two failed attempts: dead-lettered as "attempt 2 of 2" after one delivery). A nack of
+    the record's next delivery counts as usual."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"x"])
+    rt = env.group("t", "g", visibility_timeout_ms=1000, base_delay_ms=5000, max_delay_ms=5000, max_attempts=2)
+    s = rt.open_stream()
+    first = env.pick(rt, s)
+    env.clock.advance(1001)
+    env.service.tick()
+    rt.refresh()
+    due = rt.retry_state((0, 0))
+    assert due is not None and due.attempts == 1
+    env.service.nack("t", "g", positions(first), 0, release=False)
+    rt.refresh()
+    assert rt.retry_state((0, 0)) == due, "the late nack changed nothing"
+    assert env.ops.dead_letters("t", "g", 0, None, None) == []
+    env.clock.advance(5000)
+    again = env.pick(rt, s)
+    assert [r.delivery_attempt for r in again.records] == [2]
+    env.service.nack("t", "g", positions(again), 0, release=False)
+    [dead] = env.ops.dead_letters("t", "g", 0, None, None)
+    assert dead.attempts == 2 and dead.reason == "nacked (attempt 2 of 2)"
+
+
+def test_a_nack_while_the_expiry_is_being_replicated_counts_no_second_failed_attempt() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"x"])
+    rt = env.group("t", "g", visibility_timeout_ms=1000, max_attempts=3)
+    first = env.pick(rt, rt.open_stream())
+    env.clock.advance(1001)
+    expired = rt.take_expired(env.clock.monotonic_ms())  # the ticker's first step: marked, not applied yet
+    assert [lease.position for lease in expired] == [(0, 0)]
+    env.service.nack("t", "g", positions(first), 0, release=False)
+    rt.refresh()
+    assert rt.retry_state((0, 0)) is None, "left to the expiry"
+
+
+def test_extend_answers_one_deadline_per_token_also_for_a_token_of_an_older_incarnation() -> None:
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a"])
+    rt = env.group("t", "g", visibility_timeout_ms=1000)
+    [token] = positions(env.pick(rt, rt.open_stream()))
+    old = env.state.topic("t")
+    assert old is not None
+    stale = records.position_token(old.topic_id + 1000, 0, 1)
+    assert env.service.extend("t", "g", [stale, token], 500) == [0, env.clock.now_ms() + 500]
+
+
+def test_a_position_past_the_partition_end_is_refused_and_changes_nothing() -> None:
+    """Before: an ack of a forged receipt past the end settled the offset ahead (the record was never
+    delivered once written: silent loss), a nack made a retry and a discard a dead letter of a record
+    that did not exist."""
+    env = make_env()
+    env.topic("t")
+    env.publish("t", [b"a"])
+    rt = env.group("t", "g")
+    [token] = positions(env.pick(rt, rt.open_stream()))
+    meta = env.state.topic("t")
+    assert meta is not None
+    ahead = records.position_token(meta.topic_id, 0, 2)  # offset 1: the next record, not written yet
+    with pytest.raises(InvalidArgument, match=r"position 1 \(partition 0 offset 1\) .* ends at offset 1"):
+        env.service.ack_each("t", "g", [token, ahead])
+    with pytest.raises(InvalidArgument, match="ends at offset 1"):
+        env.service.nack("t", "g", [ahead], 0, release=False)
+    with pytest.raises(InvalidArgument, match="ends at offset 1"):
+        env.service.discard("t", "g", [ahead], "x")
+    rt.refresh()
+    assert rt.cursor(0).committed == 0 and rt.cursor(0).ranges == [] and rt.retry_state((0, 1)) is None
+    assert env.ops.dead_letters("t", "g", 0, None, None) == []
+    env.publish("t", [b"b"])
+    assert env.service.ack_each("t", "g", [token]) == [True]
+    assert values(env.pick(rt, rt.open_stream())) == [b"b"], "the next record is delivered"

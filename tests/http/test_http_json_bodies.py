@@ -199,3 +199,13 @@ def test_the_documented_endpoints_are_routes_of_the_app() -> None:
     documented = documented_endpoints()
     assert ("GET", "/v1/topics/{topic}/watermarks") in documented and len(documented) >= 10, documented
     assert documented <= routes, documented - routes
+
+
+def test_an_extend_longer_than_the_longest_lease_is_refused_naming_the_body_field() -> None:
+    """Before: "extend_ms must be between 0 and 43200000", a name the body does not have."""
+    r, sdk = call("POST", "/v1/topics/t/groups/g/extend", json={"receipts": ["AAAA"], "ms": 43_200_001})
+    detail = problem(r, 400, "INVALID_ARGUMENT")
+    assert detail == "body.ms (the leases' new length) must be between 1 and 43200000, got 43200001", detail
+    assert sdk.settled == []
+    r, sdk = call("POST", "/v1/topics/t/groups/g/extend", json={"receipts": ["AAAA"], "ms": 43_200_000})
+    assert r.status_code == 200, r.text

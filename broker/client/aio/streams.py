@@ -335,6 +335,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             raise invalid_argument(GROUP_FILTER_REFUSED)
         checks.check_group(group)
         checks.check_int(max_in_flight, "max_in_flight", 1, checks.UINT32_MAX)
+        checks.check_int(max_batch, "max_batch", 0, checks.UINT32_MAX)
         self._router, self.topic, self.group = router, topic, group
         self.member_id = member_id or uuid.uuid4().hex[:16]
         self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,

@@ -250,6 +250,10 @@ class GroupService:
             if token.partition >= rt.meta.partitions or token.next_offset == 0:
                 raise InvalidArgument(f"position of partition {token.partition} offset {token.next_offset - 1} "
                                       f"is not a record of {rt.meta.topic!r}")
+            end = rt.bounds(token.partition)[1]
+            if token.next_offset > end:  # settled ahead, the record would never be delivered once written
+                raise InvalidArgument(f"position {i} (partition {token.partition} offset {token.next_offset - 1}) is "
+                                      f"not a record of {rt.meta.topic!r}: the partition ends at offset {end}")
             out.append((i, (token.partition, token.next_offset - 1)))
         return out
 
@@ -338,7 +342,8 @@ class GroupService:
 
     def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
         """Fail delivered records: a retry after ``delay_ms`` (0: the backoff; at most
-        ``NACK_DELAY_MAX_MS``), or with ``release`` an immediate redelivery that counts no attempt."""
+        ``NACK_DELAY_MAX_MS``), or with ``release`` an immediate redelivery that counts no attempt.
+        A record whose lease ran out is left as it is (see :meth:`_failure_counted`)."""
         validate_delay_ms("delay_ms", delay_ms, NACK_DELAY_MAX_MS)
         rt = self.runtime(topic, group)
         positions = self.positions(rt, tokens)
@@ -348,7 +353,22 @@ class GroupService:
                 self.state.notify_change()
             return
         delay = delay_ms if delay_ms > 0 else None
-        self.settle(rt, [self.entry(rt, K.SETTLE_NACK, pos, "nacked", delay) for pos in positions])
+        failed = [pos for pos in positions if not self._failure_counted(rt, pos)]
+        self.settle(rt, [self.entry(rt, K.SETTLE_NACK, pos, "nacked", delay) for pos in failed])
+
+    @staticmethod
+    def _failure_counted(rt: GroupRuntime, position: Position) -> bool:
+        """Whether the failure of the delivery a nack of ``position`` reports was counted already:
+        its lease ran out (an EXPIRE for it is being replicated, or it waits for its retry, leased to
+        nobody). Counting the nack as well would make one delivery two failed attempts (a record
+        dead-lettered as "attempt 2 of 2" after one delivery) and push its retry back. A record
+        leased again since is failed by the nack (the leader cannot tell deliveries apart)."""
+        with rt.lock:
+            lease = rt.leases.get(position)
+            if lease is not None:
+                return lease.expiring
+            rt.refresh()  # an EXPIRE applied since this call's first read: its retry entry is known now
+            return rt.retry_state(position) is not None
 
     def discard(self, topic: str, group: str, tokens: list[bytes], reason: str) -> None:
         rt = self.runtime(topic, group)
@@ -356,22 +376,22 @@ class GroupService:
         self.settle(rt, [self.entry(rt, K.SETTLE_DISCARD, pos, why) for pos in self.positions(rt, tokens)])
 
     def extend(self, topic: str, group: str, tokens: list[bytes], extend_ms: int) -> list[int]:
-        """New deadlines of the leases still held (0 for a position without a lease). ``extend_ms``
-        is the new lease length from now (0: the group's visibility timeout), at most
-        ``EXTEND_MAX_MS``; every position is checked before any lease changes."""
+        """New deadlines of the leases still held, one per token (0 for a position without a lease,
+        and for a token of an older incarnation of the topic). ``extend_ms`` is the new lease length
+        from now (0: the group's visibility timeout), at most ``EXTEND_MAX_MS``; every position is
+        checked before any lease changes."""
         validate_delay_ms("extend_ms", extend_ms, EXTEND_MAX_MS)
         rt = self.runtime(topic, group)
         length = extend_ms or rt.meta.config.visibility_timeout_ms
-        positions = self.positions(rt, tokens)
-        deadlines = []
+        kept = self.indexed_positions(rt, tokens)
+        deadlines = [0] * len(tokens)
         with rt.lock:
-            for pos in positions:
+            for i, pos in kept:
                 lease = rt.leases.get(pos)
                 if lease is None or lease.expiring:
-                    deadlines.append(0)
                     continue
                 rt.leases.set_deadline(lease, self.clock.monotonic_ms() + length)
-                deadlines.append(self.clock.now_ms() + length)  # the client sees wall time
+                deadlines[i] = self.clock.now_ms() + length  # the client sees wall time
         return deadlines
 
     def commit(self, topic: str, group: str, partition: int, offset: int) -> None:
