@@ -20,47 +20,20 @@ Contract:
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 
 import typer
 
 from broker.cli import render
 from broker.cli.context import connect, emit_json, state
 from broker.cli.data import emit_event, parse_from
+from broker.cli.terminate import EXIT_TERMINATED, Terminated, sigterm_unwinds
 from broker.client import Client, Consumer, Event, Message, TopicNotFound
 
-EXIT_TERMINATED = 128 + signal.SIGTERM
 IN_FLIGHT_MAX = 100
 ENV_VARS = ("RAFTBROKER_TOPIC", "RAFTBROKER_GROUP", "RAFTBROKER_PARTITION", "RAFTBROKER_OFFSET",
             "RAFTBROKER_KEY", "RAFTBROKER_DELIVERY_ATTEMPT", "RAFTBROKER_POSITION")
-
-
-class _Terminated(Exception):
-    """SIGTERM arrived: unwind (closing the consumer gives its leases back), then exit 143."""
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """While inside, SIGTERM raises :class:`_Terminated` in the main thread instead of killing the
-    process outright (which would leave its leases to run out: the visibility timeout)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: FrameType | None) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def consume_group(ctx: typer.Context, topic: str, group: str, *, mode: str | None, from_: str, limit: int | None,
@@ -79,12 +52,12 @@ def consume_group(ctx: typer.Context, topic: str, group: str, *, mode: str | Non
     terminated = False
     with connect(ctx) as client:
         try:
-            with _sigterm_unwinds():
+            with sigterm_unwinds():
                 _say_if_paused(client, topic, group, json_output, follow)
                 with client.subscribe(topic, group=group, mode=mode, start=start, timestamp_ms=timestamp_ms,
                                       stop_at_end=not follow, max_in_flight=in_flight) as consumer:
                     _deliver(consumer, limit, json_output, exec_, nack_delay_ms)
-        except _Terminated:
+        except Terminated:
             terminated = True
     if terminated:
         raise typer.Exit(EXIT_TERMINATED)
