@@ -92,6 +92,11 @@ def test_create_topic_with_a_wrong_type_is_invalid_argument_in_both_sdks(
         in_async(nowhere, lambda c: c.create_topic(*args, **kwargs))
 
 
+def test_a_claim_naming_stream_mode_is_refused_before_anything_is_leased(nowhere: str) -> None:
+    with pytest.raises(InvalidArgument, match="claim is for queue-mode groups"):
+        in_async(nowhere, lambda c: c.claim("t", "g", mode="stream"))
+
+
 def test_a_session_timeout_for_a_queue_mode_group_is_refused(sync: Client) -> None:
     """Queue-mode members have no sessions: the value was stored and never used."""
     with pytest.raises(InvalidArgument, match="session_timeout_ms applies to stream mode"):

@@ -194,6 +194,15 @@ def test_a_queue_claimed_by_two_http_workers_no_overlap_and_redelivery(http_clus
         problem(a.post("/v1/topics/h-jobs/groups/w/ack", json={"receipts": ["%%%"]}), 400, "INVALID_ARGUMENT")
         problem(a.post("/v1/topics/h-jobs/groups/w/claim", json={"max": 0}), 400, "INVALID_ARGUMENT")
         problem(a.get("/v1/topics/h-jobs/groups/nobody/lag"), 404, "GROUP_NOT_FOUND")
+        # a claim is for queue-mode groups: of a stream-mode group it would make the gateway a member that
+        # owns partitions until its session ran out, starving the real members
+        with Client(http_cluster.addresses) as client:
+            client.groups.create("h-jobs", "streamers", "stream")
+        refused = problem(a.post("/v1/topics/h-jobs/groups/streamers/claim", json={"max": 1}), 412,
+                          "FAILED_PRECONDITION")
+        assert "stream-mode" in str(refused["detail"]), refused
+        with Client(http_cluster.addresses) as client:
+            assert client.groups.describe("h-jobs", "streamers").members == {}, "the refused claim joined nothing"
 
 
 def test_a_claim_reports_the_records_pruned_before_anyone_received_them(http_cluster: DevCluster) -> None:

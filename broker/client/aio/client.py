@@ -28,6 +28,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, overload
 
+import grpc
+
 from broker.client import checks, wire
 from broker.client.acks import settled_each
 from broker.client.aio.coalescing import PublishCoalescer
@@ -37,7 +39,14 @@ from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
 from broker.client.client import RecordLike
 from broker.client.consumer import GROUP_FILTER_REFUSED
-from broker.client.errors import DuplicateMessageError, TopicExists, TopicNotFound, invalid_argument
+from broker.client.errors import (
+    DuplicateMessageError,
+    FailedPrecondition,
+    GroupNotFound,
+    TopicExists,
+    TopicNotFound,
+    invalid_argument,
+)
 from broker.client.groups import GroupLag, PartitionLag
 from broker.client.handlers import log_event
 from broker.client.models import (
@@ -53,7 +62,11 @@ from broker.client.models import (
 from broker.client.routing import RetryPolicy
 from broker.client.security import ClientSecurity
 from broker.client.sessions import SessionPool
-from broker.v1 import admin_pb2, broker_pb2
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
+
+# a claim leases records of a queue-mode group; a stream-mode group gives partitions to members instead
+CLAIM_IS_QUEUE_MODE = ("claim is for queue-mode groups (a stream-mode group gives its partitions to "
+                       "members: subscribe as one)")
 
 
 class Claimed(list[AsyncMessage]):
@@ -319,8 +332,11 @@ class AsyncClient:
         fixed = sorted({"stop_at_end", "max_in_flight", "max_batch"} & set(group_options))
         if fixed:
             raise invalid_argument(f"claim sets {', '.join(fixed)} itself (from max_records): drop them")
+        if group_options.get("mode") == "stream":
+            raise invalid_argument(CLAIM_IS_QUEUE_MODE)
         consumer = AsyncConsumer(self._router, topic, group, stop_at_end=True, max_in_flight=max_records,
-                                 max_batch=max_records, **group_options)
+                                 max_batch=max_records, **group_options)  # checks the rest; sends nothing yet
+        await self._refuse_stream_group(topic, group)
         claimed = Claimed()
         try:
             async for item in consumer:
@@ -335,6 +351,18 @@ class AsyncClient:
         if claimed and visibility_ms is not None:
             await consumer.extend(claimed, visibility_ms)
         return claimed
+
+    async def _refuse_stream_group(self, topic: str, group: str) -> None:
+        """A claim of a stream-mode group would make its caller a member that owns partitions, heard
+        of never again until its session ran out (the real members starved meanwhile): refused."""
+        request = admin_pb2.DescribeGroupRequest(topic=topic, group=group)
+        try:
+            info = await self._admin("DescribeGroup", request, write=False, what=f"describe group {group}")
+        except GroupNotFound:  # the claim creates it, in queue mode
+            return
+        if info.config.mode == common_pb2.DELIVERY_MODE_STREAM:
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION.name,
+                                     f"group {group!r} of {topic!r} is a stream-mode group: {CLAIM_IS_QUEUE_MODE}")
 
     async def run(self, topic: str, *, group: str, handler: AsyncHandler, ack: str = "auto", concurrency: int = 1,
                   batch_size: int = 1, mode: str | None = None, limit: int | None = None,
