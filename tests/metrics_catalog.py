@@ -43,6 +43,11 @@ def documented_series_names() -> set[str]:
     return {family + suffix for family, kind in documented_families().items() for suffix in _SUFFIXES[kind]}
 
 
+# Series Prometheus itself writes for every target it scrapes (no node exports them): an alert may
+# use them, e.g. RaftbrokerNodeDown on `up`.
+SCRAPE_SERIES = frozenset({"up"})
+
+
 def dashboard_expressions() -> Iterator[str]:
     """The ``expr`` of every panel target and the query of every query variable."""
     dashboard = json.loads(DASHBOARD.read_text())

@@ -10,6 +10,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from broker.leader.route_admin import RouteAdmin
+from broker.v1 import internal_pb2
+
+# Every kind a failed apply can be counted under (broker/core/state_machine.py): the commands' kinds,
+# "empty" (no body, or one only newer code knows) and "undecodable".
+APPLY_FAILURE_KINDS: tuple[str, ...] = (
+    *(f.name for f in internal_pb2.Command.DESCRIPTOR.oneofs_by_name["body"].fields), "empty", "undecodable")
 
 
 class CountsCollector(Collector):
@@ -36,9 +42,16 @@ def apply_failure_collector(failed: Callable[[], Mapping[str, int]]) -> CountsCo
     """``raftbroker_apply_failures_total{command}``: commands this node recorded as failed at the
     apply wall since it started. Every node applies the same log, so every node should count the
     same; one that counts differently applies differently (mixed code in a rolling upgrade, or a
-    bug) and its data has diverged (``docs/design/command-formats.md``)."""
+    bug) and its data has diverged (``docs/design/command-formats.md``).
+
+    Every kind is exported from the start, at 0 until it fails: a series born at 1 has no earlier
+    sample, so ``increase()`` (the RaftbrokerApplyFailed alert) saw no rise and a node's first
+    failure never fired the alert."""
+    def counts() -> dict[str, int]:
+        return {**dict.fromkeys(APPLY_FAILURE_KINDS, 0), **failed()}
+
     return CountsCollector("raftbroker_apply_failures", "Committed commands this node recorded as failed at "
-                           "the apply wall, by command kind", "command", failed)
+                           "the apply wall, by command kind", "command", counts)
 
 
 class FormatCollector(Collector):
