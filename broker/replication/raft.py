@@ -340,8 +340,13 @@ class PysyncobjReplicator:
 
     @property
     def failure(self) -> BaseException | None:
-        """Why this node halted (a snapshot it could not restore), or None while healthy."""
-        return self._failure
+        """Why this node halted (a snapshot it could not restore, a failed journal write, or a storage
+        failure while applying, e.g. a full disk), or None while healthy. Health and the node's reads
+        refuse on it: an apply halt leaves the store behind the log for good, so its reads are stale."""
+        if self._failure is not None:
+            return self._failure
+        node = self._node
+        return node.halt_reason if node is not None and node.halted else None
 
     def leader_contact(self) -> tuple[int | None, float]:
         """Follower side, from any thread: (the commit index the leader last announced to this node,

@@ -335,20 +335,31 @@ class RocksStore:
             self._retiring.clear()
             for timer, old, path in retiring:
                 timer.cancel()
-                self._release(*old)
+                self._release(*old, path)
                 shutil.rmtree(path, ignore_errors=True)
-            self._release(self._db, self._cfs, self._handles)
+            self._release(self._db, self._cfs, self._handles, self._db_path(self._generation))
         for timer, _, _ in retiring:  # cancelled: each ends at once (joined outside the lock _retire takes)
             timer.join()
 
     @staticmethod
-    def _release(db: Rdict, cfs: dict[Column, Rdict], handles: dict[Column, ColumnFamily]) -> None:
-        """Close the database; the column-family objects share it, so drop them too (else the LOCK stays)."""
-        for cf in cfs.values():
-            cf.close()
+    def _release(db: Rdict, cfs: dict[Column, Rdict], handles: dict[Column, ColumnFamily], path: Path) -> None:
+        """Close the database; the column-family objects share it, so drop them too (else the LOCK stays).
+
+        A close flushes the memtables; a flush that fails (a full disk) is logged, not raised, and the
+        rest is still closed: a node stopping on a full disk exits cleanly instead of with a traceback,
+        and what was not flushed is applied again from the Raft journal at the next start (applies
+        skip RocksDB's WAL because the journal holds them, docs/design/log.md)."""
+        failure: Exception | None = None
+        for cf in [*cfs.values(), db]:
+            try:
+                cf.close()
+            except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+                failure = failure or exc
         cfs.clear()
         handles.clear()
-        db.close()
+        if failure is not None:
+            logger.error("store %s: could not flush its memtables while closing (%s); what they held is applied "
+                         "again from the Raft journal at the next start (free space on that disk first)", path, failure)
 
     # -- writes ------------------------------------------------------------------------------
     def batch(self) -> RocksBatch:
@@ -473,6 +484,6 @@ class RocksStore:
             if entry is None:
                 return
             _, old, path = entry
-            self._release(*old)
+            self._release(*old, path)
             shutil.rmtree(path, ignore_errors=True)
 
