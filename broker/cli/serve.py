@@ -108,7 +108,7 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     from broker.core.formats import DataFormatTooNew
-    from broker.node import serve  # imported late: `raftbroker --help` stays fast
+    from broker.node import DataDirUnusable, serve  # imported late: `raftbroker --help` stays fast
     from broker.replication import ReplicaDataDamaged
     from broker.security.node import SecuritySettingsError, gateway_security
     from broker.services.binding import BindFailed
@@ -131,8 +131,9 @@ def serve_command(
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None
-    except (BindFailed, SecuritySettingsError) as exc:  # a port in use, an address not on this host, a TLS,
-        # tokens or ACL file that cannot be used: exit 2, as for a bad setting (the data is fine, unlike exit 3)
+    except (BindFailed, SecuritySettingsError, DataDirUnusable) as exc:  # a port in use, an address not on
+        # this host, a TLS, tokens or ACL file or a data directory that cannot be used: exit 2, as for a bad
+        # setting (the data is fine, unlike exit 3)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     finally:
