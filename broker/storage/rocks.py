@@ -212,6 +212,26 @@ class _DropBehind:
         self._firsts = [first for first, _, _ in files]
 
 
+def _no_wal() -> WriteOptions:
+    options = WriteOptions()
+    options.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
+    return options
+
+
+def _shutdown_flush_failure(db: Rdict, cfs: dict[Column, Rdict]) -> Exception | None:
+    """After ``cancel_all_background``: why RocksDB's shutdown flush left writes in the memtables, or
+    None. RocksDB swallows that flush's error; a failed flush leaves a background error, which an
+    empty write reports (it writes nothing)."""
+    if not any((cf.property_int_value("rocksdb.num-entries-active-mem-table") or 0)
+               + (cf.property_int_value("rocksdb.num-entries-imm-mem-tables") or 0) for cf in cfs.values()):
+        return None
+    try:
+        db.write(WriteBatch(raw_mode=True), _no_wal())
+    except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+        return exc
+    return None
+
+
 class RocksBatch:
     """A rocksdict WriteBatch addressed by :class:`Column`."""
 
@@ -345,16 +365,35 @@ class RocksStore:
     def _release(db: Rdict, cfs: dict[Column, Rdict], handles: dict[Column, ColumnFamily], path: Path) -> None:
         """Close the database; the column-family objects share it, so drop them too (else the LOCK stays).
 
-        A close flushes the memtables; a flush that fails (a full disk) is logged, not raised, and the
-        rest is still closed: a node stopping on a full disk exits cleanly instead of with a traceback,
-        and what was not flushed is applied again from the Raft journal at the next start (applies
-        skip RocksDB's WAL because the journal holds them, docs/design/log.md)."""
+        Every column family's memtable is flushed in ONE atomic flush, RocksDB's own at shutdown
+        (``cancel_all_background``, with ``atomic_flush`` set), which also refuses every flush after
+        it. Closing a column-family object flushes that column family alone (rocksdict), so closing
+        them one by one on a full disk flushed META (small) and then failed on RECORDS: the store
+        came back with META's applied index, counters and digest ahead of the records and dedup
+        state they cover, and the journal's replay started past the commands whose records were
+        lost (a follower stopped on a full disk lost 9,800 records and diverged). A flush that fails
+        (a full disk) is logged, not raised, and the rest is still closed: a node stopping on a full
+        disk exits cleanly instead of with a traceback, and what was not flushed is applied again
+        from the Raft journal at the next start (applies skip RocksDB's WAL because the journal
+        holds them, docs/design/log.md)."""
         failure: Exception | None = None
+        try:
+            # RocksDB flushes at shutdown only after a write that skipped the WAL; an empty one (it
+            # writes nothing) says so, so that what WAL writes left in the memtables is flushed too
+            db.write(WriteBatch(raw_mode=True), _no_wal())
+        except Exception as exc:  # noqa: BLE001 (a background error already: the shutdown flushes nothing)
+            failure = exc
+        try:
+            db.cancel_all_background(True)  # whatever happened above: no flush of one column family after it
+            failure = failure or _shutdown_flush_failure(db, cfs)
+        except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
+            failure = failure or exc
         for cf in [*cfs.values(), db]:
             try:
-                cf.close()
+                cf.close()  # its own flush is refused now ("Shutdown in progress"): nothing left or torn
             except Exception as exc:  # noqa: BLE001 (rocksdict raises plain Exception)
-                failure = failure or exc
+                if not str(exc).startswith("Shutdown in progress"):
+                    failure = failure or exc
         cfs.clear()
         handles.clear()
         if failure is not None:
