@@ -6,12 +6,14 @@ here: the Jobs themselves are only rendered and validated, by ``make helm-lint``
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from broker.cli import health
 from broker.client import Client, Record
 from broker.devcluster import DevCluster
 from tests.conftest import start_cluster, wait_until
@@ -92,6 +94,8 @@ def test_a_grow_whose_new_nodes_would_be_a_majority_is_refused(tmp_path: Path) -
 
             # a node that serves a cluster of its own (here: another single node) is not added
             other = start_cluster(tmp_path / "other", nodes=1)
+            serving = functools.partial(health.check, other.grpc_address(0), 2.0)
+            wait_until(lambda: serving()[0], 60, "the other node to serve (a leader of its own, caught up)")
             stranger = f"{cluster.node_id(1)}={other.raft_address(0)}/{other.grpc_address(0)}"
             strange = run(bootstrap, f"{spec(1)},{stranger}", "grow")
             assert strange.returncode == 1 and "serves as a member of another cluster" in strange.stderr, \
