@@ -92,6 +92,9 @@ class NodeConfig(BaseModel):
     # keep the cluster's command format where it is although every member applies a newer one (a
     # rollback window during an upgrade; docs/deploy.md, docs/design/command-formats.md)
     hold_command_format: bool = False
+    # take over a data directory recorded as another node's or cluster's (a restored copy), only when
+    # this node starts alone, without peers (broker/data_dir.py, docs/deploy.md "Back up and restore")
+    adopt_data_dir: bool = False
     # how often the leader compares the members' apply digests (docs/operations.md, "Verifying replicas")
     verify_replicas_period_ms: int = Field(default=60_000, ge=50)
     raft_compaction_min_entries: int = Field(default=20_000, ge=2)  # snapshot when the log is longer...

@@ -267,14 +267,25 @@ class DevCluster:
             return None
         return int(leader_id[1:]) - 1
 
+    def _stated_error(self, i: int) -> str | None:
+        """The one-line ``error: ...`` a node that refused to start printed last, if any."""
+        try:
+            lines = self.log_path(i).read_text(errors="replace").rstrip().splitlines()
+        except OSError:
+            return None
+        return lines[-1] if lines and lines[-1].startswith("error: ") else None
+
     def wait_ready(self, timeout_s: float = 30.0) -> str:
         """Wait until the running nodes agree on a leader; return its gRPC address."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            dead = [self.node_id(i) for i, p in enumerate(self.procs) if p is not None and p.poll() is not None
+            dead = [i for i, p in enumerate(self.procs) if p is not None and p.poll() is not None
                     and p.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM)]
             if dead:
-                raise RuntimeError(f"node(s) {', '.join(dead)} exited; see {self.data_dir}/*.log")
+                reason = self._stated_error(dead[0])
+                raise RuntimeError(f"node(s) {', '.join(self.node_id(i) for i in dead)} exited"
+                                   + (f" ({self.node_id(dead[0])}: {reason})" if reason else "")
+                                   + f"; see {self.data_dir}/*.log")
             leader = self.leader()
             if leader is not None:
                 return self.grpc_address(leader)

@@ -14,10 +14,9 @@ import logging
 import shutil
 import signal
 import time
-from pathlib import Path
 from types import FrameType
 
-from broker import node_groups
+from broker import data_dir, node_groups
 from broker.clock import NodeClock
 from broker.config import NodeConfig
 from broker.core import formats
@@ -82,23 +81,6 @@ def raft_options(config: NodeConfig) -> RaftOptions:
                        connection_retry_s=config.raft_connection_retry_s)
 
 
-class DataDirUnusable(Exception):
-    """The data directory cannot be created or written (a read-only mount, a path through a file,
-    permissions): ``raftbroker serve`` says so in one line and exits 2, before anything starts."""
-
-
-def _check_data_dir(data_dir: Path) -> None:
-    """Create ``data_dir`` if missing and make sure this process can write there."""
-    probe = data_dir / ".raftbroker-write-probe"
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise DataDirUnusable(f"data directory {data_dir}: {exc.strerror or exc} (the node keeps its Raft journal "
-                              "and store there: check the path, the volume's mount and its permissions)") from None
-
-
 class Node:
     """A running node; :meth:`close` releases everything it opened."""
 
@@ -107,7 +89,9 @@ class Node:
         me = Peer(config.node_id, config.raft_address, config.grpc_address, config.metrics_address)
         peers = PeerDirectory([me, *(Peer(p.id, p.raft_address, p.grpc_address, p.metrics_address)
                                      for p in config.peers)])
-        _check_data_dir(config.data_dir)
+        data_dir.check_writable(config.data_dir)  # then make sure it is this node's (broker/data_dir.py)
+        data_dir.claim(config.data_dir, data_dir.Identity(config.cluster_id, config.node_id),
+                       adopt=config.adopt_data_dir, alone=not config.peers)
         if simulate_power_loss_from_env():  # tests: RocksDB is written without fsync, so a power
             # loss may take any of it; rebuild from the fsynced snapshot and journal, as after one
             shutil.rmtree(config.data_dir / "store", ignore_errors=True)

@@ -53,6 +53,9 @@ def serve_command(
     peer: Annotated[list[str] | None, typer.Option("--peer", help="Another node: ID=RAFT_HOST:PORT/GRPC_HOST:PORT",
                                                    show_default=False)] = None,
     max_record_bytes: Annotated[int | None, typer.Option(help="Largest record accepted")] = None,
+    adopt_data_dir: Annotated[bool, typer.Option("--adopt-data-dir", help=(
+        "Take over a data directory recorded as another node's or cluster's (a restored copy); only for a "
+        "node started alone, without peers (docs/deploy.md, 'Back up and restore')"))] = False,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback bind without auth")] = False,
     tls_cert_file: Annotated[Path | None, typer.Option(
         help="TLS: this node's PEM certificate chain (re-read on change)", rich_help_panel="Security")] = None,
@@ -100,7 +103,7 @@ def serve_command(
             "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file, "tls_client_ca_file": tls_client_ca_file,
             "tls_ca_file": tls_ca_file, "tls_principal_from_cert": tls_principal_from_cert or None,
             "tokens_file": tokens_file, "acl_file": acl_file, "raft_password_file": raft_password_file,
-            "route_client_config": route_client_config,
+            "route_client_config": route_client_config, "adopt_data_dir": adopt_data_dir or None,
             "peers": [PeerConfig.parse(p).model_dump() for p in peer] if peer else None,
         }
         cfg = load_config(config, overrides)
@@ -108,7 +111,8 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     from broker.core.formats import DataFormatTooNew
-    from broker.node import DataDirUnusable, serve  # imported late: `raftbroker --help` stays fast
+    from broker.data_dir import DataDirIdentityDamaged, DataDirUnusable
+    from broker.node import serve  # imported late: `raftbroker --help` stays fast
     from broker.replication import ReplicaDataDamaged
     from broker.security.node import SecuritySettingsError, gateway_security
     from broker.services.binding import BindFailed
@@ -126,14 +130,15 @@ def serve_command(
 
     try:
         serve(cfg)
-    except (StoreCorruption, ReplicaDataDamaged, DataFormatTooNew) as exc:  # a damaged store file or Raft
-        # journal, or a downgrade past the cluster's command format, at start: say which and what to do
+    except (StoreCorruption, ReplicaDataDamaged, DataFormatTooNew, DataDirIdentityDamaged) as exc:  # a damaged
+        # store file, Raft journal or identity file, or a downgrade past the cluster's command format, at
+        # start: say which and what to do
         logging.getLogger("broker.node").critical("refusing to start: %s", exc)
         typer.echo(f"error: refusing to start: {exc}", err=True)
         raise typer.Exit(3) from None
     except (BindFailed, SecuritySettingsError, DataDirUnusable) as exc:  # a port in use, an address not on
-        # this host, a TLS, tokens or ACL file or a data directory that cannot be used: exit 2, as for a bad
-        # setting (the data is fine, unlike exit 3)
+        # this host, a TLS, tokens or ACL file or a data directory that cannot be used or is another node's:
+        # exit 2, as for a bad setting (the data is fine, unlike exit 3)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     finally:

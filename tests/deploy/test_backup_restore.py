@@ -1,7 +1,8 @@
 """Backup and restore (docs/deploy.md, "Back up and restore"), followed step by step against a real
 cluster: a caught-up follower is stopped gracefully (the other two keep serving), its data
 directory is copied, and it is started again; the copy is restored into a fresh single node (new
-id, new addresses, no peers), which becomes its own leader and serves exactly the records that
+id, new addresses, no peers, adopting the copy: without --adopt-data-dir the start is refused, the
+copy being recorded as the follower's), which becomes its own leader and serves exactly the records that
 were acknowledged before the backup, in every partition, and accepts new writes."""
 
 from __future__ import annotations
@@ -64,12 +65,17 @@ def test_backup_of_a_follower_restores_into_a_single_node(tmp_path: Path) -> Non
         data = tmp_path / "restored"
         shutil.copytree(backup, data)
         grpc_address = f"127.0.0.1:{base}"
+        serve = [sys.executable, "-m", "broker.cli.main", "serve", "--node-id", "restored", "--cluster-id", "restored",
+                 "--data-dir", str(data), "--grpc", grpc_address, "--raft", f"127.0.0.1:{base + RAFT_PORT_OFFSET}",
+                 "--metrics", f"127.0.0.1:{base + METRICS_PORT_OFFSET}"]
+        # the copy is recorded as the follower's: a start as another node is refused unless adopted
+        refused = subprocess.run(serve, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+                                 check=False)
+        assert refused.returncode == 2, refused.stderr
+        assert f"belongs to node {cluster.node_id(follower)!r} of cluster 'local'" in refused.stderr
         log = (tmp_path / "restored.log").open("wb")
-        restored = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli.main", "serve", "--node-id", "restored", "--cluster-id", "restored",
-             "--data-dir", str(data), "--grpc", grpc_address, "--raft", f"127.0.0.1:{base + RAFT_PORT_OFFSET}",
-             "--metrics", f"127.0.0.1:{base + METRICS_PORT_OFFSET}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        restored = subprocess.Popen([*serve, "--adopt-data-dir"], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         with Client(grpc_address, retry_deadline_s=60) as one:
             wait_until(lambda: one.cluster_status().leader_id == "restored", 120, "the restored node leads itself")
             after = wait_until(lambda: (c := contents(one)) == before and c, 120,
