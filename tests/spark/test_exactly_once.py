@@ -15,7 +15,7 @@ import pytest
 
 from broker.client import Client
 from tests.conftest import wait_until
-from tests.spark.conftest import records_only
+from tests.spark.conftest import records_only, spark_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -29,7 +29,7 @@ def job(bootstrap: str, source: str, target: str, checkpoint: Path, master: str 
     args = [sys.executable, "-m", "tests.spark.eo_job", bootstrap, source, target, str(checkpoint), master]
     if marker is not None:
         args.append(str(marker))
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env = spark_env()
     return subprocess.Popen(args, cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from broker.client import Client
 from broker.pipeline import Pipeline, topic
 from broker.pipeline.runner import Progress
 from broker.spark.archive import run_archive
-from tests.spark.conftest import records_only
+from tests.spark.conftest import records_only, spark_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +86,7 @@ def test_pipeline_mermaid_and_cycle() -> None:
 
 
 def cli(bootstrap: str, *args: str, prefix: str = "c") -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PIPELINE_TOPIC_PREFIX=prefix, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env = spark_env(PIPELINE_TOPIC_PREFIX=prefix)
     return subprocess.run([sys.executable, "-m", "broker.cli.main", "--bootstrap", bootstrap, *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=500)
 
@@ -152,7 +151,7 @@ def test_the_documented_pipeline_example_runs_as_written(bootstrap: str, tmp_pat
     show = next(c for c in commands if c[1:3] == ["pipeline", "show"])
     run = next(c for c in commands if c[1:3] == ["pipeline", "run"] and "--until" in c)
     run[run.index("--checkpoint") + 1] = str(tmp_path / "checkpoints")
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env = spark_env()
     raftbroker = str(Path(sys.executable).with_name("raftbroker"))
     for command in (show, [*run, "--master", "local[2]"]):
         done = subprocess.run([raftbroker, "--bootstrap", bootstrap, *command[1:]], cwd=tmp_path, env=env,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from broker.pipeline import topic
 from broker.spark import session
 from broker.spark.archive import run_archive
 from tests.conftest import wait_until
-from tests.spark.conftest import records_only
+from tests.spark.conftest import records_only, spark_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +42,8 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     base = tmp_path_factory.mktemp("standalone")
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     port, worker_dir = free_port(), base / "work"
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_WORKER_DIR=str(worker_dir),
-               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false", SPARK_LOG_DIR=str(base))
+    env = spark_env(SPARK_WORKER_DIR=str(worker_dir), SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+                    SPARK_LOG_DIR=str(base))
     logs = [open(base / name, "wb") for name in ("master.log", "worker.log")]  # noqa: SIM115
     procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(port), "--webui-port", str(free_port())], env=env,
