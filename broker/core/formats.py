@@ -25,6 +25,9 @@ Formats:
   also writes ``META/apply_digest``.
 - 3: ``retry_dead_letters`` with ``start_offsets``: a dead letter below its partition's start (its
   record was pruned) stays dead and is counted apart, instead of going back to be dead-lettered again.
+- 4: no command changes: a member at 4 reads position tokens of version 2 (a group delivery's
+  record names its delivery, ``broker/core/records.py``), which code before it refuses. The leader
+  hands such tokens out only once the cluster's format is 4, i.e. every member's code reads them.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import struct
 from broker.storage import ApplyHalt, Batch, Column, Store
 from broker.v1 import internal_pb2
 
-CODE_FORMAT = 3  # the newest command format this code applies
+CODE_FORMAT = 4  # the newest command format this code applies
 PRUNED_DEAD_FORMAT = 3  # from this format a retry of dead letters carries the leader's start offsets
+DELIVERY_TOKEN_FORMAT = 4  # from this format a group delivery's position token names the delivery
 # Tests only: run this node as a release that applies formats up to N <= CODE_FORMAT (an older node
 # in a rolling upgrade). Unset in production; a value above CODE_FORMAT is refused.
 APPLY_FORMAT_ENV = "RAFTBROKER_TEST_APPLY_FORMAT"

@@ -497,3 +497,41 @@ def test_a_nack_after_the_lease_ran_out_and_a_receipt_past_the_end_change_nothin
         assert (row.end_offset, row.committed, row.lag) == (2, 0, 2), row
     finally:
         consumer.close()
+
+
+def test_a_late_nack_extend_or_release_of_an_earlier_delivery_leaves_the_next_holder_alone(client: Client) -> None:
+    """A consumer whose lease ran out while it worked nacks, extends or releases the record after it was
+    delivered to another. Before delivery tokens the nack failed the other's delivery (dead-lettered as
+    "attempt 2 of 2" while the other worked on it, whose ack then settled nothing), the extend lengthened
+    the other's lease, and the release handed the record to a third consumer."""
+    wait_until(lambda: client.cluster_status().leader is not None
+               and client.cluster_status().leader.cluster_format >= formats.DELIVERY_TOKEN_FORMAT,  # type: ignore[union-attr]
+               60, "the cluster's command format raised by the leader's housekeeping")
+    client.create_topic("g-stale", 1)
+    client.publish("g-stale", b"only")
+    options = {"visibility_timeout_ms": 500, "backoff": "fixed", "base_delay_ms": 10, "max_attempts": 2}
+    # the slow consumer claims one record and its stream ends there (else the redelivery comes back to it)
+    slow = client.subscribe("g-stale", group="w", stop_at_end=True, max_in_flight=1, max_batch=1, **options)
+    other = None
+    try:
+        [late] = [m for m in slow if isinstance(m, Message)]
+        wait_until(lambda: client.groups.lag("g-stale", "w").partitions[0].retrying == 1, 10, "the lease to run out")
+        other = client.subscribe("g-stale", group="w", **options)
+        held = next(m for m in other if isinstance(m, Message))
+        assert (held.value, held.delivery_attempt) == (b"only", 2)
+        assert held.extend(60_000) > 0, "the next holder keeps its lease for a minute"
+        assert late.extend(60_000) == 0, "the earlier delivery's lease is over"
+        before = client.groups.lag("g-stale", "w").partitions[0]
+        assert (before.in_flight, before.dead) == (1, 0), before
+        late.nack()
+        request = broker_pb2.NackRequest(topic="g-stale", group="w", positions=[late.position], release=True)
+        client._router.call(lambda a, t: client._router.broker(a).Nack(request, timeout=t), write=True, what="nack")
+        after = client.groups.lag("g-stale", "w").partitions[0]
+        assert (after.in_flight, after.retrying, after.dead) == (before.in_flight, before.retrying, 0), after
+        assert client.groups.dead_letters("g-stale", "w") == []
+        assert held.ack(), "the next holder's ack settles the record"
+        assert client.groups.lag("g-stale", "w").partitions[0].lag == 0
+    finally:
+        slow.close()
+        if other is not None:
+            other.close()

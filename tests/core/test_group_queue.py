@@ -352,3 +352,76 @@ def test_a_position_past_the_partition_end_is_refused_and_changes_nothing() -> N
     env.publish("t", [b"b"])
     assert env.service.ack_each("t", "g", [token]) == [True]
     assert values(env.pick(rt, rt.open_stream())) == [b"b"], "the next record is delivered"
+
+
+def _at_format(env: object, cluster_format: int) -> None:
+    env.replicator.submit(formats.set_format_command(cluster_format).SerializeToString(),  # type: ignore[attr-defined]
+                          lambda *_: None)
+
+
+def test_a_late_nack_release_or_extend_of_an_earlier_delivery_leaves_the_next_delivery_alone() -> None:
+    """A consumer whose lease ran out while it worked nacks, releases or extends the record after it was
+    delivered again. Before delivery tokens its nack failed the second delivery while its holder worked
+    on it (dead-lettered here, max_attempts 2: "attempt 2 of 2" though the holder then acked it), its
+    release handed the record to a third consumer, and its extend lengthened the other's lease."""
+    env = make_env()
+    _at_format(env, formats.DELIVERY_TOKEN_FORMAT)
+    env.topic("t")
+    env.publish("t", [b"x"])
+    rt = env.group("t", "g", visibility_timeout_ms=1000, base_delay_ms=10, max_delay_ms=10, max_attempts=2)
+    slow, next_holder = rt.open_stream(), rt.open_stream()
+    [stale] = positions(env.pick(rt, slow))
+    env.clock.advance(1001)
+    env.service.tick()  # the first delivery's lease runs out: one failed attempt
+    env.clock.advance(10)
+    again = env.pick(rt, next_holder)
+    [current] = positions(again)
+    assert [r.delivery_attempt for r in again.records] == [2]
+    assert stale != current and records.PositionToken.decode(stale).delivery != records.PositionToken.decode(
+        current).delivery
+    assert env.service.extend("t", "g", [stale, current], 500) == [0, env.clock.now_ms() + 500]
+    env.service.nack("t", "g", [stale], 0, release=False)
+    env.service.nack("t", "g", [stale], 0, release=True)
+    rt.refresh()
+    assert rt.leases.get((0, 0)) is not None and rt.leases.get((0, 0)).delivery == records.PositionToken.decode(  # type: ignore[union-attr]
+        current).delivery, "the next delivery still holds its lease"
+    assert env.ops.dead_letters("t", "g", 0, None, None) == []
+    assert not env.pick(rt, rt.open_stream()).records, "nothing handed to a third consumer"
+    assert env.service.ack_each("t", "g", [current]) == [True]
+    assert env.ops.lag("t", "g").partitions[0].lag == 0
+
+
+def test_an_ack_or_discard_of_an_earlier_delivery_still_settles_the_record() -> None:
+    """The record was processed: a late ack settles it, whichever delivery holds it now (at-least-once)."""
+    env = make_env()
+    _at_format(env, formats.DELIVERY_TOKEN_FORMAT)
+    env.topic("t")
+    env.publish("t", [b"x", b"y"])
+    rt = env.group("t", "g", visibility_timeout_ms=1000, base_delay_ms=10, max_delay_ms=10)
+    slow = rt.open_stream()
+    stale = positions(env.pick(rt, slow, 2))
+    env.clock.advance(1001)
+    env.service.tick()
+    env.clock.advance(10)
+    assert len(env.pick(rt, rt.open_stream(), 2).records) == 2
+    assert env.service.ack_each("t", "g", stale[:1]) == [True]
+    env.service.discard("t", "g", stale[1:], "poison")
+    [dead] = env.ops.dead_letters("t", "g", 0, None, None)
+    assert dead.offset == 1 and dead.reason == "discarded: poison"
+    assert env.ops.lag("t", "g").partitions[0].lag == 0
+
+
+@pytest.mark.parametrize("cluster_format", [formats.DELIVERY_TOKEN_FORMAT - 1, formats.DELIVERY_TOKEN_FORMAT])
+def test_delivery_tokens_are_handed_out_only_once_every_member_reads_them(cluster_format: int) -> None:
+    """Code before format 4 refuses a token of version 2 (its length): a leader hands them out only from
+    the cluster format that says every member's code reads them; before, deliveries carry version 1."""
+    env = make_env()
+    _at_format(env, cluster_format)
+    env.topic("t")
+    env.publish("t", [b"x"])
+    rt = env.group("t", "g")
+    [token] = positions(env.pick(rt, rt.open_stream()))
+    decoded = records.PositionToken.decode(token)
+    assert (decoded.delivery != 0) == (cluster_format >= formats.DELIVERY_TOKEN_FORMAT)
+    assert len(token) == (25 if decoded.delivery else 17)
+    assert env.service.ack_each("t", "g", [token]) == [True]

@@ -50,11 +50,12 @@ class RequestStrategies:
                                      (1, st.text(max_size=12)))
         self.names = _weighted((4, st.sampled_from(topics + groups)), (3, st.sampled_from(near)),
                                (3, st.text(max_size=12)))
-        tokens = st.builds(lambda i, p, o: records.PositionToken(i, p, o).encode(),
+        tokens = st.builds(lambda i, p, o, d: records.PositionToken(i, p, o, d).encode(),
                            _weighted((3, st.sampled_from(incarnations)), (2, st.integers(1, 64)),
                                      (1, st.sampled_from([0, 2**32 - 1]))),
                            st.sampled_from([0, 0, 1, 7, 2**32 - 1]),
-                           st.sampled_from([0, 1, 1, 2, 5, 2**63, 2**64 - 1]))
+                           st.sampled_from([0, 1, 1, 2, 5, 2**63, 2**64 - 1]),
+                           st.sampled_from([0, 0, 1, 2**64 - 1]))  # a delivery (version 2) or none
         self.bytes = _weighted((6, tokens), (3, st.binary(max_size=40)), (1, st.just(b"")))
         self._cache: dict[str, st.SearchStrategy[Message]] = {}
 

@@ -108,8 +108,8 @@ def normalized_group_config(config: internal_pb2.GroupConfig) -> internal_pb2.Gr
     kind = out.start_from.WhichOneof("kind")
     if kind == "start" and out.start_from.start not in internal_pb2.StartPosition.values():
         raise InvalidArgument(f"unknown start position {out.start_from.start} in start_from")  # as Subscribe says
-    if kind == "token":
-        records.PositionToken.decode(out.start_from.token)  # raises InvalidArgument for a malformed one
+    if kind == "token":  # decoding raises InvalidArgument for a malformed one; a delivery is not kept
+        out.start_from.token = records.PositionToken.decode(out.start_from.token).resumable().encode()
     return out
 
 

@@ -44,6 +44,9 @@ class Lease:
     # (watermark, first retained offset) of the SKIP_FORWARD its stream was sent before this lease:
     # the client's settle of it proves the event arrived (GroupRuntime.confirm_told)
     after_skip: tuple[int, int] | None = None
+    # the delivery's number, in the position token the record was handed out with (0: a version-1
+    # token, from a cluster whose format predates delivery tokens); see broker.core.records
+    delivery: int = 0
 
     @property
     def position(self) -> Position:

@@ -16,11 +16,14 @@ public method takes :attr:`lock`.
 from __future__ import annotations
 
 import heapq
+import itertools
+import secrets
 import threading
 from dataclasses import dataclass, field
 
 from broker.core import record_log, records
 from broker.core.errors import GroupNotFound
+from broker.core.formats import DELIVERY_TOKEN_FORMAT
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier
 from broker.core.groups.config import is_stream
@@ -76,6 +79,9 @@ class GroupRuntime:
         self._rotation = 0
         self._settles = 0  # settle commands of this group being replicated (see settle_started)
         self._empty_pick_in_settle = False  # a pick found nothing while one was
+        # delivery numbers (in the records' position tokens): counted from a random start, so those of
+        # another leader's runtime, or of an earlier one of this leader, are unlikely to come up again
+        self._deliveries = itertools.count(secrets.randbits(62) + 1)
 
     # -- replicated state ------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -103,6 +109,17 @@ class GroupRuntime:
 
     def _leased(self, position: Position) -> bool:
         return self.leases.get(position) is not None
+
+    def current(self, position: Position, delivery: int) -> bool:
+        """Whether a settle naming ``delivery`` of ``position`` (0: a token without one) may act on
+        the record's lease: the token names no delivery, or the lease held now is that delivery's.
+        A delivery whose lease ran out (expired, released, or lost with a leader) is over: its late
+        nack, release or extend must not touch the record's next delivery."""
+        if not delivery:
+            return True
+        with self.lock:
+            lease = self.leases.get(position)
+            return lease is not None and lease.delivery == delivery
 
     def cursor(self, partition: int) -> GroupCursor:
         return self._cursors[partition]
@@ -365,8 +382,13 @@ class GroupRuntime:
         record.delivery_attempt = attempt
         key = record.key if record.HasField("key") and self.meta.config.ordered else None
         deadline = now_ms + self.meta.config.visibility_timeout_ms
+        delivery = 0
+        if self._state.cluster_format >= DELIVERY_TOKEN_FORMAT:  # every member's code reads such a token
+            delivery = next(self._deliveries)
+            record.position = records.PositionToken(self.meta.topic_id, record.partition, record.offset + 1,
+                                                    delivery).encode()
         self.leases.add(Lease(record.partition, record.offset, stream_id, member_id, deadline, attempt, key,
-                              after_skip=self._skips_sent.get((stream_id, record.partition))))
+                              after_skip=self._skips_sent.get((stream_id, record.partition)), delivery=delivery))
         out.records.append(record)
         budget[0] -= 1
 

@@ -236,13 +236,18 @@ class GroupService:
     def positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[Position]:
         """(partition, offset) of delivered records' position tokens; tokens of another topic
         incarnation are dropped (their group state is gone)."""
-        return [position for _, position in self.indexed_positions(rt, tokens)]
+        return [position for _, position, _ in self.delivered(rt, tokens)]
 
     def indexed_positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[tuple[int, Position]]:
         """:meth:`positions`, each with the index of its token in ``tokens``."""
+        return [(i, position) for i, position, _ in self.delivered(rt, tokens)]
+
+    def delivered(self, rt: GroupRuntime, tokens: list[bytes]) -> list[tuple[int, Position, int]]:
+        """(index in ``tokens``, position, delivery) of each token of this incarnation of the topic;
+        the delivery is 0 for a token that names none (``broker/core/records.py``)."""
         if len(tokens) > POSITIONS_MAX:
             raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
-        out: list[tuple[int, Position]] = []
+        out: list[tuple[int, Position, int]] = []
         for i, raw in enumerate(tokens):
             token = records.PositionToken.decode(raw)
             if token.incarnation != rt.meta.topic_id:
@@ -254,8 +259,16 @@ class GroupService:
             if token.next_offset > end:  # settled ahead, the record would never be delivered once written
                 raise InvalidArgument(f"position {i} (partition {token.partition} offset {token.next_offset - 1}) is "
                                       f"not a record of {rt.meta.topic!r}: the partition ends at offset {end}")
-            out.append((i, (token.partition, token.next_offset - 1)))
+            out.append((i, (token.partition, token.next_offset - 1), token.delivery))
         return out
+
+    @staticmethod
+    def told(rt: GroupRuntime, kept: list[tuple[int, Position, int]]) -> list[Position]:
+        """The positions of ``kept`` whose settle proves what their own delivery's stream was told
+        (:meth:`GroupRuntime.confirm_told`): not those of a delivery whose lease has ended, whose
+        position may be leased to another stream now."""
+        with rt.lock:
+            return [position for _, position, delivery in kept if rt.current(position, delivery)]
 
     def entry(self, rt: GroupRuntime, kind: int, position: Position, reason: str = "",
               delay_ms: int | None = None) -> K.SettleEntry:
@@ -275,7 +288,7 @@ class GroupService:
         return entry
 
     def settle(self, rt: GroupRuntime, entries: list[K.SettleEntry],
-               commits: list[tuple[int, int]] | None = None) -> list[Outcome]:
+               commits: list[tuple[int, int]] | None = None, told: list[Position] | None = None) -> list[Outcome]:
         """Replicate ``entries`` (chunked by size) and forget their leases; returns the outcomes,
         one per entry in order.
         Partitions whose watermark is below the first retained record are committed up to it in
@@ -286,7 +299,8 @@ class GroupService:
         prune, or after the event was sent to a connection that then broke, would otherwise move
         the watermark past the pruned records silently (SPEC §3.3); the next pick tells, and a
         settle of what follows the event commits."""
-        rt.confirm_told([(e.partition, e.offset) for e in entries if e.kind in _CLIENT_SETTLES])
+        rt.confirm_told(told if told is not None else
+                        [(e.partition, e.offset) for e in entries if e.kind in _CLIENT_SETTLES])
         commits = list(commits or [])
         for p in sorted({e.partition for e in entries}):
             start, _ = rt.bounds(p)
@@ -333,63 +347,78 @@ class GroupService:
         settled before, a repeat of an earlier token of ``tokens``, or a token of an older
         incarnation of the topic)."""
         rt = self.runtime(topic, group)
-        kept = self.indexed_positions(rt, tokens)
-        outcomes = self.settle(rt, [self.entry(rt, K.SETTLE_ACK, pos) for _, pos in kept])
+        kept = self.delivered(rt, tokens)  # an ack settles the record whichever delivery it names
+        outcomes = self.settle(rt, [self.entry(rt, K.SETTLE_ACK, pos) for _, pos, _ in kept], told=self.told(rt, kept))
         settled = [False] * len(tokens)
-        for (i, _), outcome in zip(kept, outcomes, strict=True):
+        for (i, _, _), outcome in zip(kept, outcomes, strict=True):
             settled[i] = outcome is Outcome.SETTLED
         return settled
 
     def nack(self, topic: str, group: str, tokens: list[bytes], delay_ms: int, release: bool) -> None:
         """Fail delivered records: a retry after ``delay_ms`` (0: the backoff; at most
         ``NACK_DELAY_MAX_MS``), or with ``release`` an immediate redelivery that counts no attempt.
-        A record whose lease ran out is left as it is (see :meth:`_failure_counted`)."""
+        A record whose lease ran out is left as it is (see :meth:`_failure_counted`), and so is one
+        whose token names an earlier delivery than the one holding it now: that delivery is over,
+        and the record's current holder is still working on it."""
         validate_delay_ms("delay_ms", delay_ms, NACK_DELAY_MAX_MS)
         rt = self.runtime(topic, group)
-        positions = self.positions(rt, tokens)
+        kept = self.delivered(rt, tokens)
         if release:
-            rt.confirm_told(positions)
-            if rt.release(positions):
+            with rt.lock:
+                current = [pos for _, pos, delivery in kept if rt.current(pos, delivery)]
+                rt.confirm_told(current)
+                released = rt.release(current)
+            if released:
                 self.state.notify_change()
             return
         delay = delay_ms if delay_ms > 0 else None
-        failed = [pos for pos in positions if not self._failure_counted(rt, pos)]
-        self.settle(rt, [self.entry(rt, K.SETTLE_NACK, pos, "nacked", delay) for pos in failed])
+        failed = [(pos, delivery) for _, pos, delivery in kept if not self._failure_counted(rt, pos, delivery)]
+        self.settle(rt, [self.entry(rt, K.SETTLE_NACK, pos, "nacked", delay) for pos, _ in failed],
+                    told=[pos for pos, _ in failed])
 
     @staticmethod
-    def _failure_counted(rt: GroupRuntime, position: Position) -> bool:
-        """Whether the failure of the delivery a nack of ``position`` reports was counted already:
-        its lease ran out (an EXPIRE for it is being replicated, or it waits for its retry, leased to
-        nobody). Counting the nack as well would make one delivery two failed attempts (a record
-        dead-lettered as "attempt 2 of 2" after one delivery) and push its retry back. A record
-        leased again since is failed by the nack (the leader cannot tell deliveries apart)."""
+    def _failure_counted(rt: GroupRuntime, position: Position, delivery: int) -> bool:
+        """Whether the failure of the delivery a nack of ``position`` reports was counted already, or
+        is not the record's to count: its lease ran out (an EXPIRE for it is being replicated, or it
+        waits for its retry, leased to nobody), or the token names a delivery other than the one
+        holding the record now (``delivery``; 0: a token without one). Counting the nack as well
+        would make one delivery two failed attempts (a record dead-lettered as "attempt 2 of 2"
+        after one delivery) and push its retry back, or fail a record its next holder is working
+        on. A token without a delivery, of a record leased again since, fails that lease (the
+        leader cannot tell such deliveries apart)."""
         with rt.lock:
             lease = rt.leases.get(position)
+            if delivery and (lease is None or lease.delivery != delivery):
+                return True
             if lease is not None:
                 return lease.expiring
             rt.refresh()  # an EXPIRE applied since this call's first read: its retry entry is known now
             return rt.retry_state(position) is not None
 
     def discard(self, topic: str, group: str, tokens: list[bytes], reason: str) -> None:
+        """Dead-letter delivered records for good (a discard, like an ack, settles the record whichever
+        delivery its token names)."""
         rt = self.runtime(topic, group)
         why = f"discarded: {reason}" if reason else "discarded"
-        self.settle(rt, [self.entry(rt, K.SETTLE_DISCARD, pos, why) for pos in self.positions(rt, tokens)])
+        kept = self.delivered(rt, tokens)
+        self.settle(rt, [self.entry(rt, K.SETTLE_DISCARD, pos, why) for _, pos, _ in kept], told=self.told(rt, kept))
 
     def extend(self, topic: str, group: str, tokens: list[bytes], extend_ms: int) -> list[int]:
         """New deadlines of the leases still held, one per token (0 for a position without a lease,
-        and for a token of an older incarnation of the topic). ``extend_ms`` is the new lease length
+        for a token naming a delivery other than the one holding the record, and for a token of an
+        older incarnation of the topic). ``extend_ms`` is the new lease length
         from now (0: the group's visibility timeout), at most ``EXTEND_MAX_MS``; every position is
         checked before any lease changes."""
         validate_delay_ms("extend_ms", extend_ms, EXTEND_MAX_MS)
         rt = self.runtime(topic, group)
         length = extend_ms or rt.meta.config.visibility_timeout_ms
-        kept = self.indexed_positions(rt, tokens)
+        kept = self.delivered(rt, tokens)
         deadlines = [0] * len(tokens)
         with rt.lock:
-            for i, pos in kept:
+            for i, pos, delivery in kept:
                 lease = rt.leases.get(pos)
-                if lease is None or lease.expiring:
-                    continue
+                if lease is None or lease.expiring or (delivery and lease.delivery != delivery):
+                    continue  # no lease, or another delivery's: this one is over
                 rt.leases.set_deadline(lease, self.clock.monotonic_ms() + length)
                 deadlines[i] = self.clock.now_ms() + length  # the client sees wall time
         return deadlines
