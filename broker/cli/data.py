@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import select
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ FROM_HELP = (
     "Where to start: 'earliest' (default), 'latest', an OFFSET, or a timestamp in ms since the epoch. "
     f"A bare number below {TIMESTAMP_MS_MIN} is an offset, at or above it a timestamp; be explicit "
     "with 'offset:N', 'ts:MS' or 'ts:2024-05-01T12:00:00Z' (ISO 8601), or resume after a record "
-    "with 'token:POSITION' (the base64 'position' of --json output)."
+    "with 'token:POSITION' (the base64 'position' of --json output, or the HTTP API's)."
 )
 
 
@@ -271,7 +272,7 @@ def parse_from(text: str, option: str = "--from") -> tuple[str | int | bytes, in
         if kind in ("ts", "time"):
             return "earliest", _timestamp_ms(rest)
         if kind == "token":
-            return base64.b64decode(rest, validate=True), None
+            return _token(rest), None
     except NoTimeZone as exc:
         why = f" ({exc})"
     except ValueError:
@@ -279,6 +280,17 @@ def parse_from(text: str, option: str = "--from") -> tuple[str | int | bytes, in
     start_help = FROM_HELP if option == "--from" else (
         FROM_HELP.replace("Where to start: ", "Where to move the position: ").replace(" (default)", ""))
     raise typer.BadParameter(f"cannot read {text!r}{why}; {start_help}", param_hint=option)
+
+
+def _token(text: str) -> bytes:
+    """A position token as ``consume --json`` writes it (base64) or as the HTTP API does (``position``,
+    ``receipt``: unpadded base64url); raises ValueError for anything else."""
+    if _URLSAFE_B64.fullmatch(text) and ("-" in text or "_" in text or len(text) % 4):
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    return base64.b64decode(text, validate=True)
+
+
+_URLSAFE_B64 = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class NoTimeZone(ValueError):

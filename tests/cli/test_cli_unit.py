@@ -38,13 +38,17 @@ runner = CliRunner()
         ("ts:5", ("earliest", 5)),
         ("ts:1970-01-01T00:00:01Z", ("earliest", 1000)),
         ("token:" + base64.b64encode(b"\x01abc").decode(), (b"\x01abc", None)),
+        # the HTTP API's position and receipt: unpadded base64url
+        ("token:" + base64.urlsafe_b64encode(b"\xfb\xff\x01").decode(), (b"\xfb\xff\x01", None)),
+        ("token:" + base64.urlsafe_b64encode(b"\x01abcd").decode().rstrip("="), (b"\x01abcd", None)),
     ],
 )
 def test_from_distinguishes_offsets_timestamps_and_tokens(text: str, expected: object) -> None:
     assert parse_from(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "-1", "soon", "offset:x", "ts:yesterday", "ts:2024-01-01T00:00:00", "token:%%"])
+@pytest.mark.parametrize("text", ["", "-1", "soon", "offset:x", "ts:yesterday", "ts:2024-01-01T00:00:00", "token:%%",
+                                  "token:a", "token:ab+_"])
 def test_bad_from_is_a_usage_error(text: str) -> None:
     with pytest.raises(typer.BadParameter):
         parse_from(text)
