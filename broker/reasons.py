@@ -43,6 +43,11 @@ class Reason(enum.StrEnum):
     UNIMPLEMENTED = "UNIMPLEMENTED"
     APPLY_FAILED = "APPLY_FAILED"
     INTERNAL = "INTERNAL"
+    # UNAUTHENTICATED: the token an open stream (Subscribe, PublishStream) was opened with no longer
+    # authenticates its principal (removed from the tokens file, expired, or now another principal's).
+    # Nothing of the refused step was done: open a new stream with the current token (the SDK does, once;
+    # a token that was revoked is then refused as the stream opens)
+    STREAM_REAUTHENTICATE = "STREAM_REAUTHENTICATE"
 
 
 # A definite refusal: nothing was changed and the same request would be refused again (a caller

@@ -35,6 +35,7 @@ from broker.client.errors import (
     BrokerError,
     Unavailable,
     error_from_rpc,
+    error_info,
     gave_up,
     leader_hint,
     rpc_code,
@@ -127,7 +128,17 @@ def classify(err: grpc.RpcError) -> tuple[Outcome, str | None]:
         return Outcome.UNKNOWN, None
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return Outcome.UNKNOWN, None
+    if code is grpc.StatusCode.UNAUTHENTICATED and _reason(err) == Reason.STREAM_REAUTHENTICATE:
+        # an open stream whose token no longer authenticates (rotated, or revoked): nothing of the
+        # refused step was done, and a new stream carries the token held now (a revoked one is refused
+        # as it opens, without this reason: final)
+        return Outcome.NOT_SENT, None
     return Outcome.FINAL, None
+
+
+def _reason(err: grpc.RpcError) -> str:
+    info = error_info(err)
+    return info.reason if info is not None else ""
 
 
 def is_retryable(err: grpc.RpcError) -> bool:

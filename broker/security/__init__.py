@@ -13,9 +13,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 
 _PRINCIPAL: ContextVar[str] = ContextVar("raftbroker_principal", default="")
+_STREAM_CHECK: ContextVar[Callable[[], bool] | None] = ContextVar("raftbroker_stream_check", default=None)
 
 # metadata the HTTP gateway sends with every call it makes for an HTTP request: such a call is never
 # the principal of the client certificate (the gateway presents its node's own), only of its token
@@ -30,3 +32,17 @@ def current_principal() -> str:
 def set_principal(principal: str) -> None:
     """Set by the interceptor around the servicer of one call (its thread or task)."""
     _PRINCIPAL.set(principal)
+
+
+def stream_check() -> Callable[[], bool] | None:
+    """For the response stream being served: a callable that says whether it may go on (False once
+    its token no longer authenticates its principal or a grant was revoked; the interceptor then
+    ends the stream with that status), callable from any thread; None when security is off. A
+    servicer calls it before it takes anything for the stream (a group's leases), so that nothing
+    is taken for an answer that will not be sent."""
+    return _STREAM_CHECK.get()
+
+
+def set_stream_check(check: Callable[[], bool]) -> None:
+    """Set by the interceptor around the servicer of one response stream (its task)."""
+    _STREAM_CHECK.set(check)

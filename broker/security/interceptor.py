@@ -10,8 +10,12 @@ Authorisation: the rule's permission on the request's topic (``topic``, ``name``
 PERMISSION_DENIED naming the permission and the resource. For ``PublishStream`` every request
 of the stream is checked; a refused one ends the stream (after the earlier ones are answered)
 with PERMISSION_DENIED. A ``Subscribe`` stream is authorised again before each answer, so a grant
-revoked ends it too. A stream's token is checked when it opens only (a client whose token is
-rotated keeps its open streams; a removed token does not end them).
+revoked ends it too. A stream's credentials are authenticated again with each request
+(``PublishStream``) or answer (``Subscribe``): once its token no longer yields the principal the
+stream was opened as (removed, expired, given to another principal), the stream ends with
+UNAUTHENTICATED and the reason ``STREAM_REAUTHENTICATE`` before that step is done. The SDKs then
+open a new stream once, with the token they hold now: a client whose token was rotated (its
+``token_file`` rewritten) goes on, and one whose token was revoked is refused as it opens.
 The principal is set for the servicer (:func:`broker.security.current_principal`), which stamps it
 as each published record's producer. Refusals and every admin action are audited.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +32,8 @@ from typing import Any
 import grpc
 
 from broker.protowire import Received
-from broker.security import VIA_GATEWAY_METADATA, set_principal
+from broker.reasons import Reason
+from broker.security import VIA_GATEWAY_METADATA, set_principal, set_stream_check
 from broker.security.acl import ADMIN, CLUSTER_ADMIN, CONSUME, MIRROR, PUBLISH, TOPIC_PERMISSIONS, Acl
 from broker.security.audit import audit
 from broker.security.tokens import AuthenticationError, TokenStore
@@ -79,9 +85,18 @@ EVERY_GROUP = "*"
 class Denied(Exception):
     """The call is refused: ``code`` and a message naming what is missing."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, reason: Reason | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason  # put on the wire as the status's ErrorInfo when set (see trailers)
+
+    def trailers(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The trailing metadata of the status that ends a call with this refusal."""
+        if self.reason is None:
+            return ()
+        from broker.services.errors import details_trailer  # the one encoder of status details
+
+        return (details_trailer(self.code, str(self), self.reason, {}),)
 
 
 def request_resource(request: Any) -> tuple[str, str]:
@@ -145,6 +160,20 @@ class Guard:
             if names:
                 return bytes(names[0]).decode()
         raise Denied(grpc.StatusCode.UNAUTHENTICATED, "missing credentials: send 'authorization: Bearer TOKEN'")
+
+    def still(self, context: grpc.ServicerContext, principal: str) -> None:
+        """Raise :class:`Denied` (UNAUTHENTICATED, ``STREAM_REAUTHENTICATE``) when the credentials an open
+        stream was opened with no longer authenticate ``principal``."""
+        try:
+            now = self.authenticate(context)
+        except Denied as denied:
+            raise Denied(grpc.StatusCode.UNAUTHENTICATED,
+                         f"this stream's credentials no longer authenticate principal {principal!r} ({denied}): "
+                         "open a new stream with a current token", Reason.STREAM_REAUTHENTICATE) from None
+        if now != principal:
+            raise Denied(grpc.StatusCode.UNAUTHENTICATED,
+                         f"this stream's token is now principal {now!r}'s, not {principal!r}'s: open a new stream",
+                         Reason.STREAM_REAUTHENTICATE)
 
     def authorise(self, principal: str, method: str, rule: Rule, request: Any) -> str:
         """The resource description; :class:`Denied` when ``principal`` lacks the rule's permission."""
@@ -271,6 +300,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             def checked(requests: Iterator[Any]) -> Iterator[Any]:
                 for item in requests:
                     try:
+                        guard._guard.still(context, principal)
                         guard._guard.authorise(principal, method, rule, item)
                     except Denied as denied:
                         audit(principal, method, _describe(rule.permission, *request_resource(item)),
@@ -281,6 +311,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
             yield from behavior(checked(request) if per_request else request, context)
             if refused:
+                context.set_trailing_metadata(refused[0].trailers())
                 context.abort(refused[0].code, str(refused[0]))
 
         return wrapper
@@ -294,16 +325,38 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             except Denied as denied:
                 await context.abort(denied.code, str(denied))
             set_principal(principal)
-            async with contextlib.aclosing(behavior(request, context)) as items:
-                async for item in items:
-                    try:  # again before each answer: a grant revoked ends an open stream (not its token,
-                        # checked when the stream opened: a client whose token is rotated keeps its streams)
+            refused: list[Denied] = []
+            lock = threading.Lock()
+
+            def allowed() -> bool:
+                """Whether the stream may go on: its credentials still authenticate its principal,
+                and the principal still holds the grant (a token removed or a grant revoked ends an
+                open stream). Called before each answer, and by the servicer before it leases
+                records for the stream (:func:`broker.security.stream_check`: a group stream ends
+                before its next pick, so no lease is stranded in an answer never sent); from any thread."""
+                with lock:
+                    if refused:
+                        return False
+                    try:
+                        guard._guard.still(context, principal)
                         guard._guard.authorise(principal, method, rule, request)
                     except Denied as denied:
+                        kind = "unauthenticated" if denied.code == grpc.StatusCode.UNAUTHENTICATED else "denied"
                         audit(principal, method, _describe(rule.permission, *call_resource(method, request)),
-                              f"denied: {denied}", context.peer())
-                        await context.abort(denied.code, str(denied))
+                              f"{kind}: {denied}", context.peer())
+                        refused.append(denied)
+                        return False
+                    return True
+
+            set_stream_check(allowed)
+            async with contextlib.aclosing(behavior(request, context)) as items:
+                async for item in items:
+                    if not allowed():
+                        break
                     yield item
+            if refused:
+                context.set_trailing_metadata(refused[0].trailers())
+                await context.abort(refused[0].code, str(refused[0]))
 
         return wrapper
 
@@ -312,10 +365,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def checked() -> AsyncIterator[Any]:
             async for request in requests:
                 try:
+                    self._guard.still(context, principal)
                     self._guard.authorise(principal, method, rule, request)
                 except Denied as denied:
                     topic, group = request_resource(request)
-                    audit(principal, method, _describe(rule.permission, topic, group), f"denied: {denied}",
+                    kind = "unauthenticated" if denied.code == grpc.StatusCode.UNAUTHENTICATED else "denied"
+                    audit(principal, method, _describe(rule.permission, topic, group), f"{kind}: {denied}",
                           context.peer())
                     refused.append(denied)
                     return
@@ -338,6 +393,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             async for item in behavior(requests, context):
                 yield item
             if refused:
+                context.set_trailing_metadata(refused[0].trailers())
                 await context.abort(refused[0].code, str(refused[0]))
 
         return wrapper

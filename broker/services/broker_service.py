@@ -20,7 +20,7 @@ from broker.leader.packed_reads import PackedBatch
 from broker.leader.reading import Idle, Reader
 from broker.leader.topic_log import TopicLog
 from broker.protowire import Received, receiving
-from broker.security import current_principal
+from broker.security import current_principal, stream_check
 from broker.services import errors, wire
 from broker.services.group_service import GroupBrokerMethods
 from broker.services.metrics import NodeMetrics
@@ -84,11 +84,14 @@ class BrokerServicer(GroupBrokerMethods, broker_pb2_grpc.BrokerServicer):
                         ) -> AsyncIterator[broker_pb2.SubscribeResponse | bytes]:
         """Stored records come serialized (``PackedBatch``), sent as they are (``add_broker_service``)."""
         subscription = wire.subscription(request)
+        allowed = stream_check()  # the caller's credentials and grant, checked again (security on)
 
         def open_steps(is_active: Callable[[], bool]
                        ) -> Iterator[broker_pb2.SubscribeResponse | PackedBatch | Idle]:
             if subscription.group:
-                return wire.public_steps(self.group_subscribe(subscription, is_active))
+                # before each pick: a stream whose caller was cut off ends before it leases anything more
+                active = is_active if allowed is None else (lambda: is_active() and allowed())
+                return wire.public_steps(self.group_subscribe(subscription, active))
             return wire.public_steps(self._reader.subscribe_steps(subscription, is_active, packed=True))
 
         # series are made at the first batch: a topic that does not exist (yet) gets none

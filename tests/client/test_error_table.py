@@ -8,8 +8,10 @@ import grpc
 import pytest
 
 from broker.client import errors as sdk
+from broker.client.routing import Outcome, classify
 from broker.core import errors as core
 from broker.reasons import Reason
+from broker.security.interceptor import Denied
 from broker.services.errors import status_for
 
 pytestmark = pytest.mark.unit
@@ -72,9 +74,19 @@ def test_every_core_error_becomes_the_sdk_class_of_its_reason(exc: Exception, cl
     assert err.reason == getattr(exc, "reason", Reason.INTERNAL)
 
 
-def test_every_reason_is_sent_by_some_core_error() -> None:
+def test_every_reason_is_sent_by_some_core_error_or_the_auth_interceptor() -> None:
     sent = {getattr(exc, "reason", Reason.INTERNAL) for exc, _, _ in CASES}
-    assert sent == set(Reason)
+    assert sent | {Reason.STREAM_REAUTHENTICATE} == set(Reason)
+
+
+def test_a_stream_whose_token_no_longer_authenticates_is_opened_again_and_a_refused_token_is_final() -> None:
+    denied = Denied(grpc.StatusCode.UNAUTHENTICATED, "this stream's credentials no longer authenticate",
+                    Reason.STREAM_REAUTHENTICATE)
+    cut_off = Failed(denied.code, str(denied), denied.trailers())
+    err = sdk.error_from_rpc(cut_off)
+    assert type(err) is sdk.Unauthenticated and err.reason == Reason.STREAM_REAUTHENTICATE
+    assert classify(cut_off) == (Outcome.NOT_SENT, None)
+    assert classify(Failed(grpc.StatusCode.UNAUTHENTICATED, "unknown bearer token", ()))[0] is Outcome.FINAL
 
 
 def test_refused_is_decided_by_the_reason() -> None:
