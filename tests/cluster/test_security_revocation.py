@@ -7,6 +7,7 @@ separate process."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import grpc
 import pytest
 
 from broker.client import Client, ClientSecurity, Message, Record, Unauthenticated
+from broker.client.aio import AsyncClient
 from broker.client.errors import error_info
 from broker.devcluster import DevCluster
 from broker.reasons import Reason
@@ -191,3 +193,36 @@ def test_a_rotated_token_keeps_sdk_streams_going_and_a_revoked_one_ends_them(
         consumer.close()
         for reader in readers:
             reader.join(10)
+
+
+def test_the_asyncio_sdk_reopens_a_stream_after_a_rotation_and_ends_it_after_a_revocation(
+        secured: tuple[DevCluster, DevSecurity], tmp_path: Path) -> None:
+    cluster, security = secured
+    token_file = tmp_path / "svc.token"
+    token_file.write_text(TOKEN + "\n")
+    creds = ClientSecurity(ca_pem=security.ca_file.read_bytes(), token_file=token_file)
+
+    async def run() -> list[object]:
+        seen: list[object] = []
+        async with AsyncClient(cluster.addresses, security=creds, retry_deadline_s=30) as svc:
+            subscription = svc.subscribe("events")
+            await svc.publish("events", b"one")
+            try:
+                async for item in subscription:
+                    if not isinstance(item, Record):
+                        continue
+                    seen.append(item.value)
+                    if item.value == b"one":  # rotate
+                        _write_tokens(security, TOKEN, "tok-rotated-0123456789")
+                        token_file.write_text("tok-rotated-0123456789\n")
+                        _write_tokens(security, "tok-rotated-0123456789")
+                        await svc.publish("events", b"two")
+                    elif item.value == b"two":  # revoke
+                        _write_tokens(security, "tok-someone-else-0123456789")
+                        _publish(security, b"three")
+            except Unauthenticated as exc:
+                seen.append(exc)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(run(), 60))
+    assert seen[:2] == [b"one", b"two"] and isinstance(seen[2], Unauthenticated) and len(seen) == 3, seen
