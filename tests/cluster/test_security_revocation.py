@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -80,69 +80,63 @@ def _publish(security: DevSecurity, value: bytes) -> None:
         admin.publish("events", value)
 
 
-def test_an_open_subscription_ends_when_its_grant_is_revoked(secured: tuple[DevCluster, DevSecurity]) -> None:
+def _read_raw(channel: grpc.Channel, seen: queue.Queue[object]) -> threading.Thread:
+    """A thread reading a raw Subscribe of "events" as svc: each record's value into ``seen``, then
+    the error that ends the stream."""
+    stream = broker_pb2_grpc.BrokerStub(channel).Subscribe(broker_pb2.SubscribeRequest(topic="events"), timeout=60)
+
+    def read() -> None:
+        try:
+            for answer in stream:
+                for record in answer.batch.records:
+                    seen.put(record.value)
+        except grpc.RpcError as exc:
+            seen.put(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def _revoke_grant(security: DevSecurity) -> None:
+    new = security.acl_file.with_suffix(".new")
+    new.write_text(ACL.replace('permissions = ["publish", "consume"]', 'permissions = ["publish"]'))
+    new.replace(security.acl_file)  # svc may no longer consume
+
+
+def _remove_token(security: DevSecurity) -> None:
+    _write_tokens(security, "tok-someone-else-0123456789")  # svc's token is gone
+
+
+@pytest.mark.parametrize(("cut_off", "code", "message", "reason", "audited"), [
+    (_revoke_grant, grpc.StatusCode.PERMISSION_DENIED, "principal 'svc' lacks the 'consume' permission on topic:events",
+     None, "denied: "),
+    # before: a stream's token was checked as it opened only, so a leaked token removed from the tokens
+    # file kept reading through a stream opened before, for as long as that stream lasted
+    (_remove_token, grpc.StatusCode.UNAUTHENTICATED,
+     "this stream's credentials no longer authenticate principal 'svc' (unknown bearer token)",
+     Reason.STREAM_REAUTHENTICATE, "unauthenticated: "),
+], ids=["grant-revoked", "token-removed"])
+def test_an_open_subscription_ends_when_its_grant_or_token_goes(
+        secured: tuple[DevCluster, DevSecurity], cut_off: Callable[[DevSecurity], None], code: grpc.StatusCode,
+        message: str, reason: Reason | None, audited: str) -> None:
     cluster, security = secured
     seen: queue.Queue[object] = queue.Queue()
     with _channel(cluster, security) as channel:
-        stream = broker_pb2_grpc.BrokerStub(channel).Subscribe(broker_pb2.SubscribeRequest(topic="events"),
-                                                               timeout=60)
-
-        def read() -> None:
-            try:
-                for answer in stream:
-                    for record in answer.batch.records:
-                        seen.put(record.value)
-            except grpc.RpcError as exc:
-                seen.put(exc)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        reader = _read_raw(channel, seen)
         _publish(security, b"before")
         assert seen.get(timeout=30) == b"before"
-        new = security.acl_file.with_suffix(".new")
-        new.write_text(ACL.replace('permissions = ["publish", "consume"]', 'permissions = ["publish"]'))
-        new.replace(security.acl_file)  # svc may no longer consume
+        cut_off(security)
         _publish(security, b"after")
         ended = seen.get(timeout=30)
-        assert isinstance(ended, grpc.RpcError), f"delivered after the grant was revoked: {ended!r}"
-        assert ended.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "principal 'svc' lacks the 'consume' permission on topic:events" in (ended.details() or "")
-        reader.join(10)
-    assert wait_until(lambda: '"principal":"svc","resource":"topic:events","result":"denied: '
-                      in cluster.log_path(0).read_text(), 10, "the refusal audited")
-
-
-def test_an_open_subscription_ends_when_its_token_is_removed(secured: tuple[DevCluster, DevSecurity]) -> None:
-    """Before: a stream's token was checked as it opened only, so a leaked token removed from the tokens
-    file kept reading through a stream opened before, for as long as that stream lasted."""
-    cluster, security = secured
-    seen: queue.Queue[object] = queue.Queue()
-    with _channel(cluster, security) as channel:
-        stream = broker_pb2_grpc.BrokerStub(channel).Subscribe(broker_pb2.SubscribeRequest(topic="events"),
-                                                               timeout=60)
-
-        def read() -> None:
-            try:
-                for answer in stream:
-                    for record in answer.batch.records:
-                        seen.put(record.value)
-            except grpc.RpcError as exc:
-                seen.put(exc)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        _publish(security, b"before")
-        assert seen.get(timeout=30) == b"before"
-        _write_tokens(security, "tok-someone-else-0123456789")  # svc's token is gone
-        _publish(security, b"after")
-        ended = seen.get(timeout=30)
-        assert isinstance(ended, grpc.RpcError), f"delivered after the token was removed: {ended!r}"
-        assert ended.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "this stream's credentials no longer authenticate principal 'svc' (unknown bearer token)" in (
-            ended.details() or "")
+        assert isinstance(ended, grpc.RpcError), f"delivered after it was cut off: {ended!r}"
+        assert ended.code() == code
+        assert message in (ended.details() or "")
         info = error_info(ended)
-        assert info is not None and info.reason == Reason.STREAM_REAUTHENTICATE
+        assert (info.reason if info is not None else None) == reason
         reader.join(10)
+    assert wait_until(lambda: f'"principal":"svc","resource":"topic:events","result":"{audited}'
+                      in cluster.log_path(0).read_text(), 10, "the refusal audited")
 
 
 def test_a_rotated_token_keeps_sdk_streams_going_and_a_revoked_one_ends_them(
