@@ -127,7 +127,8 @@ class Consumer:
             topic=topic, group=group, group_config=self._config, member_id=self.member_id,
             max_in_flight=max_in_flight, max_batch=max_batch, stop_at_end=stop_at_end)
         self._on_event = on_event
-        self._unsettled: dict[bytes, Message] = {}
+        # by record: a record delivered again (its lease ran out) replaces its earlier delivery's message
+        self._unsettled: dict[tuple[int, int], Message] = {}
         self._lock = threading.Lock()
         self._acks = ThreadAckCoalescer(self._send_acks)
         self._call: grpc.Call | None = None
@@ -218,7 +219,7 @@ class Consumer:
         for msg in response.batch.records:
             message = Message(self, msg)
             with self._lock:
-                self._unsettled[msg.position] = message
+                self._unsettled[(msg.partition, msg.offset)] = message
             yield message
 
     # -- stream-mode membership ------------------------------------------------------------------
@@ -253,8 +254,14 @@ class Consumer:
         with self._lock:
             for m in messages:
                 m.settled = True
-                self._unsettled.pop(m.position, None)
+                self._forget(m)
         return result
+
+    def _forget(self, message: Message) -> None:
+        """Drop a settled message from :meth:`unsettled` (not a later delivery of its record). Under the lock."""
+        key = (message.partition, message.offset)
+        if self._unsettled.get(key) is message:
+            del self._unsettled[key]
 
     def ack(self, messages: Sequence[Message]) -> int:
         """Settle ``messages`` in one replicated command; returns how many of them this call
@@ -267,7 +274,7 @@ class Consumer:
         with self._lock:
             for m in pending:
                 m.settled = True
-                self._unsettled.pop(m.position, None)
+                self._forget(m)
         return sum(settled)
 
     def _send_acks(self, positions: list[bytes]) -> list[bool]:

@@ -535,3 +535,21 @@ def test_a_late_nack_extend_or_release_of_an_earlier_delivery_leaves_the_next_ho
         slow.close()
         if other is not None:
             other.close()
+
+
+def test_a_record_delivered_again_to_the_same_consumer_is_unsettled_once(client: Client) -> None:
+    """Each delivery has a position of its own: the consumer's unsettled list keeps the latest one per record."""
+    client.create_topic("g-again", 1)
+    client.publish("g-again", b"only")
+    consumer = client.subscribe("g-again", group="w", visibility_timeout_ms=300, backoff="fixed", base_delay_ms=10)
+    try:
+        items = (m for m in consumer if isinstance(m, Message))
+        first = next(items)
+        second = next(items)  # the lease ran out: delivered again, to the only stream
+        assert (first.value, second.value, second.delivery_attempt) == (b"only", b"only", 2)
+        assert first.position != second.position
+        assert consumer.unsettled() == [second]
+        assert second.ack()
+        assert consumer.unsettled() == []
+    finally:
+        consumer.close()
