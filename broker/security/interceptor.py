@@ -130,6 +130,10 @@ def _describe(permission: str, topic: str, group: str) -> str:
     return f"group:{topic}/{group}" if group else f"topic:{topic}"
 
 
+def _via_gateway(context: grpc.ServicerContext) -> bool:
+    return any(key == VIA_GATEWAY_METADATA for key, _ in context.invocation_metadata() or ())
+
+
 class Guard:
     """Authentication and authorisation of calls (the part of the interceptor that knows no gRPC plumbing)."""
 
@@ -139,33 +143,44 @@ class Guard:
         self._from_cert = principal_from_cert
 
     def authenticate(self, context: grpc.ServicerContext) -> str:
-        token = ""
-        via_gateway = False
-        for key, value in context.invocation_metadata() or ():
-            via_gateway = via_gateway or key == VIA_GATEWAY_METADATA
-            if key == "authorization":
-                scheme, _, rest = str(value).partition(" ")
-                if scheme.lower() != "bearer" or not rest.strip():
-                    raise Denied(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer TOKEN'")
-                token = rest.strip()
+        token = self.bearer_token(context)
         if token:
-            if self._tokens is None:
-                raise Denied(grpc.StatusCode.UNAUTHENTICATED, "this node accepts no bearer tokens")
-            try:
-                return self._tokens.authenticate(token)
-            except AuthenticationError as exc:
-                raise Denied(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
-        if self._from_cert and not via_gateway:  # the gateway's certificate is its node's, not its caller's
+            return self._principal_of(token)
+        if self._from_cert and not _via_gateway(context):  # the gateway's certificate is its node's, not its caller's
             names = context.auth_context().get("x509_common_name") or []
             if names:
                 return bytes(names[0]).decode()
         raise Denied(grpc.StatusCode.UNAUTHENTICATED, "missing credentials: send 'authorization: Bearer TOKEN'")
 
-    def still(self, context: grpc.ServicerContext, principal: str) -> None:
-        """Raise :class:`Denied` (UNAUTHENTICATED, ``STREAM_REAUTHENTICATE``) when the credentials an open
-        stream was opened with no longer authenticate ``principal``."""
+    @staticmethod
+    def bearer_token(context: grpc.ServicerContext) -> str:
+        """The call's bearer token ("" without one)."""
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                scheme, _, rest = str(value).partition(" ")
+                if scheme.lower() != "bearer" or not rest.strip():
+                    raise Denied(grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer TOKEN'")
+                token = rest.strip()
+        return token
+
+    def _principal_of(self, token: str) -> str:
+        if self._tokens is None:
+            raise Denied(grpc.StatusCode.UNAUTHENTICATED, "this node accepts no bearer tokens")
         try:
-            now = self.authenticate(context)
+            return self._tokens.authenticate(token)
+        except AuthenticationError as exc:
+            raise Denied(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+
+    def still(self, token: str, principal: str) -> None:
+        """Raise :class:`Denied` (UNAUTHENTICATED, ``STREAM_REAUTHENTICATE``) when ``token``, the bearer
+        token an open stream was opened with, no longer authenticates ``principal``. A stream opened
+        without a token (its client certificate's principal: fixed for the connection) always may
+        go on. Takes the token, not the call's context, so any thread may call it."""
+        if not token:
+            return
+        try:
+            now = self._principal_of(token)
         except Denied as denied:
             raise Denied(grpc.StatusCode.UNAUTHENTICATED,
                          f"this stream's credentials no longer authenticate principal {principal!r} ({denied}): "
@@ -295,12 +310,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 context.abort(denied.code, str(denied))
                 raise AssertionError("unreachable") from None
             set_principal(principal)
+            token = guard._guard.bearer_token(context)  # what the stream authenticated with (checked again)
             refused: list[Denied] = []
 
             def checked(requests: Iterator[Any]) -> Iterator[Any]:
                 for item in requests:
                     try:
-                        guard._guard.still(context, principal)
+                        guard._guard.still(token, principal)
                         guard._guard.authorise(principal, method, rule, item)
                     except Denied as denied:
                         audit(principal, method, _describe(rule.permission, *request_resource(item)),
@@ -325,6 +341,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             except Denied as denied:
                 await context.abort(denied.code, str(denied))
             set_principal(principal)
+            token = guard._guard.bearer_token(context)  # what the stream authenticated with (checked again)
             refused: list[Denied] = []
             lock = threading.Lock()
 
@@ -338,7 +355,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     if refused:
                         return False
                     try:
-                        guard._guard.still(context, principal)
+                        guard._guard.still(token, principal)
                         guard._guard.authorise(principal, method, rule, request)
                     except Denied as denied:
                         kind = "unauthenticated" if denied.code == grpc.StatusCode.UNAUTHENTICATED else "denied"
@@ -362,10 +379,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def _checked_requests(self, requests: AsyncIterator[Any], context: Any, method: str, rule: Rule,
                           principal: str, refused: list[Denied]) -> AsyncIterator[Any]:
+        token = self._guard.bearer_token(context)  # what the stream authenticated with (checked again)
+
         async def checked() -> AsyncIterator[Any]:
             async for request in requests:
                 try:
-                    self._guard.still(context, principal)
+                    self._guard.still(token, principal)
                     self._guard.authorise(principal, method, rule, request)
                 except Denied as denied:
                     topic, group = request_resource(request)
