@@ -233,18 +233,10 @@ class GroupService:
         return min(token.next_offset, st.end_offset)
 
     # -- settling --------------------------------------------------------------------------------
-    def positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[Position]:
-        """(partition, offset) of delivered records' position tokens; tokens of another topic
-        incarnation are dropped (their group state is gone)."""
-        return [position for _, position, _ in self.delivered(rt, tokens)]
-
-    def indexed_positions(self, rt: GroupRuntime, tokens: list[bytes]) -> list[tuple[int, Position]]:
-        """:meth:`positions`, each with the index of its token in ``tokens``."""
-        return [(i, position) for i, position, _ in self.delivered(rt, tokens)]
-
     def delivered(self, rt: GroupRuntime, tokens: list[bytes]) -> list[tuple[int, Position, int]]:
-        """(index in ``tokens``, position, delivery) of each token of this incarnation of the topic;
-        the delivery is 0 for a token that names none (``broker/core/records.py``)."""
+        """(index in ``tokens``, position, delivery) of each delivered record's position token of this
+        incarnation of the topic (tokens of another are dropped: their group state is gone); the
+        delivery is 0 for a token that names none (``broker/core/records.py``)."""
         if len(tokens) > POSITIONS_MAX:
             raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
         out: list[tuple[int, Position, int]] = []
