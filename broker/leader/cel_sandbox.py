@@ -2,10 +2,10 @@
 
 CEL evaluation holds the GIL, so one costly expression evaluated in the broker process stops Raft
 and the gRPC server with it. Here every evaluation runs in a small pool of evaluator processes
-(:mod:`broker.leader.cel_worker`); the broker only waits on a socket (without the GIL). A call that
-takes longer than its budget kills its process (a new one is started on demand) and raises
-:class:`ExpressionBudgetExceeded`; so does one record that takes longer than
-``record_budget_ms``, or an evaluator that dies (e.g. at its memory limit). Callers decide what a
+(:mod:`broker.leader.cel_worker`, pooled by :mod:`broker.leader.worker_pool`); the broker only
+waits on a socket (without the GIL). A call that takes longer than its budget kills its process (a
+new one is started on demand) and raises :class:`ExpressionBudgetExceeded`; so does one record that
+takes longer than ``record_budget_ms``, or an evaluator that dies (e.g. at its memory limit). Callers decide what a
 breach means: a subscription ends with RESOURCE_EXHAUSTED, a route is paused with the error.
 """
 
@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import atexit
 import logging
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
-from broker.core.errors import ResourceExhausted, Unavailable
+from broker.core.errors import ResourceExhausted
+from broker.leader.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -60,36 +57,15 @@ class SandboxLimits:
         assert self.worker_start_timeout_ms > 0
 
 
-class _Worker:
-    """One evaluator process and the parent's end of its socket."""
-
-    def __init__(self, memory_bytes: int, start_timeout_s: float) -> None:
-        parent, child = Pipe(duplex=True)
-        self.conn: Connection = parent
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "broker.leader.cel_worker", str(child.fileno()), str(memory_bytes)],
-            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
-        child.close()
-        if not self.conn.poll(start_timeout_s):
-            self.kill()
-            raise Unavailable("the CEL evaluator process did not start")
-        self.conn.recv()  # ("ready",)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        self.conn.close()
-
-
 class CelSandbox:
     """A pool of evaluator processes, started on demand; thread-safe."""
 
     def __init__(self, limits: SandboxLimits = SandboxLimits()) -> None:
         self.limits = limits
-        self._lock = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._live = 0
-        self._closed = False
+        self._pool = WorkerPool("broker.leader.cel_worker", workers_max=limits.workers_max,
+                                memory_bytes=limits.worker_memory_bytes_max,
+                                start_timeout_s=limits.worker_start_timeout_ms / 1000)
+        self._lock = threading.Lock()
         self.budget_breaches = 0  # how many calls were stopped for their budget (a gauge for operators)
 
     def evaluate(self, expression: str, rows: Sequence[Row]) -> list[Result]:
@@ -102,16 +78,11 @@ class CelSandbox:
         return out
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._live -= len(idle)
-            self._lock.notify_all()
-        for worker in idle:
-            worker.kill()
+        self._pool.close()
 
     def _call(self, expression: str, rows: Sequence[Row]) -> list[Result]:
-        worker = self._checkout()
+        worker = self._pool.checkout()
+        assert worker is not None
         budget_s = self.limits.call_budget_ms / 1000
         try:
             worker.conn.send((expression, list(rows), self.limits.record_budget_ms / 1000))
@@ -120,12 +91,12 @@ class CelSandbox:
                                    " (wall time)")
             answer = worker.conn.recv()
         except (EOFError, OSError):
-            self._discard(worker)
+            self._pool.discard(worker)
             raise self._breach("the evaluator process died (memory limit?)") from None
         except ExpressionBudgetExceeded:
-            self._discard(worker)
+            self._pool.discard(worker)
             raise
-        self._checkin(worker)
+        self._pool.checkin(worker)
         if answer[0] == "slow":
             raise self._breach(f"one record took {answer[2] * 1000:.0f} ms of CPU, more than the "
                                f"{self.limits.record_budget_ms} ms budget per record")
@@ -137,39 +108,6 @@ class CelSandbox:
             self.budget_breaches += 1
         log.warning("CEL expression over budget: %s", detail)
         return ExpressionBudgetExceeded(f"expression over its evaluation budget: {detail}")
-
-    def _checkout(self) -> _Worker:
-        deadline = time.monotonic() + self.limits.worker_start_timeout_ms / 1000
-        with self._lock:
-            while not self._idle and self._live >= self.limits.workers_max:
-                if self._closed or not self._lock.wait(max(0.0, deadline - time.monotonic())):
-                    raise Unavailable("every CEL evaluator is busy")
-            if self._idle:
-                return self._idle.pop()
-            self._live += 1
-        try:
-            return _Worker(self.limits.worker_memory_bytes_max, self.limits.worker_start_timeout_ms / 1000)
-        except BaseException:
-            with self._lock:
-                self._live -= 1
-                self._lock.notify()
-            raise
-
-    def _checkin(self, worker: _Worker) -> None:
-        with self._lock:
-            if self._closed:
-                self._live -= 1
-            else:
-                self._idle.append(worker)
-            self._lock.notify()
-        if self._closed:
-            worker.kill()
-
-    def _discard(self, worker: _Worker) -> None:
-        worker.kill()
-        with self._lock:
-            self._live -= 1
-            self._lock.notify()
 
 
 _shared: CelSandbox | None = None

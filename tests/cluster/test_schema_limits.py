@@ -149,3 +149,36 @@ def test_a_huge_name_is_not_quoted_back_whole(leader: Stubs, size: int) -> None:
     route = routes_pb2.CreateRouteRequest(config=routes_pb2.RouteConfig(name=name, source="a", target="b"))
     code, msg = refused(lambda: leader.admin.CreateRoute(route))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and len(msg) < 1000, (code, len(msg))
+
+
+def leadership(s: Stubs) -> tuple[str, int]:
+    status = s.admin.ClusterStatus(admin_pb2.ClusterStatusRequest())
+    return status.leader_id, max(n.term for n in status.nodes)
+
+
+def test_no_value_or_pattern_can_stall_the_leader(leader: Stubs) -> None:
+    """Before the fix, one publish of a 200 KB string to a topic whose pattern backtracks took the
+    leader, and each node it was retried on, for minutes: the cluster had no leader."""
+    code, msg = refused(create(leader, "lookahead", json.dumps({"type": "string", "pattern": "(?=(a*)*$)x"})))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "no lookaround or backreferences" in msg, msg
+    before = leadership(leader)
+    leader.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+        name="nested-pattern", schema_json=json.dumps({"type": "string", "pattern": "^(a+)+$"}))))
+    big = json.dumps("a" * 900_000 + "!").encode()
+    req = broker_pb2.PublishRequest(topic="nested-pattern", records=[broker_pb2.PublishRecord(value=big)])
+    code, msg = refused(lambda: leader.broker.Publish(req, timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "record 0: field (the document)" in msg, msg[:300]
+    # a recursive schema whose branches both descend, and a value 120 deep that fits neither
+    branching = {"$defs": {"a": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/a"}, "maxItems": 1},
+                                           {"type": "array", "items": {"$ref": "#/$defs/a"}}]}}, "$ref": "#/$defs/a"}
+    leader.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+        name="tree", schema_json=json.dumps(branching))))
+    deep = ("[" * 120 + "0" + "]" * 120).encode()
+    req = broker_pb2.PublishRequest(topic="tree", records=[broker_pb2.PublishRecord(value=deep)])
+    code, msg = refused(lambda: leader.broker.Publish(req, timeout=60))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "does not satisfy the topic's schema" in msg, msg[:300]
+    ok = ("[" * 120 + "]" * 120).encode()
+    leader.broker.Publish(broker_pb2.PublishRequest(topic="tree", records=[broker_pb2.PublishRecord(value=ok)]))
+    assert leadership(leader) == before  # the leader never stopped answering its followers
+    info = leader.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="tree"))
+    assert sum(p.records for p in info.partitions) == 1

@@ -1,0 +1,126 @@
+"""No value costs the leader more than its size times its schema's (``broker.leader.schemas``).
+
+Each case is a schema or value measured to stall a leader before the fix: a backtracking pattern
+(8 s for a 100 KB string), a chain of definitions that each refer to the one before twice (0.4 s
+per valid value at 24 links, hours at 40), and the search for the field at fault in a deep value
+against a recursive schema (18 s at depth 17, out of memory at 30).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from broker.core import errors
+from broker.leader import schemas
+from broker.leader.schema_explain import ExplainLimits, SchemaExplainer
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+# anyOf whose two branches both descend: finding the field at fault in [[...[0]...]] is 2^depth
+BRANCHING = json.dumps({"$defs": {"a": {"anyOf": [
+    {"type": "array", "items": {"$ref": "#/$defs/a"}, "maxItems": 1},
+    {"type": "array", "items": {"$ref": "#/$defs/a"}}]}}, "$ref": "#/$defs/a"})
+
+
+def nested(depth: int, leaf: object = 0) -> bytes:
+    return ("[" * depth + json.dumps(leaf) + "]" * depth).encode()
+
+
+def chain(links: int) -> str:
+    defs: dict[str, object] = {"a0": {"type": "integer"}}
+    for i in range(1, links + 1):
+        defs[f"a{i}"] = {"allOf": [{"$ref": f"#/$defs/a{i - 1}"}, {"$ref": f"#/$defs/a{i - 1}"}]}
+    return json.dumps({"$defs": defs, "$ref": f"#/$defs/a{links}"})
+
+
+@pytest.fixture
+def explainer() -> Iterator[SchemaExplainer]:
+    e = SchemaExplainer(ExplainLimits(cpu_budget_s=1.0, wall_budget_s=30.0, quiet_s=2.0))
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("pattern", ["(?=(a*)*$)x", "^(a|b)\\1$", "(?<!x)y"])
+def test_lookaround_and_backreferences_are_refused_at_create(pattern: str) -> None:
+    cases: list[dict[str, object]] = [{"type": "string", "pattern": pattern}, {"patternProperties": {pattern: {}}}]
+    for schema in cases:
+        with pytest.raises(errors.InvalidArgument, match="linear-time engine: no lookaround or backreferences"):
+            schemas.compile_schema(json.dumps(schema))
+
+
+def test_a_pattern_checks_a_long_value_in_linear_time() -> None:
+    compiled = schemas.compile_schema(json.dumps({"type": "string", "pattern": "^(a+)+$"}))
+    cache = schemas.SchemaCache()
+    started = time.process_time()
+    with pytest.raises(errors.InvalidArgument, match="record 0: field"):
+        cache.check_documents(1, json.dumps({"type": "string", "pattern": "^(a+)+$"}), [],
+                              [json.dumps("a" * 1_000_000 + "!").encode()])
+    assert time.process_time() - started < 5  # quadratic or worse would be minutes
+    assert compiled.validator.is_valid("a" * 1000)
+
+
+def test_a_chain_of_doubling_references_is_refused_at_create() -> None:
+    schemas.compile_schema(chain(10))  # 2^10 nodes expanded: fine
+    with pytest.raises(errors.InvalidArgument, match="schema_expanded_nodes_max"):
+        schemas.compile_schema(chain(40))
+
+
+@pytest.mark.parametrize(("schema", "said"), [
+    ({"$ref": "other.json#/x"}, "external reference refused"),
+    ({"$ref": "#/$defs/missing"}, "points at nothing"),
+    ({"$ref": "#nowhere"}, "points at nothing"),
+    ({"$dynamicRef": "#meta"}, r"\$dynamicRef is not supported"),
+    ({"properties": {"a": {"$id": "http://x/a", "type": "string"}}}, r"\$id is allowed only at the root"),
+])
+def test_references_point_into_the_schema_itself(schema: object, said: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=said):
+        schemas.compile_schema(json.dumps(schema))
+
+
+def test_what_references_may_do() -> None:
+    plain = schemas.compile_schema(json.dumps({"$defs": {"id": {"type": "integer"}}, "properties": {
+        "a": {"$ref": "#/$defs/id"}, "b": {"$ref": "#/$defs/id"}, "c": {"$ref": "#idx"}},
+        "$comment": "an anchor", "additionalProperties": {"$anchor": "idx", "type": "string"},
+        "examples": [{"$ref": "data, not a reference"}]}))
+    assert not plain.recursive
+    assert plain.validator.is_valid({"a": 1, "b": 2, "c": "x"}) and not plain.validator.is_valid({"a": "1"})
+    tree = schemas.compile_schema(json.dumps({"anyOf": [{"type": "string"},
+                                                        {"type": "array", "items": {"$ref": "#"}}]}))
+    assert tree.recursive and tree.validator.is_valid(json.loads(nested(100, "leaf")))
+    assert schemas.compile_schema(BRANCHING).recursive
+
+
+def test_a_deep_value_against_a_recursive_schema_is_refused_without_the_search(explainer: SchemaExplainer) -> None:
+    cache = schemas.SchemaCache(explainer)
+    shallow = r"record 0: field \(the document\): \[\[\[0\]\]\] is not valid under any"
+    with pytest.raises(errors.InvalidArgument, match=shallow):
+        cache.check_documents(7, BRANCHING, [], [nested(3)])  # shallow: the field is found
+    started = time.monotonic()
+    with pytest.raises(errors.InvalidArgument, match="record 1: the value does not satisfy the topic's schema "
+                                                     r"\(the field at fault was not found within 1 s of CPU"):
+        cache.check_documents(7, BRANCHING, [], [nested(2, []), nested(100)])
+    assert time.monotonic() - started < 30
+    assert explainer.breaches == 1
+    with pytest.raises(errors.InvalidArgument, match="was not looked for: a value shortly before took more"):
+        cache.check_documents(7, BRANCHING, [], [nested(3)])
+    deadline = time.monotonic() + 10  # after the quiet period a new helper explains again
+    while True:
+        try:
+            cache.check_documents(7, BRANCHING, [], [nested(3)])
+        except errors.InvalidArgument as exc:
+            if "[[[0]]] is not valid under any" in str(exc):
+                break
+            assert time.monotonic() < deadline, str(exc)
+            time.sleep(0.2)
+    assert cache.check_documents(7, BRANCHING, [], [nested(100, [])]) == []  # valid values pass at any depth
+
+
+def test_a_stored_schema_this_version_refuses_fails_the_publish_precondition() -> None:
+    cache = schemas.SchemaCache()
+    legacy = json.dumps({"type": "string", "pattern": "(?=a)a"})  # accepted by versions before this one
+    with pytest.raises(errors.FailedPrecondition, match="re-created with a schema that is accepted"):
+        cache.check_documents(3, legacy, [], [b'"a"'])
