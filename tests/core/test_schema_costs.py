@@ -92,6 +92,13 @@ def test_what_references_may_do() -> None:
                                                         {"type": "array", "items": {"$ref": "#"}}]}))
     assert tree.recursive and tree.validator.is_valid(json.loads(nested(100, "leaf")))
     assert schemas.compile_schema(BRANCHING).recursive
+    # both branches descend on every level: deciding stays linear (jsonschema-rs memoizes recursive
+    # references; were it not to, this would be 2^127 steps and the test's timeout would end it)
+    both = json.dumps({"allOf": [{"items": {"$ref": "#"}}, {"items": {"$ref": "#"}, "maxItems": 3}]})
+    assert schemas.SchemaCache().check_documents(9, both, [], [nested(127), nested(127, [])]) == []
+    with pytest.raises(errors.InvalidArgument):
+        schemas.SchemaCache().check_documents(9, json.dumps({"allOf": [{"items": {"$ref": "#"}}, {"type": "array"}]}),
+                                              [], [nested(127)])
 
 
 def test_a_deep_value_against_a_recursive_schema_is_refused_without_the_search(explainer: SchemaExplainer) -> None:
