@@ -309,7 +309,9 @@ class Consumer:
         return list(response.deadlines_ms)
 
     def commit(self, partition: int, offset: int) -> None:
-        """Stream mode: settle everything below ``offset`` in ``partition`` (never moves back)."""
+        """Stream mode: settle everything below ``offset`` in ``partition`` (never moves back). A
+        queue-mode group raises :class:`~broker.client.errors.FailedPrecondition`: settle its
+        messages with ``ack``/``nack``/``discard``."""
         checks.check_int(partition, "partition", 0, checks.UINT32_MAX)
         checks.check_int(offset, "offset", 0, checks.UINT64_MAX)
         request = broker_pb2.CommitRequest(topic=self.topic, group=self.group, partition=partition, offset=offset)

@@ -115,11 +115,18 @@ def test_fields_that_do_not_apply_are_refused_not_ignored(leader: Stubs) -> None
                                               group_config=common_pb2.GroupConfig(mode=common_pb2.DELIVERY_MODE_STREAM))):
         code, message = refused(functools.partial(_read_all, leader, stray))
         assert code == INVALID and "belong to a group subscription" in message
+    leader.admin.CreateGroup(admin_pb2.CreateGroupRequest(topic="hostile", group="s", config=common_pb2.GroupConfig(
+        mode=common_pb2.DELIVERY_MODE_STREAM)), timeout=30)
     code, message = refused(lambda: leader.broker.Commit(broker_pb2.CommitRequest(
-        topic="hostile", group="g", partition=0, offset=2**64 - 1), timeout=30))
+        topic="hostile", group="s", partition=0, offset=2**64 - 1), timeout=30))
     assert code == INVALID and "is past the end of partition 0 (3)" in message
-    lag = leader.admin.GroupLag(admin_pb2.GroupLagRequest(topic="hostile", group="g"), timeout=30)
-    assert lag.partitions[0].committed == 0, "the refused commit settled nothing"
+    # a queue-mode group's records go to any member in any order: a commit would settle what others hold
+    code, message = refused(lambda: leader.broker.Commit(broker_pb2.CommitRequest(
+        topic="hostile", group="g", partition=0, offset=2), timeout=30))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "'g' is a queue-mode group" in message, message
+    for group in ("s", "g"):
+        lag = leader.admin.GroupLag(admin_pb2.GroupLagRequest(topic="hostile", group=group), timeout=30)
+        assert lag.partitions[0].committed == 0, "the refused commit settled nothing"
 
 
 def test_a_malformed_name_is_invalid_not_missing(leader: Stubs) -> None:

@@ -55,8 +55,7 @@ def test_a_runtime_kept_current_by_changed_positions_equals_a_full_read(seed: in
     kinds: collections.Counter[str] = collections.Counter()
     most = 0
     for _ in range(400):
-        op = rng.choice(["pick", "pick", "ack", "nack", "nack", "discard", "time", "commit", "seek", "retry",
-                         "purge"])
+        op = rng.choice(["pick", "pick", "ack", "nack", "nack", "discard", "time", "seek", "retry", "purge"])
         if op == "pick":
             held += positions(env.pick(rt, stream, rng.randint(1, 12)))
         elif op in ("ack", "nack", "discard") and held:
@@ -71,10 +70,6 @@ def test_a_runtime_kept_current_by_changed_positions_equals_a_full_read(seed: in
         elif op == "time":
             env.clock.advance(rng.randint(0, 600))
             env.service.tick()  # leases past their deadline expire into retries
-        elif op == "commit" and rng.random() < 0.3:
-            partition, offset = rng.randrange(2), rng.randrange(40)
-            end = env.service.state.partition(rt.meta.topic_id, partition).end_offset
-            env.service.commit("t", "g", partition, min(offset, end))  # past the end is refused
         elif op == "seek" and rng.random() < 0.15:
             env.ops.seek("t", "g", internal_pb2.Position(offset=rng.randrange(20)), rng.choice([None, 0, 1]))
             held = []

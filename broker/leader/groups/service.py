@@ -416,8 +416,13 @@ class GroupService:
         return deadlines
 
     def commit(self, topic: str, group: str, partition: int, offset: int) -> None:
-        """Settle everything below ``offset`` in ``partition`` (never moves backwards)."""
+        """Stream mode: settle everything below ``offset`` in ``partition`` (never moves backwards).
+        A queue-mode group is refused: its records go to any member in any order, so a commit would
+        settle records other members hold or that wait for a retry, and their outcome would be lost."""
         rt = self.runtime(topic, group)
+        if rt.members is None:
+            raise FailedPrecondition(f"group {group!r} is a queue-mode group: settle its records with ack, nack or "
+                                     "discard, or move it with a seek (commit is for stream-mode groups)")
         if partition >= rt.meta.partitions:
             raise InvalidArgument(f"partition {partition} does not exist (group has {rt.meta.partitions})")
         end = self.state.partition(rt.meta.topic_id, partition).end_offset
