@@ -85,6 +85,9 @@ class NodeConfig(BaseModel):
     peers: list[PeerConfig] = Field(default_factory=list)
     max_record_bytes: int = Field(default=1 << 20, gt=0, le=64 << 20)
     max_batch_bytes: int = Field(default=8 << 20, gt=0, le=64 << 20)
+    # the record bodies all `memory` topics together may hold (each node keeps them in memory);
+    # an append past it is refused (RESOURCE_EXHAUSTED): broker/leader/memory_topics.py
+    max_memory_topics_bytes: int = Field(default=512 << 20, gt=0, le=1 << 40)
     commit_timeout_ms: int = Field(default=5000, gt=0)
     raft_password: str | None = None  # encrypts and authenticates the Raft transport (Fernet)
     raft_password_salt: str | None = None  # random, per cluster, same on every node (default: from cluster_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 # characters (SPEC §4). Empty means "none" where a key is optional.
 ID_CHARS_MAX = 256
 BYTES_CEILING = 64 << 20  # no byte limit may exceed gRPC's largest message the node accepts
+MEMORY_TOPICS_CEILING = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,14 @@ class Limits:
     together; ``batch_records_max``: the records of one request. 100,000 records fit the 8 MiB
     default batch only when they are small (84 bytes each): the byte limit is what bounds a
     command's size, the record count bounds the per-record work of one apply.
+    ``memory_topics_bytes_max``: the record bodies every ``memory`` topic together may hold, each
+    node keeping them all in its memory (:mod:`broker.leader.memory_topics`).
     """
 
     record_bytes_max: int = 1 << 20
     batch_bytes_max: int = 8 << 20
     batch_records_max: int = 100_000
+    memory_topics_bytes_max: int = 512 << 20
 
     def __post_init__(self) -> None:
         for name in ("record_bytes_max", "batch_bytes_max"):
@@ -37,3 +41,6 @@ class Limits:
                 raise ValueError(f"{name} must be between 1 and {BYTES_CEILING}, got {value}")
         if not 0 < self.batch_records_max <= 1_000_000:
             raise ValueError(f"batch_records_max must be between 1 and 1000000, got {self.batch_records_max}")
+        if not 0 < self.memory_topics_bytes_max <= MEMORY_TOPICS_CEILING:
+            raise ValueError(f"memory_topics_bytes_max must be between 1 and {MEMORY_TOPICS_CEILING}, "
+                             f"got {self.memory_topics_bytes_max}")

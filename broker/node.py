@@ -124,7 +124,8 @@ class Node:
         self.metrics.registry.register(apply_failure_collector(lambda: self.state.failed_applies))
         self.metrics.registry.register(FormatCollector(formats.APPLY_FORMAT, lambda: self.state.cluster_format))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
-        limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes)
+        limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes,
+                        memory_topics_bytes_max=config.max_memory_topics_bytes)
         hub = EphemeralHub(self.state.notify_change)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock=self.clock, hub=hub)

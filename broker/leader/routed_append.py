@@ -19,7 +19,7 @@ from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
-from broker.leader import schemas
+from broker.leader import memory_topics, schemas
 from broker.leader.route_copies import Copy, origin_cluster, place
 from broker.leader.submitter import CommandSubmitter
 from broker.limits import ID_CHARS_MAX, Limits
@@ -70,6 +70,7 @@ class TrustedAppender:
         config = meta.config
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (b.value for b in bodies)))
+        memory_topics.check_append(self._state, meta, total, self._limits.memory_topics_bytes_max)
         append.now_ms = self._clock.now_ms()
         result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
         if isinstance(result, Rejected):

@@ -22,7 +22,7 @@ from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.groups.config import validate_group_name
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import check_ephemeral_caps, normalized_config, validate_name
-from broker.leader import partitioning, publish_ids, schemas
+from broker.leader import memory_topics, partitioning, publish_ids, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
 from broker.leader.submitter import CommandSubmitter
@@ -170,6 +170,8 @@ class TopicLog:
         schemas.validate_dedup_fields(list(config.dedup_fields))
         if (config.schema_json or config.dedup_fields) and config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
+        if self._state.topic(config.name) is None:  # else: the create is refused as it exists
+            memory_topics.check_config(self._state, config, self._limits.memory_topics_bytes_max)
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=config, now_ms=self._clock.now_ms()))
         result = self._submitter.submit(cmd, sync=config.durability == internal_pb2.DURABILITY_FSYNC)
@@ -285,6 +287,9 @@ class TopicLog:
         bodies, suffix, lengths = self._bodies(request, producer)
         if config.retention.HasField("max_bytes") and config.retention.max_bytes < self._limits.record_bytes_max:
             _check_fits(config, bodies, len(suffix), lengths)
+        if config.durability == internal_pb2.DURABILITY_MEMORY:
+            size = sum(lengths) + len(suffix) * len(lengths) if lengths is not None else sum(map(len, bodies))
+            memory_topics.check_append(self._state, meta, size, self._limits.memory_topics_bytes_max)
         append.now_ms = self._clock.now_ms()
         return PreparedPublish(meta, cmd, bodies, suffix, request.count, placed, lengths)
 
@@ -316,6 +321,8 @@ class TopicLog:
             checked.full_policy = meta.config.full_policy
         checked.durability = meta.config.durability
         check_ephemeral_caps(checked)
+        checked.partitions = meta.config.partitions
+        memory_topics.check_config(self._state, checked, self._limits.memory_topics_bytes_max, meta.topic_id)
         cmd = internal_pb2.Command(alter_topic=internal_pb2.AlterTopicCommand(
             name=name, topic_id=meta.topic_id, retention=checked.retention, full_policy=checked.full_policy))
         self._raise_rejected(self._submitter.submit(cmd))
