@@ -132,15 +132,19 @@ def compiled_spark_home() -> str:
     installed, byte-compiled package instead of ``python/lib/pyspark.zip`` (every worker would
     compile the zip's modules again: three times the CPU, which on a loaded machine exceeds the
     JVM's fixed 10 s wait for a worker to connect back). It holds links to pyspark's directories
-    except ``python/``; created once per user under the temp directory."""
+    except ``python/``; created once per user and installation under the temp directory, where the
+    homes of installations that are gone are removed."""
     import pyspark
 
     package = Path(pyspark.__file__).resolve().parent
     digest = hashlib.sha256(str(package).encode()).hexdigest()[:12]  # one per installation: links name it
     home = Path(tempfile.gettempdir()) / f"raftbroker-spark-home-{os.getuid()}-{pyspark.__version__}-{digest}"
     if not (home / "jars").exists():
-        if home.is_dir():  # links left dangling (the installation moved or was removed): make them again
-            shutil.rmtree(home, ignore_errors=True)
+        # this installation's first use: homes whose installation is gone (a removed virtualenv, a
+        # CI checkout) are links to nothing, one more per installation ever used: remove them
+        for other in home.parent.glob(f"raftbroker-spark-home-{os.getuid()}-*"):
+            if other.is_dir() and not other.is_symlink() and not (other / "jars").exists():
+                shutil.rmtree(other, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix="raftbroker-spark-home-"))
         for name in SPARK_HOME_LINKS:
             if (package / name).exists():

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from broker.client import Batch
@@ -10,6 +14,7 @@ from broker.pipeline import Pipeline, topic
 from broker.spark.options import EARLIEST, LATEST, SparkOptionError, parse_offsets, reader_options, writer_options
 from broker.spark.reader import admit, split
 from broker.spark.schema import arrow_schema, batches_to_arrow
+from broker.spark.source import compiled_spark_home
 from broker.v1 import broker_pb2
 
 pytestmark = pytest.mark.unit
@@ -122,3 +127,24 @@ def test_a_starting_offset_after_the_ending_offset_is_refused() -> None:
     same = reader_options({"bootstrap": "h:1", "topic": "t", "startingOffsets": '{"0": 100, "1": -1}',
                            "endingOffsets": '{"0": 100, "1": 5}'}, streaming=False)  # latest: checked at start
     assert same.starting.for_partition(0) == 100
+
+
+def test_spark_homes_of_installations_that_are_gone_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """Each installation of pyspark (each CI checkout's virtualenv) gets a home of links in the temp
+    directory; 91 of them had piled up on one machine. The first use of a new one removes those
+    whose links point nowhere, and leaves live ones (another installation's) and anything else."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    uid = os.getuid()
+    gone = tmp_path / f"raftbroker-spark-home-{uid}-0.0.0-dead"
+    gone.mkdir()
+    (gone / "jars").symlink_to(tmp_path / "removed-venv" / "jars")
+    live = tmp_path / f"raftbroker-spark-home-{uid}-0.0.0-live"
+    (tmp_path / "other-venv" / "jars").mkdir(parents=True)
+    live.mkdir()
+    (live / "jars").symlink_to(tmp_path / "other-venv" / "jars")
+    someone_else = tmp_path / f"raftbroker-spark-home-{uid + 1}-0.0.0-dead"
+    someone_else.mkdir()
+    home = Path(compiled_spark_home())
+    assert (home / "jars").is_dir() and home.parent == tmp_path
+    assert not gone.exists() and live.exists() and someone_else.exists()
