@@ -143,8 +143,8 @@ class _References:
         stack: list[tuple[Any, str]] = [(schema, "")]
         while stack:
             node, pointer = stack.pop()
+            self.by_pointer[pointer] = node  # a subschema may be a boolean: {"$defs": {"any": true}}
             if isinstance(node, dict):
-                self.by_pointer[pointer] = node
                 for keyword in ("$anchor", "$dynamicAnchor"):
                     if isinstance(node.get(keyword), str):
                         self.anchors[node[keyword]] = node
@@ -157,7 +157,6 @@ class _References:
                                           "root (references resolve against the schema itself)")
                 children: Iterable[tuple[str, Any]] = ((k, v) for k, v in node.items() if k not in _DATA_KEYWORDS)
             elif isinstance(node, list):
-                self.by_pointer[pointer] = node
                 children = ((str(i), v) for i, v in enumerate(node))
             else:
                 continue
@@ -172,8 +171,8 @@ class _References:
                                   f"pointer or a #name anchor ({shown(ref)})")
         fragment = urllib.parse.unquote(ref[1:])
         pointer = not fragment or fragment.startswith("/")
-        found = self.by_pointer.get(fragment) if pointer else self.anchors.get(fragment)
-        if found is None:
+        found = self.by_pointer.get(fragment, _MISSING) if pointer else self.anchors.get(fragment, _MISSING)
+        if found is _MISSING:
             raise InvalidArgument(f"schema: $ref {shown(ref)} points at nothing in the schema")
         return found
 

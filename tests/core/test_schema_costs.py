@@ -87,6 +87,9 @@ def test_what_references_may_do() -> None:
         "$comment": "an anchor", "additionalProperties": {"$anchor": "idx", "type": "string"},
         "examples": [{"$ref": "data, not a reference"}]}))
     assert not plain.recursive
+    boolean = schemas.compile_schema(json.dumps({"$defs": {"any": True, "none": False}, "properties": {
+        "a": {"$ref": "#/$defs/any"}, "b": {"$ref": "#/$defs/none"}}}))
+    assert boolean.validator.is_valid({"a": [1]}) and not boolean.validator.is_valid({"b": 1})
     assert plain.validator.is_valid({"a": 1, "b": 2, "c": "x"}) and not plain.validator.is_valid({"a": "1"})
     tree = schemas.compile_schema(json.dumps({"anyOf": [{"type": "string"},
                                                         {"type": "array", "items": {"$ref": "#"}}]}))
