@@ -88,6 +88,8 @@ class NodeConfig(BaseModel):
     # the record bodies all `memory` topics together may hold (each node keeps them in memory);
     # an append past it is refused (RESOURCE_EXHAUSTED): broker/leader/memory_topics.py
     max_memory_topics_bytes: int = Field(default=512 << 20, gt=0, le=1 << 40)
+    # the record bodies the leader keeps of all `ephemeral` topics (broker/leader/ephemeral.py)
+    max_ephemeral_bytes: int = Field(default=256 << 20, gt=0, le=1 << 40)
     commit_timeout_ms: int = Field(default=5000, gt=0)
     raft_password: str | None = None  # encrypts and authenticates the Raft transport (Fernet)
     raft_password_salt: str | None = None  # random, per cluster, same on every node (default: from cluster_id)

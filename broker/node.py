@@ -126,7 +126,7 @@ class Node:
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes,
                         memory_topics_bytes_max=config.max_memory_topics_bytes)
-        hub = EphemeralHub(self.state.notify_change)
+        hub = EphemeralHub(self.state.notify_change, bytes_max=config.max_ephemeral_bytes)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock=self.clock, hub=hub)
         is_leader = self._is_leader

@@ -2,7 +2,13 @@
 
 Each partition keeps a bounded ring of its latest records in the leader's memory; a subscriber
 that falls further behind than the ring gets a ``GAP`` event and continues at the oldest record
-still held. Offsets start at ``term << 32`` when a node becomes leader (so they never go back
+still held. A ring holds at most ``capacity`` records, and all rings together at most ``bytes_max``
+bytes of bodies (the node's ``max_ephemeral_bytes``): without it, 10,000 records of 1 MiB per
+partition were 10 GiB of the leader's memory, each new leader's in turn. Past the budget the
+oldest records go, from the ring being appended to while it holds at least its share (the
+average), else from the largest ring, so one busy partition cannot empty the quiet ones.
+
+Offsets start at ``term << 32`` when a node becomes leader (so they never go back
 across leader changes) and are contiguous within one leadership.
 """
 
@@ -14,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 DEFAULT_RING_RECORDS = 10_000
+DEFAULT_BYTES_MAX = 256 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +44,34 @@ class _Ring:
 class EphemeralHub:
     """The rings of every ephemeral partition on this node (meaningful on the leader only)."""
 
-    def __init__(self, on_publish: Callable[[], None], capacity: int = DEFAULT_RING_RECORDS) -> None:
-        assert capacity > 0
+    def __init__(self, on_publish: Callable[[], None], capacity: int = DEFAULT_RING_RECORDS,
+                 bytes_max: int = DEFAULT_BYTES_MAX) -> None:
+        assert capacity > 0 and bytes_max > 0
         self._lock = threading.Lock()
         self._rings: dict[tuple[int, int], _Ring] = {}
         self._term = -1
         self._capacity = capacity
+        self._bytes_max = bytes_max
+        self._bytes = 0  # every ring's bytes
         self._on_publish = on_publish
+
+    @property
+    def bytes_held(self) -> int:
+        return self._bytes
+
+    def _drop_oldest(self, ring: _Ring) -> None:
+        self._bytes -= len(ring.records[0].body)
+        ring.bytes -= len(ring.records.popleft().body)
+
+    def _keep_budget(self, appended: _Ring) -> None:
+        """Drop oldest records until every ring together fits ``bytes_max`` (see the module)."""
+        while self._bytes > self._bytes_max:
+            victim = appended
+            if appended.bytes * len(self._rings) < self._bytes:  # below its share: take from the largest
+                victim = max(self._rings.values(), key=lambda r: r.bytes)
+            if victim is appended and len(victim.records) <= 1:
+                return  # the record just appended stays, alone, whatever its size
+            self._drop_oldest(victim)
 
     def _ring(self, topic_id: int, partition: int) -> _Ring:
         ring = self._rings.get((topic_id, partition))
@@ -60,13 +88,16 @@ class EphemeralHub:
             if term != self._term:  # a new leadership: what an old one held is gone
                 self._term = term
                 self._rings.clear()
+                self._bytes = 0
             for partition, body in zip(partitions, bodies, strict=True):
                 ring = self._ring(topic_id, partition)
                 if len(ring.records) == ring.records.maxlen:
-                    ring.bytes -= len(ring.records[0].body)
+                    self._drop_oldest(ring)
                 ts = max(now_ms, ring.records[-1].timestamp_ms) if ring.records else now_ms
                 ring.records.append(EphemeralRecord(ring.next_offset, ts, body))
                 ring.bytes += len(body)
+                self._bytes += len(body)
+                self._keep_budget(ring)
                 placements.append((partition, ring.next_offset, ts, False))
                 ring.next_offset += 1
         self._on_publish()
@@ -98,4 +129,4 @@ class EphemeralHub:
     def forget_topic(self, topic_id: int) -> None:
         with self._lock:
             for key in [k for k in self._rings if k[0] == topic_id]:
-                del self._rings[key]
+                self._bytes -= self._rings.pop(key).bytes
