@@ -25,6 +25,7 @@ import grpc
 from broker.client import checks, wire
 from broker.client.acks import ThreadAckCoalescer, settled_each
 from broker.client.errors import (
+    GroupNotFound,
     error_from_rpc,
     gave_up,
     invalid_argument,
@@ -34,7 +35,7 @@ from broker.client.errors import (
 from broker.client.groups import group_config
 from broker.client.models import Event, Record
 from broker.client.routing import Backoff, Router, is_retryable
-from broker.v1 import broker_pb2, common_pb2
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 DEFAULT_IN_FLIGHT = 100
 _DONE = object()
@@ -122,7 +123,8 @@ class Consumer:
         self.member_id = member_id or f"{uuid.uuid4().hex[:16]}"
         self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,
                                     **config)
-        self._stream_mode = mode == "stream"
+        # None until asked: without a mode, the group's own (stream-mode members must join and beat)
+        self._stream_mode: bool | None = None if mode is None else mode == "stream"
         self._request = broker_pb2.SubscribeRequest(
             topic=topic, group=group, group_config=self._config, member_id=self.member_id,
             max_in_flight=max_in_flight, max_batch=max_batch, stop_at_end=stop_at_end)
@@ -172,7 +174,7 @@ class Consumer:
         address = self._router.leader or self._router.discover_leader() or self._router.next_address(None)
         failing_since: float | None = None
         tls = self._router.tls_watch()
-        if self._stream_mode:
+        if self.stream_mode:
             self._join()
         while not self._closed.is_set():
             call = self._open(address)
@@ -223,6 +225,20 @@ class Consumer:
             yield message
 
     # -- stream-mode membership ------------------------------------------------------------------
+    @property
+    def stream_mode(self) -> bool:
+        """Whether this member is a stream-mode member: as ``mode`` said, or without one, as the group
+        is (a group that does not exist yet is created in queue mode by the subscription)."""
+        if self._stream_mode is None:
+            request = admin_pb2.DescribeGroupRequest(topic=self.topic, group=self.group)
+            try:
+                info = self._router.call(lambda a, t: self._router.admin(a).DescribeGroup(request, timeout=t),
+                                         write=False, what=f"describe group {self.group}")
+                self._stream_mode = info.config.mode == common_pb2.DELIVERY_MODE_STREAM
+            except GroupNotFound:
+                self._stream_mode = False
+        return self._stream_mode
+
     def _join(self) -> None:
         request = broker_pb2.JoinGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id,
                                               group_config=self._config)

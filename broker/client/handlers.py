@@ -94,14 +94,19 @@ class _Settler:
 
 
 def run_handler(consumer: Consumer, handler: Handler, *, ack: str = "auto", concurrency: int = 1,
-                batch_size: int = 1, limit: int | None = None, stop: threading.Event | None = None,
-                stream_mode: bool = False) -> int:
+                batch_size: int = 1, limit: int | None = None, stop: threading.Event | None = None) -> int:
     """Feed ``consumer``'s messages to ``handler`` until the consumer ends, ``limit`` messages were
-    handled or ``stop`` is set; returns how many were handled. Closes the consumer."""
+    handled or ``stop`` is set; returns how many were handled. Closes the consumer. A stream-mode
+    member's messages of one partition go to one worker, in order."""
     if ack not in ("auto", "manual"):
         raise invalid_argument(f"ack must be 'auto' or 'manual', got {ack!r}")
     if concurrency < 1 or batch_size < 1 or (limit is not None and limit < 1):
         raise invalid_argument("concurrency, batch_size and limit must be at least 1")
+    try:
+        stream_mode = consumer.stream_mode
+    except BaseException:
+        consumer.close()
+        raise
     settler = _Settler(consumer, batch_size)
     handled = itertools.count()
     count = [0]
@@ -188,4 +193,4 @@ class GroupsMixin:
         consumer = Consumer(self._router, topic, group, mode=mode, on_event=on_event or log_event,
                             max_in_flight=max_in_flight, **options)
         return run_handler(consumer, handler, ack=ack, concurrency=concurrency, batch_size=batch_size, limit=limit,
-                           stop=stop, stream_mode=mode == "stream")
+                           stop=stop)

@@ -391,7 +391,12 @@ class AsyncClient:
             checks.check_int(limit, "limit", 1, checks.INT64_MAX)
         options.setdefault("max_in_flight", max(2 * concurrency * batch_size, concurrency + 1))
         consumer = self.consumer(topic, group, mode=mode, **options)  # checks the group and options first
-        return await HandlerRun(handler, manual=ack == "manual", concurrency=concurrency, in_order=mode == "stream",
+        try:
+            in_order = await consumer.stream_mode()
+        except BaseException:
+            await consumer.close()
+            raise
+        return await HandlerRun(handler, manual=ack == "manual", concurrency=concurrency, in_order=in_order,
                                 on_event=on_event or log_event).run(consumer, limit)
 
     async def group_lag(self, topic: str, group: str) -> GroupLag:

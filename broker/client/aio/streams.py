@@ -29,6 +29,7 @@ from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED
 from broker.client.errors import (
     BrokerError,
+    GroupNotFound,
     Unavailable,
     error_from_rpc,
     invalid_argument,
@@ -38,7 +39,7 @@ from broker.client.errors import (
 from broker.client.groups import group_config
 from broker.client.models import Batch, Event, Record
 from broker.client.routing import Backoff, is_retryable
-from broker.v1 import broker_pb2, common_pb2
+from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 #: ``on_event(kind, item)``: kind is "record", "batch" (of ``subscribe_batches``), "event"
 #: (loss/reset), "message" (a leased group record) or "rebalance" (a stream-mode member's
@@ -340,7 +341,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         self.member_id = member_id or uuid.uuid4().hex[:16]
         self._config = group_config(mode, start=start if start != "earliest" else None, timestamp_ms=timestamp_ms,
                                     **config)
-        self._stream_mode = mode == "stream"
+        # None until asked: without a mode, the group's own (stream-mode members must join and beat)
+        self._stream_mode: bool | None = None if mode is None else mode == "stream"
         self._request = broker_pb2.SubscribeRequest(
             topic=topic, group=group, group_config=self._config, member_id=self.member_id,
             max_in_flight=max_in_flight, max_batch=max_batch, stop_at_end=stop_at_end)
@@ -355,7 +357,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
 
     async def __anext__(self) -> AsyncMessage | Event:
         if self._merged is None:
-            if self._stream_mode:
+            if await self.stream_mode():
                 await self._join()
             self._merged = _Merged()
             self._merged.start(self._run)
@@ -389,6 +391,20 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         start = self._router.leader or await self._router.discover_leader()
         await _follow(self._router, open_call, on_response, f"group {self.group} of {self.topic}", merged.closed,
                       start)
+
+    async def stream_mode(self) -> bool:
+        """Whether this member is a stream-mode member: as ``mode`` said, or without one, as the group
+        is (a group that does not exist yet is created in queue mode by the subscription)."""
+        if self._stream_mode is None:
+            request = admin_pb2.DescribeGroupRequest(topic=self.topic, group=self.group)
+            try:
+                info = await self._router.call(
+                    lambda a, t: self._router.admin(a).DescribeGroup(request, timeout=t, metadata=metadata()),
+                    write=False, what=f"describe group {self.group}")
+                self._stream_mode = info.config.mode == common_pb2.DELIVERY_MODE_STREAM
+            except GroupNotFound:
+                self._stream_mode = False
+        return self._stream_mode
 
     async def _join(self) -> None:
         request = broker_pb2.JoinGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id,

@@ -93,6 +93,10 @@ class GroupDelivery:
         rt = self._service.ensure(request.topic, request.group, request.group_config)
         member = request.member_id
         if rt.members is not None:
+            if request.group_config.mode == internal_pb2.DELIVERY_MODE_QUEUE:
+                raise InvalidArgument(f"group {request.group!r} is a stream-mode group: subscribe with mode stream "
+                                      "(members join with JoinGroup and keep alive with Heartbeat), or leave the "
+                                      "mode out and join")
             if not member:
                 raise InvalidArgument("a stream-mode group needs a member_id (join with JoinGroup, keep it "
                                       "alive with Heartbeat)")

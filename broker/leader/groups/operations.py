@@ -86,7 +86,8 @@ def lag_rows(state: BrokerStateMachine, meta: K.GroupMeta, now_ms: int, rt: Grou
             ts = record_log.timestamp_at(state.records_store(meta.topic_id), meta.topic_id, p, first)
             lag_ms = max(0, now_ms - ts) if ts is not None else 0
         in_flight = rt.leases.in_partition(p) if rt is not None else 0
-        rows.append(LagRow(p, start, end, committed, lag, in_flight, cursor.retrying, cursor.dead, lag_ms))
+        retrying = cursor.retrying - (rt.leased_retries(p) if rt is not None and in_flight else 0)
+        rows.append(LagRow(p, start, end, committed, lag, in_flight, max(retrying, 0), cursor.dead, lag_ms))
     return rows
 
 

@@ -138,6 +138,23 @@ class GroupRuntime:
     def retry_state(self, position: Position) -> internal_pb2.RetryState | None:
         return self._retries.entries.get(position)
 
+    def leased_retries(self, partition: int) -> int:
+        """How many of ``partition``'s leased records have a retry entry (they are in flight again,
+        not waiting for their retry)."""
+        with self.lock:
+            entries = self._retries.entries
+            return sum((partition, lease.offset) in entries for lease in self.leases.of_partition(partition))
+
+    def committed_below(self, partition: int, offset: int) -> bool:
+        """A commit settled every record of ``partition`` below ``offset``: forget their leases, as
+        an ack does (:meth:`settled`). Returns whether there were any."""
+        with self.lock:
+            gone = [lease.offset for lease in self.leases.of_partition(partition) if lease.offset < offset]
+            for o in gone:
+                self.leases.remove((partition, o))
+                self._retries.unleased((partition, o))
+            return bool(gone)
+
     def retries_as_read(self) -> tuple[dict[Position, internal_pb2.RetryState], dict[bytes, int]]:
         """The retry entries as last read (a copy), and how many of them wait per record key."""
         with self.lock:

@@ -235,14 +235,18 @@ class GroupService:
     # -- settling --------------------------------------------------------------------------------
     def delivered(self, rt: GroupRuntime, tokens: list[bytes]) -> list[tuple[int, Position, int]]:
         """(index in ``tokens``, position, delivery) of each delivered record's position token of this
-        incarnation of the topic (tokens of another are dropped: their group state is gone); the
-        delivery is 0 for a token that names none (``broker/core/records.py``)."""
+        incarnation of the topic (tokens of an older one are dropped: their group state is gone; a
+        token of another topic is refused); the delivery is 0 for a token that names none
+        (``broker/core/records.py``)."""
         if len(tokens) > POSITIONS_MAX:
             raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
         out: list[tuple[int, Position, int]] = []
         for i, raw in enumerate(tokens):
             token = records.PositionToken.decode(raw)
             if token.incarnation != rt.meta.topic_id:
+                other = next((t.config.name for t in self.state.topics() if t.topic_id == token.incarnation), None)
+                if other is not None:  # not an older incarnation of this topic: a mix-up of the caller's
+                    raise InvalidArgument(f"position {i} is a record of topic {other!r}, not of {rt.meta.topic!r}")
                 continue
             if token.partition >= rt.meta.partitions or token.next_offset == 0:
                 raise InvalidArgument(f"position of partition {token.partition} offset {token.next_offset - 1} "
@@ -430,6 +434,8 @@ class GroupService:
             raise InvalidArgument(f"offset {offset} is past the end of partition {partition} ({end}): commit at "
                                   "most the offset after the last record read")
         self.settle(rt, [], [(partition, offset)])
+        if rt.committed_below(partition, offset):  # their streams have room, a handover may go on
+            self.state.notify_change()
 
     def join(self, topic: str, group: str, member_id: str,
              config: internal_pb2.GroupConfig) -> tuple[str, list[int], int]:
