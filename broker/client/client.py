@@ -354,7 +354,9 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         messages to ``ack``/``nack``/``extend``/``discard`` (see :mod:`broker.client.consumer`);
         ``mode`` ("queue" or "stream") and the group options (``visibility_timeout_ms``,
         ``backoff``, ``max_attempts``, ``ordered``, ...) apply when the group is created, as do
-        ``start``/``timestamp_ms`` (where a new group starts).
+        ``start``/``timestamp_ms`` (where a new group starts). Without ``mode``, a member of an
+        existing stream-mode group joins it and keeps its membership alive; ``mode="queue"`` for
+        a stream-mode group is refused.
         ``filter``: a CEL expression evaluated by the server on each record (variables ``key``,
         ``headers``, ``op``, ``partition``, ``timestamp_ms`` and ``value``, the JSON document when
         the value is JSON); only matching records are delivered. An invalid expression raises
