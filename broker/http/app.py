@@ -17,14 +17,15 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Path, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.client.aio import AsyncClient, call_metadata
-from broker.client.errors import BrokerError, TopicExists
+from broker.client.errors import BrokerError, TopicExists, invalid_argument
 from broker.client.models import OutgoingRecord
 from broker.http import codec, problems, reading
 from broker.http.bodies import INT32_MAX, BodyRefused, JsonRoute, PruneBody, PublishBody, TopicBody
@@ -65,6 +66,17 @@ class BearerPassThrough:
             call_metadata.reset(token)
 
 
+async def known_query(request: Request) -> None:
+    """Refuse query parameters the endpoint does not take: a misspelt one (``partiton=1``) or one
+    the HTTP API has not (``filter``) was ignored, and the caller read what it had not asked for."""
+    route = request.scope.get("route")
+    known = {param.alias for param in route.dependant.query_params} if isinstance(route, APIRoute) else set()
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+        raise invalid_argument(f"unknown query parameter(s) {', '.join(unknown)} for {request.url.path}: {takes}")
+
+
 def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX, **client_options: Any
                ) -> FastAPI:
     """The gateway for the cluster reached through ``bootstrap`` (gRPC addresses, this node's first);
@@ -76,7 +88,7 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
             app.state.client = client
             yield
 
-    app = FastAPI(title="raftbroker", version="1", lifespan=lifespan,
+    app = FastAPI(title="raftbroker", version="1", lifespan=lifespan, dependencies=[Depends(known_query)],
                   description="HTTP/JSON gateway of raftbroker: the gRPC API's rules, translated.")
     app.router.route_class = JsonRoute  # bodies are JSON, parsed strictly (broker.http.bodies)
     app.add_middleware(BearerPassThrough)

@@ -34,7 +34,11 @@ Millis = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """Unknown fields are refused, and values must have their JSON type: pydantic's default lax
+    mode took ``true`` and ``"3"`` and ``1.0`` for integers (``{"before_offset": true}`` pruned a
+    record)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class RetentionBody(Strict):

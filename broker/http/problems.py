@@ -19,6 +19,7 @@ gRPC status.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -112,3 +113,13 @@ def from_error(err: errors.BrokerError) -> JSONResponse:
             extra["grpc_reason"] = reason
         return too_large(err.message, int(limit.group(1)) if limit else None, **extra)
     return problem(status, err.code.replace("_", " ").capitalize(), err.message, reason, **extra)
+
+
+def body_of(err: BaseException) -> dict[str, Any]:
+    """The problem document of ``err`` as a dict (an SSE ``error`` event's data): an SDK error's as
+    :func:`from_error` makes it, anything else a 502 ``STREAM_FAILED``."""
+    if isinstance(err, errors.BrokerError):
+        body: dict[str, Any] = json.loads(bytes(from_error(err).body))
+        return body
+    return {"type": "https://raftbroker.dev/problems/stream_failed", "title": "Stream failed", "status": 502,
+            "detail": f"the stream failed: {type(err).__name__}: {err}"[:1000], "reason": "STREAM_FAILED"}

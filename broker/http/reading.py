@@ -20,9 +20,10 @@ from broker.client import wire as client_wire
 from broker.client.aio import AsyncClient, AsyncSubscription
 from broker.client.errors import invalid_argument
 from broker.client.models import Event, Record
-from broker.http import codec
+from broker.http import codec, problems
 
 HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX = 100, 300_000
+WATCH_QUEUE_ITEMS = 16
 
 
 async def start_places(client: AsyncClient, topic: str, partition: int | None, start: str | None,
@@ -40,7 +41,7 @@ async def start_places(client: AsyncClient, topic: str, partition: int | None, s
 
     if start in ("earliest", "latest"):
         return {p: edge(p, start == "latest") for p in partitions}
-    if start.isdigit():
+    if start.isascii() and start.isdigit():  # str.isdigit() alone takes "²" and "١" (int() reads the latter as 1)
         offset = int(start)
         if offset >= 2**63:
             raise invalid_argument(f"offset {start} is out of range")
@@ -98,11 +99,16 @@ async def read_page(client: AsyncClient, topic: str, partition: int | None, star
 async def watch(client: AsyncClient, topic: str, places: dict[int, codec.Place], heartbeat_ms: int
                 ) -> AsyncIterator[str]:
     """Server-Sent Events: ``record`` events (``id``: the cursor right after it), loss events under
-    their own type (``skip_forward``, ``reset``, ...), and a comment line every ``heartbeat_ms``."""
+    their own type (``skip_forward``, ``reset``, ...), and a comment line every ``heartbeat_ms``.
+    A stream that fails (its topic dropped, a permission revoked) ends with one ``error`` event
+    whose data is the problem document an HTTP request would have had (``status``, ``reason``,
+    ``detail``, ``grpc_code``)."""
     if not HEARTBEAT_MS_MIN <= heartbeat_ms <= HEARTBEAT_MS_MAX:
         raise invalid_argument(f"heartbeat_ms must be within [{HEARTBEAT_MS_MIN}, {HEARTBEAT_MS_MAX}]")
     sub = subscription(client, topic, dict(places), live=True)
-    queue: asyncio.Queue[Record | Event | BaseException] = asyncio.Queue(maxsize=1000)
+    # a few items only: a client that stops reading leaves them and the transport's buffer held,
+    # not a thousand records (up to 1 GiB of 1 MiB values per stream before)
+    queue: asyncio.Queue[Record | Event | BaseException] = asyncio.Queue(maxsize=WATCH_QUEUE_ITEMS)
 
     async def pump() -> None:
         try:
@@ -120,7 +126,7 @@ async def watch(client: AsyncClient, topic: str, places: dict[int, codec.Place],
                 yield ": heartbeat\n\n"
                 continue
             if isinstance(item, BaseException):
-                yield f"event: error\ndata: {codec.json_text({'detail': str(item)})}\n\n"
+                yield f"event: error\ndata: {codec.json_text(problems.body_of(item))}\n\n"
                 return
             advance(places, item)
             kind, body = ("record", codec.record_json(item)) if isinstance(item, Record) else (

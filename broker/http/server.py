@@ -17,6 +17,7 @@ import uvicorn
 from broker.client.security import ClientSecurity
 from broker.http.app import create_app
 from broker.http.body_limit import BODY_BYTES_MAX
+from broker.http.guard import HTTP_LIMITS, HttpLimits, protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,15 @@ class Gateway:
 
 
 def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecurity | None = None,
-                    body_bytes_max: int = BODY_BYTES_MAX) -> Gateway:
+                    body_bytes_max: int = BODY_BYTES_MAX, limits: HttpLimits = HTTP_LIMITS) -> Gateway:
     """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread.
     ``security``: TLS towards TLS nodes (``broker.security.node.gateway_security``); None: plaintext.
-    ``body_bytes_max``: the request body cap (``broker.http.body_limit.body_bytes_max``)."""
+    ``body_bytes_max``: the request body cap (``broker.http.body_limit.body_bytes_max``).
+    ``limits``: the connections' deadlines and cap (:mod:`broker.http.guard`)."""
     host, port = parse_address(address)
     app = create_app(bootstrap, security=security, body_bytes_max=body_bytes_max)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=1)
+                            timeout_graceful_shutdown=1, http=protocol_class(limits))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="raftbroker-http", daemon=True)
     thread.start()

@@ -8,6 +8,10 @@ bytes no JSON reader takes; it fails on deep nesting with a RecursionError and o
 
 - ``NaN``/``Infinity``/a number out of a double's range: :data:`NOT_JSON` ("records[1].value[1]:
   NaN is not JSON ..."), like any syntax error;
+- a string (or a member name) holding a lone UTF-16 surrogate (``"\\ud800"``, which RFC 8259
+  §8.2 allows in the syntax and leaves unpredictable): :data:`NOT_JSON` too. No UTF-8 text carries
+  it: Python's parser made a string that failed every later ``encode`` as a bare 500, and a value
+  stored through gRPC with that text, read back parsed, failed every page, stream and claim past it;
 - more than :data:`DEPTH_MAX` nested arrays and objects: :data:`TOO_DEEP`;
 - a number of more than :data:`NUMBER_CHARS_MAX` characters: :data:`NUMBER_TOO_LONG`.
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -127,6 +132,34 @@ def _locate(value: Any, root: str) -> tuple[str, _Refused] | None:
     return None
 
 
+# an escape that can stand for a lone surrogate; a valid pair is decoded to one character
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any, root: str) -> str | None:
+    """The path of the first string or member name in ``value`` that is no UTF-8 text, or None."""
+    stack: list[tuple[str, Any]] = [(root, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode()
+                except UnicodeEncodeError:
+                    return where
+        elif isinstance(v, dict):
+            for k, c in v.items():
+                child = f"{where}.{k}" if where else str(k)
+                try:
+                    k.encode()
+                except UnicodeEncodeError:
+                    return f"{where or 'the document'}: a member name"
+                stack.append((child, c))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", c) for i, c in enumerate(v))
+    return None
+
+
 def _decode(decoder: json.JSONDecoder, text: str, name: str) -> Any:
     try:
         return decoder.decode(text)
@@ -154,4 +187,9 @@ def parse(text: str | bytes, root: str = "") -> Any:
         raise NotJson(f"{where or name}: {refused.detail}", refused.reason) from None
     if _deeper_than(value, DEPTH_MAX):
         _too_deep(name)
+    if _SURROGATE_ESCAPE.search(decoded) is not None:
+        lone = _lone_surrogate(value, root)
+        if lone is not None:
+            raise NotJson(f"{lone or name}: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff "
+                          "unpaired), which no UTF-8 text can carry", NOT_JSON)
     return value
