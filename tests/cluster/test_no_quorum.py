@@ -7,11 +7,13 @@ CLI took its whole retry deadline (10 s) and the SDK its own (30 s), and reporte
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from broker.client import Client, Unavailable
+from broker.client.aio import AsyncClient
 from broker.devcluster import DevCluster
 from tests.cli.helpers import cli
 from tests.conftest import wait_until
@@ -30,6 +32,18 @@ def _sdk_publish_fails_fast(addresses: list[str]) -> float:
     assert "no quorum" in raised.value.message, raised.value.message
     assert "connection refused" not in raised.value.message.lower()
     assert elapsed < DOCUMENTED_BOUND_S, f"the SDK took {elapsed:.1f} s"
+    return elapsed
+
+
+async def _aio_publish_fails_fast(addresses: list[str]) -> float:
+    """As :func:`_sdk_publish_fails_fast`, with the asyncio SDK."""
+    started = time.monotonic()
+    async with AsyncClient(addresses) as client:
+        with pytest.raises(Unavailable) as raised:
+            await client.publish("nq", b"x")
+    elapsed = time.monotonic() - started
+    assert "no quorum" in raised.value.message, raised.value.message
+    assert elapsed < DOCUMENTED_BOUND_S, f"the asyncio SDK took {elapsed:.1f} s"
     return elapsed
 
 
@@ -58,6 +72,11 @@ def test_a_publish_without_a_majority_fails_fast_saying_no_quorum(fresh_cluster:
     c.kill(follower)
     figures = {"sdk, follower alone": _sdk_publish_fails_fast(c.addresses),
                "cli, follower alone": _cli_publish_fails_fast(c.addresses)}
+    # the survivor first and the dead leader it names last: the round-robin went back from the dead
+    # hint to the survivor and never tried the third node, so "no quorum" took the whole 30 s
+    ordered = [c.addresses[survivor], c.addresses[follower], c.addresses[leader_index]]
+    figures["sdk, survivor first"] = _sdk_publish_fails_fast(ordered)
+    figures["asyncio sdk, survivor first"] = asyncio.run(_aio_publish_fails_fast(ordered))
 
     # a majority again: the same client publishes (no lasting "no quorum" anywhere)
     c.spawn(follower)

@@ -189,6 +189,7 @@ class AsyncRouter:
         backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
         address = (self._leader or self.next_address(None)) if write else await self.read_address()
         unknown_outcome, redirects, tried = False, 0, []
+        rotation = address  # where the round-robin goes on from (a hinted leader is not part of it)
         quorum = QuorumWatch(policy.no_quorum_grace_s)
         tls = self.tls_watch()
         while True:
@@ -209,10 +210,10 @@ class AsyncRouter:
                     redirects += 1
                     self.learn(hint, is_leader=True)
                     pause, address = redirects > policy.redirects_max, hint
-                else:
+                else:  # round-robin on from the last node tried unhinted: after a dead hint, the next one
                     redirects = 0
                     self.forget_leader(address)
-                    address = self.next_address(address)
+                    address = rotation = self.next_address(rotation)
                 delay = backoff.next_delay_s() if pause else 0.0
                 if time.monotonic() + delay >= deadline:
                     last = quorum.last_answer or err
