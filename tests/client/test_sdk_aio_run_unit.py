@@ -36,6 +36,12 @@ class ScriptedConsumer:
     async def __aenter__(self) -> ScriptedConsumer:
         return self
 
+    async def stream_mode(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        self.closed = True
+
     async def __aexit__(self, *exc: object) -> None:
         self.closed = True
 
