@@ -19,8 +19,10 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -28,7 +30,7 @@ from broker.client.aio import AsyncClient, call_metadata
 from broker.client.errors import BrokerError, TopicExists, invalid_argument
 from broker.client.models import OutgoingRecord
 from broker.http import codec, problems, reading
-from broker.http.bodies import INT32_MAX, BodyRefused, JsonRoute, PruneBody, PublishBody, TopicBody
+from broker.http.bodies import BODY_MODELS, INT32_MAX, BodyRefused, JsonRoute, PruneBody, PublishBody, TopicBody
 from broker.http.body_limit import BODY_BYTES_MAX, BodyLimit
 from broker.http.groups import router as groups_router
 from broker.security import VIA_GATEWAY_METADATA
@@ -91,6 +93,21 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
     app = FastAPI(title="raftbroker", version="1", lifespan=lifespan, dependencies=[Depends(known_query)],
                   description="HTTP/JSON gateway of raftbroker: the gRPC API's rules, translated.")
     app.router.route_class = JsonRoute  # bodies are JSON, parsed strictly (broker.http.bodies)
+    app.router.redirect_slashes = False  # ".../records/" is a 404 problem, not a 307 a POST would not follow
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = problems.document_problems(get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes))
+            # the bodies as pydantic states them: FastAPI's own rendering turns every bound into a float
+            # (2**63 - 1 became 9.223372036854776e+18, i.e. 2**63) and drops additionalProperties: false
+            _, bodies = models_json_schema([(model, "validation") for model in BODY_MODELS],
+                                           ref_template="#/components/schemas/{model}")
+            schema["components"]["schemas"].update(bodies["$defs"])
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BearerPassThrough)
     app.add_middleware(BodyLimit, bytes_max=body_bytes_max)  # outermost: an oversized body goes no further
     app.include_router(groups_router)
@@ -119,7 +136,8 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
         return sdk
 
     # -- topics ---------------------------------------------------------------------------------
-    @app.put("/v1/topics/{topic}", tags=["topics"])
+    @app.put("/v1/topics/{topic}", tags=["topics"], status_code=201,
+             responses={200: {"description": "The topic exists with this config already"}})
     async def create_topic(topic: Topic, body: TopicBody, request: Request, response: Response) -> dict[str, Any]:
         """Create a topic; the same config again answers 200 with it, a different one 409."""
         options: dict[str, Any] = dict(

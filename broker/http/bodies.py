@@ -111,6 +111,10 @@ _TITLES = {strict_json.NOT_JSON: "Invalid JSON", strict_json.TOO_DEEP: "JSON nes
            strict_json.NUMBER_TOO_LONG: "Number too long", UNSUPPORTED_MEDIA_TYPE: "Unsupported media type"}
 
 
+BODY_MODELS: tuple[type[Strict], ...] = (RetentionBody, TopicBody, RecordBody, PublishBody, ClaimBody, AckBody,
+                                        NackBody, ExtendBody, PruneBody)
+
+
 class BodyRefused(HTTPException):
     """A request body refused before the models see it; answered as a problem with ``reason``.
 

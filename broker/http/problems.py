@@ -123,3 +123,53 @@ def body_of(err: BaseException) -> dict[str, Any]:
         return body
     return {"type": "https://raftbroker.dev/problems/stream_failed", "title": "Stream failed", "status": 502,
             "detail": f"the stream failed: {type(err).__name__}: {err}"[:1000], "reason": "STREAM_FAILED"}
+
+
+# Every status an operation may answer with a problem document, as the OpenAPI document lists them
+# (:func:`document_problems`); 401/403 only where the nodes check tokens, 501/504 rarely.
+DOCUMENTED = {
+    "400": "Invalid input: the body, a parameter or a value the services refuse (`reason` says which rule)",
+    "401": "No valid token (when the nodes check tokens)",
+    "403": "The token's principal lacks the permission (named in `detail`)",
+    "404": "Unknown topic, group or route (or path)",
+    "409": "Exists already (another config), or a duplicate message",
+    "412": "The cluster's state forbids it (e.g. a claim of a stream-mode group, a prune a group protects)",
+    "413": "Request too large (`limit_bytes`)",
+    "415": "The body is not `application/json`",
+    "429": "Back-pressure, or a full topic with `full_policy=reject`",
+    "502": "The cluster answered something the gateway does not know, or an answer too large",
+    "503": "No leader or no quorum (retry later)",
+    "504": "Deadline exceeded",
+}
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem", "type": "object", "description": "RFC 9457 problem details",
+    "required": ["type", "title", "status", "detail", "reason"],
+    "properties": {
+        "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "reason": {"type": "string", "description": "the typed gRPC reason, else the gRPC status name"},
+        "grpc_code": {"type": "string", "description": "the gRPC status name (errors of the cluster)"},
+        "limit_bytes": {"type": "integer", "description": "413: the limit passed"},
+        "after_unknown_outcome": {"type": "boolean",
+                                  "description": "an earlier attempt of this request may have been applied"},
+    },
+}
+
+
+def document_problems(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document as the gateway answers: FastAPI lists a 422 ``HTTPValidationError``
+    for every operation with parameters, which this gateway never sends (a refused body or
+    parameter is a 400 problem document); here every operation lists the problem statuses instead."""
+    problem_ref = {"$ref": "#/components/schemas/Problem"}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for status, description in DOCUMENTED.items():
+                responses.setdefault(status, {"description": description,
+                                              "content": {PROBLEM_JSON: {"schema": problem_ref}}})
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["Problem"] = PROBLEM_SCHEMA
+    return schema

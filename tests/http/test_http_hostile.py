@@ -19,6 +19,7 @@ import socket
 import time
 
 import httpx
+import jsonschema_rs
 import pytest
 
 from broker.client import Client
@@ -149,3 +150,28 @@ def test_connections_that_never_send_a_whole_request_are_closed_and_capped(http_
     finally:
         for sock in flood + [idle, half, body]:
             sock.close()
+
+
+def test_the_openapi_document_says_what_the_gateway_answers(http_cluster: DevCluster) -> None:
+    """It listed a 422 HTTPValidationError for every operation (the gateway never sends one: a bad
+    body is a 400 problem), no other error, a 200 for a create that answers 201, and every integer
+    bound as a float (2**63 - 1 as 9.223372036854776e+18, which is 2**63)."""
+    with gateway(http_cluster) as g:
+        doc = g.get("/openapi.json").json()
+        schemas = doc["components"]["schemas"]
+        assert "HTTPValidationError" not in schemas and "Problem" in schemas
+        for path, operations in doc["paths"].items():
+            for method, operation in operations.items():
+                responses = operation["responses"]
+                assert "422" not in responses, (path, method)
+                assert responses["400"]["content"]["application/problem+json"]["schema"] == {
+                    "$ref": "#/components/schemas/Problem"}, (path, method)
+        assert {"200", "201"} <= set(doc["paths"]["/v1/topics/{topic}"]["put"]["responses"])
+        bound = schemas["PruneBody"]["properties"]["before_offset"]["anyOf"][0]["maximum"]
+        assert bound == 2**63 - 1 and isinstance(bound, int)
+        refused = g.post("/v1/topics/x-doc/prune", json={"before_offset": "1"})
+        validator = jsonschema_rs.validator_for(schemas["Problem"])
+        assert refused.status_code == 400 and validator.is_valid(refused.json()), refused.text
+        assert g.put("/v1/topics/x-doc", json={}).status_code == 201
+        slash = g.post("/v1/topics/x-doc/records/", json={"records": [{"value": 1}]})
+        problem(slash, 404, "NOT_FOUND")  # not a 307 that a POST without -L does not follow
