@@ -151,6 +151,7 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
             if err.after_unknown_outcome:
                 raise
             info = await client(request).create_topic(topic, body.partitions, exist_ok=True, **options)
+            response.status_code = 200
         return dataclasses.asdict(info)
 
     @app.get("/v1/topics", tags=["topics"])
