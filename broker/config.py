@@ -90,6 +90,8 @@ class NodeConfig(BaseModel):
     max_memory_topics_bytes: int = Field(default=512 << 20, gt=0, le=1 << 40)
     # the record bodies the leader keeps of all `ephemeral` topics (broker/leader/ephemeral.py)
     max_ephemeral_bytes: int = Field(default=256 << 20, gt=0, le=1 << 40)
+    # topics in the cluster, groups' dead-letter topics included; a create past it is RESOURCE_EXHAUSTED
+    max_topics: int = Field(default=10_000, gt=0, le=1_000_000)
     commit_timeout_ms: int = Field(default=5000, gt=0)
     raft_password: str | None = None  # encrypts and authenticates the Raft transport (Fernet)
     raft_password_salt: str | None = None  # random, per cluster, same on every node (default: from cluster_id)

@@ -26,13 +26,15 @@ class Limits:
     default batch only when they are small (84 bytes each): the byte limit is what bounds a
     command's size, the record count bounds the per-record work of one apply.
     ``memory_topics_bytes_max``: the record bodies every ``memory`` topic together may hold, each
-    node keeping them all in its memory (:mod:`broker.leader.memory_topics`).
+    node keeping them all in its memory (:mod:`broker.leader.memory_topics`). ``topics_max``: topics
+    in the cluster, groups' dead-letter topics included (``broker.core.topics.check_topic_count``).
     """
 
     record_bytes_max: int = 1 << 20
     batch_bytes_max: int = 8 << 20
     batch_records_max: int = 100_000
     memory_topics_bytes_max: int = 512 << 20
+    topics_max: int = 10_000
 
     def __post_init__(self) -> None:
         for name in ("record_bytes_max", "batch_bytes_max"):
@@ -41,6 +43,8 @@ class Limits:
                 raise ValueError(f"{name} must be between 1 and {BYTES_CEILING}, got {value}")
         if not 0 < self.batch_records_max <= 1_000_000:
             raise ValueError(f"batch_records_max must be between 1 and 1000000, got {self.batch_records_max}")
+        if not 0 < self.topics_max <= 1_000_000:
+            raise ValueError(f"topics_max must be between 1 and 1000000, got {self.topics_max}")
         if not 0 < self.memory_topics_bytes_max <= MEMORY_TOPICS_CEILING:
             raise ValueError(f"memory_topics_bytes_max must be between 1 and {MEMORY_TOPICS_CEILING}, "
                              f"got {self.memory_topics_bytes_max}")

@@ -125,7 +125,7 @@ class Node:
         self.metrics.registry.register(FormatCollector(formats.APPLY_FORMAT, lambda: self.state.cluster_format))
         submitter = CommandSubmitter(self.replicator, peers, config.commit_timeout_ms / 1000)
         limits = Limits(record_bytes_max=config.max_record_bytes, batch_bytes_max=config.max_batch_bytes,
-                        memory_topics_bytes_max=config.max_memory_topics_bytes)
+                        memory_topics_bytes_max=config.max_memory_topics_bytes, topics_max=config.max_topics)
         hub = EphemeralHub(self.state.notify_change, bytes_max=config.max_ephemeral_bytes)
         self.topic_log = TopicLog(self.state, submitter, limits, origin=f"{config.cluster_id}/{config.node_id}",
                                   clock=self.clock, hub=hub)
@@ -146,6 +146,7 @@ class Node:
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000, lambda peer: _answer(peer_status, peer))
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,
+                                 topics_max=config.max_topics,
                                  clock=self.clock, response_bytes_max=self.response_bytes_max)
         self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
                                  submitter=submitter, limits=limits, is_leader=is_leader, metrics=self.metrics,

@@ -14,6 +14,7 @@ from broker.clock import Clock
 from broker.core.groups.apply import GroupApplier
 from broker.core.retention import Retention
 from broker.core.state_machine import BrokerStateMachine
+from broker.core.topics import TOPICS_MAX
 from broker.leader.groups.delivery import GroupDelivery
 from broker.leader.groups.operations import GroupOperations
 from broker.leader.groups.service import GroupService
@@ -37,11 +38,11 @@ class NodeGroups:
     :attr:`delivery` (group subscriptions) and :attr:`operations` (Admin group RPCs)."""
 
     def __init__(self, state: BrokerStateMachine, applier: GroupApplier, *, submitter: CommandSubmitter,
-                 metrics: NodeMetrics, clock: Clock, response_bytes_max: int = RESPONSE_BYTES_MAX
-                 ) -> None:
+                 metrics: NodeMetrics, clock: Clock, response_bytes_max: int = RESPONSE_BYTES_MAX,
+                 topics_max: int = TOPICS_MAX) -> None:
         """``clock`` (the node clock) stamps group commands (wall) and times leases and member
         sessions; ``response_bytes_max`` bounds the records of one group stream response."""
-        self.service = GroupService(state, applier, submitter, clock)
+        self.service = GroupService(state, applier, submitter, clock, topics_max=topics_max)
         self.delivery = GroupDelivery(self.service, response_bytes_max)
         self.operations = GroupOperations(self.service)
         metrics.registry.register(GroupCollector(self.operations, lambda: {

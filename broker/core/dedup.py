@@ -58,6 +58,13 @@ def window_now_ms(store: Store, tid: int, now_ms: int) -> int:
     return max(now_ms, _TS.unpack(raw)[0]) if raw else now_ms
 
 
+def window_clocks(store: Store, tids: list[int]) -> list[int | None]:
+    """Each topic's window clock (the latest time keys were remembered at), None for a topic that
+    never remembered a key; one multi-get."""
+    raws = store.get_many(Column.DEDUP, [_window_clock_key(tid) for tid in tids]) if tids else []
+    return [_TS.unpack(raw)[0] if raw else None for raw in raws]
+
+
 def watermark_key(tid: int, dedup_id: str) -> bytes:
     """Where a ``dedup_id``'s watermark (and its session state, ``broker.core.sessions``) is stored."""
     return _TID.pack(tid) + b"w" + dedup_id.encode()

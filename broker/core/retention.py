@@ -150,6 +150,11 @@ class Retention:
                        changes: CacheChanges) -> object:
         for meta in self._state.topics():
             retention = meta.config.retention
+            if not (retention.HasField("max_age_ms") or retention.HasField("max_records")
+                    or retention.HasField("max_bytes")):
+                continue  # nothing to enforce: each partition's visit cost ~1-2 us, and a group's dead-letter
+                # topic has as many partitions as its source (300 groups of a 1024-partition topic: an
+                # idle cluster lost its leader to this walk)
             for partition in range(meta.config.partitions):
                 state = self._state.partition(meta.topic_id, partition)
                 if retention.HasField("max_age_ms") and state.records:

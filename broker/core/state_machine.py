@@ -141,6 +141,9 @@ class BrokerStateMachine:
         """The applied metadata of ``name`` (treat as read-only)."""
         return self._topics.get(name)
 
+    def topic_count(self) -> int:
+        return len(self._topics)
+
     def topics(self) -> list[internal_pb2.TopicMeta]:
         return sorted(self._topics.values(), key=lambda m: m.config.name)
 
@@ -354,9 +357,14 @@ class BrokerStateMachine:
                     log.exception("drop listener failed for topic %s", meta.config.name)
 
     def _expire_dedup(self, cmd: internal_pb2.ExpireDedupCommand, batch: Batch) -> None:
-        for meta in self._topics.values():
-            now_ms = dedup.window_now_ms(self._store, meta.topic_id, cmd.now_ms)
-            dedup.expire_keys(batch, meta.topic_id, now_ms, meta.config.dedup_window_ms)
+        """Every topic's expired idempotency keys and idle sessions. The window clocks are read in
+        one multi-get, and a topic without one never stored a key (every remember writes it), so
+        its range delete would delete nothing: skipped, as is a topic that keeps keys forever."""
+        metas = [m for m in self._topics.values() if m.config.dedup_window_ms != dedup.FOREVER]
+        clocks = dedup.window_clocks(self._store, [m.topic_id for m in metas])
+        for meta, clock_ms in zip(metas, clocks, strict=True):
+            if clock_ms is not None:
+                dedup.expire_keys(batch, meta.topic_id, max(cmd.now_ms, clock_ms), meta.config.dedup_window_ms)
             sessions.expire(self._store, batch, meta.topic_id, cmd.now_ms, meta.config.dedup_window_ms)
 
     def _set_format(self, index: int, cmd: internal_pb2.Command, batch: Batch, commit: CacheChanges) -> object:

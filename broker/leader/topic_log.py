@@ -21,7 +21,7 @@ from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.groups.config import validate_group_name
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.topics import check_ephemeral_caps, normalized_config, validate_name
+from broker.core.topics import check_ephemeral_caps, check_topic_count, normalized_config, validate_name
 from broker.leader import memory_topics, partitioning, publish_ids, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
@@ -171,6 +171,7 @@ class TopicLog:
         if (config.schema_json or config.dedup_fields) and config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
         if self._state.topic(config.name) is None:  # else: the create is refused as it exists
+            check_topic_count(self._state, self._limits.topics_max, f"topic {config.name!r}")
             memory_topics.check_config(self._state, config, self._limits.memory_topics_bytes_max)
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=config, now_ms=self._clock.now_ms()))

@@ -25,6 +25,7 @@ from broker.core.errors import (
     GroupExists,
     GroupNotFound,
     InvalidArgument,
+    ResourceExhausted,
     TopicNotFound,
 )
 from broker.core.groups import layout
@@ -40,7 +41,7 @@ from broker.core.groups.config import (
     validate_member_id,
 )
 from broker.core.state_machine import BrokerStateMachine
-from broker.core.topics import validate_name
+from broker.core.topics import TOPICS_MAX, check_topic_count, validate_name
 from broker.leader.groups.leases import Lease, Position
 from broker.leader.groups.runtime import GroupRuntime
 from broker.leader.submitter import CommandSubmitter
@@ -58,6 +59,7 @@ _CLIENT_SETTLES = frozenset((K.SETTLE_ACK, K.SETTLE_NACK, K.SETTLE_DISCARD))
 SETTLE_BYTES_MAX = 4 << 20  # one settle command stays well below the replication limit
 POSITIONS_MAX = 10_000
 REASON_CHARS_MAX = 1024
+MEMBERS_MAX = 1024  # members of one stream-mode group (a join walks them: broker/leader/groups/membership.py)
 
 
 def raise_rejected(result: object) -> object:
@@ -70,10 +72,12 @@ class GroupService:
     """Consumer groups on top of the replicated state machine (leader side)."""
 
     def __init__(self, state: BrokerStateMachine, applier: GroupApplier, submitter: CommandSubmitter,
-                 clock: Clock, tick_s: float = TICK_S) -> None:
+                 clock: Clock, tick_s: float = TICK_S, topics_max: int = TOPICS_MAX) -> None:
         """``clock``: the node clock. Its wall reading (``now_ms``) is stamped into commands and
         shown to clients; its monotonic reading times lease deadlines, member sessions and
-        revocations, which live only in this leader's memory."""
+        revocations, which live only in this leader's memory. ``topics_max``: the node's
+        ``max_topics`` (a new group's dead-letter topic counts)."""
+        self.topics_max = topics_max
         self.state = state
         self.applier = applier
         self.submitter = submitter
@@ -196,6 +200,8 @@ class GroupService:
             raise TopicNotFound(topic)
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics cannot have consumer groups (nothing is stored to settle)")
+        if existing_dlq is None:
+            check_topic_count(self.state, self.topics_max, f"group {group!r} would create its dead-letter topic")
         starts = [self.resolve(meta, p, normalized.start_from) for p in range(meta.config.partitions)]
         cmd = K.Command(create_group=K.CreateGroupCommand(topic=topic, topic_id=meta.topic_id, group=group,
                                                           config=normalized, now_ms=self.clock.now_ms(),
@@ -453,6 +459,7 @@ class GroupService:
             raise InvalidArgument(f"group {group!r} is a queue-mode group: members need not join")
         member_id = member_id or f"m-{uuid.uuid4().hex[:12]}"
         with rt.lock:
+            self._room_for(rt, group, member_id)
             rt.rejoin(member_id)
             if rt.members.heartbeat(member_id, self.clock.monotonic_ms()):
                 self.state.notify_change()
@@ -467,10 +474,21 @@ class GroupService:
         if rt.members is None:
             return []
         with rt.lock:
+            self._room_for(rt, group, member_id)
             rt.rejoin(member_id)
             if rt.members.heartbeat(member_id, self.clock.monotonic_ms()):
                 self.state.notify_change()
             return rt.members.assigned(member_id)
+
+    @staticmethod
+    def _room_for(rt: GroupRuntime, group: str, member_id: str) -> None:
+        """Refuse a new member past :data:`MEMBERS_MAX` (callers hold ``rt.lock``): each one is
+        kept for its session timeout, and fresh ids are free to make."""
+        assert rt.members is not None
+        if not rt.members.is_member(member_id) and rt.members.count() >= MEMBERS_MAX:
+            raise ResourceExhausted(f"group {group!r} has {MEMBERS_MAX} members, the most a stream-mode group "
+                                    "takes (each owns partitions; a topic has at most 1024): close the members "
+                                    "that are done (they leave at once) or wait for their sessions to end")
 
     def leave(self, topic: str, group: str, member_id: str) -> None:
         """A member closes: its leases come back for immediate redelivery (no attempt counted),
