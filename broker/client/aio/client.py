@@ -334,6 +334,7 @@ class AsyncClient:
             raise invalid_argument(f"claim sets {', '.join(fixed)} itself (from max_records): drop them")
         if group_options.get("mode") == "stream":
             raise invalid_argument(CLAIM_IS_QUEUE_MODE)
+        group_options.setdefault("mode", "queue")  # a stream-mode group is refused just below: no lookup per claim
         consumer = AsyncConsumer(self._router, topic, group, stop_at_end=True, max_in_flight=max_records,
                                  max_batch=max_records, **group_options)  # checks the rest; sends nothing yet
         await self._refuse_stream_group(topic, group)
