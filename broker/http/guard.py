@@ -23,12 +23,15 @@ caller made, and the node's own stream limit (``max_streams``) bounds those.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from broker.http.problems import PROBLEM_JSON
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,23 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._after_io()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (a Content-Length that is no number, a malformed head): the
+        problem document every other 400 is, not uvicorn's text/plain line."""
+        body = json.dumps({"type": "https://raftbroker.dev/problems/invalid_http", "title": "Invalid HTTP request",
+                           "status": 400, "detail": f"the request is not valid HTTP/1.1: {msg}",
+                           "reason": "INVALID_HTTP"}).encode()
+        headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        try:
+            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers,
+                                                             reason=b"Bad Request")) or b"")
+            self.transport.write(self.conn.send(h11.Data(data=body)) or b"")
+            self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:  # the connection's state allows no response: just close it
+            pass
+        self._close()
 
     def _after_io(self) -> None:
         if self.transport.is_closing():

@@ -131,6 +131,14 @@ def test_connections_that_never_send_a_whole_request_are_closed_and_capped(http_
         except OSError:
             return True
 
+    bad = connect(b"POST /v1/topics/x-bad/records HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n")
+    answer = b""
+    while chunk := bad.recv(4096):
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/problem+json" in head, answer
+    assert json.loads(body)["reason"] == "INVALID_HTTP", body
+    bad.close()
     idle = connect(b"")
     half = connect(b"GET /v1/topics HTTP/1.1\r\nHost: x\r\n")
     body = connect(b"POST /v1/topics/x-body/records HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
