@@ -16,7 +16,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from broker.clock import Clock
 from broker.core.applied import Appended, Rejected
-from broker.core.errors import InvalidArgument, TopicNotFound
+from broker.core.errors import FailedPrecondition, InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader import memory_topics, schemas
@@ -50,8 +50,9 @@ class TrustedAppender:
         meta = self._state.topic(topic)
         if meta is None:
             raise TopicNotFound(topic)
-        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
-            raise InvalidArgument(f"topic {topic!r} is ephemeral: routes copy only into stored topics")
+        if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:  # the target's state, not the records':
+            # a route backs off and says so (as INVALID_ARGUMENT it skipped every record, silently)
+            raise FailedPrecondition(f"topic {topic!r} is ephemeral: routes copy only into stored topics")
         if not copies:
             raise InvalidArgument("an append needs at least one record")
         if len(copies) > self._limits.batch_records_max:

@@ -9,8 +9,10 @@ the copies to the target in source order (the local log through :class:`TrustedA
 remote cluster through a :class:`RemoteCluster`), and only then advances the replicated cursor.
 Each copy carries an idempotency key derived from (cluster, route, source incarnation, partition,
 offset), so copies re-sent by a new leader after a failover are stored once (within the target's
-dedup window). A remote route never copies a record whose origin is the target cluster: mirrored
-clusters exchange their own records only (no echo).
+dedup window). A remote route never copies a record whose origin is the target cluster, nor one
+that the target cluster sent here (its ``raftbroker-via`` header, which every copy to another
+cluster carries: :mod:`.route_copies`): mirrored clusters never echo, a third cluster's records
+included.
 
 Lanes: the router thread runs the local routes; the routes to each remote cluster (one lane per
 target address list) run on a thread of their own (``router-<addresses>``), because a call to
@@ -50,7 +52,7 @@ from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.cel_sandbox import ExpressionBudgetExceeded
 from broker.leader.filters import RecordExpression, RecordFilter
-from broker.leader.route_copies import Copy, idempotency_key, origin_cluster
+from broker.leader.route_copies import VIA_HEADER, Copy, idempotency_key, origin_cluster, sent_via
 from broker.leader.route_lanes import Connections, Lane, RemoteCluster
 from broker.leader.routed_append import TrustedAppender
 from broker.leader.submitter import CommandSubmitter
@@ -97,6 +99,11 @@ class _Pass:
     copies: list[Copy] = field(default_factory=list)
     advances: dict[int, int] = field(default_factory=dict)
     skipped: int = 0
+
+
+def _is_full(exc: BaseException) -> bool:
+    """The target is full (``full_policy=reject``): a core error locally, an SDK error remotely."""
+    return isinstance(exc, ResourceExhausted) or getattr(exc, "code", None) == "RESOURCE_EXHAUSTED"
 
 
 def _is_poison(exc: Exception) -> bool:
@@ -398,9 +405,10 @@ class RouteRunner:
         record.timestamp_ms = stored.timestamp_ms
         if route.ops and record.op not in route.ops:
             return None
-        if echo_cluster is not None and origin_cluster(record.origin) == echo_cluster:
-            return None
-        return record, stored.body
+        if echo_cluster is not None and (origin_cluster(record.origin) == echo_cluster
+                                         or record.headers.get(VIA_HEADER) == echo_cluster):
+            return None  # back to where it came from: its origin, or the cluster that sent it here
+        return record, stored.body if echo_cluster is None else sent_via(stored.body, self._appender.cluster_id)
 
     @staticmethod
     def _partition_keys(route: _Compiled, batch: list[internal_pb2.Record]) -> list[bytes | None]:
@@ -431,7 +439,13 @@ class RouteRunner:
             send(copies)
             return 0
         except Exception as exc:  # noqa: BLE001 - core errors locally, SDK errors remotely
-            if not _is_poison(exc) or isinstance(exc, ResourceExhausted):
+            if _is_full(exc) and len(copies) > 1:
+                # a full_policy=reject target with room for fewer: the prefix that fits goes in (before,
+                # the whole batch was retried for good while the target had room, "0 records + 12 would
+                # pass max_records=5"); what does not fit raises, and the route backs off as for full
+                half = len(copies) // 2
+                return self._deliver(target, copies[:half], remote) + self._deliver(target, copies[half:], remote)
+            if not _is_poison(exc) or _is_full(exc):
                 raise
         refused = 0
         for copy in copies:  # one by one: skip only what the target refuses for good

@@ -107,3 +107,68 @@ def test_two_clusters_mirror_both_ways_without_echo(tmp_path: Path) -> None:
         assert by_origin == {"east": 1000, "west": 1000}, "no echo"
     for route in routes:
         assert route.copied == 1000 and route.skipped == 1000 and not route.last_error
+
+
+def test_a_third_clusters_record_does_not_loop_between_two_mirrored_clusters(tmp_path: Path) -> None:
+    """north routes into east, east and west mirror each other both ways. The echo rule compared
+    only the origin (north), so north's record went back and forth between east and west for good
+    (1,000 copies a side after 12 s). A copy now names the cluster it was sent from."""
+    clusters: dict[str, DevCluster] = {}
+    try:
+        for name in ("north", "east", "west"):
+            clusters[name] = start_cluster(tmp_path / name, nodes=1, extra_args=("--cluster-id", name))
+        clients = {name: Client(c.addresses) for name, c in clusters.items()}
+        for client in clients.values():
+            client.create_topic("lp", 1)
+        clients["north"].create_route("to-east", "lp", "lp", target_cluster=clusters["east"].addresses)
+        clients["east"].create_route("to-west", "lp", "lp", target_cluster=clusters["west"].addresses)
+        clients["west"].create_route("to-east", "lp", "lp", target_cluster=clusters["east"].addresses)
+        clients["north"].publish_batch("lp", [b"n0", b"n1", b"n2"])
+        clients["east"].publish("lp", b"e0")
+
+        def settled() -> bool:
+            routes = [clients["north"].route("to-east"), clients["east"].route("to-west"),
+                      clients["west"].route("to-east")]
+            return all(r.lag == 0 for r in routes) and all(
+                clients[n].describe_topic("lp").records == 4 for n in ("east", "west"))
+
+        wait_until(settled, 60, "east and west to hold north's three records and east's one")
+        time.sleep(2)  # a loop would have copied them again by now (hundreds a second before)
+        for name in ("east", "west"):
+            held = values(clients[name], "lp")
+            assert sorted(r.value for r in held) == [b"e0", b"n0", b"n1", b"n2"], (name, len(held))
+            assert all(r.origin.split("/")[0] == ("east" if r.value == b"e0" else "north") for r in held)
+        for client in clients.values():
+            client.close()
+    finally:
+        for c in clusters.values():
+            c.stop()
+
+
+def test_a_route_into_an_ephemeral_or_full_target_waits_and_loses_nothing(fresh_cluster: DevCluster) -> None:
+    """An ephemeral target made a route skip every record silently (as if each were refused), and a
+    full_policy=reject target with room for 5 of 12 records copied none, for good."""
+    with Client(fresh_cluster.addresses) as client:
+        client.create_topic("r-src", 1)
+        client.create_topic("r-dst", 1)
+        client.create_route("r", "r-src", "r-dst")
+        client.drop_topic("r-dst")
+        client.create_topic("r-dst", 1, durability="ephemeral")
+        client.publish_batch("r-src", [b"a%d" % i for i in range(5)])
+        wait_until(lambda: client.route("r").last_error, 30, "the route to say why")
+        route = client.route("r")
+        assert "ephemeral" in route.last_error and route.lag == 5 and route.skipped == 0, route
+        client.drop_topic("r-dst")
+        client.create_topic("r-dst", 1)
+        wait_until(lambda: client.describe_topic("r-dst").records == 5, 30, "the records once the target stores")
+
+        client.create_topic("f-src", 1)
+        client.create_topic("f-dst", 1, retention={"max_records": 5}, full_policy="reject")
+        client.create_route("f", "f-src", "f-dst")
+        client.publish_batch("f-src", [b"f%d" % i for i in range(12)])
+        wait_until(lambda: client.describe_topic("f-dst").records == 5, 30, "the 5 records that fit")
+        wait_until(lambda: "full" in client.route("f").last_error, 30, "the route to say it is full")
+        assert [r.value for r in values(client, "f-dst")] == [b"f%d" % i for i in range(5)]  # in order
+        client.alter_topic("f-dst", retention={"max_records": 100})
+        wait_until(lambda: client.route("f").lag == 0, 30, "the rest once there is room")
+        assert [r.value for r in values(client, "f-dst")] == [b"f%d" % i for i in range(12)], "each once, in order"
