@@ -28,6 +28,14 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid`` (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
 def closed_by_peer(sock: socket.socket) -> bool:
     """The other end closed ``sock`` (made non-blocking here): a node closing a connection it never
     answers (a half-sent request head, an unnamed Raft peer). False while it is still open."""

@@ -14,13 +14,13 @@ started on demand.
 from __future__ import annotations
 
 import json
-import resource
-import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 import cel
+
+from broker.leader.worker_pool import worker_main
 
 PROGRAMS_MAX = 64
 _PLAIN = (bool, int, float, str, bytes, type(None))
@@ -72,11 +72,5 @@ def serve(conn: Connection) -> None:
         conn.send(answer)
 
 
-def main() -> None:
-    fd, memory_bytes = int(sys.argv[1]), int(sys.argv[2])
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    serve(Connection(fd))
-
-
 if __name__ == "__main__":
-    main()
+    worker_main(serve)

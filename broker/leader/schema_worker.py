@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 import resource
-import sys
 from multiprocessing.connection import Connection
 
 from broker.core.errors import InvalidArgument
 from broker.leader import schemas
+from broker.leader.worker_pool import worker_main
 
 SCHEMAS_MAX = 16
 
@@ -55,11 +55,5 @@ def serve(conn: Connection) -> None:
         conn.send(("ok", explain(compiled, schema_json, value)))
 
 
-def main() -> None:
-    fd, memory_bytes = int(sys.argv[1]), int(sys.argv[2])
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    serve(Connection(fd))
-
-
 if __name__ == "__main__":
-    main()
+    worker_main(serve)

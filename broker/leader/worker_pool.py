@@ -11,13 +11,23 @@ on the connection with one message, until the connection closes.
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, Pipe
 
 from broker.core.errors import Unavailable
+
+
+def worker_main(serve: Callable[[Connection], None]) -> None:
+    """A helper process's entry point: its address space capped at ``MEMORY_BYTES``, then
+    ``serve`` on the connection whose descriptor ``FD`` it was given (``python -m MODULE FD MEMORY_BYTES``)."""
+    fd, memory_bytes = int(sys.argv[1]), int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    serve(Connection(fd))
 
 
 class Worker:

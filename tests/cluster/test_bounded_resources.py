@@ -15,6 +15,7 @@ from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2
 from tests.cluster.digests import topic_end_offsets, wait_converged
 from tests.cluster.stubs import stubs
+from tests.conftest import rss_bytes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -23,12 +24,6 @@ BATCH = 2_000
 THREADS = 4
 RSS_LIMIT_BYTES = 1 << 30  # a node that kept every command in memory would pass 2 GiB
 
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def dir_bytes(path: Path) -> int:

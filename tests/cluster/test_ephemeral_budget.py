@@ -7,25 +7,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from broker.devcluster import DevCluster
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 from tests.cluster.stubs import stubs
+from tests.conftest import rss_bytes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 BUDGET = 8_000_000
 VALUE = os.urandom(1_000_000)
 
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import base64
 import json
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from broker.client import Client
 from broker.devcluster import DevCluster
 from broker.http.body_limit import BODY_BYTES_MAX
 from broker.limits import Limits
+from tests.conftest import rss_bytes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -59,12 +59,6 @@ def open_request(c: DevCluster, path: str, headers: dict[str, str]) -> socket.so
     sock.sendall((head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode())
     return sock
 
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def gateway(c: DevCluster) -> httpx.Client:
