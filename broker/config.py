@@ -218,9 +218,13 @@ class NodeConfig(BaseModel):
 
 
 def _first_error(exc: ValidationError) -> str:
+    """The first error, as one line: the setting and what is wrong with it. A check across settings
+    (a model validator) names its settings itself, so it goes without pydantic's location and its
+    "Value error, " prefix."""
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "config"
-    return f"{where}: {err['msg']}"
+    msg = err["msg"].removeprefix("Value error, ")
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {msg}" if where else msg
 
 
 _ENV_PREFIX = "RAFTBROKER_"

@@ -121,8 +121,11 @@ def run_publish_bench(
 
     with Client(bootstrap, timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                 client_config=client_config) as client:
-        with contextlib.suppress(TopicExists):
-            client.create_topic(name, partitions, durability=durability)
+        if own_topic:
+            with contextlib.suppress(TopicExists):
+                client.create_topic(name, partitions, durability=durability)
+        else:
+            client.describe_topic(name)  # a given topic must exist: it was created, filled and left behind
         try:
             client.publish_batch(name, [payload])  # warm-up: channels and the leader are found
             for batch_size in batch_sizes:
@@ -160,10 +163,12 @@ def _parse_sizes(text: str) -> list[int]:
 @app.command("publish")
 def publish(
     ctx: typer.Context,
-    count: Annotated[int, typer.Option(min=1, help="Records per batch size and mode.")] = 5000,
+    count: Annotated[int, typer.Option(min=1, help="Records per batch size and mode (at least one whole "
+                                                   "batch: rounded up to a multiple of the batch size).")] = 5000,
     batch_sizes: Annotated[str, typer.Option(help="Comma-separated records per Publish.")] = "1,100,1000",
     size: Annotated[int, typer.Option(min=0, max=1_000_000, help="Bytes per record value.")] = 100,
-    topic: Annotated[str | None, typer.Option(help="Topic to use (default: a temporary one).")] = None,
+    topic: Annotated[str | None, typer.Option(help="An existing topic to use (default: a temporary one, "
+                                                   "dropped afterwards).")] = None,
     threads: Annotated[int, typer.Option(min=1, max=64, help="Threads of the concurrent variant.")] = 8,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the temporary topic.")] = 1,
     durability: Annotated[str | None, typer.Option(help="Durability class of the temporary topic: ephemeral, "

@@ -31,6 +31,7 @@ app = typer.Typer(help="Consumer groups: lag, seek and replay, pause and resume,
                   no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters of a group: list, retry, retry-all, purge.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+GROUP_FROM_HELP = "Where a new group starts: " + FROM_HELP.removeprefix("Where to start: ")
 
 Topic = Annotated[str, typer.Argument(help="Topic name.")]
 Group = Annotated[str, typer.Argument(help="Group name.")]
@@ -54,7 +55,7 @@ def create(
     ctx: typer.Context, topic: Topic, group: Group,
     mode: Annotated[str, typer.Option(help="queue (leases to any member) or stream (partitions per member).")]
     = "queue",
-    from_: Annotated[str, typer.Option("--from", help="Where the group starts. " + FROM_HELP)] = "earliest",
+    from_: Annotated[str, typer.Option("--from", help=GROUP_FROM_HELP)] = "earliest",
     visibility_timeout_ms: Annotated[int | None, typer.Option(min=10, help="Lease length.")] = None,
     backoff: Annotated[str | None, typer.Option(help="fixed or exponential.")] = None,
     base_delay_ms: Annotated[int | None, typer.Option(min=1, help="First retry delay.")] = None,
@@ -155,11 +156,15 @@ def replay(
 ) -> None:
     """Deliver everything again from a point in time (a seek to that timestamp)."""
     bare = from_.strip()
-    # a bare number is ms here, as the help says (for --from of consume one below 10**12 is an offset)
-    timestamp_ms = int(bare) if bare.isdigit() else parse_from(from_)[1]
-    if timestamp_ms is None:
-        raise typer.BadParameter(f"replay takes a timestamp (ts:MS, ts:ISO-8601 with a zone, or a number of ms); "
+    refusal = typer.BadParameter(f"replay takes a timestamp (ts:MS, ts:ISO-8601 with a zone, or a number of ms); "
                                  f"got {from_!r}", param_hint="--from")
+    # a bare number is ms here, as the help says (for --from of consume one below 10**12 is an offset)
+    try:
+        timestamp_ms = int(bare) if bare.isascii() and bare.isdigit() else parse_from(from_)[1]
+    except typer.BadParameter:  # its message lists the positions consume takes, which replay does not
+        raise refusal from None
+    if timestamp_ms is None:
+        raise refusal
     with connect(ctx) as client:
         moved = client.groups.replay(topic, group, timestamp_ms)
     _say(ctx, {str(p): o for p, o in moved.items()}, " ".join(f"{p}:{o}" for p, o in sorted(moved.items())))

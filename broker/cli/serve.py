@@ -44,8 +44,9 @@ def serve_command(
     grpc: Annotated[str | None, typer.Option("--grpc", help="gRPC listen address host:port")] = None,
     raft: Annotated[str | None, typer.Option("--raft", help=(
         "Raft listen address host:port, bound exactly (no other interface). Beyond loopback it needs "
-        "--insecure and raft_password (config file or RAFTBROKER_RAFT_PASSWORD, the same on every node): "
-        "the Raft transport is then encrypted and authenticated"))] = None,
+        "raft_password (config file, --raft-password-file or RAFTBROKER_RAFT_PASSWORD, the same on every "
+        "node): the Raft transport is then encrypted and authenticated; and, without TLS and tokens, "
+        "--insecure"))] = None,
     raft_password_salt: Annotated[str | None, typer.Option(help=(
         "Salt of the Raft password's key derivation: random, the same on every node of the cluster "
         "(also raft_password_salt / RAFTBROKER_RAFT_PASSWORD_SALT; default derived from --cluster-id)"))] = None,
@@ -206,7 +207,12 @@ def dev_command(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    cluster.start()
+    try:
+        cluster.start()
+    except OSError as exc:  # the data directory cannot be made (a path under /proc, a file there already)
+        cluster.stop()
+        typer.echo(f"error: data directory {data_dir}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         try:
             cluster.wait_ready(ready_timeout_s)

@@ -13,7 +13,7 @@ from rich.console import Console
 from broker.cli import render
 from broker.cli.context import BootstrapOption, JsonFlag, connect, emit_json, state
 
-app = typer.Typer(help="Create, list, describe and drop topics.", no_args_is_help=True)
+app = typer.Typer(help="Create, list, describe, alter, clear and drop topics.", no_args_is_help=True)
 
 
 class Durability(enum.StrEnum):
