@@ -247,10 +247,13 @@ class GroupService:
         if len(tokens) > POSITIONS_MAX:
             raise InvalidArgument(f"at most {POSITIONS_MAX} positions per call, got {len(tokens)}")
         out: list[tuple[int, Position, int]] = []
+        names: dict[int, str] | None = None  # topic ids of the existing topics, read once per call if asked
         for i, raw in enumerate(tokens):
             token = records.PositionToken.decode(raw)
             if token.incarnation != rt.meta.topic_id:
-                other = next((t.config.name for t in self.state.topics() if t.topic_id == token.incarnation), None)
+                if names is None:
+                    names = {t.topic_id: t.config.name for t in self.state.topics()}
+                other = names.get(token.incarnation)
                 if other is not None:  # not an older incarnation of this topic: a mix-up of the caller's
                     raise InvalidArgument(f"position {i} is a record of topic {other!r}, not of {rt.meta.topic!r}")
                 continue
