@@ -127,17 +127,24 @@ def choose(mode: Allocator, argv: Sequence[str] | None = None,
 _GLOBAL_VALUE_OPTIONS = frozenset({"--bootstrap", "-b", "--timeout", "--retry-deadline", "--client-config"})
 
 
-def serve_mode(argv: Sequence[str], env: Mapping[str, str]) -> Allocator | None:
-    """The ``--allocator`` of a ``raftbroker serve`` command line (flag, else ``RAFTBROKER_ALLOCATOR``,
-    else auto); None for any other command or a value the CLI will refuse itself."""
+def command_of(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(the command of a ``raftbroker`` command line, the arguments after it); (None, []) without one."""
     args = list(argv[1:])
     i = 0
     while i < len(args) and args[i].startswith("-"):  # global options before the command
         i += 2 if args[i] in _GLOBAL_VALUE_OPTIONS else 1
-    if i >= len(args) or args[i] != "serve":
+    if i >= len(args):
+        return None, []
+    return args[i], args[i + 1:]
+
+
+def serve_mode(argv: Sequence[str], env: Mapping[str, str]) -> Allocator | None:
+    """The ``--allocator`` of a ``raftbroker serve`` command line (flag, else ``RAFTBROKER_ALLOCATOR``,
+    else auto); None for any other command or a value the CLI will refuse itself."""
+    command, rest = command_of(argv)
+    if command != "serve":
         return None
     value = env.get(ENV, Allocator.AUTO.value)
-    rest = args[i + 1:]
     for j, arg in enumerate(rest):
         if arg == "--allocator" and j + 1 < len(rest):
             value = rest[j + 1]
@@ -161,5 +168,5 @@ def exec_early(argv: Sequence[str] | None = None) -> None:
         return
 
 
-__all__ = ["ENV", "EXEC_MARK", "Allocator", "AllocatorError", "choose", "exec_early", "find_jemalloc",
+__all__ = ["ENV", "EXEC_MARK", "Allocator", "AllocatorError", "choose", "command_of", "exec_early", "find_jemalloc",
            "loaded_jemalloc", "plan", "serve_mode"]

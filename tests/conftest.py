@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.client import Client
 from broker.devcluster import DevCluster
 
 
@@ -85,6 +86,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: DevCluster) -> Iterator[Client]:
+    """An SDK client of the module's cluster that follows a failover for up to 30 s."""
+    cluster.wait_ready()
+    with Client(cluster.addresses, retry_deadline_s=30) as c:
+        yield c
 
 
 @pytest.fixture

@@ -47,6 +47,18 @@ def _channel(address: str, client_config: str | None) -> "grpc.Channel":
     return grpc.secure_channel(address, security.channel_credentials(), options=security.channel_options())
 
 
+def _wants_tls(address: str, exc: "grpc.Call") -> bool:
+    """Whether a failed plaintext check met a node that speaks TLS (it closes a plaintext
+    connection, which gRPC reports as UNAVAILABLE "Socket closed", as it would a node going down)."""
+    import grpc
+
+    if exc.code() != grpc.StatusCode.UNAVAILABLE or "socket closed" not in (exc.details() or "").lower():
+        return False
+    from broker.client.security import answers_tls  # only on this failure: the probe's success path stays lean
+
+    return answers_tls(address)
+
+
 def check(address: str, timeout_s: float, client_config: str | None = None) -> tuple[bool, str]:
     """(serving, description) of the node at ``address``; never raises for a server-side answer.
     ``client_config``: a client config file for a TLS node (raises ClientConfigError if unreadable)."""
@@ -59,6 +71,13 @@ def check(address: str, timeout_s: float, client_config: str | None = None) -> t
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except grpc.RpcError as exc:
             if isinstance(exc, grpc.Call):
+                if client_config is None and _wants_tls(address, exc):
+                    return False, (f"{address}: health check failed: the node expects TLS, and this probe connects "
+                                   f"without it: give it the cluster's client config (--client-config PATH or "
+                                   f"${CLIENT_CONFIG_ENV})")
+                if client_config is not None and "wrong_version_number" in (exc.details() or "").lower():
+                    return False, (f"{address}: health check failed: this probe connects with TLS (its client "
+                                   f"config), and the node answers without it: leave the client config out")
                 return False, f"{address}: health check failed: {exc.code().name}: {exc.details()}"
             return False, f"{address}: health check failed: {exc}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -92,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
 
+    from broker.cli.launch import grpc_verbosity
+
+    grpc_verbosity(["raftbroker-health"], os.environ)  # C core's own lines would come before ours: none
     parser = argparse.ArgumentParser(prog="raftbroker-health", description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("address", metavar="ADDR", help="gRPC address of the node, host:port")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S_DEFAULT, help="seconds the check may take")

@@ -22,7 +22,7 @@ from tests.conftest import start_cluster, wait_until
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
-FORMS = (("broker.cli.main", "health"), ("broker.cli.health",))  # `raftbroker health`, `raftbroker-health`
+FORMS = (("broker.cli.launch", "health"), ("broker.cli.health",))  # `raftbroker health`, `raftbroker-health`
 
 
 def health(address: str, form: tuple[str, ...] = FORMS[0]) -> subprocess.CompletedProcess[str]:
@@ -105,7 +105,7 @@ def _stop(proc: subprocess.Popen[str], pids: list[int]) -> None:
 
 def test_health_and_membership_hook_against_a_tls_token_cluster(tmp_path: Path) -> None:
     """The chart's probes against a secured node (what the pods, the hook Jobs and the helm test pod
-    run with the chart's client config): plaintext cannot reach a TLS port; the client config's CA
+    run with the chart's client config): plaintext cannot reach a TLS port, and says so; the client config's CA
     makes the probe SERVING, from ``--client-config`` or ``$RAFTBROKER_CLIENT_CONFIG``; an unreadable
     config is a usage error; the membership hook needs the config's admin token and then succeeds."""
     proc, pids, config, addresses = _start_secure_dev(tmp_path / "dev")
@@ -113,7 +113,9 @@ def test_health_and_membership_hook_against_a_tls_token_cluster(tmp_path: Path) 
         address = addresses[0]
         for form in FORMS:
             plain = health(address, form)
-            assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr, plain.stderr
+            assert plain.returncode == 1 and "the node expects TLS" in plain.stderr, plain.stderr
+            assert "--client-config PATH" in plain.stderr, plain.stderr
+            assert len(plain.stderr.splitlines()) == 1, plain.stderr  # gRPC's own log lines are not shown
             done = until_exit(address, (*form, "--client-config", str(config)), 0, "SERVING over TLS")
             assert "SERVING" in done.stdout, done.stderr
             env = subprocess.run([sys.executable, "-m", *form, "--timeout", "5", address], capture_output=True,
@@ -122,6 +124,15 @@ def test_health_and_membership_hook_against_a_tls_token_cluster(tmp_path: Path) 
             assert env.returncode == 0 and "SERVING" in env.stdout, env.stderr
             missing = health(address, (*form, "--client-config", str(tmp_path / "nope.toml")))
             assert missing.returncode == 2 and "nope.toml" in missing.stderr, missing.stderr
+
+        listed = subprocess.run([sys.executable, "-m", "broker.cli.launch", "--bootstrap", address,
+                                 "--retry-deadline", "10", "topic", "list"], capture_output=True, text=True,
+                                timeout=120, stdin=subprocess.DEVNULL,
+                                env={k: v for k, v in os.environ.items() if k != "RAFTBROKER_CLIENT_CONFIG"})
+        assert listed.returncode != 0 and "expect TLS" in listed.stderr, listed.stderr
+        assert len(listed.stderr.splitlines()) == 1, listed.stderr
+        # the node logs no line per plaintext connection (gRPC logs its handshake failures at INFO)
+        assert "Handshake failed" not in (tmp_path / "dev" / "n1.log").read_text()
 
         node = "n1"  # `raftbroker dev` names its nodes n1..nN
         hook = [sys.executable, str(MEMBERSHIP), "--bootstrap", address, "--wait-s", "60",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,13 +20,6 @@ from broker.devcluster import DevCluster
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def client(cluster: DevCluster) -> Iterator[Client]:
-    cluster.wait_ready()
-    with Client(cluster.addresses, retry_deadline_s=30) as c:
-        yield c
 
 
 def records(items: list[Record | Event]) -> list[Record]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from pydantic import BaseModel
 
@@ -18,7 +16,6 @@ from broker.client import (
     Retention,
     SchemaMismatchError,
 )
-from broker.devcluster import DevCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -36,12 +33,6 @@ class VideoV2(Video):
 class Renamed(BaseModel):
     url: str
     views: str
-
-
-@pytest.fixture(scope="module")
-def client(cluster: DevCluster) -> Iterator[Client]:
-    with Client(cluster.addresses) as c:
-        yield c
 
 
 def test_typed_topic_round_trip(client: Client) -> None:

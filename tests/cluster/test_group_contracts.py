@@ -12,7 +12,6 @@ cluster (SPEC §3.2, §5). Each test failed before its fix:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -24,13 +23,6 @@ from tests.cluster.stubs import refused, stubs
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def client(cluster: DevCluster) -> Iterator[Client]:
-    cluster.wait_ready()
-    with Client(cluster.addresses, retry_deadline_s=30) as c:
-        yield c
 
 
 def members(client: Client, topic: str, group: str) -> dict[str, tuple[int, ...]]:

@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import TypedDict
 
 import pytest
@@ -24,13 +23,6 @@ from tests.cluster.stubs import stubs
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def client(cluster: DevCluster) -> Iterator[Client]:
-    cluster.wait_ready()
-    with Client(cluster.addresses, retry_deadline_s=30) as c:
-        yield c
 
 
 def publish(client: Client, topic: str, n: int, key_count: int = 0) -> list[bytes]:

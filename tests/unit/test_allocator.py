@@ -81,3 +81,21 @@ def test_choose_executes_the_same_command_line_with_the_new_environment(monkeypa
 def test_the_serve_command_and_its_mode_are_read_before_the_cli_loads(
         argv: list[str], env: dict[str, str], mode: Allocator | None) -> None:
     assert serve_mode(argv, env) is mode
+
+
+def test_grpc_verbosity_is_error_for_a_node_none_for_other_commands_and_the_callers_own_is_kept() -> None:
+    from broker.cli.launch import QUIET_MARK, grpc_verbosity
+
+    node: dict[str, str] = {}
+    grpc_verbosity(["raftbroker", "--json", "serve", "--node-id", "a"], node)
+    assert node == {"GRPC_VERBOSITY": "ERROR"}
+    cli: dict[str, str] = {}
+    grpc_verbosity(["raftbroker", "--bootstrap", "serve", "topic", "list"], cli)  # "serve" is the option's value
+    assert cli == {"GRPC_VERBOSITY": "NONE", QUIET_MARK: "1"}
+    inherited = dict(cli)  # a node `raftbroker dev` started: our NONE is not the caller's choice
+    grpc_verbosity(["raftbroker", "serve"], inherited)
+    assert inherited == {"GRPC_VERBOSITY": "ERROR"}
+    for command in (["raftbroker", "serve"], ["raftbroker", "topic", "list"]):
+        chosen = {"GRPC_VERBOSITY": "DEBUG"}
+        grpc_verbosity(command, chosen)
+        assert chosen == {"GRPC_VERBOSITY": "DEBUG"}
