@@ -152,7 +152,7 @@ class Node:
                                  submitter=submitter, limits=limits, is_leader=is_leader, metrics=self.metrics,
                                  clock=self.clock, remote_security=route_security(config))
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
-                        response_bytes_max=self.response_bytes_max)
+                        response_bytes_max=self.response_bytes_max, leader_term=submitter.leader_term)
         self.streams = StreamRuntime(self.state, streams_max=config.max_streams)
         # 4. the servicers, with everything they delegate to, and 5. the server
         broker = BrokerServicer(self.topic_log, reader, self.metrics, self.streams, groups=self.groups.service,

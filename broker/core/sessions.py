@@ -27,7 +27,9 @@ is older than the topic's dedup window is forgotten, as an idempotency key is, s
 short-lived clients do not pile up. A client that comes back later gets ``SESSION_OUT_OF_SEQUENCE``
 for its next batch (nothing stored; the SDK opens a new session); a retry later than the window
 would be stored again, the same bound as for keys (the SDK's retry deadline is far below it).
-Per-record watermarks (8-byte values) and topics whose window is ``forever`` never expire.
+Per-record watermarks (8-byte values) and topics whose window is ``forever`` never expire, and the
+leader refuses a batch by range for a ``dedup_id`` that has one (:func:`check_form`): the two forms
+may follow each other on one ``dedup_id`` only from a session by range to per-record ids.
 """
 
 from __future__ import annotations
@@ -147,6 +149,19 @@ def expire(store: Store, batch: Batch, tid: int, now_ms: int, window_ms: int) ->
             batch.delete(Column.DEDUP, key)
             forgotten += 1
     return forgotten
+
+
+def check_form(store: Store, tid: int, dedup_id: str) -> None:
+    """Leader-side: refuse a batch by range for a ``dedup_id`` whose watermark per-record ids set.
+    Those are kept until reset; a batch by range would turn the value into a session's, which
+    :func:`expire` forgets after the dedup window, and every message at or below the watermark could
+    then be stored again (hot-standby publishers resending). Raises :class:`InvalidArgument`."""
+    raw = store.get(Column.DEDUP, dedup.watermark_key(tid, dedup_id))
+    if raw is not None and len(raw) == _MARK.size and _MARK.unpack(raw)[0] > 0:
+        raise InvalidArgument(
+            f"dedup_id {dedup_id!r} has per-record msg_ids (watermark {_MARK.unpack(raw)[0]}), kept until reset; "
+            f"a first_msg_id batch would make it a session that is forgotten after the dedup window: give each "
+            f"record its msg_id, or use another dedup_id")
 
 
 def check_batch(dedup_id: str, first: int, count: int) -> None:

@@ -80,6 +80,9 @@ class BrokerStateMachine:
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
         self._volatile = volatile if volatile is not None else MemoryStore()
         self._volatile_batch: Batch | None = None
+        # `memory` partitions whose records this process lost at its start: (topic id, partition) ->
+        # (first offset lost, offset the view starts at); local knowledge, never replicated
+        self._lost: dict[tuple[int, int], tuple[int, int]] = {}
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
         self._drop_listeners: list[Callable[[str], None]] = []
@@ -122,9 +125,12 @@ class BrokerStateMachine:
         batch = self._volatile.batch()
         batch.delete_range(Column.RECORDS, b"", b"\xff" * records.RECORD_KEY.size)
         self._volatile.write(batch)
+        self._lost = {}
         for key, st in partitions.items():
             if key[0] in self._volatile_ids:
                 partitions[key] = _view_from_end(st)
+                if st.start_offset < st.end_offset:
+                    self._lost[key] = (st.start_offset, st.end_offset)
 
     def _forget_volatile_records(self, commit: CacheChanges) -> None:
         """A replayed apply (see :meth:`journal_opened`): drop its writes to the volatile store and
@@ -136,6 +142,9 @@ class BrokerStateMachine:
         for key, st in commit.partitions.items():
             if key[0] in volatile:
                 commit.partitions[key] = _view_from_end(st)
+                first = self._lost.get(key, (st.start_offset, 0))[0]
+                if first < st.end_offset:
+                    self._lost[key] = (first, st.end_offset)
 
     def topic(self, name: str) -> internal_pb2.TopicMeta | None:
         """The applied metadata of ``name`` (treat as read-only)."""
@@ -154,6 +163,16 @@ class BrokerStateMachine:
 
     def partition(self, topic_id: int, partition: int) -> PartitionState:
         return self._partitions.get((topic_id, partition), PartitionState())
+
+    def lost_at_start(self, topic_id: int, partition: int) -> tuple[int, int] | None:
+        """``(first, view start)``: the offsets of a `memory` partition's records that this process
+        lost when it started (a restart, or a snapshot installed), while nothing has deleted past
+        them since; None otherwise. Readers asking for them are told (SKIP_FORWARD), never silently
+        started at the view."""
+        lost = self._lost.get((topic_id, partition))
+        if lost is None or self.partition(topic_id, partition).start_offset != lost[1]:
+            return None
+        return lost
 
     @property
     def store(self) -> Store:

@@ -56,6 +56,11 @@ class EphemeralHub:
         self._on_publish = on_publish
 
     @property
+    def term(self) -> int:
+        """The leadership the rings belong to (-1 before the first)."""
+        return self._term
+
+    @property
     def bytes_held(self) -> int:
         return self._bytes
 
@@ -85,10 +90,7 @@ class EphemeralHub:
         Timestamps are ``max(now_ms, the ring's newest)``: they never decrease within a leadership."""
         placements = []
         with self._lock:
-            if term != self._term:  # a new leadership: what an old one held is gone
-                self._term = term
-                self._rings.clear()
-                self._bytes = 0
+            self._enter_term(term)
             for partition, body in zip(partitions, bodies, strict=True):
                 ring = self._ring(topic_id, partition)
                 if len(ring.records) == ring.records.maxlen:
@@ -103,6 +105,19 @@ class EphemeralHub:
         self._on_publish()
         return placements
 
+    def enter_term(self, term: int) -> None:
+        """This node leads ``term``: a reader on a new leader, before its first publish, finds
+        the rings of this leadership (empty, numbered from ``term << 32``), not those of an earlier
+        one this node held (which resuming readers would find themselves "past the end" of)."""
+        with self._lock:
+            self._enter_term(term)
+
+    def _enter_term(self, term: int) -> None:
+        if term != self._term:  # a new leadership: what an old one held is gone
+            self._term = term
+            self._rings.clear()
+            self._bytes = 0
+
     def bounds(self, topic_id: int, partition: int) -> tuple[int, int, int, int]:
         """(start offset, end offset, records, bytes) held for one partition."""
         with self._lock:
@@ -110,7 +125,8 @@ class EphemeralHub:
             return ring.start_offset, ring.next_offset, len(ring.records), ring.bytes
 
     def read(self, topic_id: int, partition: int, offset: int, limit: int) -> list[EphemeralRecord]:
-        """Up to ``limit`` records from ``offset`` (the caller checks :meth:`bounds` for gaps)."""
+        """Up to ``limit`` records from ``offset``, or from the oldest record held when that is past
+        ``offset`` (records dropped since the caller's :meth:`bounds`: the caller compares offsets)."""
         with self._lock:
             ring = self._ring(topic_id, partition)
             if not ring.records or offset >= ring.next_offset:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from broker.core import record_log, records
-from broker.core.errors import DataLoss, InvalidArgument, TopicNotFound
+from broker.core.errors import DataLoss, FailedPrecondition, InvalidArgument, TopicNotFound
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader.ephemeral import EphemeralHub
@@ -133,18 +133,27 @@ class Reader:
     def __init__(self, state: BrokerStateMachine, hub: EphemeralHub | None = None,
                  require_leader: Callable[[], None] | None = None,
                  require_serving: Callable[[], None] | None = None,
-                 response_bytes_max: int = RESPONSE_BYTES_MAX) -> None:
+                 response_bytes_max: int = RESPONSE_BYTES_MAX,
+                 leader_term: Callable[[], int] | None = None) -> None:
         """``require_serving`` raises (e.g. Unavailable) when this node must not serve reads (its Raft
         halted: its state is stale); it is checked at subscribe and at every wake of a stream.
         ``require_leader`` raises (NotLeader, with the leader's address, or Unavailable) unless this
         node is a leader that has applied everything committed before its term: for ephemeral
-        topics, and before a position past this node's end is refused (:meth:`_past_the_end`)."""
+        topics, and before a position past this node's end is refused (:meth:`_past_the_end`).
+        ``leader_term`` does the same check and returns the term this node leads (ephemeral topics:
+        a new leader's rings)."""
         assert response_bytes_max > 0
         self._state = state
         self._response_bytes_max = response_bytes_max
         self._hub = hub if hub is not None else EphemeralHub(state.notify_change)
         self._require_leader = require_leader or (lambda: None)
         self._require_serving = require_serving or (lambda: None)
+        self._leader_term = leader_term or self._term_unknown
+
+    def _term_unknown(self) -> int:
+        """Without ``leader_term``: the leader check alone, and the hub keeps the term it has."""
+        self._require_leader()
+        return self._hub.term
 
     def subscribe(self, request: Subscription,
                   is_active: Callable[[], bool]) -> Iterator[internal_pb2.SubscribeResponse]:
@@ -169,7 +178,8 @@ class Reader:
         if request.group:
             raise InvalidArgument("consumer groups are not available in this version")
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
-            self._require_leader()  # only the leader holds an ephemeral topic's live records
+            # only the leader holds an ephemeral topic's live records, and only those of its own term
+            self._hub.enter_term(self._leader_term())
         cursors, first_events = self._start(request, meta)
         writer = (CompactWriter if request.compact else BatchWriter) if packed and record_filter is None else None
         return self._stream(request, meta, cursors, first_events, is_active, record_filter, writer)
@@ -186,6 +196,15 @@ class Reader:
         events: list[internal_pb2.SubscribeResponse] = []
         if kind == "token":
             token = records.PositionToken.decode(position.token)
+            if token.incarnation > tid:  # incarnations only grow: not an earlier one of this topic (on a
+                # node that may be behind, the re-create may not have reached it: the leader decides)
+                self._past_the_end(f"the position token is not of topic {meta.config.name!r} (its incarnation "
+                                   f"{token.incarnation} is newer than the topic's, {tid})")
+            if token.incarnation != tid and token.partition >= count:
+                raise FailedPrecondition(
+                    f"topic {meta.config.name!r} was re-created (incarnation {token.incarnation} -> {tid}) with "
+                    f"{count} partition(s): the position token's partition {token.partition} no longer exists; "
+                    "subscribe from a start position")
             if token.partition >= count or (request.partition is not None and token.partition != request.partition):
                 raise InvalidArgument(f"the position token is for partition {token.partition}, "
                                       "which this subscription does not read")
@@ -210,7 +229,8 @@ class Reader:
         return cursors, events
 
     def _past_the_end(self, what: str) -> NoReturn:
-        """Refuse a start position past this node's end of a partition. Only a leader that has applied
+        """Refuse a start position past what this node knows: a partition's end, or a topic's
+        incarnation (a token newer than the topic here). Only a leader that has applied
         everything committed before its term knows the partition's end; any other node may just be
         behind: a follower learns a commit after the leader, one restarted or newly elected applies
         the entries it holds after an election, and a client resuming after a failover brings a
@@ -235,7 +255,8 @@ class Reader:
         if kind is None or (kind == "start" and position.start != internal_pb2.START_POSITION_LATEST):
             if kind == "start" and position.start not in internal_pb2.StartPosition.values():
                 raise InvalidArgument(f"unknown start position {position.start}")
-            return start
+            lost = self._state.lost_at_start(tid, partition)
+            return start if lost is None else lost[0]  # from what this node lost: SKIP_FORWARD says so
         if kind == "start":
             return end
         if kind == "offset":
@@ -247,8 +268,13 @@ class Reader:
         assert kind == "timestamp_ms"
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             return self._hub.first_at_or_after(tid, partition, position.timestamp_ms)
-        return record_log.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
-                                          start, end)
+        found = record_log.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
+                                           start, end)
+        lost = self._state.lost_at_start(tid, partition)
+        if lost is not None and found == start and position.timestamp_ms <= self._state.partition(
+                tid, partition).last_timestamp_ms:
+            return lost[0]  # a lost record may be at or after the time (timestamps never decrease)
+        return found
 
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,
@@ -295,9 +321,15 @@ class Reader:
             end = min(end, cursor.end)
         if cursor.offset >= end:
             return
+        held = self._hub.read(tid, cursor.partition, cursor.offset, min(limit, end - cursor.offset))
+        held = [item for item in held if item.offset < end]
+        if held and held[0].offset > cursor.offset:  # the ring dropped records since bounds() above
+            yield _event(internal_pb2.EVENT_TYPE_GAP, name, tid, cursor.partition, cursor.offset, held[0].offset,
+                         "records were dropped: this reader fell behind the ephemeral buffer")
+            cursor.offset = held[0].offset
         response = internal_pb2.SubscribeResponse()
         size = 0
-        for item in self._hub.read(tid, cursor.partition, cursor.offset, min(limit, end - cursor.offset)):
+        for item in held:
             rec = response.batch.records.add()
             rec.MergeFromString(item.body)
             rec.topic, rec.partition = name, cursor.partition
@@ -317,8 +349,11 @@ class Reader:
         st = self._state.partition(tid, cursor.partition)
         p = cursor.partition
         if cursor.offset < st.start_offset:
+            lost = self._state.lost_at_start(tid, p)
             yield _event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, name, tid, p, cursor.offset, st.start_offset,
-                         "records before this position were pruned or expired")
+                         "records before this position were pruned or expired" if lost is None else
+                         "records before this position were lost when this node restarted (a memory topic "
+                         "keeps its records in each node's memory only)")
             cursor.offset = st.start_offset
         end = st.end_offset if cursor.end is None else min(st.end_offset, cursor.end)
         if cursor.offset >= end:

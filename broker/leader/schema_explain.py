@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from broker.core.errors import InvalidArgument, Unavailable
 from broker.leader.worker_pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class ExplainLimits:
     quiet_s: float = 10.0
     memory_bytes_max: int = 1 << 30
     start_timeout_s: float = 30.0
+    compile_cpu_max_s: float = 0.1  # a schema's compile, measured in the helper before a create
 
     def __post_init__(self) -> None:
         assert 0 < self.cpu_budget_s <= self.wall_budget_s <= 60, (self.cpu_budget_s, self.wall_budget_s)
@@ -57,7 +59,11 @@ class SchemaExplainer:
             if time.monotonic() < self._quiet_until:
                 return ("the value does not satisfy the topic's schema (the field at fault was not looked for: "
                         "a value shortly before took more than the search's budget)")
-        worker = self._pool.checkout(wait=False)
+        try:
+            worker = self._pool.checkout(wait=False)
+        except Unavailable:  # the helper did not start (killed on the way, no memory): refused plainly
+            return ("the value does not satisfy the topic's schema (the field at fault was not looked for: "
+                    "its helper process did not start)")
         if worker is None:
             return ("the value does not satisfy the topic's schema (the field at fault was not looked for: "
                     "another value's search is running)")
@@ -81,6 +87,37 @@ class SchemaExplainer:
         self._pool.checkin(worker)
         message: str | None = answer[1]
         return message or "the value does not satisfy the topic's schema"
+
+    def check_compile(self, schema_json: str) -> None:
+        """Compile ``schema_json`` in the helper first: InvalidArgument if it is refused, or if the
+        compile takes more than ``compile_cpu_max_s`` of CPU or the helper's memory. The broker
+        compiles it again for each leader's first publish, holding the GIL (jsonschema-rs does):
+        7,000 ``patternProperties`` of ``^\\w{N}$`` took 7-17 s and 3.6 GB, and every leader lost its
+        leadership in turn. Unavailable when the helper cannot be had."""
+        worker = self._pool.checkout()
+        assert worker is not None
+        budget_s = max(1.0, self.limits.compile_cpu_max_s)
+        try:
+            worker.conn.send((schema_json, None, budget_s))
+            if not worker.conn.poll(self.limits.wall_budget_s):
+                raise TimeoutError
+            kind, answer = worker.conn.recv()
+        except (EOFError, OSError, TimeoutError):
+            self._pool.discard(worker)
+            raise InvalidArgument(
+                f"schema: compiling it took more than {budget_s:g} s of CPU or {self.limits.memory_bytes_max >> 20} "
+                "MiB of memory (its patterns: fewer of them, or smaller repetitions such as \\w{N})") from None
+        except BaseException:
+            self._pool.discard(worker)
+            raise
+        self._pool.checkin(worker)
+        if kind == "refused":
+            raise InvalidArgument(str(answer))
+        if float(answer) > self.limits.compile_cpu_max_s:
+            raise InvalidArgument(
+                f"schema: compiling it took {float(answer):.2f} s of CPU, more than "
+                f"{self.limits.compile_cpu_max_s:g} s: each leader compiles it holding the broker's interpreter "
+                "lock; use fewer patterns, or smaller repetitions such as \\w{N}")
 
     def close(self) -> None:
         self._pool.close()

@@ -308,11 +308,24 @@ class SchemaCache:
         keys = []
         for i, value in enumerate(values):
             document = parse_json(i, value)
-            if compiled is not None and not compiled.validator.is_valid(document):
+            try:
+                valid = compiled is None or compiled.validator.is_valid(document)
+            except UnicodeEncodeError:  # the validator takes text as UTF-8, which a lone surrogate is not
+                raise InvalidArgument(f"record {i}: a string or member name holds a lone UTF-16 surrogate escape "
+                                      "(\\ud800-\\udfff unpaired), which the schema cannot check as text") from None
+            if not valid:
+                assert compiled is not None
                 raise InvalidArgument(f"record {i}: {self._explain(compiled, schema_json, value, document)}")
             if fields:
                 keys.append(unique_key(i, document, fields))
         return keys
+
+    def check_compile(self, schema_json: str) -> None:
+        """Before a topic is created with ``schema_json``: compile it in the helper process, where
+        its cost is measured and bounded (:meth:`SchemaExplainer.check_compile`), not here."""
+        if self._explainer is None:
+            self._explainer = schema_explain.shared()
+        self._explainer.check_compile(schema_json)
 
     def _explain(self, compiled: CompiledSchema, schema_json: str, value: bytes, document: Any) -> str:
         if not compiled.recursive:  # bounded by the schema's size times the value's

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from broker.clock import Clock
-from broker.core import dedup, records
+from broker.core import dedup, records, sessions
 from broker.core.applied import Appended, Rejected
 from broker.core.errors import InvalidArgument, TopicNotFound
 from broker.core.groups.config import validate_group_name
@@ -165,14 +165,14 @@ class TopicLog:
     # -- admin -------------------------------------------------------------------------------
     def create_topic(self, config: internal_pb2.TopicConfig) -> TopicView:
         config = normalized_config(config)
-        if config.schema_json:
-            schemas.compile_schema(config.schema_json)
         schemas.validate_dedup_fields(list(config.dedup_fields))
         if (config.schema_json or config.dedup_fields) and config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             raise InvalidArgument("ephemeral topics take neither a schema nor dedup fields")
         if self._state.topic(config.name) is None:  # else: the create is refused as it exists
             check_topic_count(self._state, self._limits.topics_max, f"topic {config.name!r}")
             memory_topics.check_config(self._state, config, self._limits.memory_topics_bytes_max)
+            if config.schema_json:  # last: the one check that costs (in a helper process, bounded)
+                self._schemas.check_compile(config.schema_json)
         cmd = internal_pb2.Command(create_topic=internal_pb2.CreateTopicCommand(
             config=config, now_ms=self._clock.now_ms()))
         result = self._submitter.submit(cmd, sync=config.durability == internal_pb2.DURABILITY_FSYNC)
@@ -282,6 +282,8 @@ class TopicLog:
         append.partitions.extend(placed)
         publish_ids.check_into(request, append)
         config = meta.config
+        if append.first_msg_id and config.durability != internal_pb2.DURABILITY_EPHEMERAL:
+            sessions.check_form(self._state.store, meta.topic_id, append.dedup_id)
         if config.schema_json or config.dedup_fields:
             append.unique_keys.extend(self._schemas.check_documents(
                 meta.topic_id, config.schema_json, config.dedup_fields, request.record_values()))

@@ -40,10 +40,13 @@ class Worker:
             [sys.executable, "-m", module, str(child.fileno()), str(memory_bytes)],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
         child.close()
-        if not self.conn.poll(start_timeout_s):
+        try:
+            if not self.conn.poll(start_timeout_s):
+                raise TimeoutError
+            self.conn.recv()  # ("ready",)
+        except (EOFError, OSError, TimeoutError):  # it did not answer, or died on the way (killed)
             self.kill()
-            raise Unavailable(f"the helper process {module} did not start")
-        self.conn.recv()  # ("ready",)
+            raise Unavailable(f"the helper process {module} did not start") from None
 
     def kill(self) -> None:
         self.process.kill()

@@ -98,6 +98,33 @@ def test_bad_session_numbers_are_invalid_argument_and_change_nothing(
         s.close()
 
 
+def test_a_batch_by_range_is_refused_for_a_dedup_id_with_per_record_ids(cluster: DevCluster) -> None:
+    """Per-record watermarks are kept until reset; a first_msg_id batch would have turned one into a
+    session forgotten after the dedup window, and a hot standby resending ids 1..2 then stored them
+    twice. From a session by range to per-record ids is allowed (the watermark is then kept)."""
+    with Client(cluster.addresses) as client:
+        client.create_topic("sessions-forms", 1)
+    s = leader_stubs(cluster)
+    try:
+        def per_record(dedup_id: str, ids: list[int]) -> broker_pb2.PublishResponse:
+            return s.broker.Publish(broker_pb2.PublishRequest(topic="sessions-forms", dedup_id=dedup_id, records=[
+                broker_pb2.PublishRecord(value=b"v%d" % i, msg_id=i) for i in ids]))
+
+        per_record("standby", [1, 2])
+        with pytest.raises(grpc.RpcError) as info:
+            s.broker.Publish(request("sessions-forms", 3, [b"v3"], dedup_id="standby"))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "has per-record msg_ids (watermark 2)" in info.value.details()
+        assert ends(s, "sessions-forms") == [2] and marks(s, "sessions-forms") == {"standby": 2}
+        s.broker.Publish(request("sessions-forms", 1, [b"r1"], dedup_id="ranged"))
+        assert not per_record("ranged", [2]).results[0].duplicate
+        with pytest.raises(grpc.RpcError):
+            s.broker.Publish(request("sessions-forms", 3, [b"r3"], dedup_id="ranged"))
+        assert ends(s, "sessions-forms") == [4] and marks(s, "sessions-forms") == {"standby": 2, "ranged": 2}
+    finally:
+        s.close()
+
+
 def test_a_gap_is_refused_as_out_of_sequence(cluster: DevCluster) -> None:
     with Client(cluster.addresses) as client:
         client.create_topic("sessions-gap", 1)

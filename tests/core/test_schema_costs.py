@@ -17,6 +17,7 @@ import pytest
 from broker.core import errors
 from broker.leader import schemas
 from broker.leader.schema_explain import ExplainLimits, SchemaExplainer
+from broker.leader.worker_pool import WorkerPool
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -134,3 +135,28 @@ def test_a_stored_schema_this_version_refuses_fails_the_publish_precondition() -
     legacy = json.dumps({"type": "string", "pattern": "(?=a)a"})  # accepted by versions before this one
     with pytest.raises(errors.FailedPrecondition, match="re-created with a schema that is accepted"):
         cache.check_documents(3, legacy, [], [b'"a"'])
+
+
+def test_a_helper_that_dies_while_starting_leaves_a_plain_refusal() -> None:
+    """A helper killed between its start and its "ready" (EOFError on the pipe) made the refused
+    publish an INTERNAL error; now the pool says Unavailable and the explainer answers plainly."""
+    pool = WorkerPool("broker.no_such_helper_module", workers_max=1, memory_bytes=256 << 20, start_timeout_s=10)
+    with pytest.raises(errors.Unavailable, match="did not start"):
+        pool.checkout()
+    explainer = SchemaExplainer()
+    explainer._pool = pool  # noqa: SLF001 - a helper that cannot start
+    said = explainer.explain('{"type": "object"}', b"1")
+    assert "its helper process did not start" in said, said
+
+
+def test_a_schema_that_is_costly_to_compile_is_refused_in_the_helper() -> None:
+    """7,000 patternProperties of ^\\w{N}$ (251 KB, under every size limit) took 7-17 s and 3.6 GB to
+    compile, holding the GIL: each leader lost its leadership in turn. The compile is measured in the
+    helper first, and one past the CPU budget (or the helper's limits) is refused."""
+    cache = schemas.SchemaCache(SchemaExplainer(ExplainLimits(compile_cpu_max_s=0.05)))
+    costly = json.dumps({"type": "object", "patternProperties": {f"^\\w{{{i}}}$": {} for i in range(1, 1200)}})
+    with pytest.raises(errors.InvalidArgument, match=r"schema: compiling it took (more than|\d)"):
+        cache.check_compile(costly)
+    cache.check_compile(json.dumps({"type": "object", "properties": {"url": {"type": "string", "pattern": "^h"}}}))
+    with pytest.raises(errors.InvalidArgument, match="lookaround"):
+        cache.check_compile(json.dumps({"type": "string", "pattern": "(?=a)"}))
