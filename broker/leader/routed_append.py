@@ -71,9 +71,12 @@ class TrustedAppender:
         config = meta.config
         append.unique_keys.extend(self._schemas.check_documents(meta.topic_id, config.schema_json, config.dedup_fields,
                                                                 (b.value for b in bodies)))
-        memory_topics.check_append(self._state, meta, total, self._limits.memory_topics_bytes_max)
+        release = memory_topics.check_append(self._state, meta, total, self._limits.memory_topics_bytes_max)
         append.now_ms = self._clock.now_ms()
-        result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
+        try:
+            result = self._submitter.submit(cmd, sync=meta.config.durability == internal_pb2.DURABILITY_FSYNC)
+        finally:
+            release()
         if isinstance(result, Rejected):
             raise result.error
         assert isinstance(result, Appended) and len(result) == len(copies)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -89,6 +90,10 @@ def _check_fits(config: internal_pb2.TopicConfig, bodies: list[bytes], suffix_by
                               f"max_bytes={cap}: it could never be kept (raise max_bytes or send smaller records)")
 
 
+def _held_nothing() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class PreparedPublish:
     """A checked publish, ready to submit (:meth:`TopicLog.prepare_publish`)."""
@@ -100,6 +105,7 @@ class PreparedPublish:
     count: int  # records in the batch
     partitions: list[int]  # each record's partition, as in ``command``
     lengths: list[int] | None = None  # each of ``bodies``' length, when the checks measured them
+    release: Callable[[], None] = _held_nothing  # gives back what the publish holds of the memory budget
 
     @property
     def ephemeral(self) -> bool:  # published by the leader's hub, without Raft
@@ -238,10 +244,13 @@ class TopicLog:
         ``services/packed.py`` takes no packed record with a field beyond key, value and op)."""
         prepared = self.prepare_publish(request, producer)
         result: object
-        if prepared.ephemeral:
-            result = self._publish_ephemeral(prepared)
-        else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
-            result = self._submitter.submit(prepared.data(), sync=prepared.sync)
+        try:
+            if prepared.ephemeral:
+                result = self._publish_ephemeral(prepared)
+            else:  # `fsync` topics: acknowledged once a majority has the entry on stable storage
+                result = self._submitter.submit(prepared.data(), sync=prepared.sync)
+        finally:
+            prepared.release()
         return self.finish_publish(prepared, result)
 
     async def publish_placed_async(self, request: PublishBatch, producer: str = "",
@@ -258,11 +267,14 @@ class TopicLog:
             prepared = self.prepare_publish(request, producer)
             leader_checked = True  # in this step of the loop: the prepare's leader check still holds
         result: object
-        if prepared.ephemeral:
-            result = self._publish_ephemeral(prepared)
-        else:
-            result = await self._submitter.submit_async(prepared.data(), sync=prepared.sync,
-                                                        leader_checked=leader_checked)
+        try:
+            if prepared.ephemeral:
+                result = self._publish_ephemeral(prepared)
+            else:
+                result = await self._submitter.submit_async(prepared.data(), sync=prepared.sync,
+                                                            leader_checked=leader_checked)
+        finally:
+            prepared.release()
         return self.finish_publish(prepared, result)
 
     def checks_documents(self, topic: str) -> bool:
@@ -290,11 +302,15 @@ class TopicLog:
         bodies, suffix, lengths = self._bodies(request, producer)
         if config.retention.HasField("max_bytes") and config.retention.max_bytes < self._limits.record_bytes_max:
             _check_fits(config, bodies, len(suffix), lengths)
+        release = _held_nothing
         if config.durability == internal_pb2.DURABILITY_MEMORY:
             size = sum(lengths) + len(suffix) * len(lengths) if lengths is not None else sum(map(len, bodies))
-            memory_topics.check_append(self._state, meta, size, self._limits.memory_topics_bytes_max)
+            release = memory_topics.check_append(self._state, meta, size, self._limits.memory_topics_bytes_max)
         append.now_ms = self._clock.now_ms()
-        return PreparedPublish(meta, cmd, bodies, suffix, request.count, placed, lengths)
+        prepared = PreparedPublish(meta, cmd, bodies, suffix, request.count, placed, lengths, release)
+        if release is not _held_nothing:  # also when a caller drops it unanswered (a cancelled call)
+            weakref.finalize(prepared, release)
+        return prepared
 
     def finish_publish(self, prepared: PreparedPublish, result: object) -> Published:
         """The answer to a prepared publish once submitted: its placements, or the rejection it met."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -92,3 +93,36 @@ def test_memory_topics_are_bounded_on_every_node(leader: tuple[DevCluster, Stubs
     s.admin.ClearTopic(admin_pb2.ClearTopicRequest(name="open"), timeout=30)
     publish(s, "open")  # the room is back
     wait_converged(cluster)
+
+
+def counted(s: Stubs) -> int:
+    """What the memory topics hold or reserve, as the budget counts them."""
+    total = 0
+    for topic in s.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=30).topics:
+        if topic.config.durability != common_pb2.DURABILITY_MEMORY:
+            continue
+        cap = topic.config.retention.max_bytes if topic.config.retention.HasField("max_bytes") else None
+        total += sum(cap if cap is not None else p.bytes for p in topic.partitions)
+    return total
+
+
+def test_publishes_in_flight_together_do_not_pass_the_budget(leader: tuple[DevCluster, Stubs]) -> None:
+    """Each publish was checked against the applied counters alone, so concurrent ones all passed
+    the check before any was applied: 16 batches of 90 KB went into a 100 KB budget."""
+    _, s = leader
+    create(s, "burst", common_pb2.DURABILITY_MEMORY)
+    room = BUDGET - counted(s)
+    n = room // 100_000 + 12  # more than the room, all at once
+
+    def attempt(_: int) -> grpc.StatusCode:
+        try:
+            publish(s, "burst")
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    with ThreadPoolExecutor(n) as pool:
+        codes = list(pool.map(attempt, range(n)))
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+    assert counted(s) <= BUDGET, (counted(s), codes.count(grpc.StatusCode.OK))
