@@ -23,6 +23,12 @@ directory)::
   directory that already is this node's is unaffected, so the setting may stay on.
 - A file that cannot be read or parsed: :class:`DataDirIdentityDamaged` (exit 3, as for other
   damaged data), naming the file.
+
+Adopting also leaves ``<data_dir>/restoring`` (:data:`RESTORING_FILE`): the copy's Raft snapshot
+and journal still name the old cluster's members, who are not there, and a node that counted them
+would never have a majority. While the file is there a node started alone takes itself as the only
+member, whatever that history says (``broker.replication.raft_node``), until its first snapshot
+holds the new configuration; then the file is removed (:func:`restored`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 IDENTITY_FILE = "identity.json"
+RESTORING_FILE = "restoring"
 IDENTITY_FORMAT = 1
 _PROBE = ".raftbroker-write-probe"
 
@@ -140,6 +147,7 @@ def claim(data_dir: Path, me: Identity, *, adopt: bool, alone: bool) -> None:
     if adopt and alone:
         log.warning("data directory %s: adopted as %s; it was %s (--adopt-data-dir: a restored copy)",
                     data_dir, me, recorded)
+        _write_synced(data_dir, data_dir / RESTORING_FILE, b"")  # the history's end: at the first start
         write_identity(data_dir, me)
         return
     if adopt:
@@ -155,3 +163,52 @@ def claim(data_dir: Path, me: Identity, *, adopt: bool, alone: bool) -> None:
         "another member's Raft log and vote could lose acknowledged records. Point --data-dir at this node's own "
         "directory (or an empty one: it is caught up from the leader); to restore a copy as a new cluster, "
         "start it alone with --adopt-data-dir (docs/deploy.md, 'Back up and restore')." + renamed)
+
+
+def restoring(data_dir: Path) -> bool:
+    """Whether ``data_dir`` is a copy adopted alone whose first snapshot as such is not taken yet."""
+    return (data_dir / RESTORING_FILE).exists()
+
+
+def restore_history_end(data_dir: Path, journal_last_index: int) -> int:
+    """The last Raft index of the copy's own history: recorded at the first start after adopting
+    (``journal_last_index`` then), read back at a later one (what was appended since is the new
+    cluster's, its membership changes included)."""
+    path = data_dir / RESTORING_FILE
+    try:
+        recorded = path.read_text().strip()
+    except OSError:
+        recorded = ""
+    if recorded.isdigit():
+        return int(recorded)
+    _write_synced(data_dir, path, f"{journal_last_index}\n".encode())
+    return journal_last_index
+
+
+def restored(data_dir: Path) -> None:
+    """The adopted copy's own snapshot is taken: its history counts again (see the module)."""
+    try:
+        (data_dir / RESTORING_FILE).unlink(missing_ok=True)
+        _fsync_dir(data_dir)
+    except OSError as exc:
+        log.warning("data directory %s: cannot remove %s (%s); it is tried again at the next start",
+                    data_dir, RESTORING_FILE, exc.strerror or exc)
+
+
+def _fsync_dir(data_dir: Path) -> None:
+    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(data_dir: Path, path: Path, content: bytes) -> None:
+    try:
+        with path.open("wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(data_dir)
+    except OSError as exc:
+        raise DataDirUnusable(f"data directory {data_dir}: cannot write {path.name} ({exc.strerror or exc})") from None

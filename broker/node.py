@@ -10,6 +10,7 @@ is the reverse; a SIGTERM or SIGINT stops the node gracefully (streams are given
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import signal
@@ -38,7 +39,7 @@ from broker.leader.topic_log import Limits, TopicLog
 from broker.node_groups import NodeGroups
 from broker.node_routes import NodeRoutes
 from broker.replication import Role
-from broker.replication.raft import PysyncobjReplicator, RaftOptions, simulate_power_loss_from_env
+from broker.replication.raft import PysyncobjReplicator, RaftOptions, Restore, simulate_power_loss_from_env
 from broker.security.node import route_security, server_security
 from broker.services.admin_service import AdminServicer
 from broker.services.binding import METRICS, check_free
@@ -113,8 +114,12 @@ class Node:
             log.warning("raft_password_salt is not set: the Raft password's salt is derived from cluster_id; "
                         "set a random one (the same on every node)")
         options = raft_options(config)
+        restore = None
+        if not config.peers and data_dir.restoring(config.data_dir):  # an adopted copy (broker/data_dir.py)
+            restore = Restore(functools.partial(data_dir.restore_history_end, config.data_dir),
+                              functools.partial(data_dir.restored, config.data_dir))
         self.replicator = PysyncobjReplicator(config.raft_address, [p.raft_address for p in config.peers],
-                                              config.data_dir / "raft", self.state, options)
+                                              config.data_dir / "raft", self.state, options, restore)
         # 3. the leader services (and the metrics they report to)
         self.metrics = NodeMetrics()
         self.state.add_drop_listener(self.metrics.forget_topic)  # no series of dropped topics stay

@@ -38,12 +38,12 @@ from broker.replication import (
     command_size,
 )
 from broker.replication.journal import CACHE_BYTES_DEFAULT, DIRECT_WRITE_MIN_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT
-from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, _RaftNode, command_needs_sync
+from broker.replication.raft_node import _APPLY_METHOD, _SYNCED_APPLY_METHOD, Restore, _RaftNode, command_needs_sync
 from broker.replication.snapshot import PackState, SnapshotCodec
 from broker.replication.stats import LeadershipTracker, RaftCounters, RaftStats
 from broker.replication.transport import HandshakeLimits, salted_password, set_message_compression
 
-__all__ = ["PysyncobjReplicator", "RaftOptions", "command_needs_sync", "map_fail_reason", "_APPLY_METHOD",
+__all__ = ["PysyncobjReplicator", "RaftOptions", "Restore", "command_needs_sync", "map_fail_reason", "_APPLY_METHOD",
            "_SYNCED_APPLY_METHOD", "_RaftNode"]
 
 logger = logging.getLogger(__name__)
@@ -262,7 +262,10 @@ class PysyncobjReplicator:
         data_dir: Path,
         state_machine: StateMachine,
         options: RaftOptions | None = None,
+        restore: Restore | None = None,
     ) -> None:
+        """``restore``: this node is a copy of another cluster's member started alone (see
+        :class:`~broker.replication.raft_node.Restore`)."""
         for address in [self_address, *peer_addresses]:
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
@@ -272,6 +275,7 @@ class PysyncobjReplicator:
         self._data_dir = Path(data_dir)
         self._state_machine = state_machine
         self._options = options or RaftOptions()
+        self._restore = restore
         self._node: _RaftNode | None = None
         self._closed = False
         self._lock = threading.Lock()  # guards _pending and _pending_bytes
@@ -322,7 +326,8 @@ class PysyncobjReplicator:
                          idle_poll_max_s=options.idle_poll_max_s,
                          journal_segment_bytes=options.journal_segment_bytes,
                          journal_cache_bytes=options.journal_cache_bytes,
-                         journal_direct_write_min_bytes=options.journal_direct_write_min_bytes)
+                         journal_direct_write_min_bytes=options.journal_direct_write_min_bytes,
+                         restore=self._restore)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))

@@ -23,6 +23,7 @@ import queue
 import struct
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,19 @@ def keep_entries_after_snapshot(log: Journal, before: tuple[Any, ...], last: tup
     return True
 
 
+@dataclass(frozen=True)
+class Restore:
+    """A copy of another cluster's member, started alone as a new cluster (``broker.data_dir``:
+    adopted). Its snapshot and journal name the old members, who are not there: counted, they would
+    leave it without a majority for good. So the history's membership is not counted:
+    ``history_end(journal's last index)`` gives the last index of that history (recorded at the first
+    such start), and ``done()`` is called once a snapshot of this node's own holds the new
+    configuration (the history's entries are then compacted away)."""
+
+    history_end: Callable[[int], int]
+    done: Callable[[], None]
+
+
 class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncObj):
     """The SyncObj: two replicated methods (plain and synced), no forwarding to the leader, PreVote,
     our journal with its send gate, refuses stale snapshots, halts on a failed restore."""
@@ -200,10 +214,14 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                  handshake_limits: HandshakeLimits | None = None, commit_notice_delay_s: float = 0.0,
                  idle_poll_max_s: float = 0.0, journal_segment_bytes: int = SEGMENT_BYTES_DEFAULT,
                  journal_cache_bytes: int = CACHE_BYTES_DEFAULT,
-                 journal_direct_write_min_bytes: int = DIRECT_WRITE_MIN_BYTES_DEFAULT) -> None:
+                 journal_direct_write_min_bytes: int = DIRECT_WRITE_MIN_BYTES_DEFAULT,
+                 restore: Restore | None = None) -> None:
         # Set before SyncObj.__init__: its tick thread may apply entries at once, and its transport
         # (GuardedTransport) reads handshake_limits when it is built.
         self.handshake_limits = handshake_limits or HandshakeLimits()
+        self._restore = restore  # a restored copy's first start(s): see Restore
+        self._history_end = 0  # with _restore: the copy's last index; membership up to it is not counted
+        self._restore_compaction_asked = False
         self._state_machine = state_machine
         self._compaction_max_log_bytes = compaction_max_log_bytes
         self._compaction_bytes_trigger = compaction_max_log_bytes
@@ -247,6 +265,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                 fsync_latency=self.counters.fsync, cache_bytes=journal_cache_bytes,
                 direct_write_min_bytes=journal_direct_write_min_bytes)
             last_index = journal[-1][1] if len(journal) else 0
+            if self._restore is not None:
+                self._history_end = self._restore.history_end(last_index)
             _discard_state_ahead_of_log(state_machine, last_index, dump_file)
             state_machine.journal_opened(last_index)
             return journal
@@ -444,11 +464,30 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
             self._poller.poll(0)
         self._advance_transfer()
         super()._onTick(timeToWait)
+        if self._restore is not None:
+            self._advance_restore()
         notice_at = self._commit_notice_at
         if notice_at is not None and pysyncobj_monotonic() >= notice_at:
             self._commit_notice_at = None
             if self._SyncObj__raftState == _LEADER_STATE:
                 self._SyncObj__sendAppendEntries()
+
+    def _advance_restore(self) -> None:
+        """A restored copy, leading alone: once it has applied past the copy's history, take a
+        snapshot (it holds the new configuration and drops the history's entries); once that is
+        written, the restore is done."""
+        serialized = self._SyncObj__lastSerializedEntry
+        if self._restore_compaction_asked and serialized is not None and serialized >= self._history_end:
+            restore, self._restore = self._restore, None
+            assert restore is not None
+            logger.info("restored copy: a snapshot at index %d holds this node's own configuration; its old "
+                        "members are gone for good", serialized)
+            restore.done()
+            return
+        if not self._restore_compaction_asked and self._SyncObj__raftState == _LEADER_STATE \
+                and self.raftLastApplied > self._history_end:
+            self._restore_compaction_asked = True
+            self.forceLogCompaction()
 
     def _replay_log_configuration(self) -> None:
         """Raft uses the latest configuration in its log, committed or not. pysyncobj changes its
@@ -461,6 +500,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         if not len(log):
             return
         start = max(self.raftLastApplied + 1, log[0][1])
+        if self._restore is not None:  # a restored copy: the history's changes name the old members
+            start = max(start, self._history_end + 1)
         journal = self.journal
         if journal is None:
             commands = [command for command, _index, _term in self._SyncObj__getEntries(start)]
@@ -493,6 +534,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         if not clearJournal:  # this node's own snapshot, at start (an installed one replaces the log)
             self._keep_entries_after_snapshot()
         super()._SyncObj__loadDumpFile(clearJournal)
+        if self._restore is not None and not clearJournal:  # a restored copy: its old members are not here
+            self._SyncObj__updateClusterConfiguration([])
         self._replay_log_configuration()  # the snapshot's configuration, then the log's changes
         # Restoring a large snapshot can outlast the election timeout that the leader's message
         # just reset; count the leader as heard from now, or this follower would depose it.
@@ -536,6 +579,9 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
         ours = entry_command(command, self._apply_method_ids)
         if ours is not None:
             return self._apply(ours)
+        if self._restore is not None and self.raftLastApplied < self._history_end and \
+                self._SyncObj__parseChangeClusterRequest(command) is not None:
+            return None  # a restored copy: a membership change of the old cluster (see Restore)
         return super()._SyncObj__doApplyCommand(command)
 
     def _apply(self, command: bytes | memoryview) -> object:

@@ -1,12 +1,15 @@
-"""Backup and restore (docs/deploy.md, "Back up and restore"), followed step by step against a real
-cluster: a caught-up follower is stopped gracefully (the other two keep serving), its data
-directory is copied, and it is started again; the copy is restored into a fresh single node (new
-id, new addresses, no peers, adopting the copy: without --adopt-data-dir the start is refused, the
-copy being recorded as the follower's), which becomes its own leader and serves exactly the records that
-were acknowledged before the backup, in every partition, and accepts new writes."""
+"""Backup and restore (docs/deploy.md, "Back up and restore"), followed step by step against a real cluster
+whose follower's copy holds a Raft snapshot and a membership change (both name the old members: a
+restore that counted them never had a majority): a caught-up follower is stopped gracefully (the other
+two keep serving), its data directory is copied, and it is started again; the copy is restored into a
+fresh single node (new id, new addresses, no peers, adopting the copy: without --adopt-data-dir the
+start is refused, the copy being recorded as the follower's), which becomes its own leader and serves
+exactly the records that were acknowledged before the backup, in every partition, and accepts new
+writes."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -16,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client, Record
-from broker.devcluster import METRICS_PORT_OFFSET, RAFT_PORT_OFFSET, free_base_port
-from tests.conftest import start_cluster, wait_until
+from broker.data_dir import RESTORING_FILE
+from broker.devcluster import METRICS_PORT_OFFSET, RAFT_PORT_OFFSET, DevCluster, free_base_port
+from broker.replication.raft import DUMP_FILE_NAME
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -31,9 +36,14 @@ def contents(client: Client) -> dict[str, list[tuple[int, int, bytes]]]:
 
 
 def test_backup_of_a_follower_restores_into_a_single_node(tmp_path: Path) -> None:
-    cluster = start_cluster(tmp_path / "cluster")
+    # snapshots every 30 entries: a copy of a long-running node holds one, which names the old
+    # members (a restore that counted them never had a majority)
+    cluster = DevCluster(3, tmp_path / "cluster", env={**os.environ, "RAFTBROKER_RAFT_COMPACTION_MIN_ENTRIES": "30",
+                                                       "RAFTBROKER_RAFT_COMPACTION_MIN_TIME_S": "2"})
     restored: subprocess.Popen[bytes] | None = None
     try:
+        cluster.start()
+        cluster.wait_ready(60)
         with Client(cluster.addresses) as client:
             for topic, partitions in TOPICS.items():
                 client.create_topic(topic, partitions=partitions)
@@ -41,6 +51,9 @@ def test_backup_of_a_follower_restores_into_a_single_node(tmp_path: Path) -> Non
                     client.publish(topic, f"{topic}-{k}".encode(), key=f"k{k}")
             before = contents(client)
             assert sum(len(v) for v in before.values()) == len(TOPICS) * RECORDS_PER_TOPIC
+            # and a membership change in its history: a fourth member
+            fourth = cluster.add_node()
+            client.add_node(cluster.node_id(fourth), cluster.raft_address(fourth), cluster.grpc_address(fourth))
 
             # 1. a follower that has applied everything the leader committed
             status = client.cluster_status()
@@ -57,6 +70,7 @@ def test_backup_of_a_follower_restores_into_a_single_node(tmp_path: Path) -> Non
             cluster.kill(follower, signal.SIGTERM)
             backup = tmp_path / "backup"
             shutil.copytree(cluster.node_data_dir(follower), backup)
+            assert (backup / "raft" / DUMP_FILE_NAME).exists(), "the copy holds a snapshot"
             cluster.spawn(follower)
             client.publish("audit", b"after the backup")  # not in the backup
 
@@ -84,6 +98,16 @@ def test_backup_of_a_follower_restores_into_a_single_node(tmp_path: Path) -> Non
             one.publish("audit", b"new on the restored node")
             assert [r.value for r in one.subscribe("audit", stop_at_end=True)
                     if isinstance(r, Record)][-1] == b"new on the restored node"
+            # its own snapshot now holds the new configuration: a restart needs no more forgetting
+            wait_until(lambda: not (data / RESTORING_FILE).exists(), 60, "the restore's snapshot was taken")
+        restored.send_signal(signal.SIGTERM)
+        restored.wait(60)
+        restored = subprocess.Popen([*serve, "--adopt-data-dir"], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        with Client(grpc_address, retry_deadline_s=60) as one:
+            wait_until(lambda: one.cluster_status().leader_id == "restored", 120, "the restarted node leads itself")
+            one.publish("audit", b"after its restart")
+            assert [n.id for n in one.cluster_status().nodes] == ["restored"]  # no member of the old cluster
     finally:
         if restored is not None:
             restored.kill()

@@ -15,7 +15,10 @@ from broker.data_dir import (
     Identity,
     claim,
     read_identity,
+    restore_history_end,
+    restoring,
 )
+from broker.data_dir import restored as restored_copy
 
 pytestmark = pytest.mark.unit
 
@@ -66,6 +69,14 @@ def test_adopting_a_copy_is_for_a_node_started_alone(tmp_path: Path, caplog: pyt
     assert read_identity(tmp_path) == restored
     assert "adopted as node 'r1' of cluster 'restored'; it was node 'n1' of cluster 'prod'" in caplog.text
     claim(tmp_path, restored, adopt=False, alone=False)  # from now on it is the restored node's
+    # the copy's Raft history is not counted until the restored node's own snapshot (broker/data_dir.py)
+    assert restoring(tmp_path)
+    assert restore_history_end(tmp_path, 812) == 812  # the first start records where the history ends
+    assert restore_history_end(tmp_path, 900) == 812  # a later start keeps it: 813.. are the new cluster's
+    restored_copy(tmp_path)
+    assert not restoring(tmp_path)
+    claim(tmp_path, restored, adopt=True, alone=True)  # its own directory: nothing to adopt again
+    assert not restoring(tmp_path)
 
 
 @pytest.mark.parametrize("content", [
