@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import grpc
 
@@ -48,10 +48,10 @@ class ServerSecurity:
 
     credentials: grpc.ServerCredentials | None
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
-    peer_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel
+    peer_channel: Callable[..., grpc.Channel] = grpc.insecure_channel
 
 
-def _peer_channel(config: NodeConfig) -> Callable[[str], grpc.Channel]:
+def _peer_channel(config: NodeConfig) -> Callable[..., grpc.Channel]:
     ca_file = config.tls_ca_file or config.tls_client_ca_file
     root = Path(ca_file).read_bytes() if ca_file else None  # None: the system's trusted CAs
     key = cert = None
@@ -59,7 +59,10 @@ def _peer_channel(config: NodeConfig) -> Callable[[str], grpc.Channel]:
         assert config.tls_cert_file is not None and config.tls_key_file is not None
         key, cert = Path(config.tls_key_file).read_bytes(), Path(config.tls_cert_file).read_bytes()
     credentials = grpc.ssl_channel_credentials(root, key, cert)
-    return lambda address: grpc.secure_channel(address, credentials)
+    def channel(address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        return grpc.secure_channel(address, credentials, options=options)
+
+    return channel
 
 
 @_settings_files

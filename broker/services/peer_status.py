@@ -19,6 +19,11 @@ from broker.core.members import Peer
 from broker.v1 import admin_pb2, admin_pb2_grpc
 
 PEER_STATUS_TIMEOUT_S = 1.0
+# a kept channel to a node that was down retries at most every second: at gRPC's default backoff (up
+# to 120 s) a restarted node that served again within 3 s was reported unreachable for up to a minute,
+# and `cluster verify` failed meanwhile (the client SDK's channels use the same bound)
+PEER_CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                        ("grpc.max_reconnect_backoff_ms", 1000))
 VERIFY_ATTEMPTS = 5  # a node may move past the kept digests between the status and the digest asked
 
 LocalDigest = Callable[[int], tuple[int, int]]  # index -> (digest, started index); raises a BrokerError
@@ -32,8 +37,9 @@ class PeerStatus:
     """``NodeStatus`` of other nodes; ``peer_channel`` opens a channel to a gRPC address (a TLS node
     gives a secure one: ``broker.security.node``)."""
 
-    def __init__(self, peer_channel: Callable[[str], grpc.Channel] | None = None) -> None:
-        self._peer_channel: Callable[[str], grpc.Channel] = peer_channel or grpc.insecure_channel
+    def __init__(self, peer_channel: Callable[..., grpc.Channel] | None = None) -> None:
+        """``peer_channel(address, options=...)`` opens a channel (default: plaintext)."""
+        self._peer_channel: Callable[..., grpc.Channel] = peer_channel or grpc.insecure_channel
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-status")
@@ -42,7 +48,7 @@ class PeerStatus:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = self._peer_channel(address)
+                channel = self._channels[address] = self._peer_channel(address, options=PEER_CHANNEL_OPTIONS)
             return channel
 
     def info(self, peer: Peer) -> admin_pb2.NodeInfo:
