@@ -52,7 +52,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, repeat
+from itertools import accumulate, groupby, repeat
 from typing import NamedTuple
 
 import google_crc32c
@@ -534,6 +534,29 @@ def sizes(store: Store, tid: int, partition: int, begin: int, end: int) -> Itera
 def delete_before(batch: Batch, tid: int, partition: int, start: int, before: int) -> None:
     """Delete the stored values that lie wholly in ``[start, before)`` (a straddling one stays)."""
     batch.delete_range(Column.RECORDS, _KEY.pack(tid, partition, start), _KEY.pack(tid, partition, before))
+
+
+def rewrite_straddling(store: Store, tid: int, partition: int, before: int) -> None:
+    """Rewrite the value holding ``before`` with only its records from ``before`` on, when it holds
+    earlier ones too. For a store in memory (`memory` topics): there a value kept for its tail
+    holds the memory of its whole batch, which the counters no longer count (a topic capped at one
+    record, fed batches of 1,000, held 1,000 records' bodies per partition). Written at once, in a
+    batch of its own: the store is local, nothing replicated depends on it."""
+    for key, raw in _values(store, tid, partition, before, 1):
+        try:
+            value = _decode(key, raw)
+        except _Damaged:
+            return
+        if value.first >= before:
+            return
+        kept = list(read(store, tid, partition, before, value.last + 1))
+        if any(entry.error for entry in kept) or [e.offset for e in kept] != list(range(before, value.last + 1)):
+            return  # not as written: left as it is (filtered on read)
+        batch = store.batch()
+        for ts, run in groupby(kept, key=lambda entry: entry.timestamp_ms):
+            entries = list(run)
+            append(batch, tid, partition, entries[0].offset, ts, [entry.body for entry in entries])
+        store.write(batch)
 
 
 # -- format upgrade ------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ append — ``reject`` refuses the whole batch with RESOURCE_EXHAUSTED, ``discard
 oldest records in the same apply — and ``max_age_ms`` by the leader's periodic
 ``EnforceRetentionCommand`` (which also re-applies count and byte caps, e.g. after they were
 lowered). Deleting a prefix is one range delete of the stored batches wholly before the cut (a
-batch straddling it stays, filtered on read: ``broker.core.record_log``); the byte counter is kept
+batch straddling it stays, filtered on read: ``broker.core.record_log``; a `memory` topic's is rewritten
+with its kept records after the apply, so that its memory is freed too); the byte counter is kept
 exact by reading the sizes of the deleted records from the batches' tables. Every decision
 depends only on the command (its ``now_ms``) and the store, so every node deletes the same prefix.
 Age is a binary search for the first young enough record (``record_log.offset_for_time``): it
@@ -109,6 +110,7 @@ class Retention:
                                       else (counted, counted_bytes))
         # batches wholly before the cut go; one straddling it stays and is filtered on read
         record_log.delete_before(self._state.records_batch(tid, batch), tid, partition, state.start_offset, before)
+        self._state.cut_records(tid, partition, before)
         removed, removed_bytes = max(min(removed, state.records), 0), max(min(removed_bytes, state.bytes), 0)
         new = replace(state, start_offset=before, records=state.records - removed, bytes=state.bytes - removed_bytes)
         self._state.put_partition(tid, partition, new, batch, changes)

@@ -80,6 +80,7 @@ class BrokerStateMachine:
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
         self._volatile = volatile if volatile is not None else MemoryStore()
         self._volatile_batch: Batch | None = None
+        self._volatile_cuts: list[tuple[int, int, int]] = []  # (topic id, partition, before) of this apply
         # `memory` partitions whose records this process lost at its start: (topic id, partition) ->
         # (first offset lost, offset the view starts at); local knowledge, never replicated
         self._lost: dict[tuple[int, int], tuple[int, int]] = {}
@@ -217,6 +218,13 @@ class BrokerStateMachine:
             self._volatile_batch = self._volatile.batch()
         return self._volatile_batch
 
+    def cut_records(self, topic_id: int, partition: int, before: int) -> None:
+        """This apply deletes the records of a partition before ``before``: a `memory` topic's value
+        that straddles the cut is rewritten after the apply's write (``record_log.rewrite_straddling``),
+        so what it no longer counts is freed too."""
+        if topic_id in self._volatile_ids:
+            self._volatile_cuts.append((topic_id, partition, before))
+
     def records_store(self, topic_id: int) -> Store:
         """Where the records of ``topic_id`` live: RocksDB, or memory for `memory` topics."""
         return self._volatile if topic_id in self._volatile_ids else self._store
@@ -277,6 +285,7 @@ class BrokerStateMachine:
         if index <= self._applied:
             return None
         self._volatile_batch = None
+        self._volatile_cuts = []
         commit = CacheChanges()
         batch = self._store.batch()
         try:
@@ -291,13 +300,17 @@ class BrokerStateMachine:
             kind, result = self._failed(index, command, exc)
             self.failed_applies[kind] += 1
             batch, commit, self._volatile_batch = self._store.batch(), CacheChanges(), None
+            self._volatile_cuts = []
         if index <= self._replay_until:
             self._forget_volatile_records(commit)
+            self._volatile_cuts = []
         digest = self.digests.fold(batch, index, result) if self.digests.active else None
         batch.put(Column.META, _APPLIED, _U64.pack(index))
         try:
             if self._volatile_batch is not None:
                 self._volatile.write(self._volatile_batch)
+            for tid, partition, before in self._volatile_cuts:
+                record_log.rewrite_straddling(self._volatile, tid, partition, before)
             self._store.write(batch, wal=self._store_wal)
         except Exception:
             log.critical("storage failure while writing index %d: stopping rather than diverging", index)

@@ -20,6 +20,7 @@ from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, TopicLog
 from broker.replication.memory import InMemoryReplicator
 from broker.services import wire
+from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.wire_inputs import publish_request
@@ -123,3 +124,27 @@ def test_a_memory_partition_tells_readers_what_a_restart_lost_until_a_prune_pass
     assert [(i.DESCRIPTOR.name, getattr(i, "offset", None)) for i in take(reader, broker_pb2.SubscribeRequest(
         topic="m"), records=2)] == [("Record", 5), ("Record", 6)]
     rep.close()
+
+
+def test_a_memory_partition_frees_the_batch_a_cap_cuts_into() -> None:
+    """A stored value straddling a cut stays and is filtered on read; in memory it kept the bodies of
+    its whole batch, which no counter (and so no budget) counts: a topic capped at one record fed
+    batches of 1,000 held 1,000 records per partition."""
+    volatile = MemoryStore()
+    state = BrokerStateMachine(MemoryStore(), Changes(), volatile)
+    Retention(state)
+    replicator = InMemoryReplicator(state)
+    replicator.start()
+    submitter = CommandSubmitter(replicator, PeerDirectory([Peer("n1", "memory:0", "127.0.0.1:1")]), 5.0)
+    log = TopicLog(state, submitter, Limits(), "c/n1", NodeClock())
+    log.create_topic(internal_pb2.TopicConfig(name="m", durability=internal_pb2.DURABILITY_MEMORY,
+                                              retention=internal_pb2.Retention(max_records=2)))
+    for _ in range(3):
+        log.publish(publish_request(topic="m", records=[broker_pb2.PublishRecord(value=b"%04d" % i + b"x" * 1000)
+                                                        for i in range(1000)]))
+    held = sum(len(raw) for _, raw in volatile.scan(Column.RECORDS, b"", b"\xff" * 16))
+    assert held < 4_000, held  # two records of ~1 KB, not a batch of 1,000
+    reader = Reader(state)
+    assert [r.value[:4] for r in take(reader, broker_pb2.SubscribeRequest(topic="m"), records=2)] == [b"0998", b"0999"]
+    assert [(p.start_offset, p.end_offset, p.records) for p in log.describe_topic("m").partitions] == [(2998, 3000, 2)]
+    replicator.close()
