@@ -473,10 +473,10 @@ class QuorumWatch:
         answered = ", ".join(sorted(self._no_quorum))
         unreachable = ", ".join(sorted(self._unreachable)) or "none"
         answer = next(iter(self._no_quorum.values()))
+        answer = answer[len("no quorum: "):] if answer.lower().startswith("no quorum: ") else answer  # said once
         return Unavailable(
             "UNAVAILABLE",
-            f"{what}: the cluster has no quorum: {answer} (said by {answered}; unreachable: {unreachable}); "
-            "a majority of the nodes must be running and connected to each other",
+            f"{what}: the cluster has no quorum: {answer} (said by {answered}; unreachable: {unreachable})",
             after_unknown_outcome=unknown,
             reason=Reason.NO_QUORUM,
         )

@@ -105,3 +105,16 @@ def test_lag_counts_a_retried_record_in_flight_again_as_in_flight_only(client: C
         lag = client.groups.lag("c-retry", "q").partitions[0]
         assert (lag.in_flight, lag.retrying) == (1, 0), lag
         again.ack()
+
+
+def test_a_heartbeat_to_a_queue_mode_group_is_refused(client: Client, cluster: DevCluster) -> None:
+    """It answered OK with no partitions, as if the caller were a member of something."""
+    client.create_topic("c-beat", 1)
+    client.groups.create("c-beat", "q", mode="queue")
+    s = stubs(cluster.wait_ready())
+    try:
+        code, message = refused(lambda: s.broker.Heartbeat(broker_pb2.HeartbeatRequest(
+            topic="c-beat", group="q", member_id="m1"), timeout=30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "queue-mode group" in message, (code, message)
+    finally:
+        s.close()

@@ -474,8 +474,8 @@ class GroupService:
             raise InvalidArgument("member_id is required")
         validate_member_id(member_id)
         rt = self.runtime(topic, group)
-        if rt.members is None:
-            return []
+        if rt.members is None:  # answering OK with no partitions told a caller it was a member of something
+            raise InvalidArgument(f"group {group!r} is a queue-mode group: members need not join or beat")
         with rt.lock:
             self._room_for(rt, group, member_id)
             rt.rejoin(member_id)
