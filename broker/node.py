@@ -147,7 +147,8 @@ class Node:
         self.housekeeper = Housekeeper([self.topic_log.expire_dedup, self.topic_log.enforce_retention,
                                         self.format_raiser.raise_if_ready, self.replica_check.check_if_due],
                                        is_leader, config.housekeeping_period_ms / 1000,
-                                       on_lead=[self.replica_check.make_due])
+                                       on_lead=[self.replica_check.make_due],
+                                       on_step_down=[hub.let_go])
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000, lambda peer: _answer(peer_status, peer))
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,

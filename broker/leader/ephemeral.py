@@ -112,6 +112,15 @@ class EphemeralHub:
         with self._lock:
             self._enter_term(term)
 
+    def let_go(self) -> None:
+        """This node stopped leading: its rings serve no one (readers need the leader) and would hold
+        up to ``bytes_max`` until it leads again; describe on it then shows empty rings. A node that
+        leads again does so in a later term (Raft), whose rings number from that term."""
+        with self._lock:
+            self._term = -1
+            self._rings.clear()
+            self._bytes = 0
+
     def _enter_term(self, term: int) -> None:
         if term != self._term:  # a new leadership: what an old one held is gone
             self._term = term

@@ -22,12 +22,15 @@ class Housekeeper:
     or the thread."""
 
     def __init__(self, tasks: list[Callable[[], None]], is_leader: Callable[[], bool], period_s: float,
-                 clock: Callable[[], float] = time.monotonic, on_lead: Sequence[Callable[[], None]] = ()) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_lead: Sequence[Callable[[], None]] = (),
+                 on_step_down: Sequence[Callable[[], None]] = ()) -> None:
         """``on_lead``: called each time this node becomes the leader, before the tasks run (e.g. a
         task with a period of its own makes itself due, so that a node leading again does not go on
-        from what it found when it last led)."""
+        from what it found when it last led). ``on_step_down``: called once each time it stops
+        leading (e.g. what only a leader holds is let go)."""
         self._tasks = tasks
         self._on_lead = list(on_lead)
+        self._on_step_down = list(on_step_down)
         self._is_leader = is_leader
         self._period_s = period_s
         self._clock = clock
@@ -51,6 +54,13 @@ class Housekeeper:
         """One wake-up of the thread: run the tasks if this node just became the leader or a period
         has passed since they last ran."""
         if not self._is_leader():
+            if self._leading:
+                for step_down in self._on_step_down:
+                    try:
+                        step_down()
+                    except Exception:  # noqa: BLE001 - as for tasks: logged, the thread goes on
+                        log.exception("housekeeping: %s failed on stepping down",
+                                      getattr(step_down, "__qualname__", step_down))
             self._leading = False
             return
         now = self._clock()

@@ -88,3 +88,20 @@ def test_a_node_leading_again_compares_replicas_at_once() -> None:
     leading[0], now[0] = True, 5.0
     keeper.tick()
     assert check.differing == (), "compared at once, not 60 s after the last comparison"
+
+
+def test_on_step_down_runs_once_each_time_the_node_stops_leading() -> None:
+    """A deposed leader held its ephemeral rings (up to max_ephemeral_bytes) until it led again."""
+    now, leading, calls = [0.0], [True], []
+    keeper = Housekeeper([], lambda: leading[0], 10.0, clock=lambda: now[0],
+                         on_step_down=[lambda: calls.append("down")])
+    keeper.tick()
+    leading[0] = False
+    keeper.tick()
+    keeper.tick()
+    assert calls == ["down"]
+    leading[0] = True
+    keeper.tick()
+    leading[0] = False
+    keeper.tick()
+    assert calls == ["down", "down"]

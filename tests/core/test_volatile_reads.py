@@ -148,3 +148,12 @@ def test_a_memory_partition_frees_the_batch_a_cap_cuts_into() -> None:
     assert [r.value[:4] for r in take(reader, broker_pb2.SubscribeRequest(topic="m"), records=2)] == [b"0998", b"0999"]
     assert [(p.start_offset, p.end_offset, p.records) for p in log.describe_topic("m").partitions] == [(2998, 3000, 2)]
     replicator.close()
+
+
+def test_a_hub_lets_its_rings_go_when_the_node_stops_leading() -> None:
+    hub = EphemeralHub(lambda: None)
+    hub.publish(1, 3, [0, 0], [b"a", b"b"], now_ms=1)
+    assert hub.bytes_held == 2
+    hub.let_go()
+    assert hub.bytes_held == 0 and hub.bounds(1, 0)[2] == 0
+    assert hub.publish(1, 3, [0], [b"c"], now_ms=2)[0][1] == 3 << 32  # leading again: a fresh ring
