@@ -19,8 +19,9 @@ from typing import TypeVar
 from broker.clock import Clock
 from broker.core import dedup, records, sessions
 from broker.core.applied import Appended, Rejected
-from broker.core.errors import InvalidArgument, TopicNotFound
-from broker.core.groups.config import validate_group_name
+from broker.core.errors import FailedPrecondition, InvalidArgument, TopicNotFound
+from broker.core.groups import layout as group_layout
+from broker.core.groups.config import DLQ_SUFFIX, validate_group_name
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import check_ephemeral_caps, check_topic_count, normalized_config, validate_name
 from broker.leader import memory_topics, partitioning, publish_ids, schemas
@@ -91,6 +92,18 @@ def _check_fits(config: internal_pb2.TopicConfig, bodies: list[bytes], suffix_by
 
 
 def _held_nothing() -> None:
+    return None
+
+
+def _dead_letter_owner(state: BrokerStateMachine, name: str) -> tuple[str, str] | None:
+    """(topic, group) of the group whose dead-letter topic ``name`` is (``TOPIC.GROUP.dlq``), or None."""
+    if not name.endswith(DLQ_SUFFIX):
+        return None
+    stem = name[:-len(DLQ_SUFFIX)]
+    for at in (i for i, c in enumerate(stem) if c == "."):
+        meta = group_layout.get_meta(state.store, stem[:at], stem[at + 1:])
+        if meta is not None and meta.dlq_topic == name:
+            return stem[:at], stem[at + 1:]
     return None
 
 
@@ -187,6 +200,11 @@ class TopicLog:
 
     def drop_topic(self, name: str) -> None:
         meta = self._leader_meta(name)
+        owner = _dead_letter_owner(self._state, name)
+        if owner is not None:  # its group would re-create it at the next dead letter, past max_topics too
+            raise FailedPrecondition(
+                f"topic {name!r} is the dead-letter topic of group {owner[1]!r} of topic {owner[0]!r}: delete the "
+                "group first (raftbroker group delete), or keep the topic and purge or clear it")
         cmd = internal_pb2.Command(drop_topic=internal_pb2.DropTopicCommand(name=name, topic_id=meta.topic_id))
         self._raise_rejected(self._submitter.submit(cmd))
         self._hub.forget_topic(meta.topic_id)

@@ -55,6 +55,10 @@ def test_topics_are_capped_dead_letter_topics_included(leader: Stubs) -> None:
                                                              timeout=30))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "dead-letter topic" in message, message
     assert names(leader) == {"a", "b", "c", "a.g.dlq"}, "the refusals created nothing"
+    # a live group's dead-letter topic cannot be dropped: the group's next dead letter re-created it,
+    # past max_topics too
+    code, message = refused(lambda: leader.admin.DropTopic(admin_pb2.DropTopicRequest(name="a.g.dlq"), timeout=30))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "dead-letter topic of group 'g'" in message, message
     leader.admin.DropTopic(admin_pb2.DropTopicRequest(name="c"), timeout=30)
     create(leader, "d")  # room again
 
