@@ -27,12 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.client.aio import AsyncClient, call_metadata
-from broker.client.errors import BrokerError, TopicExists, invalid_argument
+from broker.client.errors import BrokerError, TopicExists, Unavailable, invalid_argument
 from broker.client.models import OutgoingRecord
 from broker.http import codec, problems, reading
 from broker.http.bodies import BODY_MODELS, INT32_MAX, BodyRefused, JsonRoute, PruneBody, PublishBody, TopicBody
 from broker.http.body_limit import BODY_BYTES_MAX, BodyLimit
 from broker.http.groups import router as groups_router
+from broker.http.guard import HTTP_LIMITS
 from broker.security import VIA_GATEWAY_METADATA
 
 READ_LIMIT_MAX = 1000
@@ -79,10 +80,12 @@ async def known_query(request: Request) -> None:
         raise invalid_argument(f"unknown query parameter(s) {', '.join(unknown)} for {request.url.path}: {takes}")
 
 
-def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX, **client_options: Any
-               ) -> FastAPI:
+def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX,
+               watches_max: int = HTTP_LIMITS.watches_max, **client_options: Any) -> FastAPI:
     """The gateway for the cluster reached through ``bootstrap`` (gRPC addresses, this node's first);
-    a request body over ``body_bytes_max`` is answered 413 unread (``client_options``: the SDK's)."""
+    a request body over ``body_bytes_max`` is answered 413 unread; at most ``watches_max`` watches
+    at once, more get 503 (``client_options``: the SDK's)."""
+    watching = [0]  # live watches (the event loop's own: no lock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -201,9 +204,22 @@ def create_app(bootstrap: Sequence[str], *, body_bytes_max: int = BODY_BYTES_MAX
         """Server-Sent Events, live: one ``record`` event per record (its ``id`` is the cursor after
         it: reconnect with ``Last-Event-ID`` to resume exactly there), loss events under their own
         type, a comment line as heartbeat."""
+        if watching[0] >= watches_max:
+            raise Unavailable("UNAVAILABLE", f"this node's gateway serves {watches_max} live watches, its most: "
+                                             "retry later, or watch through another node", reason="WATCHES_FULL")
         places = await reading.start_places(client(request), topic, partition, start, last_event_id)
         stream = reading.watch(client(request), topic, places, heartbeat_ms)
-        return StreamingResponse(stream, media_type="text/event-stream",
+
+        async def counted() -> AsyncIterator[str]:  # counted while it runs (a response never started is not)
+            watching[0] += 1
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                watching[0] -= 1
+                await stream.aclose()
+
+        return StreamingResponse(counted(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     # -- admin ----------------------------------------------------------------------------------

@@ -41,10 +41,14 @@ class HttpLimits:
     head_timeout_s: float = 10.0
     body_idle_s: float = 30.0
     connections_max: int = 1024
+    # live watches (SSE) at once, below the connection cap, which closes only connections waiting for
+    # a request head: 1,024 watches held open by one caller shut every other client out of the gateway
+    watches_max: int = 768
 
     def __post_init__(self) -> None:
         assert 0 < self.head_timeout_s <= 600 and 0 < self.body_idle_s <= 3600, self
         assert 1 <= self.connections_max <= 1_000_000, self
+        assert 1 <= self.watches_max < self.connections_max, self
 
 
 HTTP_LIMITS = HttpLimits()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from broker.client import wire as client_wire
@@ -97,7 +97,7 @@ async def read_page(client: AsyncClient, topic: str, partition: int | None, star
 
 
 async def watch(client: AsyncClient, topic: str, places: dict[int, codec.Place], heartbeat_ms: int
-                ) -> AsyncIterator[str]:
+                ) -> AsyncGenerator[str, None]:
     """Server-Sent Events: ``record`` events (``id``: the cursor right after it), loss events under
     their own type (``skip_forward``, ``reset``, ...), and a comment line every ``heartbeat_ms``.
     A stream that fails (its topic dropped, a permission revoked) ends with one ``error`` event

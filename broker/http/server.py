@@ -54,9 +54,9 @@ def start_in_thread(address: str, bootstrap: Sequence[str], security: ClientSecu
     """Serve the gateway on ``address`` (HOST:PORT) on a daemon thread.
     ``security``: TLS towards TLS nodes (``broker.security.node.gateway_security``); None: plaintext.
     ``body_bytes_max``: the request body cap (``broker.http.body_limit.body_bytes_max``).
-    ``limits``: the connections' deadlines and cap (:mod:`broker.http.guard`)."""
+    ``limits``: the connections' deadlines and cap, and the live watches' cap (:mod:`broker.http.guard`)."""
     host, port = parse_address(address)
-    app = create_app(bootstrap, security=security, body_bytes_max=body_bytes_max)
+    app = create_app(bootstrap, security=security, body_bytes_max=body_bytes_max, watches_max=limits.watches_max)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=1, http=protocol_class(limits))
     server = uvicorn.Server(config)

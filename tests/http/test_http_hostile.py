@@ -24,8 +24,10 @@ import pytest
 
 from broker.client import Client
 from broker.devcluster import DevCluster
+from broker.http.guard import HttpLimits
+from broker.http.server import start_in_thread
 from tests.conftest import wait_until
-from tests.http.conftest import sse_events
+from tests.http.conftest import gateway_up, sse_events
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -182,3 +184,31 @@ def test_the_openapi_document_says_what_the_gateway_answers(http_cluster: DevClu
         assert g.put("/v1/topics/x-doc", json={}).status_code == 201
         slash = g.post("/v1/topics/x-doc/records/", json={"records": [{"value": 1}]})
         problem(slash, 404, "NOT_FOUND")  # not a 307 that a POST without -L does not follow
+
+
+def test_live_watches_are_capped_below_the_connection_cap(http_cluster: DevCluster) -> None:
+    """1,024 watches held open by one caller took every connection of the node's gateway: each new
+    client was reset at once. Watches now have a cap of their own (here 2, on a gateway of this
+    test's own), and the ones past it get a 503 problem document."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    gateway_ = start_in_thread(address, http_cluster.addresses, limits=HttpLimits(connections_max=8, watches_max=2))
+    try:
+        wait_until(lambda: gateway_up(address), 30, "the gateway")
+        with httpx.Client(base_url=f"http://{address}", timeout=30) as g:
+            assert g.put("/v1/topics/x-watch", json={}).status_code in (200, 201)
+            params: dict[str, str | int] = {"from": "latest", "heartbeat_ms": 200}
+            with g.stream("GET", "/v1/topics/x-watch/watch", params=params) as first, \
+                    g.stream("GET", "/v1/topics/x-watch/watch", params=params) as second:
+                assert first.status_code == second.status_code == 200
+                problem(g.get("/v1/topics/x-watch/watch", params=params), 503, "WATCHES_FULL")
+                assert g.get("/v1/cluster").status_code == 200, "other requests are served"
+
+            def watch_again() -> bool:  # the two ended: their places are free again once the gateway sees it
+                with g.stream("GET", "/v1/topics/x-watch/watch", params=params) as again:
+                    return again.status_code == 200
+
+            wait_until(watch_again, 20, "a watch again", interval_s=0.5)
+    finally:
+        assert gateway_.stop()
