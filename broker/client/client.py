@@ -382,6 +382,7 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             max_batch=max_batch,
             partition_count=lambda: self.describe_topic(topic).partition_count,
             filter=filter or "",
+            latest_ends=lambda: self._latest_ends(topic),
         )
 
     def subscribe_batches(
@@ -409,7 +410,15 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
             stop_at_end=stop_at_end,
             max_batch=max_batch,
             partition_count=lambda: self.describe_topic(topic).partition_count,
+            latest_ends=lambda: self._latest_ends(topic),
         )
+
+    def _latest_ends(self, topic: str) -> dict[int, int] | None:
+        """Each partition's end offset as the leader has it (``wire.latest_ends``)."""
+        request = admin_pb2.DescribeTopicRequest(name=topic)
+        info = self._router.call(lambda addr, t: self._router.admin(addr).DescribeTopic(request, timeout=t),
+                                 write=True, what=f"describe topic {topic}")
+        return wire.latest_ends(wire.topic_info(info))
 
     # -- cluster --------------------------------------------------------------------------------
 

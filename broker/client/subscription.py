@@ -7,6 +7,9 @@ delivered for that partition. A subscription over all partitions of a multi-part
 that fails after delivering records continues as one stream per partition (merged by threads)
 because one ``Position`` cannot carry a token per partition. Events are delivered as they come
 (a resumed stream may repeat an event). ``stop_at_end`` is re-evaluated on each re-subscribe.
+A subscription from "latest" reads each partition's end offset from the leader as it starts and
+reopens a partition that delivered nothing yet from there: "latest" resolved again at the reopen
+skipped, silently, what was committed while the stream was down.
 
 :class:`BatchSubscription` is the same machinery delivering :class:`Batch` values (compact
 responses: no object per record) and resuming from each batch's ``next_position``.
@@ -66,7 +69,10 @@ class _Resuming(Iterator[T], Generic[T]):
         max_batch: int,
         partition_count: Callable[[], int],
         filter: str = "",
+        latest_ends: Callable[[], dict[int, int] | None] | None = None,
     ) -> None:
+        """``latest_ends``: for a ``position`` of "latest", each partition's end offset, read from
+        the leader before the first stream opens (None: an ephemeral topic)."""
         self._router = router
         self._topic = topic
         self._partition = partition
@@ -76,6 +82,11 @@ class _Resuming(Iterator[T], Generic[T]):
         self._partition_count = partition_count
         self._filter = filter  # CEL, evaluated by the server
         self._tokens: dict[int, bytes] = {}  # partition -> position of the last delivered record
+        self._latest_ends = latest_ends
+        # "latest" as offsets, read as the subscription starts: a stream reopened before it delivered
+        # anything of a partition starts there, never at a "latest" resolved again (that skipped, with
+        # nothing said, what was committed while the stream was down)
+        self._ends: dict[int, int] | None = None
         self._calls: set[grpc.Call] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -107,6 +118,8 @@ class _Resuming(Iterator[T], Generic[T]):
     # -- plan -----------------------------------------------------------------------------------
 
     def _run(self) -> Generator[T, None, None]:
+        if self._latest_ends is not None and wire.is_latest(self._position):
+            self._ends = self._latest_ends()
         if self._partition is not None:
             yield from self._stream(self._partition, resumable=True)
             return
@@ -162,6 +175,8 @@ class _Resuming(Iterator[T], Generic[T]):
     def _request(self, partition: int | None) -> broker_pb2.SubscribeRequest:
         token = self._tokens.get(partition) if partition is not None else None
         position = common_pb2.Position(token=token) if token else self._position
+        if not token and partition is not None and self._ends is not None and partition in self._ends:
+            position = common_pb2.Position(offset=self._ends[partition])
         request = broker_pb2.SubscribeRequest(
             topic=self._topic,
             stop_at_end=self._stop_at_end,
@@ -199,8 +214,8 @@ class _Resuming(Iterator[T], Generic[T]):
                     return
                 if not is_retryable(err):
                     raise error_from_rpc(err) from None
-                if not resumable and self._tokens:
-                    raise _Interrupted() from None
+                if not resumable and (self._tokens or self._ends is not None):
+                    raise _Interrupted() from None  # on per partition, from where it delivered or began
                 if self._router.disagree_on_tls(tls, address, err):
                     raise tls.error(f"subscribe {self._topic}", False) from None
                 now = time.monotonic()

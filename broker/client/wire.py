@@ -384,6 +384,20 @@ def watermark(msg: admin_pb2.Watermark) -> Watermark:
     return Watermark(dedup_id=msg.dedup_id, msg_id=msg.msg_id)
 
 
+def is_latest(position: common_pb2.Position) -> bool:
+    return position.WhichOneof("kind") == "start" and position.start == common_pb2.START_POSITION_LATEST
+
+
+def latest_ends(info: TopicInfo) -> dict[int, int] | None:
+    """Where "latest" is for each partition of a topic as described: the subscription reopens there,
+    not at a "latest" resolved again, which skipped what was committed while its stream was down
+    (nothing said it). None for an ``ephemeral`` topic: its offsets change with the leader, and a
+    reader behind gets GAP anyway."""
+    if info.durability == "ephemeral":
+        return None
+    return {p.partition: p.end_offset for p in info.partitions}
+
+
 def position(start: Start, timestamp_ms: int | None) -> common_pb2.Position:
     """The ``Position`` for ``start`` ("earliest", "latest", an offset, a token) or a timestamp."""
     if timestamp_ms is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -34,6 +34,8 @@ class Script:
     topics: dict[str, int] = field(default_factory=dict)  # name -> partitions
     logs: dict[tuple[str, int], list[bytes]] = field(default_factory=dict)  # (topic, partition) -> values
     break_stream_after: int | None = None  # abort Subscribe with UNAVAILABLE after N records
+    break_next_streams: int = 0  # abort this many next Subscribe calls with UNAVAILABLE before any record
+    on_break: Callable[[], None] | None = None  # called as a stream is broken (e.g. records arrive meanwhile)
     create_then_drop_connection: bool = False  # apply CreateTopic, then answer UNAVAILABLE
     publish_delays_s: list[float] = field(default_factory=list)  # sleep before answering Publish #i
     publish_then_drop_connection: int = 0  # apply this many next Publishes, then answer UNAVAILABLE
@@ -188,10 +190,17 @@ class FakeNode(broker_pb2_grpc.BrokerServicer, admin_pb2_grpc.AdminServicer):
         self._enter("Subscribe", request, context, write=False)
         parts = [request.partition] if request.HasField("partition") else range(self.script.topics[request.topic])
         position = getattr(request, "from")
+        if self.script.break_next_streams > 0:
+            self.script.break_next_streams -= 1
+            if self.script.on_break is not None:
+                self.script.on_break()
+            context.abort(grpc.StatusCode.UNAVAILABLE, "stream broken before any record (scripted)")
         sent = 0
         for p in parts:
             start = 0
-            if position.HasField("token"):
+            if position.HasField("start") and position.start == common_pb2.START_POSITION_LATEST:
+                start = len(self.script.logs.get((request.topic, p), []))
+            elif position.HasField("token"):
                 token = PositionToken.decode(position.token)
                 assert token.partition == p, "a token is only sent for its own partition"
                 start = token.next_offset

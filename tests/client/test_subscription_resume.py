@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 
 import pytest
 
 from broker.client import Client, Record
+from broker.client.aio import AsyncClient
 from tests.client.fakes import FakeNode
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -56,3 +58,30 @@ def test_breaking_out_of_the_loop_cancels_the_stream(node: FakeNode) -> None:
         sub.close()
         assert isinstance(first, Record)
         assert list(sub) == []
+
+
+@pytest.mark.parametrize("partition", [None, 0])
+def test_a_latest_stream_reopened_before_any_record_starts_where_latest_was(node: FakeNode,
+                                                                           partition: int | None) -> None:
+    """Reopened with "latest" again, a stream that broke before it delivered anything skipped what
+    was committed while it was down, with nothing said (a follower killed under a live tail)."""
+    node.script.topics["t"] = 1
+    node.script.logs[("t", 0)] = [b"old-0", b"old-1", b"old-2"]
+    node.script.break_next_streams = 1
+    node.script.on_break = lambda: node.script.logs[("t", 0)].extend([b"new-3", b"new-4"])
+    with Client([node.address], retry_deadline_s=5) as client:
+        got = values(list(client.subscribe("t", partition=partition, start="latest", stop_at_end=True)))
+    assert got == [(0, 3, b"new-3"), (0, 4, b"new-4")]
+
+
+def test_an_asyncio_latest_subscription_starts_where_latest_was_when_its_stream_breaks(node: FakeNode) -> None:
+    node.script.topics["t"] = 1
+    node.script.logs[("t", 0)] = [b"old-0"]
+    node.script.break_next_streams = 1
+    node.script.on_break = lambda: node.script.logs[("t", 0)].append(b"new-1")
+
+    async def read() -> list[object]:
+        async with AsyncClient([node.address], retry_deadline_s=5) as client:
+            return [item async for item in client.subscribe("t", start="latest", stop_at_end=True)]
+
+    assert values(asyncio.run(read())) == [(0, 1, b"new-1")]

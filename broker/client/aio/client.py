@@ -25,6 +25,7 @@ and those requests travel on one ``PublishStream`` per topic, cheaper for the no
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, overload
 
@@ -289,7 +290,8 @@ class AsyncClient:
         wire.check_read_options(max_batch, partition)
         return AsyncSubscription(self._router, topic, self._partitions(topic, partition),
                                  position=wire.position(start, timestamp_ms), stop_at_end=stop_at_end,
-                                 max_batch=max_batch, filter=filter or "", on_event=self._on_event)
+                                 max_batch=max_batch, filter=filter or "", on_event=self._on_event,
+                                 latest_ends=functools.partial(self._latest_ends, topic))
 
     def subscribe_batches(self, topic: str, *, partition: int | None = None, start: str | int | bytes = "earliest",
                           timestamp_ms: int | None = None, stop_at_end: bool = False,
@@ -299,7 +301,14 @@ class AsyncClient:
         wire.check_read_options(max_batch, partition)
         return AsyncBatchSubscription(self._router, topic, self._partitions(topic, partition),
                                       position=wire.position(start, timestamp_ms), stop_at_end=stop_at_end,
-                                      max_batch=max_batch, filter="", on_event=self._on_event)
+                                      max_batch=max_batch, filter="", on_event=self._on_event,
+                                      latest_ends=functools.partial(self._latest_ends, topic))
+
+    async def _latest_ends(self, topic: str) -> dict[int, int] | None:
+        """Each partition's end offset as the leader has it (``wire.latest_ends``)."""
+        request = admin_pb2.DescribeTopicRequest(name=topic)
+        return wire.latest_ends(wire.topic_info(await self._admin("DescribeTopic", request, write=True,
+                                                                  what=f"describe topic {topic}")))
 
     def _partitions(self, topic: str, partition: int | None) -> Callable[[], Awaitable[list[int]]]:
         """What a subscription reads: ``partition``, or every partition of ``topic`` when it starts."""

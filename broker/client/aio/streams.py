@@ -164,8 +164,13 @@ class _AsyncResuming(AsyncIterator[T], Generic[T]):
 
     def __init__(self, router: AsyncRouter, topic: str, partitions: Callable[[], Any], *,
                  position: common_pb2.Position, stop_at_end: bool, max_batch: int, filter: str,
-                 on_event: Observer | None) -> None:
+                 on_event: Observer | None, latest_ends: Callable[[], Any] | None = None) -> None:
+        """``latest_ends``: for a ``position`` of "latest", a coroutine function giving each
+        partition's end offset as the leader has it (None: an ephemeral topic); the partitions then
+        start there, so a stream reopened before it delivered anything does not resolve "latest"
+        again (that skipped, with nothing said, what was committed while the stream was down)."""
         self._router, self._topic, self._partitions = router, topic, partitions
+        self._latest_ends = latest_ends
         self._position, self._stop_at_end, self._max_batch, self._filter = position, stop_at_end, max_batch, filter
         self._on_event = on_event
         self.positions: dict[int, bytes] = {}
@@ -179,8 +184,14 @@ class _AsyncResuming(AsyncIterator[T], Generic[T]):
 
     async def __anext__(self) -> T:
         if self._merged is None:
+            partitions = await self._partitions()
+            if self._latest_ends is not None and wire.is_latest(self._position):
+                ends = await self._latest_ends()
+                for partition in partitions if ends is not None else ():
+                    if partition in ends and partition not in self.positions:
+                        self.starts.setdefault(partition, common_pb2.Position(offset=ends[partition]))
             self._merged = _Merged()
-            for partition in await self._partitions():
+            for partition in partitions:
                 self._merged.start(functools.partial(self._run, partition))
         item = cast(T, await self._merged.next())
         if self._on_event is not None:
