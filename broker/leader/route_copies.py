@@ -18,6 +18,10 @@ from broker.v1 import internal_pb2
 # of two clusters mirroring each other both ways went back and forth for good (1,000 copies a side
 # after 12 s): a remote route also skips a record whose last hop was the target cluster.
 VIA_HEADER = "raftbroker-via"
+# What a copy may carry beyond the target's record limit: the source accepted the record within the
+# same limit, and the copy to another cluster adds VIA_HEADER (a record 25 bytes under the limit was
+# refused by the target for good, and skipped: lost to the mirror)
+VIA_SLACK_BYTES = 512
 
 
 def sent_via(body: bytes, cluster_id: str) -> bytes:
@@ -34,6 +38,7 @@ class Copy:
     partition_key: bytes | None
     source_partition: int
     idempotency_key: str
+    source_offset: int = -1  # the router's own copies: where the record is in its source partition
 
 
 def place(partition_key: bytes | None, source_partition: int, partitions: int) -> int:

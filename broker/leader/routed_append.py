@@ -20,7 +20,7 @@ from broker.core.errors import FailedPrecondition, InvalidArgument, TopicNotFoun
 from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import validate_name
 from broker.leader import memory_topics, schemas
-from broker.leader.route_copies import Copy, origin_cluster, place
+from broker.leader.route_copies import VIA_SLACK_BYTES, Copy, origin_cluster, place
 from broker.leader.submitter import CommandSubmitter
 from broker.limits import ID_CHARS_MAX, Limits
 from broker.v1 import internal_pb2
@@ -86,7 +86,7 @@ class TrustedAppender:
         if not copy.idempotency_key or len(copy.idempotency_key) > ID_CHARS_MAX:
             raise InvalidArgument(f"record {i}: a routed copy needs an idempotency_key of 1 to {ID_CHARS_MAX} "
                                   "characters")
-        if len(copy.body) > self._limits.record_bytes_max:
+        if len(copy.body) > self._limits.record_bytes_max + VIA_SLACK_BYTES:  # what a route adds (route_copies)
             raise InvalidArgument(f"record {i} is {len(copy.body)} bytes, over the limit of "
                                   f"{self._limits.record_bytes_max} bytes")
         try:

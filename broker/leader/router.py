@@ -101,6 +101,19 @@ class _Pass:
     skipped: int = 0
 
 
+def _partial_advances(work: _Pass, handled: list[tuple[Copy, bool]]) -> dict[int, int]:
+    """Where each source partition's cursor may go after only ``handled``, a prefix of
+    ``work.copies``, went in: past its last handled copy when some of its copies did not go in, to
+    where the pass read when all did (or it had none)."""
+    done = len(handled)
+    pending = {copy.source_partition for copy in work.copies[done:]}
+    last: dict[int, int] = {}
+    for copy, _ in handled:
+        last[copy.source_partition] = copy.source_offset + 1
+    return {p: (last[p] if p in pending else offset) for p, offset in work.advances.items()
+            if p not in pending or p in last}
+
+
 def _is_full(exc: BaseException) -> bool:
     """The target is full (``full_policy=reject``): a core error locally, an SDK error remotely."""
     return isinstance(exc, ResourceExhausted) or getattr(exc, "code", None) == "RESOURCE_EXHAUSTED"
@@ -312,17 +325,38 @@ class RouteRunner:
         work = self._collect(route, source, echo_cluster)
         if not work.advances:
             return False
-        refused = self._deliver(config.target, work.copies, remote) if work.copies else 0
+        handled: list[tuple[Copy, bool]] = []  # (copy, refused for good) as the target took them, in order
+        try:
+            if work.copies:
+                self._deliver(config.target, work.copies, remote, handled)
+        except Exception:
+            # a prefix went in (a full_policy=reject target with room for part of the batch): the
+            # cursor moves past it now; retried later under the same keys, it was stored again once
+            # the dedup window had passed (17 records for 12)
+            if handled:
+                self._advance(route, source, _partial_advances(work, handled))
+                self._count(stats, handled, 0)
+            raise
+        self._advance(route, source, work.advances)
+        self._count(stats, handled, work.skipped)
+        stats.last_error = ""
+        return True
+
+    def _advance(self, route: _Compiled, source: internal_pb2.TopicMeta, advances: dict[int, int]) -> None:
+        if not advances:
+            return
         cmd = internal_pb2.Command(advance_route=routes_internal_pb2.AdvanceRouteCommand(
-            name=config.name, route_id=route.meta.route_id, source_topic_id=source.topic_id,
-            partitions=list(work.advances), next_offsets=list(work.advances.values())))
+            name=route.meta.config.name, route_id=route.meta.route_id, source_topic_id=source.topic_id,
+            partitions=list(advances), next_offsets=list(advances.values())))
         result = self._submitter.submit(cmd)
         if isinstance(result, Rejected):
             raise result.error
-        stats.copied += len(work.copies) - refused
-        stats.skipped += work.skipped + refused
-        stats.last_error = ""
-        return True
+
+    @staticmethod
+    def _count(stats: RouteStats, handled: list[tuple[Copy, bool]], skipped: int) -> None:
+        refused = sum(1 for _, was_refused in handled if was_refused)
+        stats.copied += len(handled) - refused
+        stats.skipped += skipped + refused
 
     def _collect(self, route: _Compiled, source: internal_pb2.TopicMeta, echo_cluster: str | None) -> _Pass:
         """Read and judge up to one batch of source records, partition by partition."""
@@ -382,7 +416,7 @@ class RouteRunner:
             record, body = candidate
             out.append((offset, Copy(body, next(keys), record.partition,
                                      idempotency_key(self._appender.cluster_id, route.meta.route_id,
-                                                     source.topic_id, record.partition, offset))))
+                                                     source.topic_id, record.partition, offset), offset)))
         return out
 
     def _candidate(self, route: _Compiled, source: internal_pb2.TopicMeta, partition: int, stored: record_log.Entry,
@@ -427,34 +461,37 @@ class RouteRunner:
                 out.append(record.key if record.HasField("key") else None)
         return out
 
-    def _deliver(self, target: str, copies: list[Copy], remote: RemoteCluster | None) -> int:
-        """Append ``copies`` in order; returns how many the target refused for good (skipped)."""
+    def _deliver(self, target: str, copies: list[Copy], remote: RemoteCluster | None,
+                 handled: list[tuple[Copy, bool]]) -> None:
+        """Append ``copies`` in order; ``handled`` gets each one the target took, or refused for good
+        (True: skipped), in order, also when a later one raises."""
         def send(batch: list[Copy]) -> None:
             if remote is not None:
                 remote.append(target, batch)
             else:
                 self._appender.append(target, batch)
+            handled.extend((copy, False) for copy in batch)
 
         try:
             send(copies)
-            return 0
+            return
         except Exception as exc:  # noqa: BLE001 - core errors locally, SDK errors remotely
             if _is_full(exc) and len(copies) > 1:
                 # a full_policy=reject target with room for fewer: the prefix that fits goes in (before,
                 # the whole batch was retried for good while the target had room, "0 records + 12 would
                 # pass max_records=5"); what does not fit raises, and the route backs off as for full
                 half = len(copies) // 2
-                return self._deliver(target, copies[:half], remote) + self._deliver(target, copies[half:], remote)
+                self._deliver(target, copies[:half], remote, handled)
+                self._deliver(target, copies[half:], remote, handled)
+                return
             if not _is_poison(exc) or _is_full(exc):
                 raise
-        refused = 0
         for copy in copies:  # one by one: skip only what the target refuses for good
             try:
                 send([copy])
             except Exception as exc:  # noqa: BLE001 - as above
                 if not _is_poison(exc):
                     raise
-                refused += 1
+                handled.append((copy, True))
                 log.warning("route to %s: the target refused the copy %s for good: %s", target,
                             copy.idempotency_key, exc)
-        return refused

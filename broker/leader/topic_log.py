@@ -27,6 +27,7 @@ from broker.core.topics import check_ephemeral_caps, check_topic_count, normaliz
 from broker.leader import memory_topics, partitioning, publish_ids, schemas
 from broker.leader.ephemeral import EphemeralHub
 from broker.leader.publishing import Placement, PublishBatch, Published, PublishItem
+from broker.leader.route_copies import VIA_HEADER
 from broker.leader.submitter import CommandSubmitter
 from broker.limits import ID_CHARS_MAX, Limits
 from broker.protowire import ByLength, varint
@@ -89,6 +90,9 @@ def _check_fits(config: internal_pb2.TopicConfig, bodies: list[bytes], suffix_by
         i, size = next((i, n) for i, n in enumerate(sizes) if n > cap)
         raise InvalidArgument(f"record {i} is {size} bytes stored, over topic {config.name!r}'s retention "
                               f"max_bytes={cap}: it could never be kept (raise max_bytes or send smaller records)")
+
+
+_VIA_BYTES = VIA_HEADER.encode()
 
 
 def _held_nothing() -> None:
@@ -488,6 +492,11 @@ class TopicLog:
         bodies: list[bytes] = []
         for i, rec in enumerate(request.records):
             msg_id = rec.msg_id
+            if _VIA_BYTES in rec.body and VIA_HEADER in internal_pb2.RecordBody.FromString(rec.body).headers:
+                raise InvalidArgument(
+                    f"record {i}: the header {VIA_HEADER!r} is reserved: a route sets it on the copies it sends to "
+                    "another cluster, and a record carrying it is never mirrored back there; drop it (a record "
+                    "republished from a mirrored one should not carry it)")
             body = rec.body + origin
             if msg_id:
                 body += internal_pb2.RecordBody(msg_id=str(msg_id)).SerializeToString()
