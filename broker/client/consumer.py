@@ -34,7 +34,7 @@ from broker.client.errors import (
 )
 from broker.client.groups import group_config
 from broker.client.models import Event, Record
-from broker.client.routing import Backoff, Router, is_retryable
+from broker.client.routing import Backoff, RetryPolicy, Router, TlsWatch, is_retryable
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 
 DEFAULT_IN_FLIGHT = 100
@@ -135,6 +135,7 @@ class Consumer:
         self._acks = ThreadAckCoalescer(self._send_acks)
         self._call: grpc.Call | None = None
         self._closed = threading.Event()
+        self._stream_over = threading.Event()  # the stream ended (its end, an error, close): beats stop
         self._heartbeats: threading.Thread | None = None
         self.assigned: tuple[int, ...] = ()  # stream mode: this member's partitions at the last heartbeat
         self._items = self._run()
@@ -176,6 +177,13 @@ class Consumer:
         tls = self._router.tls_watch()
         if self.stream_mode:
             self._join()
+        try:
+            yield from self._follow(address, policy, backoff, failing_since, tls)
+        finally:  # no more beats once the stream is over: the session then ends by itself
+            self._stream_over.set()
+
+    def _follow(self, address: str, policy: RetryPolicy, backoff: Backoff, failing_since: float | None,
+                tls: TlsWatch) -> Generator[Item, None, None]:
         while not self._closed.is_set():
             call = self._open(address)
             try:
@@ -252,7 +260,7 @@ class Consumer:
 
     def _beat(self, interval_s: float) -> None:
         request = broker_pb2.HeartbeatRequest(topic=self.topic, group=self.group, member_id=self.member_id)
-        while not self._closed.wait(interval_s):
+        while not self._stream_over.wait(interval_s) and not self._closed.is_set() and not self._router.closed:
             try:
                 response = self._router.call(lambda a, t: self._router.broker(a).Heartbeat(request, timeout=t),
                                              write=True, what="heartbeat")
@@ -345,6 +353,7 @@ class Consumer:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._stream_over.set()
         with self._lock:
             call = self._call
             self._unsettled.clear()

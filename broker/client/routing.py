@@ -206,6 +206,10 @@ class Router:
         """``Broker.Publish`` taking a request's bytes (``wire.PublishCall.data``)."""
         return self.stub(address, PublishBytesStub)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -323,6 +327,9 @@ class Router:
             try:
                 result = fn(address, self.policy.timeout_s)
             except grpc.RpcError as err:
+                if self._closed:  # its channel closed under it ("Channel closed!"): a write's outcome is not known
+                    raise BrokerError("CANCELLED", f"{what}: the client was closed",
+                                      after_unknown_outcome=write or unknown_outcome) from None
                 outcome, hint = classify(err)
                 if outcome is Outcome.FINAL:
                     raise error_from_rpc(err, after_unknown_outcome=unknown_outcome) from None

@@ -41,6 +41,7 @@ from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, Asy
 from broker.client.client import RecordLike
 from broker.client.consumer import GROUP_FILTER_REFUSED
 from broker.client.errors import (
+    BrokerError,
     DuplicateMessageError,
     FailedPrecondition,
     GroupNotFound,
@@ -100,6 +101,7 @@ class AsyncClient:
         self._on_event = on_event
         self._streams = PublishStreams(self._router) if stream_publishes else None
         self._coalescer = PublishCoalescer(self._publish_coalesced) if coalesce_publishes else None
+        self._closing = False
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -108,7 +110,10 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Wait for the answers of the publishes already made, then close every channel."""
+        """Wait for the answers of the publishes already made, then close every channel. Publishes
+        made from now on are refused (CANCELLED): other tasks publishing on kept the queue from ever
+        emptying, and close never returned."""
+        self._closing = True
         if self._coalescer is not None:
             await self._coalescer.drain()
         if self._streams is not None:
@@ -192,6 +197,7 @@ class AsyncClient:
         gets its own result or error."""
         record = OutgoingRecord(value=value, key=key, partition=partition, headers=checks.headers_of(headers),
                                 idempotency_key=idempotency_key, msg_id=msg_id)
+        self._check_open(f"publish to {topic}")
         if self._coalescer is None or idempotency_key is not None or dedup_id is not None or msg_id is not None:
             return (await self.publish_batch(topic, [record], dedup_id=dedup_id))[0]
         return await self._coalescer.publish(topic, record)
@@ -199,7 +205,12 @@ class AsyncClient:
     async def publish_batch(self, topic: str, records: Sequence[RecordLike], *, dedup_id: str | None = None,
                             first_msg_id: int | None = None) -> PublishResults:
         """Publish records all-or-nothing; one result per record, in order (see :meth:`Client.publish_batch`)."""
+        self._check_open(f"publish to {topic}")
         return await self._publish_batch(topic, records, dedup_id, first_msg_id, None)
+
+    def _check_open(self, what: str) -> None:
+        if self._closing:
+            raise BrokerError("CANCELLED", f"{what}: the client is closed")
 
     async def _publish_coalesced(self, topic: str, records: Sequence[RecordLike]) -> PublishResults:
         """One request of the coalescer: on the topic's ``PublishStream`` (unless ``stream_publishes=False``)."""

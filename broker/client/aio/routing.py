@@ -196,7 +196,18 @@ class AsyncRouter:
             tried.append(address)
             try:
                 result = await fn(address, policy.timeout_s)
+            except asyncio.CancelledError:
+                # grpc.aio ends a call its closing channel cancelled with CancelledError, as if the
+                # caller's task had been cancelled: say what happened, and that a write may have landed
+                task = asyncio.current_task()
+                if self._closed and task is not None and task.cancelling() == 0:
+                    raise BrokerError("CANCELLED", f"{what}: the client was closed",
+                                      after_unknown_outcome=write or unknown_outcome) from None
+                raise
             except grpc.RpcError as err:
+                if self._closed:  # its channel closed under it: a write's outcome is not known
+                    raise BrokerError("CANCELLED", f"{what}: the client was closed",
+                                      after_unknown_outcome=write or unknown_outcome) from None
                 outcome, hint = classify(err)
                 if outcome is Outcome.FINAL:
                     raise error_from_rpc(err, after_unknown_outcome=unknown_outcome) from None

@@ -400,8 +400,12 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
                              merged.queue)
 
         start = self._router.leader or await self._router.discover_leader()
-        await _follow(self._router, open_call, on_response, f"group {self.group} of {self.topic}", merged.closed,
-                      start)
+        try:
+            await _follow(self._router, open_call, on_response, f"group {self.group} of {self.topic}",
+                          merged.closed, start)
+        finally:  # the stream is over (its end, an error): no more beats; the session then ends by itself
+            if self._beats is not None:
+                self._beats.cancel()
 
     async def stream_mode(self) -> bool:
         """Whether this member is a stream-mode member: as ``mode`` said, or without one, as the group
