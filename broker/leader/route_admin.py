@@ -129,8 +129,16 @@ class RouteAdmin:
         if isinstance(result, Rejected):
             raise result.error
 
-    def list(self) -> list[RouteView]:
+    def local_views(self) -> list[RouteView]:
+        """Every route as this node's applied table and router have it (its metrics)."""
         return [self.info(meta) for meta in self._table.all()]
+
+    def list(self) -> list[RouteView]:
+        """Every route, from the leader: its copied, skipped and last error live in the leader's
+        router, and another node (one catching up after a restart, too) answered a stale table with
+        those figures at 0 and nothing saying so; elsewhere NotLeader, which the SDKs follow."""
+        self._submitter.ensure_leader()
+        return self.local_views()
 
     def info(self, meta: routes_internal_pb2.RouteMeta) -> RouteView:
         info = RouteView(meta)

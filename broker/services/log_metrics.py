@@ -95,7 +95,7 @@ class RouteCollector(Collector):
                                      "while it led", labels=["route"])
         skipped = CounterMetricFamily("raftbroker_route_skipped_records", "Records this node's router did not "
                                       "copy (filter, op, echo, refused by the target)", labels=["route"])
-        for info in self._routes.list():
+        for info in self._routes.local_views():
             config = info.meta.config
             name = config.name
             lag.add_metric([name, config.source, config.target], info.lag)

@@ -9,10 +9,13 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from broker.client import Client, InvalidArgument, Record
 from broker.devcluster import DevCluster
+from broker.v1 import routes_pb2
+from tests.cluster.stubs import refused, stubs
 from tests.conftest import start_cluster, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -158,6 +161,28 @@ def test_a_third_clusters_record_does_not_loop_between_two_mirrored_clusters(tmp
     finally:
         for c in clusters.values():
             c.stop()
+
+
+def test_routes_are_listed_by_the_leader(fresh_cluster: DevCluster) -> None:
+    """A follower (one catching up after a restart, too) answered ListRoutes from its own table, with
+    the leader's live figures (copied, skipped, last error) at 0 and nothing saying so: it now sends
+    the caller to the leader, as the SDKs follow."""
+    leader = fresh_cluster.wait_ready()
+    follower = next(a for a in fresh_cluster.addresses if a != leader)
+    with Client(fresh_cluster.addresses) as client:
+        client.create_topic("l-src", 1)
+        client.create_topic("l-dst", 1)
+        client.create_route("l", "l-src", "l-dst")
+        client.publish_batch("l-src", [b"a", b"b"])
+        wait_until(lambda: client.route("l").copied == 2, 30, "the copies counted")
+    s = stubs(follower)
+    try:
+        code, message = refused(lambda: s.admin.ListRoutes(routes_pb2.ListRoutesRequest(), timeout=30))
+        assert code == grpc.StatusCode.UNAVAILABLE and "leader" in message.lower(), (code, message)
+    finally:
+        s.close()
+    with Client([follower]) as client:  # the SDK follows the leader's address
+        assert client.route("l").copied == 2
 
 
 def test_a_route_into_an_ephemeral_or_full_target_waits_and_loses_nothing(fresh_cluster: DevCluster) -> None:
