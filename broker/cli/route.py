@@ -2,7 +2,8 @@
 
 JSON shape of a route (``route list --json`` prints an array of them): ``{"name", "source",
 "target", "target_cluster" (list of addresses, empty: this cluster), "filter", "partition_key",
-"ops", "route_id", "created_ms", "lag", "copied", "skipped", "last_error", "partitions":
+"ops", "route_id", "created_ms", "lag", "copied", "skipped", "lost" (of skipped: deleted before
+routed, unreadable, refused by the target), "last_error", "partitions":
 [{"partition", "next_offset", "end_offset"}]}``.
 """
 
@@ -31,7 +32,7 @@ def route_json(info: RouteInfo) -> dict[str, Any]:
         "name": info.name, "source": info.source, "target": info.target,
         "target_cluster": list(info.target_cluster), "filter": info.filter, "partition_key": info.partition_key,
         "ops": list(info.ops), "route_id": info.route_id, "created_ms": info.created_ms, "lag": info.lag,
-        "copied": info.copied, "skipped": info.skipped, "last_error": info.last_error,
+        "copied": info.copied, "skipped": info.skipped, "lost": info.lost, "last_error": info.last_error,
         "partitions": [{"partition": p.partition, "next_offset": p.next_offset, "end_offset": p.end_offset}
                        for p in info.partitions],
     }
@@ -97,12 +98,12 @@ def list_(ctx: typer.Context, json_: JsonFlag = False, bootstrap_: BootstrapOpti
     if not routes:
         Console().print("no routes")
         return
-    table = Table("name", "from", "to", "filter", "partition key", "ops", "lag", "copied", "skipped", "last error",
-                  box=None)
+    table = Table("name", "from", "to", "filter", "partition key", "ops", "lag", "copied", "skipped", "lost",
+                  "last error", box=None)
     for r in routes:
         target = r.target + (f" @ {','.join(r.target_cluster)}" if r.target_cluster else "")
         table.add_row(r.name, r.source, target, r.filter or "-", r.partition_key or "-", ",".join(r.ops) or "all",
-                      str(r.lag), str(r.copied), str(r.skipped), r.last_error or "-")
+                      str(r.lag), str(r.copied), str(r.skipped), str(r.lost), r.last_error or "-")
     Console(width=200).print(table)
 
 

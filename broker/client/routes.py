@@ -25,7 +25,7 @@ class RoutePartition:
 @dataclass(frozen=True)
 class RouteInfo:
     """A route as the leader reports it. ``lag``: source records not routed yet.
-    ``last_error``/``copied``/``skipped`` come from the leader's router since it took over."""
+    ``last_error``/``copied``/``skipped``/``lost`` come from the leader's router since it took over."""
 
     name: str
     source: str
@@ -41,6 +41,7 @@ class RouteInfo:
     last_error: str
     copied: int
     skipped: int
+    lost: int = 0  # of skipped: deleted before routed, unreadable, refused by the target for good
 
 
 def route_info(msg: routes_pb2.RouteInfo) -> RouteInfo:
@@ -50,7 +51,7 @@ def route_info(msg: routes_pb2.RouteInfo) -> RouteInfo:
         ops=tuple(OPS[op] for op in c.ops if 0 <= op < len(OPS)), target_cluster=tuple(c.target_cluster),
         route_id=msg.route_id, created_ms=msg.created_ms,
         partitions=tuple(RoutePartition(p.partition, p.next_offset, p.end_offset) for p in msg.partitions),
-        lag=msg.lag, last_error=msg.last_error, copied=msg.copied, skipped=msg.skipped)
+        lag=msg.lag, last_error=msg.last_error, copied=msg.copied, skipped=msg.skipped, lost=msg.lost)
 
 
 def route_config(name: str, source: str, target: str, filter: str | None, partition_key: str | None,

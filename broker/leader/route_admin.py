@@ -59,6 +59,7 @@ class RouteView:
     last_error: str = ""
     copied: int = 0
     skipped: int = 0
+    lost: int = 0
 
 
 class RouteAdmin:
@@ -148,4 +149,5 @@ class RouteAdmin:
         stats = self._runner.stats.get(meta.config.name) if self._runner is not None else None
         if stats is not None and stats.route_id == meta.route_id:
             info.last_error, info.copied, info.skipped = stats.last_error, stats.copied, stats.skipped
+            info.lost = stats.lost
         return info

@@ -74,7 +74,8 @@ class RouteStats:
 
     route_id: int
     copied: int = 0
-    skipped: int = 0
+    skipped: int = 0  # everything not copied, ``lost`` included
+    lost: int = 0  # not copied and should have been: deleted before routed, unreadable, refused by the target
     last_error: str = ""
     retry_at: float = 0.0
     backoff_s: float = 0.0
@@ -99,6 +100,7 @@ class _Pass:
     copies: list[Copy] = field(default_factory=list)
     advances: dict[int, int] = field(default_factory=dict)
     skipped: int = 0
+    lost: int = 0  # of skipped
 
 
 def _partial_advances(work: _Pass, handled: list[tuple[Copy, bool]]) -> dict[int, int]:
@@ -335,10 +337,10 @@ class RouteRunner:
             # the dedup window had passed (17 records for 12)
             if handled:
                 self._advance(route, source, _partial_advances(work, handled))
-                self._count(stats, handled, 0)
+                self._count(stats, handled, 0, 0)
             raise
         self._advance(route, source, work.advances)
-        self._count(stats, handled, work.skipped)
+        self._count(stats, handled, work.skipped, work.lost)
         stats.last_error = ""
         return True
 
@@ -353,10 +355,11 @@ class RouteRunner:
             raise result.error
 
     @staticmethod
-    def _count(stats: RouteStats, handled: list[tuple[Copy, bool]], skipped: int) -> None:
+    def _count(stats: RouteStats, handled: list[tuple[Copy, bool]], skipped: int, lost: int) -> None:
         refused = sum(1 for _, was_refused in handled if was_refused)
         stats.copied += len(handled) - refused
         stats.skipped += skipped + refused
+        stats.lost += lost + refused
 
     def _collect(self, route: _Compiled, source: internal_pb2.TopicMeta, echo_cluster: str | None) -> _Pass:
         """Read and judge up to one batch of source records, partition by partition."""
@@ -376,9 +379,11 @@ class RouteRunner:
                 log.warning("route %s: source records %d..%d of partition %d were deleted before they were "
                             "routed", route.meta.config.name, start, st.start_offset - 1, p)
                 work.skipped += st.start_offset - start
+                work.lost += st.start_offset - start
                 start = st.start_offset
             next_offset = start
-            scan = record_log.read(self._state.records_store(tid), tid, p, start, st.end_offset, budget_records)
+            scan = list(record_log.read(self._state.records_store(tid), tid, p, start, st.end_offset, budget_records))
+            work.lost += sum(1 for entry in scan if entry.error)  # unreadable (logged by _candidate)
             judged = [(entry.offset, self._candidate(route, source, p, entry, echo_cluster)) for entry in scan]
             for offset, copy in self._evaluate(route, source, judged):
                 if copy is None:

@@ -93,6 +93,9 @@ class RouteCollector(Collector):
                                 labels=["route", "source", "target"])
         copied = CounterMetricFamily("raftbroker_route_copied_records", "Records copied by this node's router "
                                      "while it led", labels=["route"])
+        lost = CounterMetricFamily("raftbroker_route_lost_records", "Records this node's router should have "
+                                   "copied and could not (deleted before routed, unreadable, refused by the "
+                                   "target)", labels=["route"])
         skipped = CounterMetricFamily("raftbroker_route_skipped_records", "Records this node's router did not "
                                       "copy (filter, op, echo, refused by the target)", labels=["route"])
         for info in self._routes.local_views():
@@ -101,6 +104,8 @@ class RouteCollector(Collector):
             lag.add_metric([name, config.source, config.target], info.lag)
             copied.add_metric([name], info.copied)
             skipped.add_metric([name], info.skipped)
+            lost.add_metric([name], info.lost)
         yield lag
         yield copied
         yield skipped
+        yield lost

@@ -189,7 +189,7 @@ def route_info(view: RouteView) -> routes_pb2.RouteInfo:
     meta = view.meta
     info = routes_pb2.RouteInfo(config=public_route_config(meta.config), route_id=meta.route_id,
                                 created_ms=meta.created_ms, lag=view.lag, last_error=view.last_error,
-                                copied=view.copied, skipped=view.skipped)
+                                copied=view.copied, skipped=view.skipped, lost=view.lost)
     for partition, next_offset, end_offset in view.partitions:
         info.partitions.add(partition=partition, next_offset=next_offset, end_offset=end_offset)
     return info

@@ -53,4 +53,6 @@ def test_deletions_and_route_lag_are_exported(cluster: DevCluster) -> None:
     text = scrape(cluster.metrics_address(leader))
     # 9 records were deleted before the route existed, 3 did not pass the filter
     assert sample(text, "raftbroker_route_skipped_records_total", route="m-route") == 12
+    # of them, the 9 deleted before they were routed are lost, told apart from the filter's 3
+    assert sample(text, "raftbroker_route_lost_records_total", route="m-route") == 9
     assert sample(text, "raftbroker_route_copied_records_total", route="m-route") == 0

@@ -261,6 +261,7 @@ def test_records_the_target_refuses_are_skipped_and_counted(env: Env) -> None:
     assert [json.loads(r.value)["n"] for r in read(env, "dst")] == [1, 3]
     (info,) = env.admin.list()
     assert info.copied == 2 and info.skipped == 1 and info.lag == 0
+    assert info.lost == 1, "a refusal is told apart from a filter's no"
 
 
 def test_advance_never_moves_a_cursor_back(env: Env) -> None:
