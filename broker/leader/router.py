@@ -284,7 +284,8 @@ class RouteRunner:
             except _ExpressionRefused as exc:
                 stats.paused = True
                 stats.last_error = f"paused: {exc}"
-                log.error("route %s paused: %s (delete and re-create it with a cheaper expression)",
+                log.error("route %s paused: %s (delete and re-create it with an expression that is cheaper, "
+                          "or always gives a boolean; re-created, it copies the retained records again)",
                           meta.config.name, exc)
             except Exception as exc:  # noqa: BLE001 - any failure of one route: report, back off, go on
                 if stop.is_set():  # a call cancelled by stop or retirement: not the route's failure
