@@ -112,12 +112,21 @@ class DeadLettersRetried:
     pruned: int
 
 
+GROUP_OPTIONS = ("mode", "visibility_timeout_ms", "backoff", "base_delay_ms", "max_delay_ms", "max_attempts",
+                 "ordered", "session_timeout_ms", "max_pending")
+
+
 def group_config(mode: str | None = None, *, visibility_timeout_ms: int | None = None, backoff: str | None = None,
                  base_delay_ms: int | None = None, max_delay_ms: int | None = None, max_attempts: int | None = None,
                  ordered: bool = False, session_timeout_ms: int | None = None, max_pending: int | None = None,
-                 start: str | int | bytes | None = None, timestamp_ms: int | None = None) -> common_pb2.GroupConfig:
+                 start: str | int | bytes | None = None, timestamp_ms: int | None = None,
+                 **unknown: object) -> common_pb2.GroupConfig:
     """The wire config of a group (``None``: the server default). ``start``/``timestamp_ms``:
-    where a new group starts (as for ``Client.subscribe``); ignored for an existing group."""
+    where a new group starts (as for ``Client.subscribe``); ignored for an existing group. An
+    unknown option is InvalidArgument naming it (it was Python's TypeError)."""
+    if unknown:
+        raise invalid_argument(f"unknown group option(s) {sorted(unknown)}; the options are "
+                               f"{', '.join(GROUP_OPTIONS)}")
     config = common_pb2.GroupConfig(ordered=ordered)
     if mode is not None:
         if mode not in MODES:

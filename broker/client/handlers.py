@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from broker.client import checks
 from broker.client.consumer import Consumer, Message
 from broker.client.errors import BrokerError, invalid_argument
 from broker.client.groups import Groups
@@ -100,8 +101,10 @@ def run_handler(consumer: Consumer, handler: Handler, *, ack: str = "auto", conc
     member's messages of one partition go to one worker, in order."""
     if ack not in ("auto", "manual"):
         raise invalid_argument(f"ack must be 'auto' or 'manual', got {ack!r}")
-    if concurrency < 1 or batch_size < 1 or (limit is not None and limit < 1):
-        raise invalid_argument("concurrency, batch_size and limit must be at least 1")
+    for name, value in (("concurrency", concurrency), ("batch_size", batch_size)):  # as the asyncio run checks
+        checks.check_int(value, name, 1, checks.UINT32_MAX)
+    if limit is not None:
+        checks.check_int(limit, "limit", 1, checks.INT64_MAX)
     try:
         stream_mode = consumer.stream_mode
     except BaseException:
