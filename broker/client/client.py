@@ -301,14 +301,21 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
 
     def get_watermarks(self, topic: str) -> list[Watermark]:
         """Every producer session's high watermark on ``topic`` (the highest ``|msg_id|`` stored
-        per ``dedup_id``), as the leader has applied them; raises ``TopicNotFound``."""
-        request = admin_pb2.GetWatermarksRequest(topic=topic)
-        response = self._router.call(
-            lambda addr, t: self._router.admin(addr).GetWatermarks(request, timeout=t),
-            write=False,
-            what=f"get watermarks of {topic}",
-        )
-        return [wire.watermark(m) for m in response.watermarks]
+        per ``dedup_id``), as the leader has applied them, in dedup_id order; raises
+        ``TopicNotFound``. Asked page by page (``wire.WATERMARKS_PAGE``), so no answer outgrows a
+        message however many sessions the topic keeps."""
+        marks: list[Watermark] = []
+        while True:
+            request = admin_pb2.GetWatermarksRequest(topic=topic, limit=wire.WATERMARKS_PAGE,
+                                                     after_dedup_id=marks[-1].dedup_id if marks else "")
+            response = self._router.call(
+                lambda addr, t: self._router.admin(addr).GetWatermarks(request, timeout=t),  # noqa: B023
+                write=False,
+                what=f"get watermarks of {topic}",
+            )
+            marks += [wire.watermark(m) for m in response.watermarks]
+            if not response.more or not response.watermarks:
+                return marks
 
     def reset_watermark(self, topic: str, dedup_id: str) -> bool:
         """Forget ``dedup_id``'s watermark on ``topic`` (replicated): its next message may start

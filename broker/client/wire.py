@@ -380,6 +380,9 @@ def publish_result(msg: broker_pb2.PublishResult, idempotency_key: str = "") -> 
     return PublishResult(msg.partition, msg.offset, msg.duplicate, msg.timestamp_ms, idempotency_key)
 
 
+WATERMARKS_PAGE = 1000  # watermarks per GetWatermarks page the SDKs ask for (256-character ids: ~270 KB)
+
+
 def watermark(msg: admin_pb2.Watermark) -> Watermark:
     return Watermark(dedup_id=msg.dedup_id, msg_id=msg.msg_id)
 

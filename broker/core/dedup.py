@@ -138,9 +138,11 @@ def watermarks_range(tid: int) -> tuple[bytes, bytes]:
     return _TID.pack(tid) + b"w", _TID.pack(tid) + b"x"
 
 
-def watermarks(store: Store, tid: int) -> Iterator[tuple[str, int]]:
+def watermarks(store: Store, tid: int, after: str = "", limit: int | None = None) -> Iterator[tuple[str, int]]:
+    """``(dedup_id, watermark)`` in dedup_id order (of its UTF-8 bytes), after ``after``, at most ``limit``."""
     prefix, end = watermarks_range(tid)
-    for key, value in store.scan(Column.DEDUP, prefix, end):
+    begin = prefix + after.encode() + b"\x00" if after else prefix
+    for key, value in store.scan(Column.DEDUP, begin, end, limit):
         yield key[len(prefix):].decode(), _TS.unpack_from(value)[0]
 
 

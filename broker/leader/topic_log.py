@@ -38,6 +38,7 @@ __all__ = ["Limits", "Placement", "PreparedPublish", "PublishBatch", "Published"
            "TopicView"]
 
 _OPS = frozenset(internal_pb2.Op.values())
+WATERMARKS_PAGE_MAX = 10_000  # GetWatermarks asked for a page: at most this many (256-character ids: ~2.7 MB)
 
 
 T = TypeVar("T")
@@ -409,9 +410,17 @@ class TopicLog:
             now_ms=self._clock.now_ms())))
 
     # -- dedup watermarks ----------------------------------------------------------------------
-    def watermarks(self, topic: str) -> list[tuple[str, int]]:
-        """Every producer session's high watermark on ``topic`` (local applied state)."""
-        return list(dedup.watermarks(self._state.store, self._meta(topic).topic_id))
+    def watermarks(self, topic: str, after: str = "", limit: int = 0) -> tuple[list[tuple[str, int]], bool]:
+        """Producer sessions' high watermarks on ``topic`` (local applied state), in dedup_id order
+        after ``after``: every one when ``limit`` is 0, else a page; and whether more follow."""
+        if len(after) > ID_CHARS_MAX:
+            raise InvalidArgument(f"after_dedup_id is longer than {ID_CHARS_MAX} characters")
+        tid = self._meta(topic).topic_id
+        if not limit:
+            return list(dedup.watermarks(self._state.store, tid, after)), False
+        page = list(dedup.watermarks(self._state.store, tid, after, min(limit, WATERMARKS_PAGE_MAX) + 1))
+        more = len(page) > min(limit, WATERMARKS_PAGE_MAX)
+        return page[:min(limit, WATERMARKS_PAGE_MAX)], more
 
     def reset_watermark(self, topic: str, dedup_id: str) -> bool:
         """Forget ``dedup_id``'s watermark: its next message may start again at 1. Returns whether

@@ -140,9 +140,9 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     @errors.unary
     def GetWatermarks(self, request: admin_pb2.GetWatermarksRequest,
                       context: grpc.ServicerContext) -> admin_pb2.GetWatermarksResponse:
-        marks = self._log.watermarks(request.topic)
+        marks, more = self._log.watermarks(request.topic, request.after_dedup_id, request.limit)
         return admin_pb2.GetWatermarksResponse(
-            watermarks=[admin_pb2.Watermark(dedup_id=d, msg_id=m) for d, m in marks])
+            watermarks=[admin_pb2.Watermark(dedup_id=d, msg_id=m) for d, m in marks], more=more)
 
     @errors.unary
     def ResetWatermark(self, request: admin_pb2.ResetWatermarkRequest,

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import Client
+from broker.client import Client, wire
 from broker.client.aio import AsyncClient
 from broker.client.errors import error_from_rpc
 from broker.devcluster import DevCluster
@@ -234,3 +234,29 @@ def test_an_idle_sdk_session_is_forgotten_after_the_window_and_the_client_carrie
             assert second != first, "the client opened a new session"
     finally:
         c.stop()
+
+
+def test_watermarks_are_read_page_by_page(cluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GetWatermarks answered every session at once: about 38,000 sessions of 256-character ids made
+    an answer too large for any client. A page is asked for (limit, after_dedup_id); limit 0 keeps
+    answering all, as before."""
+    with Client(cluster.addresses) as client:
+        client.create_topic("sessions-pages", 1)
+        ids = [f"p{i}" for i in range(5)]
+        for dedup_id in ids:
+            client.publish("sessions-pages", b"x", dedup_id=dedup_id, msg_id=1)
+        s = leader_stubs(cluster)
+        try:
+            def page(limit: int, after: str = "") -> tuple[list[str], bool]:
+                got = s.admin.GetWatermarks(admin_pb2.GetWatermarksRequest(
+                    topic="sessions-pages", limit=limit, after_dedup_id=after))
+                return [m.dedup_id for m in got.watermarks], got.more
+
+            assert page(2) == (["p0", "p1"], True)
+            assert page(2, "p1") == (["p2", "p3"], True)
+            assert page(2, "p3") == (["p4"], False)
+            assert page(0) == (ids, False)
+        finally:
+            s.close()
+        monkeypatch.setattr(wire, "WATERMARKS_PAGE", 2)  # the SDK asks page by page
+        assert [(m.dedup_id, m.msg_id) for m in client.get_watermarks("sessions-pages")] == [(i, 1) for i in ids]

@@ -264,9 +264,15 @@ class AsyncClient:
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def get_watermarks(self, topic: str) -> list[Watermark]:
-        response = await self._admin("GetWatermarks", admin_pb2.GetWatermarksRequest(topic=topic), write=False,
-                                     what=f"get watermarks of {topic}")
-        return [wire.watermark(m) for m in response.watermarks]
+        """As :meth:`Client.get_watermarks`: every watermark, asked page by page."""
+        marks: list[Watermark] = []
+        while True:
+            request = admin_pb2.GetWatermarksRequest(topic=topic, limit=wire.WATERMARKS_PAGE,
+                                                     after_dedup_id=marks[-1].dedup_id if marks else "")
+            response = await self._admin("GetWatermarks", request, write=False, what=f"get watermarks of {topic}")
+            marks += [wire.watermark(m) for m in response.watermarks]
+            if not response.more or not response.watermarks:
+                return marks
 
     async def reset_watermark(self, topic: str, dedup_id: str) -> bool:
         """As :meth:`Client.reset_watermark`: whether there was a watermark to forget."""
