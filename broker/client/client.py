@@ -99,8 +99,6 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         if bootstrap is None:
             raise ValueError("give bootstrap addresses (or a client config file that lists them)")
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
-        if timeout_s <= 0 or retry_deadline_s < 0:
-            raise ValueError("timeout_s must be positive and retry_deadline_s not negative")
         self._router = Router(addresses, RetryPolicy(timeout_s=timeout_s, retry_deadline_s=retry_deadline_s,
                                                      no_quorum_grace_s=no_quorum_grace_s), security)
         self._sessions = SessionPool()

@@ -53,3 +53,14 @@ def test_an_unknown_group_option_is_invalid_argument_in_both() -> None:
 
     with pytest.raises(InvalidArgument, match=r"unknown group option\(s\) \['bogus'\]"):
         asyncio.run(consume())
+
+
+@pytest.mark.parametrize("options", [{"timeout_s": 0}, {"retry_deadline_s": -1}, {"no_quorum_grace_s": 61}])
+def test_both_clients_refuse_the_same_settings_alike(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError) as sync_error:
+        Client(NOWHERE, **options)
+    with pytest.raises(ValueError) as async_error:
+        AsyncClient(NOWHERE, **options)
+    assert str(sync_error.value) == str(async_error.value)
+    with pytest.raises(ValueError, match="give bootstrap addresses"):
+        AsyncClient(None)  # type: ignore[arg-type]

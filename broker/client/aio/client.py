@@ -91,6 +91,8 @@ class AsyncClient:
         in flight per topic (:mod:`broker.client.aio.coalescing`); False sends each as its own call.
         ``stream_publishes``: those coalesced requests travel on a ``PublishStream`` per topic
         (:mod:`broker.client.aio.publish_streams`); False: one unary ``Publish`` call each."""
+        if bootstrap is None:  # as the sync client says it (its config file is not read here)
+            raise ValueError("give bootstrap addresses")
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         if max_in_flight_batches < 1:
             raise ValueError("max_in_flight_batches must be at least 1")
