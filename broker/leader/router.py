@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
@@ -99,8 +99,19 @@ class _Compiled:
 class _Pass:
     copies: list[Copy] = field(default_factory=list)
     advances: dict[int, int] = field(default_factory=dict)
-    skipped: int = 0
-    lost: int = 0  # of skipped
+    skipped: dict[int, int] = field(default_factory=dict)  # by source partition: records not copied
+    lost: dict[int, int] = field(default_factory=dict)  # of those, the ones that should have been
+
+    def count(self, partition: int, skipped: int, lost: int = 0) -> None:
+        self.skipped[partition] = self.skipped.get(partition, 0) + skipped
+        self.lost[partition] = self.lost.get(partition, 0) + lost
+
+    def counted(self, partitions: Iterable[int]) -> tuple[int, int]:
+        """(skipped, lost) of ``partitions``: those whose cursor moves past what was judged (the
+        others are judged again by the next pass, and counted then)."""
+        chosen = set(partitions)
+        return (sum(n for p, n in self.skipped.items() if p in chosen),
+                sum(n for p, n in self.lost.items() if p in chosen))
 
 
 def _partial_advances(work: _Pass, handled: list[tuple[Copy, bool]]) -> dict[int, int]:
@@ -337,11 +348,12 @@ class RouteRunner:
             # cursor moves past it now; retried later under the same keys, it was stored again once
             # the dedup window had passed (17 records for 12)
             if handled:
-                self._advance(route, source, _partial_advances(work, handled))
-                self._count(stats, handled, 0, 0)
+                advances = _partial_advances(work, handled)
+                self._advance(route, source, advances)
+                self._count(stats, handled, *work.counted(advances))
             raise
         self._advance(route, source, work.advances)
-        self._count(stats, handled, work.skipped, work.lost)
+        self._count(stats, handled, *work.counted(work.skipped.keys() | work.lost.keys()))
         stats.last_error = ""
         return True
 
@@ -379,16 +391,15 @@ class RouteRunner:
             if start < st.start_offset:  # pruned or expired before it was routed: counted, not hidden
                 log.warning("route %s: source records %d..%d of partition %d were deleted before they were "
                             "routed", route.meta.config.name, start, st.start_offset - 1, p)
-                work.skipped += st.start_offset - start
-                work.lost += st.start_offset - start
+                work.count(p, st.start_offset - start, st.start_offset - start)
                 start = st.start_offset
             next_offset = start
             scan = list(record_log.read(self._state.records_store(tid), tid, p, start, st.end_offset, budget_records))
-            work.lost += sum(1 for entry in scan if entry.error)  # unreadable (logged by _candidate)
+            work.count(p, 0, sum(1 for entry in scan if entry.error))  # unreadable (logged by _candidate)
             judged = [(entry.offset, self._candidate(route, source, p, entry, echo_cluster)) for entry in scan]
             for offset, copy in self._evaluate(route, source, judged):
                 if copy is None:
-                    work.skipped += 1
+                    work.count(p, 1)
                 else:
                     work.copies.append(copy)
                     budget_bytes -= len(copy.body)
