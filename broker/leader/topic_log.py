@@ -410,7 +410,11 @@ class TopicLog:
             now_ms=self._clock.now_ms())))
 
     # -- dedup watermarks ----------------------------------------------------------------------
-    def watermarks(self, topic: str, after: str = "", limit: int = 0) -> tuple[list[tuple[str, int]], bool]:
+    def watermarks(self, topic: str) -> list[tuple[str, int]]:
+        """Every producer session's high watermark on ``topic`` (local applied state)."""
+        return self.watermarks_page(topic)[0]
+
+    def watermarks_page(self, topic: str, after: str = "", limit: int = 0) -> tuple[list[tuple[str, int]], bool]:
         """Producer sessions' high watermarks on ``topic`` (local applied state), in dedup_id order
         after ``after``: every one when ``limit`` is 0, else a page; and whether more follow."""
         if len(after) > ID_CHARS_MAX:

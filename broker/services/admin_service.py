@@ -140,7 +140,7 @@ class AdminServicer(GroupAdminMethods, MembershipAdminMethods, RouteAdminMethods
     @errors.unary
     def GetWatermarks(self, request: admin_pb2.GetWatermarksRequest,
                       context: grpc.ServicerContext) -> admin_pb2.GetWatermarksResponse:
-        marks, more = self._log.watermarks(request.topic, request.after_dedup_id, request.limit)
+        marks, more = self._log.watermarks_page(request.topic, request.after_dedup_id, request.limit)
         return admin_pb2.GetWatermarksResponse(
             watermarks=[admin_pb2.Watermark(dedup_id=d, msg_id=m) for d, m in marks], more=more)
 
