@@ -82,7 +82,7 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
                 continue
         acc = growth.get(partition)
         if acc is None:
-            base = sm.partition(tid, partition)
+            base = sm.counters(tid, partition)
             acc = growth[partition] = [base.end_offset, 0, 0, base.last_timestamp_ms]
             starts[partition] = (base.end_offset, 0)
         offset, ts = acc[0], max(cmd.now_ms, acc[3])
@@ -93,7 +93,7 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
             seen[key] = (partition, offset, ts)
     touched: dict[int, PartitionState] = {}
     for partition, (end, added, added_bytes, ts) in growth.items():
-        base = sm.partition(tid, partition)
+        base = sm.counters(tid, partition)
         touched[partition] = replace(base, end_offset=end, records=base.records + added,
                                      bytes=base.bytes + added_bytes, last_timestamp_ms=ts)
     taken = dedup.check_unique(sm.store, cmd, tid, meta, [w[5] for w in writes])
@@ -101,12 +101,12 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
         return Rejected(taken)
     if sm.append_policy is not None:
         for partition, state in touched.items():
-            old = sm.partition(tid, partition)
+            old = sm.counters(tid, partition)
             error = sm.append_policy.check(meta, partition, old, state.records - old.records, state.bytes - old.bytes)
             if error is not None:
                 return Rejected(error)
     # phase 2: write
-    record_batch = sm.records_batch(tid, batch)
+    record_batch, skeletons = sm.records_batch(tid, batch), sm.skeletons_batch(tid, batch)
     if writes:  # the general path (keys, dedup fields, discarded records)
         written_bodies: dict[int, list[bytes]] = {p: [] for p in touched}
         unique = cmd.unique_keys
@@ -118,7 +118,8 @@ def apply_append(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, batch:
     # a partition's offsets of this apply are consecutive, all stamped alike (growth[p][3])
     pending = {p: PendingRecords(starts[p][0], growth[p][3], stored) for p, stored in items.items()}
     for partition, written in pending.items():
-        record_log.append(record_batch, tid, partition, written.first, written.timestamp_ms, written.bodies)
+        record_log.append(record_batch, tid, partition, written.first, written.timestamp_ms, written.bodies,
+                          skeletons)
     runs = {p: (written.first, written.timestamp_ms) for p, written in pending.items()} if in_runs else None
     if keys:
         dedup.remember_keys(batch, tid, window_now, window,
@@ -151,7 +152,7 @@ def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int
         return []
     if len(set(partitions)) == 1:  # one partition: no per-record Python step at all
         partition = partitions[0]
-        base = sm.partition(tid, partition)
+        base = sm.counters(tid, partition)
         ts, first = max(cmd.now_ms, base.last_timestamp_ms), base.end_offset
         items[partition] = bodies
         growth[partition] = [first + n, n, sum(map(len, bodies)), ts]
@@ -161,7 +162,7 @@ def _place_all(sm: BrokerStateMachine, cmd: internal_pb2.AppendCommand, tid: int
     for partition, body in zip(partitions, bodies, strict=True):
         acc = growth.get(partition)
         if acc is None:
-            base = sm.partition(tid, partition)
+            base = sm.counters(tid, partition)
             ts = max(cmd.now_ms, base.last_timestamp_ms)
             acc = growth[partition] = [base.end_offset, 0, 0, ts]
             starts[partition] = (base.end_offset, 0)

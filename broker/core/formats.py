@@ -28,6 +28,10 @@ Formats:
 - 4: no command changes: a member at 4 reads position tokens of version 2 (a group delivery's
   record names its delivery, ``broker/core/records.py``), which code before it refuses. The leader
   hands such tokens out only once the cluster's format is 4, i.e. every member's code reads them.
+- 5: `memory` topics decide from replicated data only (docs/design/memory-topics.md): every append
+  to one also writes its records' skeleton (sizes and timestamps, ``core/record_log.py`` format 4)
+  in the durable store, and applies decide from the replicated counters (``counters``) and the
+  skeletons (``sizes_store``), not from the records and view of a node that lost them at a restart.
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ import struct
 from broker.storage import ApplyHalt, Batch, Column, Store
 from broker.v1 import internal_pb2
 
-CODE_FORMAT = 4  # the newest command format this code applies
+CODE_FORMAT = 5  # the newest command format this code applies
 PRUNED_DEAD_FORMAT = 3  # from this format a retry of dead letters carries the leader's start offsets
 DELIVERY_TOKEN_FORMAT = 4  # from this format a group delivery's position token names the delivery
+MEMORY_SKELETON_FORMAT = 5  # from this format `memory` topics' applies decide from replicated data only
 # Tests only: run this node as a release that applies formats up to N <= CODE_FORMAT (an older node
 # in a rolling upgrade). Unset in production; a value above CODE_FORMAT is refused.
 APPLY_FORMAT_ENV = "RAFTBROKER_TEST_APPLY_FORMAT"

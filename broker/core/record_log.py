@@ -33,7 +33,22 @@ Value (format 2, written before format 3; still read)::
     frames  n per-record frames, each ``records.frame``: >IqB (crc32c, timestamp_ms, format 1) + body,
             its CRC over the record's OWN 16-byte key (tid, p, offset), timestamp, format and body
 
-Both formats live side by side in one store (the format byte leads each value); nothing rewrites
+Skeleton (format 4: the durable shadow of a `memory` topic's value, from command format 5)::
+
+    header  >BIQ   format (4), count n, first offset (= last - n + 1)
+            >nI    record i's body bytes
+            >I     r, then r x >Iq (records, timestamp_ms): the timestamps in runs, in offset order
+            >I     CRC32C over (the 16-byte key, every header byte above)
+
+A `memory` topic keeps its records in each node's memory only (SPEC §2.1), so a restarted node
+has none; the applies that decide from their sizes and timestamps (retention, prune) read these
+skeletons instead, which every node has (written in the durable store, under the same keys as the
+values they shadow, by every apply from command format 5 on: ``append(..., skeletons=batch)``).
+:func:`sizes`, :func:`timestamp_at` and :func:`offset_for_time` read them; a read of records
+reports each offset of one as unreadable (nothing reads records from the durable store of a
+`memory` topic). docs/design/memory-topics.md.
+
+The formats live side by side in one store (the format byte leads each value); nothing rewrites
 a format-2 value. One applied batch is split into values of at most ``STORED_BATCH_RECORDS_MAX``
 records and ``STORED_BATCH_BYTES_MAX`` bytes (a larger lone record is stored alone), so a point
 read never decodes more than one bounded value.
@@ -67,6 +82,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_V2 = 2
 FORMAT_V3 = 3
+FORMAT_SKELETON = 4
 STORED_BATCH_RECORDS_MAX = 1024  # records per stored value
 STORED_BATCH_BYTES_MAX = 256 * 1024  # frame bytes per stored value (a larger lone record goes alone)
 FORMAT_KEY = b"records_format"  # Column.META: >B, the format of every value in Column.RECORDS
@@ -131,6 +147,7 @@ class _Value:
     crcs: tuple[int, ...] = ()  # format 3: each record's CRC
     runs: tuple[tuple[int, int], ...] = ()  # format 3: (records, timestamp_ms) in offset order
     elements_crc: int = 0  # format 3
+    sizes: tuple[int, ...] = ()  # format 4 (a skeleton): each record's body bytes, and no bodies
     _intact: bool | None = None  # format 3: whether the elements' CRC matched (checked once)
 
     @property
@@ -147,6 +164,9 @@ class _Value:
         """The records at ``begin`` … ``stop - 1`` (in this value), each with its own CRC checked
         (``prefix_crc``: the CRC of the key's first 8 bytes) unless the format-3 elements' one CRC
         matched. The hot loop of every read of whole records."""
+        if self.sizes:
+            yield from (Entry(offset, 0, b"", "a skeleton holds no record") for offset in range(begin, stop))
+            return
         if self.v3:
             yield from self._entries_v3(begin, stop)
             return
@@ -222,6 +242,8 @@ class _Value:
 
     def body_bytes(self, offset: int) -> int:
         i = offset - self.first
+        if self.sizes:
+            return self.sizes[i]
         start, end = self.base + (self.ends[i - 1] if i else 0), self.base + self.ends[i]
         if self.v3:
             body_at = _body_start(self.raw, start, end)
@@ -230,7 +252,7 @@ class _Value:
 
     def timestamp_at(self, offset: int) -> int:
         i = offset - self.first
-        if self.v3:
+        if self.v3 or self.sizes:
             return self._stamps(i, 1)[0]
         return int(_TSFMT.unpack_from(self.raw, self.base + (self.ends[i - 1] if i else 0) + 4)[0])
 
@@ -258,6 +280,8 @@ def _decode(key: bytes, raw: bytes) -> _Value:
     fmt, count, first = _HEAD.unpack_from(raw)
     if fmt == FORMAT_V3:
         return _decode_v3(key, raw, count, first)
+    if fmt == FORMAT_SKELETON:
+        return _decode_skeleton(key, raw, count, first)
     if fmt != FORMAT_V2:
         raise _Damaged(f"unknown stored batch format {fmt}")
     base = _HEAD.size + 4 * count + 4
@@ -293,6 +317,30 @@ def _decode_v3(key: bytes, raw: bytes, count: int, first: int) -> _Value:
     return _Value(first, last, ends, base, raw, crcs, runs, elements_crc)
 
 
+def _decode_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
+    runs_at = _HEAD.size + 4 * count
+    if count < 1 or runs_at + 4 > len(raw):
+        raise _Damaged(f"stored skeleton header claims {count} records in {len(raw)} bytes")
+    nruns = _U32.unpack_from(raw, runs_at)[0]
+    end = runs_at + 4 + _RUN.size * nruns
+    if nruns < 1 or end + 4 != len(raw):
+        raise _Damaged(f"stored skeleton claims {nruns} timestamp runs in {len(raw)} bytes")
+    if google_crc32c.extend(google_crc32c.value(key), raw[:end]) != _U32.unpack_from(raw, end)[0]:
+        raise _Damaged("skeleton checksum mismatch")
+    runs = tuple(_RUN.iter_unpack(raw[runs_at + 4:end]))
+    if first + count - 1 != _KEY.unpack(key)[2] or sum(n for n, _ in runs) != count:
+        raise _Damaged(f"stored skeleton does not match its key (offsets {first}+{count})")
+    sizes = struct.unpack_from(f">{count}I", raw, _HEAD.size)
+    return _Value(first, first + count - 1, (), len(raw), raw, runs=runs, sizes=sizes)
+
+
+def _encode_skeleton(key: bytes, first: int, sizes: Sequence[int], runs: list[list[int]]) -> bytes:
+    count = len(sizes)
+    head = b"".join((_HEAD.pack(FORMAT_SKELETON, count, first), struct.pack(f">{count}I", *sizes),
+                     _U32.pack(len(runs)), b"".join(_RUN.pack(n, ts) for n, ts in runs)))
+    return head + _U32.pack(google_crc32c.value(key + head))
+
+
 def encode(tid: int, partition: int, first: int, frames: Sequence[bytes]) -> tuple[bytes, bytes]:
     """The (key, value) of one format-2 batch of already framed records at ``first``, ``first + 1``…
     (the format-1 upgrade writes these)."""
@@ -320,14 +368,17 @@ def _encode_v3(tid: int, partition: int, first: int, ends: list[int], crcs: list
     return key, b"".join((head, _U32.pack(google_crc32c.value(key + head)), elements))
 
 
-def append(batch: Batch, tid: int, partition: int, first: int, timestamp_ms: int, bodies: Sequence[bytes]) -> None:
+def append(batch: Batch, tid: int, partition: int, first: int, timestamp_ms: int, bodies: Sequence[bytes],
+           skeletons: Batch | None = None) -> None:
     """Write ``bodies``, all stamped ``timestamp_ms``, at offsets ``first``, ``first + 1``… into
     ``batch``, as format-3 values of at most ``STORED_BATCH_RECORDS_MAX`` records /
     ``STORED_BATCH_BYTES_MAX`` bytes (a larger lone record alone). The hot path of every replica's
     apply: every per-record step (length, element prefix, end, CRC over the body) is a C loop
     (``map``, ``accumulate``), no Python step and no bytes object built per record; one CRC per
     value over its elements. One timestamp per call: an apply stamps every record of a partition
-    alike (``broker.core.append``), so a value written here holds a single timestamp run."""
+    alike (``broker.core.append``), so a value written here holds a single timestamp run.
+    ``skeletons``: also write each value's skeleton (format 4, same key) there (a `memory` topic's
+    durable batch)."""
     n = len(bodies)
     if not n:
         return
@@ -346,8 +397,12 @@ def append(batch: Batch, tid: int, partition: int, first: int, timestamp_ms: int
         stop = max(start + 1, bisect_right(ends, base + STORED_BATCH_BYTES_MAX, start,
                                            min(n, start + STORED_BATCH_RECORDS_MAX)))
         value_ends = list(map(operator.sub, ends[start:stop], repeat(base)))
-        batch.put(Column.RECORDS, *_encode_v3(tid, partition, first + start, value_ends, crcs[start:stop],
-                                              [[stop - start, timestamp_ms]], parts[2 * start:2 * stop]))
+        key, value = _encode_v3(tid, partition, first + start, value_ends, crcs[start:stop],
+                                [[stop - start, timestamp_ms]], parts[2 * start:2 * stop])
+        batch.put(Column.RECORDS, key, value)
+        if skeletons is not None:
+            skeletons.put(Column.RECORDS, key, _encode_skeleton(key, first + start, lengths[start:stop],
+                                                                [[stop - start, timestamp_ms]]))
         start, base = stop, ends[stop - 1]
 
 

@@ -99,7 +99,7 @@ class Retention:
             keep = state.end_offset - before < before - state.start_offset
             lo, hi = (before, state.end_offset) if keep else (state.start_offset, before)
             counted, counted_bytes = 0, 0
-            for _offset, size in record_log.sizes(self._state.records_store(tid), tid, partition, lo, hi):
+            for _offset, size in record_log.sizes(self._state.sizes_store(tid), tid, partition, lo, hi):
                 counted += 1
                 counted_bytes += size
             for offset, size in pending.sizes() if pending is not None else ():  # written by this same apply
@@ -110,7 +110,7 @@ class Retention:
                                       else (counted, counted_bytes))
         # batches wholly before the cut go; one straddling it stays and is filtered on read
         record_log.delete_before(self._state.records_batch(tid, batch), tid, partition, state.start_offset, before)
-        self._state.cut_records(tid, partition, before)
+        self._state.cut_records(tid, partition, state.start_offset, before)
         removed, removed_bytes = max(min(removed, state.records), 0), max(min(removed_bytes, state.bytes), 0)
         new = replace(state, start_offset=before, records=state.records - removed, bytes=state.bytes - removed_bytes)
         self._state.put_partition(tid, partition, new, batch, changes)
@@ -126,7 +126,7 @@ class Retention:
         if (max_records is None or state.records <= max_records) and (max_bytes is None or state.bytes <= max_bytes):
             return state
         tid = meta.topic_id
-        stored = record_log.sizes(self._state.records_store(tid), tid, partition, state.start_offset,
+        stored = record_log.sizes(self._state.sizes_store(tid), tid, partition, state.start_offset,
                                   state.end_offset)
         sizes = itertools.chain(stored, pending.sizes() if pending is not None else ())
         count, size, before = state.records, state.bytes, state.start_offset
@@ -142,7 +142,7 @@ class Retention:
             return Rejected(TopicNotFound(cmd.topic))
         if any(p >= meta.config.partitions for p in cmd.partitions):
             return Rejected(InvalidArgument(f"topic {cmd.topic!r} has {meta.config.partitions} partitions"))
-        targets = {p: min(before, self._state.partition(meta.topic_id, p).end_offset)
+        targets = {p: min(before, self._state.counters(meta.topic_id, p).end_offset)
                    for p, before in zip(cmd.partitions, cmd.before_offsets, strict=True)}
         if self._guard is not None:
             limited = self._guard.limit(meta, cmd, targets)
@@ -153,7 +153,7 @@ class Retention:
             return Rejected(FailedPrecondition("this node has no consumer groups to prune by"))
         pruned = 0
         for partition, before in targets.items():
-            old = self._state.partition(meta.topic_id, partition)
+            old = self._state.counters(meta.topic_id, partition)
             new = self.delete_before(meta.topic_id, partition, old, before, batch, changes, "prune")
             pruned += old.records - new.records
         return pruned
@@ -168,9 +168,9 @@ class Retention:
                 # topic has as many partitions as its source (300 groups of a 1024-partition topic: an
                 # idle cluster lost its leader to this walk)
             for partition in range(meta.config.partitions):
-                state = self._state.partition(meta.topic_id, partition)
+                state = self._state.counters(meta.topic_id, partition)
                 if retention.HasField("max_age_ms") and state.records:
-                    cutoff = record_log.offset_for_time(self._state.records_store(meta.topic_id), meta.topic_id,
+                    cutoff = record_log.offset_for_time(self._state.sizes_store(meta.topic_id), meta.topic_id,
                                                      partition, cmd.now_ms - retention.max_age_ms,
                                                      state.start_offset, state.end_offset)
                     state = self.delete_before(meta.topic_id, partition, state, cutoff, batch, changes, "retention")

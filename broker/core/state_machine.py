@@ -53,9 +53,26 @@ def _partition_key(topic_id: int, partition: int) -> bytes:
     return b"p/" + _PART.pack(topic_id, partition)
 
 
-def _view_from_end(st: PartitionState) -> PartitionState:
-    """A `memory` partition whose records this node lost (a restart): its view starts at its end."""
-    return replace(st, start_offset=st.end_offset, records=0, bytes=0)
+class _Lost:
+    """What this process lost of one `memory` partition at its start (a restart, a snapshot
+    installed, a replayed apply): offsets ``[first, view_start)``, and how many of the partition's
+    counted bytes they hold (``bytes``; kept exact as cuts take them: :meth:`BrokerStateMachine.cut_records`).
+    Local knowledge, never replicated."""
+
+    __slots__ = ("first", "view_start", "bytes")
+
+    def __init__(self, first: int, view_start: int, lost_bytes: int) -> None:
+        self.first, self.view_start, self.bytes = first, view_start, lost_bytes
+
+    def view(self, st: PartitionState) -> PartitionState:
+        """The partition as this node's readers see it: from ``view_start`` while the replicated
+        start is below it. Before command format 5 every node also decided from this view (which is
+        why restarted nodes diverged: docs/design/memory-topics.md)."""
+        if st.start_offset >= self.view_start:
+            return st
+        lost_records = self.view_start - st.start_offset
+        return replace(st, start_offset=self.view_start, records=max(st.records - lost_records, 0),
+                       bytes=max(st.bytes - self.bytes, 0))
 
 
 class BrokerStateMachine:
@@ -81,9 +98,11 @@ class BrokerStateMachine:
         self._volatile = volatile if volatile is not None else MemoryStore()
         self._volatile_batch: Batch | None = None
         self._volatile_cuts: list[tuple[int, int, int]] = []  # (topic id, partition, before) of this apply
-        # `memory` partitions whose records this process lost at its start: (topic id, partition) ->
-        # (first offset lost, offset the view starts at); local knowledge, never replicated
-        self._lost: dict[tuple[int, int], tuple[int, int]] = {}
+        self._lost_cuts: list[tuple[tuple[int, int], int]] = []  # (partition, lost bytes cut) of this apply
+        # `memory` partitions whose records this process lost at its start (local, never replicated),
+        # and the view of each that its readers get while the replicated start is below what it holds
+        self._lost: dict[tuple[int, int], _Lost] = {}
+        self._views: dict[tuple[int, int], PartitionState] = {}
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
         self._drop_listeners: list[Callable[[str], None]] = []
@@ -116,36 +135,58 @@ class BrokerStateMachine:
                 internal_pb2.PartitionMeta.FromString(value))
         memory = internal_pb2.DURABILITY_MEMORY
         self._volatile_ids = {m.topic_id for m in topics.values() if m.config.durability == memory}
-        self._drop_volatile_records(partitions)
         self._topics = topics
         self._partitions = partitions
+        self._drop_volatile_records()
 
-    def _drop_volatile_records(self, partitions: dict[tuple[int, int], PartitionState]) -> None:
-        """After a (re)load, `memory` topics keep their offsets but no records: this node's view
-        starts at their end offset, so a reader asking for older records gets SKIP_FORWARD."""
+    def _drop_volatile_records(self) -> None:
+        """After a (re)load, `memory` topics keep their offsets and counters but no records: this
+        node's view of each starts at its end offset, so a reader asking for older records gets
+        SKIP_FORWARD."""
         batch = self._volatile.batch()
         batch.delete_range(Column.RECORDS, b"", b"\xff" * records.RECORD_KEY.size)
         self._volatile.write(batch)
-        self._lost = {}
-        for key, st in partitions.items():
-            if key[0] in self._volatile_ids:
-                partitions[key] = _view_from_end(st)
-                if st.start_offset < st.end_offset:
-                    self._lost[key] = (st.start_offset, st.end_offset)
+        self._lost, self._views = {}, {}
+        for key, st in self._partitions.items():
+            if key[0] in self._volatile_ids and st.start_offset < st.end_offset:
+                self._lose(key, st.start_offset, st)
 
-    def _forget_volatile_records(self, commit: CacheChanges) -> None:
+    def _lose(self, key: tuple[int, int], first: int, st: PartitionState) -> None:
+        """This process holds none of ``key``'s records below ``st.end_offset``."""
+        self._lost[key] = lost = _Lost(first, st.end_offset, st.bytes)
+        self._views[key] = lost.view(st)
+
+    def _forget_volatile_records(self, commit: CacheChanges) -> list[tuple[int, int]]:
         """A replayed apply (see :meth:`journal_opened`): drop its writes to the volatile store and
-        start its `memory` partitions' view at their end, as after a load. Their counters in the
-        store stay what every node writes; only this node's view and memory differ."""
+        start its `memory` partitions' view at their end, as after a load. Their counters stay what
+        every node writes; only this node's view and memory differ (set after the write:
+        :meth:`_commit_caches`)."""
         self._volatile_batch = None
         memory = internal_pb2.DURABILITY_MEMORY
         volatile = self._volatile_ids | {m.topic_id for m in commit.created if m.config.durability == memory}
-        for key, st in commit.partitions.items():
-            if key[0] in volatile:
-                commit.partitions[key] = _view_from_end(st)
-                first = self._lost.get(key, (st.start_offset, 0))[0]
-                if first < st.end_offset:
-                    self._lost[key] = (first, st.end_offset)
+        return [key for key in commit.partitions if key[0] in volatile]
+
+    def _update_views(self, changes: CacheChanges) -> None:
+        """After a write: the views of the lost `memory` partitions it changed (or dropped)."""
+        for key, cut in self._lost_cuts:
+            lost = self._lost.get(key)
+            if lost is not None:
+                lost.bytes = max(lost.bytes - cut, 0)
+        for key in [k for k in self._lost if k not in self._partitions]:  # dropped
+            del self._lost[key]
+            self._views.pop(key, None)
+        for key in changes.partitions.keys() & self._lost.keys():
+            st = self._partitions[key]
+            lost = self._lost[key]
+            if st.start_offset > lost.view_start:  # deleted past what it lost: nothing is missing now
+                del self._lost[key]
+                self._views.pop(key, None)
+                continue
+            view = lost.view(st)
+            if view is st:
+                self._views.pop(key, None)
+            else:
+                self._views[key] = view
 
     def topic(self, name: str) -> internal_pb2.TopicMeta | None:
         """The applied metadata of ``name`` (treat as read-only)."""
@@ -163,7 +204,20 @@ class BrokerStateMachine:
         return self._cluster_format
 
     def partition(self, topic_id: int, partition: int) -> PartitionState:
-        return self._partitions.get((topic_id, partition), PartitionState())
+        """The partition as this node's readers see it: its replicated counters, except for a
+        `memory` partition whose records this process lost (:meth:`lost_at_start`), which starts
+        at the records it holds. Applies decide from :meth:`counters`."""
+        key = (topic_id, partition)
+        return self._views.get(key) or self._partitions.get(key, PartitionState())
+
+    def counters(self, topic_id: int, partition: int) -> PartitionState:
+        """What applies decide from: the replicated counters, the same on every node. Before
+        command format 5 (:data:`formats.MEMORY_SKELETON_FORMAT`), this node's view (what code
+        before it decided from, so that nodes of both releases agree during an upgrade)."""
+        key = (topic_id, partition)
+        if self._cluster_format < formats.MEMORY_SKELETON_FORMAT:
+            return self._views.get(key) or self._partitions.get(key, PartitionState())
+        return self._partitions.get(key, PartitionState())
 
     def lost_at_start(self, topic_id: int, partition: int) -> tuple[int, int] | None:
         """``(first, view start)``: the offsets of a `memory` partition's records that this process
@@ -171,9 +225,9 @@ class BrokerStateMachine:
         them since; None otherwise. Readers asking for them are told (SKIP_FORWARD), never silently
         started at the view."""
         lost = self._lost.get((topic_id, partition))
-        if lost is None or self.partition(topic_id, partition).start_offset != lost[1]:
+        if lost is None or self.partition(topic_id, partition).start_offset != lost.view_start:
             return None
-        return lost
+        return lost.first, lost.view_start
 
     @property
     def store(self) -> Store:
@@ -218,12 +272,36 @@ class BrokerStateMachine:
             self._volatile_batch = self._volatile.batch()
         return self._volatile_batch
 
-    def cut_records(self, topic_id: int, partition: int, before: int) -> None:
+    def skeletons_batch(self, topic_id: int, batch: Batch) -> Batch | None:
+        """Where this apply writes the skeletons of ``topic_id``'s records (``record_log``, format 4):
+        the durable ``batch`` for a `memory` topic from command format 5 on, else None."""
+        if topic_id in self._volatile_ids and self._cluster_format >= formats.MEMORY_SKELETON_FORMAT:
+            return batch
+        return None
+
+    def sizes_store(self, topic_id: int) -> Store:
+        """Where applies read the sizes and timestamps of ``topic_id``'s records: from command
+        format 5 on, a `memory` topic's skeletons in the durable store, which every node holds
+        (records written before it have none: they count with no bytes, and as older than any
+        time); else where its records are."""
+        if topic_id in self._volatile_ids and self._cluster_format >= formats.MEMORY_SKELETON_FORMAT:
+            return self._store
+        return self.records_store(topic_id)
+
+    def cut_records(self, topic_id: int, partition: int, start: int, before: int) -> None:
         """This apply deletes the records of a partition before ``before``: a `memory` topic's value
         that straddles the cut is rewritten after the apply's write (``record_log.rewrite_straddling``),
-        so what it no longer counts is freed too."""
-        if topic_id in self._volatile_ids:
-            self._volatile_cuts.append((topic_id, partition, before))
+        so what it no longer counts is freed too; and what this node lost of it no longer counts
+        the bytes cut (read from the skeletons before the write deletes them)."""
+        if topic_id not in self._volatile_ids:
+            return
+        self._volatile_cuts.append((topic_id, partition, before))
+        lost = self._lost.get((topic_id, partition))
+        if lost is not None and self._cluster_format >= formats.MEMORY_SKELETON_FORMAT:
+            stop = min(before, lost.view_start)
+            if start < stop:
+                cut = sum(size for _, size in record_log.sizes(self._store, topic_id, partition, start, stop))
+                self._lost_cuts.append(((topic_id, partition), cut))
 
     def records_store(self, topic_id: int) -> Store:
         """Where the records of ``topic_id`` live: RocksDB, or memory for `memory` topics."""
@@ -285,7 +363,7 @@ class BrokerStateMachine:
         if index <= self._applied:
             return None
         self._volatile_batch = None
-        self._volatile_cuts = []
+        self._volatile_cuts, self._lost_cuts = [], []
         commit = CacheChanges()
         batch = self._store.batch()
         try:
@@ -300,9 +378,10 @@ class BrokerStateMachine:
             kind, result = self._failed(index, command, exc)
             self.failed_applies[kind] += 1
             batch, commit, self._volatile_batch = self._store.batch(), CacheChanges(), None
-            self._volatile_cuts = []
+            self._volatile_cuts, self._lost_cuts = [], []
+        replayed: list[tuple[int, int]] = []
         if index <= self._replay_until:
-            self._forget_volatile_records(commit)
+            replayed = self._forget_volatile_records(commit)
             self._volatile_cuts = []
         digest = self.digests.fold(batch, index, result) if self.digests.active else None
         batch.put(Column.META, _APPLIED, _U64.pack(index))
@@ -319,6 +398,11 @@ class BrokerStateMachine:
         if digest is not None:
             self.digests.advance(index, digest)
         self._commit_caches(commit)
+        for key in replayed:
+            st = self._partitions.get(key)
+            if st is not None and st.start_offset < st.end_offset:
+                lost = self._lost.get(key)
+                self._lose(key, st.start_offset if lost is None else min(lost.first, st.start_offset), st)
         if commit:
             self._changes.notify()
         return result
@@ -379,6 +463,8 @@ class BrokerStateMachine:
             self._next_topic_id = max(self._next_topic_id, meta.topic_id + 1)
         partitions.update(changes.partitions)
         self._topics, self._partitions = topics, partitions
+        if self._lost:
+            self._update_views(changes)
         for callback in changes.after_write:
             callback()
         for meta in changes.dropped:

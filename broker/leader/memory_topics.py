@@ -37,7 +37,7 @@ _REMEDY = "raise max_memory_topics_bytes on every node, or use durability disk"
 def _counted(state: BrokerStateMachine, meta: internal_pb2.TopicMeta) -> int:
     if meta.config.retention.HasField("max_bytes"):
         return meta.config.partitions * meta.config.retention.max_bytes
-    return sum(state.partition(meta.topic_id, p).bytes for p in range(meta.config.partitions))
+    return sum(state.counters(meta.topic_id, p).bytes for p in range(meta.config.partitions))
 
 
 def _total(state: BrokerStateMachine, leaving_out: int = 0) -> int:

@@ -7,10 +7,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from broker.core import formats
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
-from tests.cluster.digests import wait_converged
+from tests.cluster.digests import topic_end_offsets, wait_converged
 from tests.cluster.stubs import stubs
-from tests.conftest import start_cluster
+from tests.conftest import start_cluster, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -71,6 +72,64 @@ def test_whole_cluster_kill_keeps_disk_and_metadata_and_tells_readers(tmp_path: 
         c.stop()
 
 
+def test_a_restarted_node_refuses_what_the_others_refuse_on_a_full_memory_topic(tmp_path: Path) -> None:
+    """A `memory` topic keeps its counters on every node: a follower restarted (kill -9) holds none of
+    the records, yet it refuses an append to a full `reject` topic as the others do, leading or not,
+    and every node keeps the same offsets (docs/design/memory-topics.md; before command format 5 it
+    accepted it, and an append it acknowledged as leader was missing from another node)."""
+    c = start_cluster(tmp_path)
+    try:
+        wait_until(lambda: [(v.cluster_format if v else None) for v in map(c.node_status, range(3))] ==
+                   [formats.CODE_FORMAT] * 3, 60, "the cluster's command format to rise")
+        s = stubs(c.wait_ready())
+        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+            name="full", durability=common_pb2.DURABILITY_MEMORY, full_policy=common_pb2.FULL_POLICY_REJECT,
+            retention=common_pb2.Retention(max_records=3))))
+        s.broker.Publish(broker_pb2.PublishRequest(topic="full", records=[
+            broker_pb2.PublishRecord(value=b"%d" % i) for i in range(3)]))
+        s.close()
+
+        def refused(address: str) -> None:
+            stub = stubs(address)
+            try:
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.broker.Publish(broker_pb2.PublishRequest(topic="full", records=[
+                        broker_pb2.PublishRecord(value=b"more")]), timeout=30)
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            finally:
+                stub.close()
+
+        leader = c.leader()
+        assert leader is not None
+        follower = (leader + 1) % 3
+        c.kill(follower)
+        c.spawn(follower)
+        c.wait_answering(follower)
+        refused(c.wait_ready())
+        wait_converged(c)
+        assert [topic_end_offsets(c.grpc_address(i), "full") for i in range(3)] == [[3]] * 3
+
+        c.kill(leader)  # the restarted follower or the third leads; either refuses
+        refused(c.wait_ready(60))
+        c.spawn(leader)
+        c.wait_answering(leader)
+        wait_converged(c)
+        assert [topic_end_offsets(c.grpc_address(i), "full") for i in range(3)] == [[3]] * 3
+        s = stubs(c.wait_ready())
+        try:
+            def verdict() -> admin_pb2.VerifyReplicasResponse | None:
+                found = s.admin.VerifyReplicas(admin_pb2.VerifyReplicasRequest(), timeout=30)
+                return found if all(n.reachable for n in found.nodes) else None  # the restarted one answers
+
+            found = wait_until(verdict, 60, "every member to answer the verification")
+            assert isinstance(found, admin_pb2.VerifyReplicasResponse)
+            assert found.agreed and not found.differing, found
+        finally:
+            s.close()
+    finally:
+        c.stop()
+
+
 def test_large_batches_replicate(tmp_path: Path) -> None:
     """A 4 MiB publish batch and a 1 MiB record are committed on every node."""
     c = start_cluster(tmp_path)
@@ -99,8 +158,6 @@ def test_large_batches_replicate(tmp_path: Path) -> None:
 
 def test_graceful_stop_of_the_leader_hands_leadership_over(tmp_path: Path) -> None:
     import signal
-
-    from tests.conftest import wait_until
 
     c = start_cluster(tmp_path)
     try:

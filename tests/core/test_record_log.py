@@ -546,3 +546,36 @@ def test_a_read_from_an_offset_tells_the_store_what_lies_behind_it() -> None:
     key = records.RECORD_KEY.pack
     assert store.released == [(Column.RECORDS, key(9, 1, 0), key(9, 1, near - 1)),
                               (Column.RECORDS, key(9, 1, 0), key(9, 1, 1000))]
+
+
+def test_skeletons_answer_sizes_and_timestamps_as_the_values_they_shadow() -> None:
+    """A `memory` topic's skeletons (format 4, in the durable store under the values' keys) answer
+    every size and timestamp question its values do, for odd batch sizes and bodies of every
+    element-prefix width; a read of records from them reports each offset; a damaged one says so."""
+    values, skeletons = MemoryStore(), MemoryStore()
+    bodies = [b"x" * n for n in (0, 1, 127, 128, 16383, 16384, 300_000)] + [b"y%d" % i for i in range(CAP + 5)]
+    first, ts = 0, 1000
+    for chunk in (bodies[:3], bodies[3:7], bodies[7:]):
+        vb, sb = values.batch(), skeletons.batch()
+        record_log.append(vb, 9, 2, first, ts, chunk, sb)
+        values.write(vb)
+        skeletons.write(sb)
+        first, ts = first + len(chunk), ts + 10
+    end = first
+    assert [k for k, _ in skeletons.scan(Column.RECORDS, b"", b"\xff" * 16)] == \
+        [k for k, _ in values.scan(Column.RECORDS, b"", b"\xff" * 16)]
+    for lo, hi in ((0, end), (2, 9), (5, 6), (8, end - 3)):
+        assert list(record_log.sizes(skeletons, 9, 2, lo, hi)) == list(record_log.sizes(values, 9, 2, lo, hi))
+    for offset in range(end):
+        assert record_log.timestamp_at(skeletons, 9, 2, offset) == record_log.timestamp_at(values, 9, 2, offset)
+    for when in (999, 1000, 1001, 1010, 1020, 1021):
+        assert record_log.offset_for_time(skeletons, 9, 2, when, 0, end) == \
+            record_log.offset_for_time(values, 9, 2, when, 0, end)
+    assert [(e.offset, e.error) for e in record_log.read(skeletons, 9, 2, 1, 3)] == \
+        [(1, "a skeleton holds no record"), (2, "a skeleton holds no record")]
+    key, raw = next(iter(skeletons.scan(Column.RECORDS, b"", b"\xff" * 16)))
+    damaged = skeletons.batch()
+    damaged.put(Column.RECORDS, key, raw[:-5] + bytes([raw[-5] ^ 1]) + raw[-4:])
+    skeletons.write(damaged)
+    assert list(record_log.sizes(skeletons, 9, 2, 0, 3)) == [(0, 0), (1, 0), (2, 0)]
+    assert record_log.timestamp_at(skeletons, 9, 2, 1) is None

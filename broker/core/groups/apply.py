@@ -132,9 +132,10 @@ class _Apply:
                    "dlq.timestamp_ms": str(entry.timestamp_ms), "dlq.dead_ms": str(now_ms)}
         stored = entry.body + K.RecordBody(headers=headers).SerializeToString()
         tid, partition = meta.topic_id, entry.partition % meta.config.partitions
-        state = self.dlq_parts.get((tid, partition)) or self.sm.partition(tid, partition)
+        state = self.dlq_parts.get((tid, partition)) or self.sm.counters(tid, partition)
         ts = max(now_ms, state.last_timestamp_ms)
-        record_log.append(self.sm.records_batch(tid, self.batch), tid, partition, state.end_offset, ts, [stored])
+        record_log.append(self.sm.records_batch(tid, self.batch), tid, partition, state.end_offset, ts, [stored],
+                          self.sm.skeletons_batch(tid, self.batch))
         self.dlq_parts[(tid, partition)] = replace(state, end_offset=state.end_offset + 1, records=state.records + 1,
                                                    bytes=state.bytes + len(stored), last_timestamp_ms=ts)
         return partition, state.end_offset
@@ -374,7 +375,7 @@ class GroupApplier:
     def _commit(self, run: _Apply, partition: int, offset: int) -> None:
         """Settle everything below ``offset`` (bounded by the partition's end), retries included."""
         topic = self._sm.topic(run.meta.topic)
-        end = self._sm.partition(run.meta.topic_id, partition).end_offset if topic else 0
+        end = self._sm.counters(run.meta.topic_id, partition).end_offset if topic else 0
         cursor = run.cursor(partition)
         target = min(offset, end)
         if not cursor.commit_to(target):

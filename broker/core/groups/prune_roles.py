@@ -69,7 +69,7 @@ class PruneRoles:
                 continue
             cursors = layout.get_cursors(self._sm.store, guard.group_id, guard.partitions)
             for p, target in sorted(targets.items()):
-                start = self._sm.partition(topic.topic_id, p).start_offset
+                start = self._sm.counters(topic.topic_id, p).start_offset
                 if target > max(cursors[p].committed, start):
                     return Rejected(FailedPrecondition(
                         f"{what} of topic {name!r} refused: group {guard.group!r} protects partition {p} from "
