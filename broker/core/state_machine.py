@@ -299,9 +299,18 @@ class BrokerStateMachine:
         lost = self._lost.get((topic_id, partition))
         if lost is not None and self._cluster_format >= formats.MEMORY_SKELETON_FORMAT:
             stop = min(before, lost.view_start)
-            if start < stop:
+            if start >= stop:
+                return
+            # counts the smaller side, as Retention.delete_before does (a cut of millions of lost records
+            # must not read each one's size)
+            if stop == lost.view_start:
+                cut = lost.bytes
+            elif stop - start <= lost.view_start - stop:
                 cut = sum(size for _, size in record_log.sizes(self._store, topic_id, partition, start, stop))
-                self._lost_cuts.append(((topic_id, partition), cut))
+            else:
+                cut = lost.bytes - sum(size for _, size in record_log.sizes(self._store, topic_id, partition, stop,
+                                                                            lost.view_start))
+            self._lost_cuts.append(((topic_id, partition), cut))
 
     def records_store(self, topic_id: int) -> Store:
         """Where the records of ``topic_id`` live: RocksDB, or memory for `memory` topics."""
