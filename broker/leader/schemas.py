@@ -93,11 +93,25 @@ def json_depth(document: Any, stop_above: int) -> int:
     return deepest
 
 
-def _parse_bounded(text: str | bytes, depth_max: int, what: str) -> Any:
+def _parse_bounded(text: str | bytes, depth_max: int, what: str, *, unique_names: bool = False) -> Any:
     """``json.loads`` that refuses documents nested deeper than ``depth_max``, and NaN, Infinity and
     numbers beyond a double (InvalidArgument): Python reads them, RFC 8259 has none of them, and a
-    schema check then saw ``null`` ("null is not of type number") where the record held NaN."""
+    schema check then saw ``null`` ("null is not of type number") where the record held NaN.
+    ``unique_names``: also refuse an object that repeats a member name. Python keeps the last one,
+    so the schema checked it, while parsers that keep the first (RFC 8259 leaves it open) would
+    read a value the schema never saw."""
     deep = InvalidArgument(f"{what} is nested deeper than {depth_max} levels")
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(pairs)
+        if len(found) != len(pairs):
+            seen: set[str] = set()
+            for name, _ in pairs:
+                if name in seen:
+                    raise InvalidArgument(f"{what}: an object repeats the member name {shown(name)} (the schema "
+                                          "would check only its last value)")
+                seen.add(name)
+        return found
 
     def constant(name: str) -> float:
         raise InvalidArgument(f"{what}: {name} is not JSON (RFC 8259 has no NaN or Infinity)")
@@ -109,7 +123,8 @@ def _parse_bounded(text: str | bytes, depth_max: int, what: str) -> Any:
         return parsed
 
     try:
-        document = json.loads(text, parse_constant=constant, parse_float=finite)
+        document = json.loads(text, parse_constant=constant, parse_float=finite,
+                              object_pairs_hook=members if unique_names else None)
     except RecursionError:
         raise deep from None
     # Counting brackets is cheap; only a document with many of them needs the walk.
@@ -249,7 +264,7 @@ def validate_dedup_fields(fields: list[str]) -> None:
 def parse_json(index: int, value: bytes, limits: SchemaLimits = LIMITS) -> Any:
     """The JSON document in a record's value; InvalidArgument if it is not JSON or is too deep."""
     try:
-        return _parse_bounded(value, limits.json_value_depth_max, f"record {index}: value")
+        return _parse_bounded(value, limits.json_value_depth_max, f"record {index}: value", unique_names=True)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"record {index}: value is not valid JSON ({shown(str(exc), quote=False)})") from None
 

@@ -123,7 +123,7 @@ def test_a_deep_schema_is_invalid_argument_not_internal(leader: Stubs) -> None:
     assert not {n for n in topic_names(leader) if n.startswith("deep-schema")}
 
 
-def test_a_deep_json_value_is_invalid_argument_not_internal(leader: Stubs) -> None:
+def test_a_deep_or_ambiguous_json_value_is_invalid_argument_not_internal(leader: Stubs) -> None:
     leader.admin.CreateTopic(admin_pb2.CreateTopicRequest(
         config=admin_pb2.TopicConfig(name="deep-values", schema_json='{"type": "array"}')))
     for depth in (LIMITS.json_value_depth_max + 1, 100_000):
@@ -131,6 +131,10 @@ def test_a_deep_json_value_is_invalid_argument_not_internal(leader: Stubs) -> No
         req = broker_pb2.PublishRequest(topic="deep-values", records=[broker_pb2.PublishRecord(value=value)])
         code, msg = refused(lambda: leader.broker.Publish(req))  # noqa: B023 - called at once
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "nested deeper" in msg, (code, msg[:200])
+    repeated = b'[{"a": 1, "b": [{"c": 1, "c": 2}]}]'  # a member name twice: refused, whichever value a reader keeps
+    code, msg = refused(lambda: leader.broker.Publish(broker_pb2.PublishRequest(
+        topic="deep-values", records=[broker_pb2.PublishRecord(value=repeated)])))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "repeats the member name 'c'" in msg, (code, msg)
     shallow = ("[" * 10 + "]" * 10).encode()
     leader.broker.Publish(broker_pb2.PublishRequest(topic="deep-values",
                                                     records=[broker_pb2.PublishRecord(value=shallow)]))
