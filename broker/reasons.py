@@ -48,6 +48,11 @@ class Reason(enum.StrEnum):
     # Nothing of the refused step was done: open a new stream with the current token (the SDK does, once;
     # a token that was revoked is then refused as the stream opens)
     STREAM_REAUTHENTICATE = "STREAM_REAUTHENTICATE"
+    # RESOURCE_EXHAUSTED, given by the SDK (gRPC's own refusal of a message over a size limit carries
+    # no ErrorInfo): the request is over the node's or the client's limit per gRPC message, and
+    # nothing was done (metadata ``size_bytes``, ``limit_bytes``); or the answer is over the client's
+    REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"
+    ANSWER_TOO_LARGE = "ANSWER_TOO_LARGE"
 
 
 # A definite refusal: nothing was changed and the same request would be refused again (a caller
@@ -57,6 +62,7 @@ REFUSALS = frozenset({
     Reason.GROUP_NOT_FOUND,
     Reason.GROUP_EXISTS, Reason.ROUTE_NOT_FOUND, Reason.ROUTE_EXISTS, Reason.MEMBER_NOT_FOUND, Reason.MEMBER_EXISTS,
     Reason.NOT_FOUND, Reason.ALREADY_EXISTS, Reason.DUPLICATE_MESSAGE, Reason.FAILED_PRECONDITION,
+    Reason.REQUEST_TOO_LARGE,
 })
 
 # A refusal of the records themselves (not of where they go): a copier skips such a record

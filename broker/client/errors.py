@@ -12,6 +12,8 @@ Errors detected on the client before anything is sent use the same types (a bad 
 
 from __future__ import annotations
 
+import re
+
 import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
@@ -167,6 +169,8 @@ _BY_REASON: dict[str, type[BrokerError]] = {
     Reason.NOT_LEADER: Unavailable,
     Reason.UNAVAILABLE: Unavailable,
     Reason.RESOURCE_EXHAUSTED: ResourceExhausted,
+    Reason.REQUEST_TOO_LARGE: ResourceExhausted,
+    Reason.ANSWER_TOO_LARGE: ResourceExhausted,
     Reason.UNIMPLEMENTED: Unimplemented,
 }
 
@@ -242,10 +246,49 @@ def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     return None
 
 
+# gRPC's own refusal of a message over a size limit (no ErrorInfo): "SERVER: Received message larger
+# than max (10800142 vs. 9437184)" when the node refuses the request, "CLIENT: Sent ..." when this
+# client's channel does, "CLIENT: Received ..." when the node's answer is over the channel's limit.
+_GRPC_MESSAGE_SIZE = re.compile(r"(?:(CLIENT|SERVER): )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
+
+
+def message_size(details: str) -> tuple[str, int, int] | None:
+    """(whose limit: ``"node"``, ``"client"`` or ``"answer"``, size, limit) when ``details`` is gRPC's
+    refusal of a message over a size limit, else None."""
+    found = _GRPC_MESSAGE_SIZE.search(details)
+    if found is None:
+        return None
+    side, direction, size, limit = found.groups()
+    whose = "answer" if side == "CLIENT" and direction == "Received" else "client" if side == "CLIENT" else "node"
+    return whose, int(size), int(limit)
+
+
+def _size_error(details: str, after_unknown_outcome: bool) -> ResourceExhausted | None:
+    """gRPC's message-size refusal in our words, with a reason (it carries none)."""
+    found = message_size(details)
+    if found is None:
+        return None
+    whose, size, limit = found
+    metadata = {"size_bytes": str(size), "limit_bytes": str(limit)}
+    if whose == "answer":
+        return ResourceExhausted("RESOURCE_EXHAUSTED", f"the answer is {size} bytes as one gRPC message, over this "
+                                 f"client's limit of {limit} bytes per message: ask for less at a time",
+                                 after_unknown_outcome=after_unknown_outcome, reason=Reason.ANSWER_TOO_LARGE,
+                                 metadata=metadata)
+    return ResourceExhausted("RESOURCE_EXHAUSTED", f"the request is {size} bytes as one gRPC message, over "
+                             f"{'this client' if whose == 'client' else 'the node'}'s limit of {limit} bytes per "
+                             "message: split the batch into smaller ones", after_unknown_outcome=after_unknown_outcome,
+                             reason=Reason.REQUEST_TOO_LARGE, metadata=metadata)
+
+
 def error_from_rpc(err: grpc.RpcError, *, after_unknown_outcome: bool = False) -> BrokerError:
     """The SDK error for a failed gRPC call: the only gRPC status → exception mapping (by the
-    ErrorInfo's reason, else by the code)."""
+    ErrorInfo's reason, else by the code; gRPC's own message-size refusal is told in our words)."""
     code = rpc_code(err)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        sized = _size_error(rpc_details(err), after_unknown_outcome)
+        if sized is not None:
+            return sized
     info = error_info(err)
     reason = info.reason if info is not None else ""
     cls = _BY_REASON.get(reason) or _BY_CODE.get(code, BrokerError)

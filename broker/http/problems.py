@@ -26,6 +26,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from broker.client import errors
+from broker.reasons import Reason
 
 PROBLEM_JSON = "application/problem+json"
 _STATUS: tuple[tuple[type[errors.BrokerError], int], ...] = (
@@ -42,22 +43,21 @@ _STATUS: tuple[tuple[type[errors.BrokerError], int], ...] = (
 )
 # A size limit: the typed reason once the services send one, until then the services' wording.
 _TOO_LARGE = re.compile(r"TOO_LARGE|bytes,? (is )?over the limit|too large", re.IGNORECASE)
-# gRPC's own refusal of a message over a size limit (no ErrorInfo): "SERVER: Received message larger
-# than max (10800142 vs. 9437184)" when the node refuses the gateway's request, "CLIENT: Sent ..." when
-# the gateway's channel does, "CLIENT: Received ..." when the node's answer is over the channel's.
-_GRPC_MESSAGE_SIZE = re.compile(r"(?:(CLIENT|SERVER): )?(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
 TOO_LARGE_REASON = "REQUEST_TOO_LARGE"
 # The limit in the services' refusal: "record 0 is 2097166 bytes, over the limit of 1048576 bytes".
 _LIMIT_BYTES = re.compile(r"over the limit of (\d+) bytes")
 
 
 def _message_size(err: errors.BrokerError) -> tuple[bool, int, int] | None:
-    """(the request's, its size, the limit) for a gRPC message-size error, else None."""
-    found = _GRPC_MESSAGE_SIZE.search(err.message) if isinstance(err, errors.ResourceExhausted) else None
-    if found is None:
+    """(the request's, its size, the limit) for a gRPC message-size error (as the SDK tells it, or in
+    gRPC's text), else None."""
+    if not isinstance(err, errors.ResourceExhausted):
         return None
-    side, direction, size, limit = found.groups()
-    return not (side == "CLIENT" and direction == "Received"), int(size), int(limit)
+    if err.reason in (Reason.REQUEST_TOO_LARGE, Reason.ANSWER_TOO_LARGE):
+        return (err.reason == Reason.REQUEST_TOO_LARGE, int(err.metadata.get("size_bytes", 0)),
+                int(err.metadata.get("limit_bytes", 0)))
+    found = errors.message_size(err.message)
+    return None if found is None else (found[0] != "answer", found[1], found[2])
 
 
 def status_of(err: errors.BrokerError) -> int:

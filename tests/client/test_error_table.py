@@ -76,7 +76,27 @@ def test_every_core_error_becomes_the_sdk_class_of_its_reason(exc: Exception, cl
 
 def test_every_reason_is_sent_by_some_core_error_or_the_auth_interceptor() -> None:
     sent = {getattr(exc, "reason", Reason.INTERNAL) for exc, _, _ in CASES}
-    assert sent | {Reason.STREAM_REAUTHENTICATE} == set(Reason)
+    by_the_sdk = {Reason.REQUEST_TOO_LARGE, Reason.ANSWER_TOO_LARGE}  # gRPC's own size refusals, told by the SDK
+    assert sent | {Reason.STREAM_REAUTHENTICATE} | by_the_sdk == set(Reason)
+
+
+@pytest.mark.parametrize(("text", "reason", "said", "refused"), [
+    ("SERVER: Received message larger than max (10800142 vs. 9437184)", Reason.REQUEST_TOO_LARGE,
+     "the request is 10800142 bytes as one gRPC message, over the node's limit of 9437184 bytes per message: "
+     "split the batch into smaller ones", True),
+    ("CLIENT: Sent message larger than max (150000056 vs. 67108864)", Reason.REQUEST_TOO_LARGE,
+     "the request is 150000056 bytes as one gRPC message, over this client's limit of 67108864 bytes per "
+     "message: split the batch into smaller ones", True),
+    ("CLIENT: Received message larger than max (70000000 vs. 67108864)", Reason.ANSWER_TOO_LARGE,
+     "the answer is 70000000 bytes as one gRPC message, over this client's limit of 67108864 bytes per message: "
+     "ask for less at a time", False),
+])
+def test_grpcs_message_size_refusal_is_told_in_our_words(text: str, reason: Reason, said: str, refused: bool) -> None:
+    err = sdk.error_from_rpc(Failed(grpc.StatusCode.RESOURCE_EXHAUSTED, text, ()))
+    assert type(err) is sdk.ResourceExhausted and (err.reason, err.message, err.refused) == (reason, said, refused)
+    size, limit = (int(n) for n in text.split("(")[1].rstrip(")").split(" vs. "))
+    assert err.metadata == {"size_bytes": str(size), "limit_bytes": str(limit)}
+    assert classify(Failed(grpc.StatusCode.RESOURCE_EXHAUSTED, text, ()))[0] is Outcome.FINAL, "never retried"
 
 
 def test_a_stream_whose_token_no_longer_authenticates_is_opened_again_and_a_refused_token_is_final() -> None:

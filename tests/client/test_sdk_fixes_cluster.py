@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.client import BrokerError, Client, Event, InvalidArgument, TopicExists
+from broker.client import BrokerError, Client, Event, InvalidArgument, ResourceExhausted, TopicExists
 from broker.client.aio import AsyncClient, AsyncMessage
 from broker.devcluster import DevCluster
 
@@ -126,3 +126,31 @@ def test_create_topic_exist_ok_with_another_config_keeps_the_servers_reason_in_b
     err = asyncio.run(main())
     assert err.reason == "TOPIC_EXISTS" and err.metadata == {"topic": "sdk-exists"}
     assert "partitions is 1, not 3" in err.message
+
+
+def test_a_request_over_the_nodes_message_limit_is_told_in_our_words_in_both_sdks(cluster: DevCluster) -> None:
+    """gRPC refuses a message over the node's limit before any handler sees it, with transport text
+    ("Received message larger than max") and no reason: the SDKs say what was too large, by how much
+    and what to do, with a reason, as a definite refusal."""
+    schema = '{"description": "' + "x" * (12 << 20) + '"}'  # over max_batch_bytes + 1 MiB, the node's limit
+
+    def check(err: BrokerError) -> None:
+        assert isinstance(err, ResourceExhausted) and err.reason == "REQUEST_TOO_LARGE" and err.refused, err
+        assert "larger than max" not in err.message, err.message
+        assert err.message.startswith(f"the request is {int(err.metadata['size_bytes'])} bytes as one gRPC "
+                                      "message, over the node's limit of "), err.message
+        assert int(err.metadata["size_bytes"]) > len(schema) > int(err.metadata["limit_bytes"])
+
+    with Client(cluster.addresses) as sync:
+        with pytest.raises(BrokerError) as caught:
+            sync.create_topic("sdk-too-large", 1, schema=schema)
+        check(caught.value)
+        assert "sdk-too-large" not in [t.name for t in sync.list_topics()]
+
+    async def main() -> BrokerError:
+        async with AsyncClient(cluster.addresses) as c:
+            with pytest.raises(BrokerError) as caught:
+                await c.create_topic("sdk-too-large", 1, schema=schema)
+            return caught.value
+
+    check(asyncio.run(main()))
