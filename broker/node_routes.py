@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import grpc
 
-from broker.client.mirror import MirrorClient
+from broker.client.mirror import MirrorClient, identify_cluster
 from broker.client.security import ClientSecurity
 from broker.clock import Clock
 from broker.core.routes import RouteTable
@@ -43,7 +43,8 @@ class NodeRoutes:
         appender = TrustedAppender(state, submitter, limits, cluster_id, clock)
         self.runner = RouteRunner(state, table, appender, submitter, is_leader,
                                   functools.partial(MirrorClient, security=remote_security))
-        self.admin = RouteAdmin(state, table, submitter, clock, self.runner)
+        self.admin = RouteAdmin(state, table, submitter, clock, self.runner, cluster_id=cluster_id,
+                                identify=functools.partial(identify_cluster, security=remote_security))
         metrics.registry.register(RouteCollector(self.admin))
         self.mirror = MirrorServicer(appender, node_id)
 

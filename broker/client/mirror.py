@@ -76,3 +76,16 @@ class MirrorClient:
 
     def close(self) -> None:
         self._router.close()
+
+
+def identify_cluster(addresses: Sequence[str], *, security: ClientSecurity | None = None,
+                     timeout_s: float = 2.0) -> str | None:
+    """The cluster id of the cluster at ``addresses``, or None when none of them answers within
+    about ``timeout_s`` (or it does not say)."""
+    client = MirrorClient(addresses, timeout_s=timeout_s, retry_deadline_s=timeout_s, security=security)
+    try:
+        return client.cluster_id()
+    except BrokerError:
+        return None
+    finally:
+        client.close()

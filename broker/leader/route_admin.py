@@ -8,6 +8,7 @@ command is applied, so two concurrent creates cannot close one either).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.clock import Clock
@@ -66,12 +67,18 @@ class RouteAdmin:
     """Create, list and delete routes; ``runner`` (this node's router) adds its live statistics."""
 
     def __init__(self, state: BrokerStateMachine, table: RouteTable, submitter: CommandSubmitter,
-                 clock: Clock, runner: RouteRunner | None = None) -> None:
+                 clock: Clock, runner: RouteRunner | None = None, *, cluster_id: str = "",
+                 identify: Callable[[list[str]], str | None] | None = None) -> None:
+        """``identify(addresses)``: the cluster id of the cluster at ``addresses``, or None when it
+        cannot be asked now; with ``cluster_id`` (this cluster's), a route whose target cluster is
+        this one is refused at create (it could only ever fail)."""
         self._state = state
         self._table = table
         self._submitter = submitter
         self._runner = runner
         self._clock = clock
+        self._cluster_id = cluster_id
+        self._identify = identify
 
     def normalized(self, config: internal_pb2.RouteConfig) -> internal_pb2.RouteConfig:
         """A validated copy of ``config``; raises the error a caller should see."""
@@ -110,6 +117,11 @@ class RouteAdmin:
         cycle = find_cycle((m.config for m in existing), config)
         if cycle is not None:
             raise cycle_error(config.name, cycle)
+        # a target cluster that does not answer now is taken: the router checks again on every pass
+        if (config.target_cluster and self._identify is not None and self._cluster_id
+                and self._identify(list(config.target_cluster)) == self._cluster_id):
+            raise InvalidArgument(f"target_cluster {shown(', '.join(config.target_cluster), quote=False)} is this "
+                                  f"cluster ({self._cluster_id!r}): route to the topic here, without target_cluster")
         result = self._submitter.submit(internal_pb2.Command(create_route=routes_internal_pb2.CreateRouteCommand(
             config=config, now_ms=self._clock.now_ms())))
         if isinstance(result, Rejected):

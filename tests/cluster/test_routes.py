@@ -185,6 +185,22 @@ def test_routes_are_listed_by_the_leader(fresh_cluster: DevCluster) -> None:
         assert client.route("l").copied == 2
 
 
+def test_a_route_to_its_own_cluster_is_refused_at_create_and_an_unreachable_target_is_taken(
+        fresh_cluster: DevCluster) -> None:
+    """A --to-cluster route whose target is this very cluster could only fail (the router refuses to
+    mirror into its own cluster): it was accepted and failed on every pass. Now the leader asks the
+    target's cluster id at create; a target that does not answer is taken (it may come up later)."""
+    with Client(fresh_cluster.addresses) as client:
+        client.create_topic("own-src", 1)
+        follower = next(a for a in fresh_cluster.addresses if a != fresh_cluster.wait_ready())
+        with pytest.raises(InvalidArgument, match=r"is this cluster \('.+'\): route to the topic here"):
+            client.create_route("own", "own-src", "own-dst", target_cluster=[follower])
+        assert [r.name for r in client.list_routes()] == []
+        client.create_route("later", "own-src", "own-dst", target_cluster=["127.0.0.1:1"])  # nothing listens
+        assert [r.name for r in client.list_routes()] == ["later"]
+        client.delete_route("later")
+
+
 def test_a_route_into_an_ephemeral_or_full_target_waits_and_loses_nothing(fresh_cluster: DevCluster) -> None:
     """An ephemeral target made a route skip every record silently (as if each were refused), and a
     full_policy=reject target with room for 5 of 12 records copied none, for good."""
