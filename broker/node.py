@@ -155,7 +155,7 @@ class Node:
                                  topics_max=config.max_topics,
                                  clock=self.clock, response_bytes_max=self.response_bytes_max)
         self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
-                                 submitter=submitter, limits=limits, is_leader=is_leader, metrics=self.metrics,
+                                 submitter=submitter, limits=limits, is_leader=self._leads_ready, metrics=self.metrics,
                                  clock=self.clock, remote_security=route_security(config))
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
                         response_bytes_max=self.response_bytes_max, leader_term=submitter.leader_term)
@@ -174,6 +174,13 @@ class Node:
 
     def _is_leader(self) -> bool:
         return self.replicator.status().role == Role.LEADER
+
+    def _leads_ready(self) -> bool:
+        """Leads, and has applied what was committed before its term: a router that started sooner
+        read the cursors from before the last leader's advances, copied again what it had copied
+        (stored once, by the copies' idempotency keys) and counted it again."""
+        status = self.replicator.status()
+        return status.role == Role.LEADER and status.leader_ready
 
     @property
     def max_message_bytes(self) -> int:

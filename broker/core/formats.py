@@ -32,6 +32,8 @@ Formats:
   to one also writes its records' skeleton (sizes and timestamps, ``core/record_log.py`` format 4)
   in the durable store, and applies decide from the replicated counters (``counters``) and the
   skeletons (``sizes_store``), not from the records and view of a node that lost them at a restart.
+  Also: ``advance_route`` carries the records a pass copied, skipped and lost, added to the route's
+  replicated totals (``core/routes.py``), so that ``ListRoutes`` keeps them across leaders.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ CODE_FORMAT = 5  # the newest command format this code applies
 PRUNED_DEAD_FORMAT = 3  # from this format a retry of dead letters carries the leader's start offsets
 DELIVERY_TOKEN_FORMAT = 4  # from this format a group delivery's position token names the delivery
 MEMORY_SKELETON_FORMAT = 5  # from this format `memory` topics' applies decide from replicated data only
+ROUTE_TOTALS_FORMAT = 5  # from this format a route's advances carry its copied, skipped and lost counts
 # Tests only: run this node as a release that applies formats up to N <= CODE_FORMAT (an older node
 # in a rolling upgrade). Unset in production; a value above CODE_FORMAT is refused.
 APPLY_FORMAT_ENV = "RAFTBROKER_TEST_APPLY_FORMAT"

@@ -8,8 +8,10 @@ are committed (``broker.leader.router``).
 
 Layout in ``Column.META`` (beside the topic keys of the state machine):
 ``route/<name>`` -> ``RouteMeta``; ``rcur/<name>\\x00`` + ``>I`` partition -> ``>IQ`` (source topic
-id, next offset); ``next_route_id`` -> ``>Q``. A cursor of another source incarnation than the
-topic's current one counts as "from the start" (the topic was dropped and re-created).
+id, next offset); ``rstat/<name>`` -> ``>QQQ`` (records copied, skipped, lost: the totals of the
+advances that carried them, from command format 5); ``next_route_id`` -> ``>Q``. A cursor of
+another source incarnation than the topic's current one counts as "from the start" (the topic was
+dropped and re-created).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ _NEXT_ROUTE_ID = b"next_route_id"
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _CURSOR_VALUE = struct.Struct(">IQ")
+_STATS = b"rstat/"
+_STATS_VALUE = struct.Struct(">QQQ")
 
 
 def find_cycle(routes: Iterable[internal_pb2.RouteConfig], new: internal_pb2.RouteConfig) -> list[str] | None:
@@ -68,6 +72,10 @@ def _cursor_prefix(name: str) -> bytes:
     return _CURSOR + name.encode() + b"\x00"
 
 
+def _stats_key(name: str) -> bytes:
+    return _STATS + name.encode()
+
+
 class RouteTable:
     """Route definitions and cursors in the replicated store; registers its commands on construction.
 
@@ -96,6 +104,12 @@ class RouteTable:
         for key, value in self._state.store.scan(Column.META, prefix, prefix[:-1] + b"\x01"):
             out[_U32.unpack(key[len(prefix):])[0]] = _CURSOR_VALUE.unpack(value)
         return out
+
+    def totals(self, name: str) -> tuple[int, int, int] | None:
+        """(copied, skipped, lost) as the route's advances carried them (replicated, so the same on
+        every node and across leaders); None before any advance carried them (command format 5)."""
+        raw = self._state.store.get(Column.META, _stats_key(name))
+        return None if raw is None else _STATS_VALUE.unpack(raw)
 
     def positions(self, meta: routes_internal_pb2.RouteMeta) -> list[tuple[int, int, int]]:
         """(partition, next offset, end offset) per source partition, as this node has applied
@@ -134,6 +148,7 @@ class RouteTable:
         if meta is None or (cmd.route_id and meta.route_id != cmd.route_id):
             return Rejected(RouteNotFound(cmd.name))
         batch.delete(Column.META, _route_key(cmd.name))
+        batch.delete(Column.META, _stats_key(cmd.name))
         prefix = _cursor_prefix(cmd.name)
         batch.delete_range(Column.META, prefix, prefix[:-1] + b"\x01")
         return meta
@@ -145,9 +160,15 @@ class RouteTable:
             return Rejected(RouteNotFound(cmd.name))
         stored = self.cursors(cmd.name)
         prefix = _cursor_prefix(cmd.name)
+        stale = False
         for partition, offset in zip(cmd.partitions, cmd.next_offsets, strict=True):
             tid, old = stored.get(partition, (0, 0))
             if cmd.source_topic_id < tid or (cmd.source_topic_id == tid and offset <= old):
+                stale = True
                 continue  # never backwards, never to an older incarnation
             batch.put(Column.META, prefix + _U32.pack(partition), _CURSOR_VALUE.pack(cmd.source_topic_id, offset))
+        if (cmd.copied or cmd.skipped or cmd.lost) and not stale:  # a stale advance's records were counted
+            copied, skipped, lost = self.totals(cmd.name) or (0, 0, 0)
+            batch.put(Column.META, _stats_key(cmd.name),
+                      _STATS_VALUE.pack(copied + cmd.copied, skipped + cmd.skipped, lost + cmd.lost))
         return None

@@ -143,17 +143,19 @@ class RouteAdmin:
             raise result.error
 
     def local_views(self) -> list[RouteView]:
-        """Every route as this node's applied table and router have it (its metrics)."""
-        return [self.info(meta) for meta in self._table.all()]
+        """Every route as this node's applied table and router have it, with this node's router's
+        counts (its metrics: summed over nodes, each record counts once)."""
+        return [self.info(meta, totals=False) for meta in self._table.all()]
 
     def list(self) -> list[RouteView]:
-        """Every route, from the leader: its copied, skipped and last error live in the leader's
-        router, and another node (one catching up after a restart, too) answered a stale table with
-        those figures at 0 and nothing saying so; elsewhere NotLeader, which the SDKs follow."""
+        """Every route, from the leader: its last error lives in the leader's router, and another node
+        (one catching up after a restart, too) answered a stale table with it empty and nothing saying
+        so; elsewhere NotLeader, which the SDKs follow. Copied, skipped and lost are the route's
+        replicated totals (from command format 5; before it, the leader's since it took over)."""
         self._submitter.ensure_leader()
-        return self.local_views()
+        return [self.info(meta) for meta in self._table.all()]
 
-    def info(self, meta: routes_internal_pb2.RouteMeta) -> RouteView:
+    def info(self, meta: routes_internal_pb2.RouteMeta, *, totals: bool = True) -> RouteView:
         info = RouteView(meta)
         for partition, next_offset, end_offset in self._table.positions(meta):
             info.partitions.append((partition, next_offset, end_offset))
@@ -162,4 +164,7 @@ class RouteAdmin:
         if stats is not None and stats.route_id == meta.route_id:
             info.last_error, info.copied, info.skipped = stats.last_error, stats.copied, stats.skipped
             info.lost = stats.lost
+        kept = self._table.totals(meta.config.name) if totals else None
+        if kept is not None:  # replicated (command format 5): every leader's passes, not only this one's
+            info.copied, info.skipped, info.lost = kept
         return info

@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError
 from broker.core import record_log
 from broker.core.applied import Rejected
 from broker.core.errors import InvalidArgument, ResourceExhausted
+from broker.core.formats import ROUTE_TOTALS_FORMAT
 from broker.core.routes import RouteTable
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.cel_sandbox import ExpressionBudgetExceeded
@@ -349,30 +350,42 @@ class RouteRunner:
             # the dedup window had passed (17 records for 12)
             if handled:
                 advances = _partial_advances(work, handled)
-                self._advance(route, source, advances)
-                self._count(stats, handled, *work.counted(advances))
+                counts = self._counts(handled, *work.counted(advances))
+                self._advance(route, source, advances, counts)
+                self._count(stats, counts)
             raise
-        self._advance(route, source, work.advances)
-        self._count(stats, handled, *work.counted(work.skipped.keys() | work.lost.keys()))
+        counts = self._counts(handled, *work.counted(work.skipped.keys() | work.lost.keys()))
+        self._advance(route, source, work.advances, counts)
+        self._count(stats, counts)
         stats.last_error = ""
         return True
 
-    def _advance(self, route: _Compiled, source: internal_pb2.TopicMeta, advances: dict[int, int]) -> None:
+    def _advance(self, route: _Compiled, source: internal_pb2.TopicMeta, advances: dict[int, int],
+                 counts: tuple[int, int, int]) -> None:
         if not advances:
             return
-        cmd = internal_pb2.Command(advance_route=routes_internal_pb2.AdvanceRouteCommand(
+        advance = routes_internal_pb2.AdvanceRouteCommand(
             name=route.meta.config.name, route_id=route.meta.route_id, source_topic_id=source.topic_id,
-            partitions=list(advances), next_offsets=list(advances.values())))
-        result = self._submitter.submit(cmd)
+            partitions=list(advances), next_offsets=list(advances.values()))
+        fmt = 0
+        if self._state.cluster_format >= ROUTE_TOTALS_FORMAT:  # every member's code keeps the totals
+            advance.copied, advance.skipped, advance.lost = counts
+            fmt = ROUTE_TOTALS_FORMAT
+        result = self._submitter.submit(internal_pb2.Command(advance_route=advance, format=fmt))
         if isinstance(result, Rejected):
             raise result.error
 
     @staticmethod
-    def _count(stats: RouteStats, handled: list[tuple[Copy, bool]], skipped: int, lost: int) -> None:
+    def _counts(handled: list[tuple[Copy, bool]], skipped: int, lost: int) -> tuple[int, int, int]:
+        """(copied, skipped, lost) of a pass: a copy the target refused for good is skipped and lost."""
         refused = sum(1 for _, was_refused in handled if was_refused)
-        stats.copied += len(handled) - refused
-        stats.skipped += skipped + refused
-        stats.lost += lost + refused
+        return len(handled) - refused, skipped + refused, lost + refused
+
+    @staticmethod
+    def _count(stats: RouteStats, counts: tuple[int, int, int]) -> None:
+        stats.copied += counts[0]
+        stats.skipped += counts[1]
+        stats.lost += counts[2]
 
     def _collect(self, route: _Compiled, source: internal_pb2.TopicMeta, echo_cluster: str | None) -> _Pass:
         """Read and judge up to one batch of source records, partition by partition."""

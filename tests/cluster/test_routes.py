@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from broker.client import Client, InvalidArgument, Record
+from broker.core import formats
 from broker.devcluster import DevCluster
 from broker.v1 import routes_pb2
 from tests.cluster.stubs import refused, stubs
@@ -28,6 +29,8 @@ def values(client: Client, topic: str) -> list[Record]:
 def test_route_resumes_after_leader_kill_without_loss_or_duplicates(fresh_cluster: DevCluster) -> None:
     c = fresh_cluster
     total, batch = 3000, 20
+    wait_until(lambda: all(v is not None and v.cluster_format == formats.CODE_FORMAT
+                           for v in map(c.node_status, range(c.nodes))), 60, "the cluster's command format to rise")
     with Client(c.addresses, retry_deadline_s=60) as client:
         client.create_topic("src", 2)
         client.create_topic("dst", 2)
@@ -58,6 +61,8 @@ def test_route_resumes_after_leader_kill_without_loss_or_duplicates(fresh_cluste
             return route.lag == 0 and client.describe_topic("dst").records >= total
 
         wait_until(caught_up, 90, "the route to catch up after the failover")
+        route = client.route("copy")  # the counts are replicated: the killed leader's passes are in them
+        assert (route.copied, route.skipped, route.lost) == (total, 0, 0), route
         copied = values(client, "dst")
         source = values(client, "src")
     assert len(source) == total

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.clock import NodeClock
-from broker.core import errors
+from broker.core import errors, formats
 from broker.core.applied import Rejected
 from broker.core.members import Peer
 from broker.core.retention import Retention
@@ -274,6 +274,32 @@ def test_advance_never_moves_a_cursor_back(env: Env) -> None:
         name="r", route_id=meta.meta.route_id, source_topic_id=1, partitions=[0], next_offsets=[2]))
     env.submitter.submit(back)
     assert env.table.cursors("r") == {0: (1, 5)}
+
+
+def test_a_routes_counts_are_replicated_from_format_5_and_a_stale_advance_adds_nothing(env: Env) -> None:
+    """ListRoutes answered the leader's router's counts since it took over: a new leader started at 0.
+    From command format 5 each advance carries its pass's counts into replicated totals."""
+    create(env, "src")
+    create(env, "dst", schema_json=json.dumps({"type": "object", "required": ["n"]}))
+    publish(env, "src", [{"n": 1}, {"x": 2}])
+    meta = env.admin.create(route("r", "src", "dst"))
+    env.drain()
+    assert env.table.totals("r") is None, "format 0: the leader's own counts only"
+    env.submitter.submit(formats.set_format_command(formats.ROUTE_TOTALS_FORMAT))
+    publish(env, "src", [{"n": 3}, {"x": 4}, {"n": 5}])
+    env.drain()
+    assert env.table.totals("r") == (2, 1, 1)
+    env.runner.stats.clear()  # another leader: its router has counted nothing
+    (info,) = env.admin.list()
+    assert (info.copied, info.skipped, info.lost) == (2, 1, 1), "the replicated totals"
+    assert (env.admin.local_views()[0].copied, env.admin.local_views()[0].lost) == (0, 0), "metrics: this node's"
+    passed = routes_internal_pb2.AdvanceRouteCommand(name="r", route_id=meta.meta.route_id, source_topic_id=1,
+                                                     partitions=[0], next_offsets=[4], copied=9)
+    stale = internal_pb2.Command(format=formats.ROUTE_TOTALS_FORMAT, advance_route=passed)
+    env.submitter.submit(stale)  # a pass over records an advance already passed: counted once
+    assert env.table.totals("r") == (2, 1, 1)
+    env.admin.delete("r")
+    assert env.table.totals("r") is None
 
 
 def test_a_stored_route_with_a_refused_filter_is_paused_without_evaluating(env: Env) -> None:
