@@ -36,6 +36,7 @@ from broker.client.consumer import GROUP_FILTER_REFUSED, Consumer
 from broker.client.errors import TopicExists, TopicNotFound, invalid_argument
 from broker.client.handlers import GroupsMixin
 from broker.client.log_admin import LogAdminMixin
+from broker.client.membership import add_node_call, remove_node_call
 from broker.client.models import (
     ClusterStatus,
     OutgoingRecord,
@@ -455,14 +456,10 @@ class Client(LogAdminMixin, RangesMixin, RoutesMixin, TypedTopicsMixin, GroupsMi
         """Make a running node a member (start it first with the current members as its peers); it
         catches up from the leader. Idempotent for the same addresses; ALREADY_EXISTS (``MemberExists``)
         if the id or Raft address belongs to another member. One change at a time."""
-        request = admin_pb2.AddNodeRequest(id=node_id, raft_address=raft_address, grpc_address=grpc_address)
-        self._router.call(lambda addr, t: self._router.admin(addr).AddNode(request, timeout=t),
-                          write=True, what=f"add node {node_id}")
+        self._router.admin_call(add_node_call(node_id, raft_address, grpc_address))
         self._router.learn(grpc_address, is_leader=False)
 
     def remove_node(self, node_id: str) -> None:
         """Take a member out of the cluster (the leader hands leadership over first); stop its process
         afterwards. A node that is not a member: NOT_FOUND (``MemberNotFound``, the message names it)."""
-        request = admin_pb2.RemoveNodeRequest(id=node_id)
-        self._router.call(lambda addr, t: self._router.admin(addr).RemoveNode(request, timeout=t),
-                          write=True, what=f"remove node {node_id}")
+        self._router.admin_call(remove_node_call(node_id))

@@ -45,6 +45,13 @@ GROUP_FILTER_REFUSED = (
     "or copy the matching records into their own topic with a filtered route and consume that")
 
 
+def commit_request(topic: str, group: str, partition: int, offset: int) -> broker_pb2.CommitRequest:
+    """A stream-mode member's ``Commit`` (both SDKs'): the numbers checked before anything is sent."""
+    checks.check_int(partition, "partition", 0, checks.UINT32_MAX)
+    checks.check_int(offset, "offset", 0, checks.UINT64_MAX)
+    return broker_pb2.CommitRequest(topic=topic, group=group, partition=partition, offset=offset)
+
+
 class Message:
     """A record delivered to a group member, with the verbs that settle it (each replicated)."""
 
@@ -336,13 +343,13 @@ class Consumer:
         """Stream mode: settle everything below ``offset`` in ``partition`` (never moves back). A
         queue-mode group raises :class:`~broker.client.errors.FailedPrecondition`: settle its
         messages with ``ack``/``nack``/``discard``."""
-        checks.check_int(partition, "partition", 0, checks.UINT32_MAX)
-        checks.check_int(offset, "offset", 0, checks.UINT64_MAX)
-        request = broker_pb2.CommitRequest(topic=self.topic, group=self.group, partition=partition, offset=offset)
+        request = commit_request(self.topic, self.group, partition, offset)
         self._router.call(lambda a, t: self._router.broker(a).Commit(request, timeout=t), write=True,
                           what=f"commit in {self.group}")
 
     def unsettled(self) -> list[Message]:
+        """The messages this member received and has not settled yet (a record delivered again
+        counts once, as its latest delivery); ``close`` forgets them (it gives them back)."""
         with self._lock:
             return list(self._unsettled.values())
 

@@ -2,23 +2,24 @@
 
 Every call goes to the leader (the only node that knows in-flight leases), following redirects
 and retrying on failover like every other call. Writes are idempotent in effect (a retried
-seek/pause/retry finds the same state), so retries are safe.
+seek/pause/retry finds the same state), so retries are safe. Each call is built (and its answer
+read) by a plain function here (``*_call``, :mod:`broker.client.calls`) that the asyncio SDK's
+``AsyncClient.groups`` (:mod:`broker.client.aio.groups`) runs too.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from broker.client import checks, wire
+from broker.client.calls import AdminCall, nothing
 from broker.client.errors import GroupNotFound, invalid_argument
 from broker.client.models import Record
 from broker.client.routing import Router
 from broker.v1 import admin_pb2, common_pb2
 
-T = TypeVar("T")
 MODES = ("queue", "stream")
 PRUNE_ROLES = {"none": common_pb2.PRUNE_ROLE_NONE, "lead": common_pb2.PRUNE_ROLE_LEAD,
                "protect": common_pb2.PRUNE_ROLE_PROTECT}
@@ -164,42 +165,127 @@ def group_info(msg: admin_pb2.GroupInfo) -> GroupInfo:
         prune_role=next((name for name, value in PRUNE_ROLES.items() if value == msg.prune_role), "none"))
 
 
+# -- the calls, shared with the asyncio SDK ---------------------------------------------------------
+
+def create_call(topic: str, group: str, mode: str | None, config: dict[str, object]) -> AdminCall[GroupInfo]:
+    request = admin_pb2.CreateGroupRequest(topic=topic, group=group,
+                                           config=group_config(mode, **config))  # type: ignore[arg-type]
+    return AdminCall("CreateGroup", request, f"create group {group}", group_info)
+
+
+def describe_call(topic: str, group: str) -> AdminCall[GroupInfo]:
+    request = admin_pb2.DescribeGroupRequest(topic=topic, group=group)
+    return AdminCall("DescribeGroup", request, f"describe group {group}", group_info, write=False)
+
+
+def list_call(topic: str) -> AdminCall[list[GroupInfo]]:
+    return AdminCall("ListGroups", admin_pb2.ListGroupsRequest(topic=topic), f"list groups of {topic}",
+                     lambda response: [group_info(g) for g in response.groups], write=False)
+
+
+def delete_call(topic: str, group: str) -> AdminCall[None]:
+    return AdminCall("DeleteGroup", admin_pb2.DeleteGroupRequest(topic=topic, group=group), f"delete group {group}",
+                     nothing)
+
+
+def seek_call(topic: str, group: str, to: str | int | bytes, timestamp_ms: int | None,
+              partition: int | None) -> AdminCall[dict[int, int]]:
+    request = admin_pb2.SeekGroupRequest(topic=topic, group=group, to=wire.position(to, timestamp_ms))
+    if partition is not None:
+        request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
+    return AdminCall("SeekGroup", request, f"seek group {group}",
+                     lambda response: {p.partition: p.offset for p in response.positions})
+
+
+def group_lag(response: admin_pb2.GroupLagResponse) -> GroupLag:
+    return GroupLag(response.paused, tuple(
+        PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
+                     p.dead, p.lag_ms) for p in response.partitions), response.node, response.applied_index)
+
+
+def lag_call(topic: str, group: str) -> AdminCall[GroupLag]:
+    return AdminCall("GroupLag", admin_pb2.GroupLagRequest(topic=topic, group=group), f"lag of group {group}",
+                     group_lag, write=False)
+
+
+def mark_call(topic: str, group: str, role: str) -> AdminCall[GroupInfo]:
+    if role not in PRUNE_ROLES:
+        raise invalid_argument(f"role must be one of {', '.join(PRUNE_ROLES)}, got {role!r}")
+    request = admin_pb2.MarkGroupRequest(topic=topic, group=group, role=PRUNE_ROLES[role])
+    return AdminCall("MarkGroup", request, f"mark group {group}", group_info)
+
+
+def pause_call(topic: str, group: str | None) -> AdminCall[list[str]]:
+    """``PauseGroups`` of ``group`` (None: every group of ``topic``); answers the groups changed."""
+    return AdminCall("PauseGroups", admin_pb2.PauseGroupsRequest(topic=topic, group=group or ""), f"pause {topic}",
+                     lambda response: list(response.groups))
+
+
+def resume_call(topic: str, group: str | None) -> AdminCall[list[str]]:
+    return AdminCall("ResumeGroups", admin_pb2.PauseGroupsRequest(topic=topic, group=group or ""), f"resume {topic}",
+                     lambda response: list(response.groups))
+
+
+def dead_letters_call(topic: str, group: str, limit: int, partition: int | None,
+                      after_offset: int | None) -> AdminCall[list[DeadLetter]]:
+    request = admin_pb2.ListDeadLettersRequest(topic=topic, group=group,
+                                               limit=checks.in_range(limit, "limit", 0, checks.UINT32_MAX))
+    if partition is not None:
+        request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
+    if after_offset is not None:
+        request.after_offset = checks.in_range(after_offset, "after_offset", 0, checks.UINT64_MAX)
+    return AdminCall("ListDeadLetters", request, f"dead letters of {group}", dead_letters, write=False)
+
+
+def dead_letters(response: admin_pb2.ListDeadLettersResponse) -> list[DeadLetter]:
+    return [DeadLetter(d.partition, d.offset, d.attempts, d.reason, d.dead_ms, d.dlq_partition, d.dlq_offset,
+                       wire.record(d.record) if d.HasField("record") else None) for d in response.dead_letters]
+
+
+def retry_call(topic: str, group: str, messages: Sequence[tuple[int, int]]) -> AdminCall[DeadLettersRetried]:
+    """``RetryDeadLetters`` of ``messages`` ((partition, offset) pairs, checked before anything is sent)."""
+    request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, messages=[
+        admin_pb2.PartitionOffset(partition=checks.in_range(p, "a dead letter's partition", 0, checks.UINT32_MAX),
+                                  offset=checks.in_range(o, "a dead letter's offset", 0, checks.UINT64_MAX))
+        for p, o in messages])
+    return _retry(request)
+
+
+def retry_all_call(topic: str, group: str) -> AdminCall[DeadLettersRetried]:
+    return _retry(admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, all=True))
+
+
+def _retry(request: admin_pb2.RetryDeadLettersRequest) -> AdminCall[DeadLettersRetried]:
+    return AdminCall("RetryDeadLetters", request, f"retry {request.group}",
+                     lambda done: DeadLettersRetried(int(done.retried), int(done.pruned)))
+
+
+def purge_call(topic: str, group: str) -> AdminCall[int]:
+    return AdminCall("PurgeDeadLetters", admin_pb2.PurgeDeadLettersRequest(topic=topic, group=group),
+                     f"purge {group}", lambda response: int(response.purged))
+
+
 class Groups:
     """``client.groups``: create, describe, seek/replay, lag, pause/resume, dead letters, delete."""
 
     def __init__(self, router: Router) -> None:
         self._router = router
 
-    def _call(self, fn: Callable[[str, float], T], what: str, write: bool = True) -> T:
-        return self._router.call(fn, write=write, what=what)
-
     def create(self, topic: str, group: str, mode: str | None = None, **config: object) -> GroupInfo:
         """Create a group (``mode`` and the other ``group_config`` options; ``start`` or
         ``timestamp_ms`` say where it starts). Raises ``GroupExists`` (ALREADY_EXISTS) if it exists."""
-        request = admin_pb2.CreateGroupRequest(topic=topic, group=group,
-                                               config=group_config(mode, **config))  # type: ignore[arg-type]
-        admin = self._router.admin
-        return group_info(self._call(lambda a, t: admin(a).CreateGroup(request, timeout=t), f"create group {group}"))
+        return self._router.admin_call(create_call(topic, group, mode, config))
 
     def describe(self, topic: str, group: str) -> GroupInfo:
-        request = admin_pb2.DescribeGroupRequest(topic=topic, group=group)
-        admin = self._router.admin
-        return group_info(self._call(lambda a, t: admin(a).DescribeGroup(request, timeout=t),
-                                     f"describe group {group}", write=False))
+        return self._router.admin_call(describe_call(topic, group))
 
-    def list(self, topic: str) -> list[GroupInfo]:
-        request = admin_pb2.ListGroupsRequest(topic=topic)
-        admin = self._router.admin
-        response = self._call(lambda a, t: admin(a).ListGroups(request, timeout=t), f"list groups of {topic}",
-                              write=False)
-        return [group_info(g) for g in response.groups]
+    def list(self, topic: str) -> builtins.list[GroupInfo]:
+        return self._router.admin_call(list_call(topic))
 
     def delete(self, topic: str, group: str) -> None:
         """Delete the group's state (its dead-letter topic stays: drop it like any topic)."""
-        request = admin_pb2.DeleteGroupRequest(topic=topic, group=group)
-        admin = self._router.admin
         try:
-            self._call(lambda a, t: admin(a).DeleteGroup(request, timeout=t), f"delete group {group}")
+            self._router.admin_call(delete_call(topic, group))
         except GroupNotFound as err:
             if not err.after_unknown_outcome:
                 raise
@@ -210,82 +296,42 @@ class Groups:
         offset (in ``partition``, or in each), a record's ``position`` token (right after that
         record), or give ``timestamp_ms``. Acks and pending retries of the moved partitions are
         forgotten, dead letters stay. Returns the new committed offset per partition."""
-        request = admin_pb2.SeekGroupRequest(topic=topic, group=group, to=wire.position(to, timestamp_ms))
-        if partition is not None:
-            request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
-        admin = self._router.admin
-        response = self._call(lambda a, t: admin(a).SeekGroup(request, timeout=t), f"seek group {group}")
-        return {p.partition: p.offset for p in response.positions}
+        return self._router.admin_call(seek_call(topic, group, to, timestamp_ms, partition))
 
     def replay(self, topic: str, group: str, timestamp_ms: int, partition: int | None = None) -> dict[int, int]:
         """Re-deliver everything from ``timestamp_ms`` on (a seek to that time)."""
         return self.seek(topic, group, timestamp_ms=timestamp_ms, partition=partition)
 
     def lag(self, topic: str, group: str) -> GroupLag:
-        request = admin_pb2.GroupLagRequest(topic=topic, group=group)
-        admin = self._router.admin
-        response = self._call(lambda a, t: admin(a).GroupLag(request, timeout=t), f"lag of group {group}",
-                              write=False)
-        return GroupLag(response.paused, tuple(
-            PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
-                         p.dead, p.lag_ms) for p in response.partitions), response.node, response.applied_index)
+        return self._router.admin_call(lag_call(topic, group))
 
     def mark(self, topic: str, group: str, role: str) -> GroupInfo:
         """Set the group's prune role: "lead" (``client.prune(topic, group=...)`` deletes up to its
         committed positions), "protect" (no prune or clear may pass them) or "none"."""
-        if role not in PRUNE_ROLES:
-            raise invalid_argument(f"role must be one of {', '.join(PRUNE_ROLES)}, got {role!r}")
-        request = admin_pb2.MarkGroupRequest(topic=topic, group=group, role=PRUNE_ROLES[role])
-        admin = self._router.admin
-        return group_info(self._call(lambda a, t: admin(a).MarkGroup(request, timeout=t), f"mark group {group}"))
+        return self._router.admin_call(mark_call(topic, group, role))
 
     def pause(self, topic: str, group: str | None = None) -> builtins.list[str]:
         """Stop deliveries to ``group`` (or to every group of ``topic``); returns the groups changed."""
-        request = admin_pb2.PauseGroupsRequest(topic=topic, group=group or "")
-        admin = self._router.admin
-        return list(self._call(lambda a, t: admin(a).PauseGroups(request, timeout=t), f"pause {topic}").groups)
+        return self._router.admin_call(pause_call(topic, group))
 
     def resume(self, topic: str, group: str | None = None) -> builtins.list[str]:
-        request = admin_pb2.PauseGroupsRequest(topic=topic, group=group or "")
-        admin = self._router.admin
-        return list(self._call(lambda a, t: admin(a).ResumeGroups(request, timeout=t), f"resume {topic}").groups)
+        return self._router.admin_call(resume_call(topic, group))
 
     def dead_letters(self, topic: str, group: str, *, limit: int = 100, partition: int | None = None,
                      after_offset: int | None = None) -> builtins.list[DeadLetter]:
         """Dead letters in (partition, offset) order; page with ``partition`` + ``after_offset``."""
-        request = admin_pb2.ListDeadLettersRequest(topic=topic, group=group,
-                                                   limit=checks.in_range(limit, "limit", 0, checks.UINT32_MAX))
-        if partition is not None:
-            request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
-        if after_offset is not None:
-            request.after_offset = checks.in_range(after_offset, "after_offset", 0, checks.UINT64_MAX)
-        admin = self._router.admin
-        response = self._call(lambda a, t: admin(a).ListDeadLetters(request, timeout=t), f"dead letters of {group}",
-                              write=False)
-        return [DeadLetter(d.partition, d.offset, d.attempts, d.reason, d.dead_ms, d.dlq_partition, d.dlq_offset,
-                           wire.record(d.record) if d.HasField("record") else None) for d in response.dead_letters]
+        return self._router.admin_call(dead_letters_call(topic, group, limit, partition, after_offset))
 
     def retry_dead_letters(self, topic: str, group: str, messages: Sequence[tuple[int, int]]) -> DeadLettersRetried:
         """Deliver these dead letters ((partition, offset) pairs) again; offsets that are not dead
         letters are ignored, a partition the topic lacks is refused (InvalidArgument). Those whose
         records were pruned stay dead (``pruned``)."""
-        request = admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, messages=[
-            admin_pb2.PartitionOffset(partition=checks.in_range(p, "a dead letter's partition", 0, checks.UINT32_MAX),
-                                      offset=checks.in_range(o, "a dead letter's offset", 0, checks.UINT64_MAX))
-            for p, o in messages])
-        return self._retry(request)
+        return self._router.admin_call(retry_call(topic, group, messages))
 
     def retry_all_dead_letters(self, topic: str, group: str) -> DeadLettersRetried:
         """Deliver every dead letter of ``group`` again, but those whose records were pruned."""
-        return self._retry(admin_pb2.RetryDeadLettersRequest(topic=topic, group=group, all=True))
-
-    def _retry(self, request: admin_pb2.RetryDeadLettersRequest) -> DeadLettersRetried:
-        admin = self._router.admin
-        done = self._call(lambda a, t: admin(a).RetryDeadLetters(request, timeout=t), f"retry {request.group}")
-        return DeadLettersRetried(int(done.retried), int(done.pruned))
+        return self._router.admin_call(retry_all_call(topic, group))
 
     def purge_dead_letters(self, topic: str, group: str) -> int:
         """Forget the group's dead letters (their copies stay in the dead-letter topic)."""
-        request = admin_pb2.PurgeDeadLettersRequest(topic=topic, group=group)
-        admin = self._router.admin
-        return int(self._call(lambda a, t: admin(a).PurgeDeadLetters(request, timeout=t), f"purge {group}").purged)
+        return self._router.admin_call(purge_call(topic, group))

@@ -1,14 +1,44 @@
-"""Retention changes, prune and clear (SPEC §2.2) for :class:`broker.client.Client`."""
+"""Retention changes, prune and clear (SPEC §2.2) for :class:`broker.client.Client`, and the calls
+(:mod:`broker.client.calls`) both SDKs make for them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from broker.client import checks, wire
+from broker.client.calls import AdminCall, nothing
 from broker.client.errors import invalid_argument
 from broker.client.models import FULL_POLICIES, Retention, TopicInfo
 from broker.client.routing import Router
 from broker.v1 import admin_pb2
+
+
+def check_full_policy(full_policy: str | None) -> None:
+    """InvalidArgument for a full policy that is neither None (keep it) nor one of ``FULL_POLICIES``."""
+    if full_policy is not None and full_policy not in FULL_POLICIES:
+        raise invalid_argument(f"unknown full_policy {full_policy!r}; use one of {', '.join(FULL_POLICIES)}")
+
+
+def alter_topic_call(name: str, retention: Mapping[str, int | None] | Retention,
+                     full_policy: str | None) -> AdminCall[TopicInfo]:
+    """``AlterTopic`` with the caps ``retention`` gives (all three: one left out is removed)."""
+    check_full_policy(full_policy)
+    config = wire.topic_config(name, 1, retention, None, full_policy)
+    request = admin_pb2.AlterTopicRequest(name=name, retention=config.retention, full_policy=config.full_policy)
+    return AdminCall("AlterTopic", request, f"alter topic {name}", wire.topic_info)
+
+
+def prune_call(topic: str, before_offset: int | None, partition: int | None, group: str | None) -> AdminCall[int]:
+    """``Prune``: the arguments checked (InvalidArgument) before anything is sent; answers the count."""
+    request = admin_pb2.PruneRequest(topic=topic, before_offset=checks.prune_before(before_offset, group),
+                                     group=group or "")
+    if partition is not None:
+        request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
+    return AdminCall("Prune", request, f"prune {topic}", lambda response: int(response.records_pruned))
+
+
+def clear_topic_call(name: str) -> AdminCall[None]:
+    return AdminCall("ClearTopic", admin_pb2.ClearTopicRequest(name=name), f"clear topic {name}", nothing)
 
 
 class LogAdminMixin:
@@ -30,15 +60,10 @@ class LogAdminMixin:
         ``None`` keeps the current policy. Lowered caps apply at once (with ``discard_old`` the oldest
         records are deleted by the next housekeeping pass, or by the next append).
         """
-        if full_policy is not None and full_policy not in FULL_POLICIES:
-            raise invalid_argument(f"unknown full_policy {full_policy!r}; use one of {', '.join(FULL_POLICIES)}")
+        check_full_policy(full_policy)
         if retention is None:
             retention = self._describe(name).retention
-        config = wire.topic_config(name, 1, retention, None, full_policy)
-        request = admin_pb2.AlterTopicRequest(name=name, retention=config.retention, full_policy=config.full_policy)
-        info = self._router.call(lambda addr, t: self._router.admin(addr).AlterTopic(request, timeout=t),
-                                 write=True, what=f"alter topic {name}")
-        return wire.topic_info(info)
+        return self._router.admin_call(alter_topic_call(name, retention, full_policy))
 
     def prune(self, topic: str, before_offset: int | None = None, partition: int | None = None, *,
               group: str | None = None) -> int:
@@ -48,22 +73,13 @@ class LogAdminMixin:
         ``group`` (a group marked lead, ``client.groups.mark``): prune up to what it has committed,
         and no further than ``before_offset`` when that is given too. A group marked protect refuses
         a prune past its own committed position (``FailedPrecondition``; nothing is deleted)."""
-        request = admin_pb2.PruneRequest(topic=topic, before_offset=checks.prune_before(before_offset, group),
-                                         group=group or "")
-        if partition is not None:
-            request.partition = checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
-        response = self._router.call(lambda addr, t: self._router.admin(addr).Prune(request, timeout=t),
-                                     write=True, what=f"prune {topic}")
-        return int(response.records_pruned)
+        return self._router.admin_call(prune_call(topic, before_offset, partition, group))
 
     def clear_topic(self, name: str) -> None:
         """Delete every record of a topic; offsets keep growing from where they were."""
-        request = admin_pb2.ClearTopicRequest(name=name)
-        self._router.call(lambda addr, t: self._router.admin(addr).ClearTopic(request, timeout=t),
-                          write=True, what=f"clear topic {name}")
+        self._router.admin_call(clear_topic_call(name))
 
     def _describe(self, name: str) -> TopicInfo:
         request = admin_pb2.DescribeTopicRequest(name=name)
-        info = self._router.call(lambda addr, t: self._router.admin(addr).DescribeTopic(request, timeout=t),
-                                 write=False, what=f"describe topic {name}")
-        return wire.topic_info(info)
+        return self._router.admin_call(AdminCall("DescribeTopic", request, f"describe topic {name}", wire.topic_info,
+                                                 write=False))

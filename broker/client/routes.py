@@ -1,11 +1,13 @@
 """Routes (SPEC §3.4) for :class:`broker.client.Client`: server-side copies of a topic's matching
-records into another topic of the same cluster, or of another cluster (mirroring)."""
+records into another topic of the same cluster, or of another cluster (mirroring). The calls
+(:mod:`broker.client.calls`) and the lookup by name are shared with the asyncio SDK."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from broker.client.calls import AdminCall, nothing
 from broker.client.errors import RouteExists, RouteNotFound, invalid_argument
 from broker.client.models import OPS
 from broker.client.routing import Router
@@ -70,6 +72,32 @@ def route_config(name: str, source: str, target: str, filter: str | None, partit
     return config
 
 
+def create_route_call(name: str, source: str, target: str, filter: str | None, partition_key: str | None,
+                      ops: Sequence[str] | None, target_cluster: Sequence[str] | str | None) -> AdminCall[RouteInfo]:
+    """``CreateRoute``: every argument checked (InvalidArgument) before anything is sent."""
+    request = routes_pb2.CreateRouteRequest(
+        config=route_config(name, source, target, filter, partition_key, ops, target_cluster))
+    return AdminCall("CreateRoute", request, f"create route {name}", route_info)
+
+
+def list_routes_call() -> AdminCall[list[RouteInfo]]:
+    return AdminCall("ListRoutes", routes_pb2.ListRoutesRequest(), "list routes",
+                     lambda response: [route_info(r) for r in response.routes], write=False)
+
+
+def delete_route_call(name: str) -> AdminCall[None]:
+    return AdminCall("DeleteRoute", routes_pb2.DeleteRouteRequest(name=name), f"delete route {name}", nothing)
+
+
+def find_route(routes: Sequence[RouteInfo], name: str) -> RouteInfo:
+    """The route called ``name`` among ``routes``; :class:`RouteNotFound` (as the server says it) if none."""
+    for info in routes:
+        if info.name == name:
+            return info
+    raise RouteNotFound("NOT_FOUND", f"route {name!r} does not exist", reason=Reason.ROUTE_NOT_FOUND,
+                        metadata={"route": name})
+
+
 class RoutesMixin:
     """Route methods of :class:`~broker.client.Client`."""
 
@@ -99,38 +127,26 @@ class RoutesMixin:
         cluster to mirror into; records whose origin is that cluster are never copied (no echo).
         A route closing a cycle of routes inside this cluster is refused (FAILED_PRECONDITION).
         """
-        request = routes_pb2.CreateRouteRequest(
-            config=route_config(name, source, target, filter, partition_key, ops, target_cluster))
+        call = create_route_call(name, source, target, filter, partition_key, ops, target_cluster)
         try:
-            info = self._router.call(lambda addr, t: self._router.admin(addr).CreateRoute(request, timeout=t),
-                                     write=True, what=f"create route {name}")
+            return self._router.admin_call(call)
         except RouteExists as err:
             if err.after_unknown_outcome:
                 return self.route(name)
             raise
-        return route_info(info)
 
     def list_routes(self) -> list[RouteInfo]:
         """Every route of the cluster, by name."""
-        response = self._router.call(
-            lambda addr, t: self._router.admin(addr).ListRoutes(routes_pb2.ListRoutesRequest(), timeout=t),
-            write=False, what="list routes")
-        return [route_info(r) for r in response.routes]
+        return self._router.admin_call(list_routes_call())
 
     def route(self, name: str) -> RouteInfo:
         """One route; raises :class:`RouteNotFound`."""
-        for info in self.list_routes():
-            if info.name == name:
-                return info
-        raise RouteNotFound("NOT_FOUND", f"route {name!r} does not exist", reason=Reason.ROUTE_NOT_FOUND,
-                            metadata={"route": name})
+        return find_route(self.list_routes(), name)
 
     def delete_route(self, name: str) -> None:
         """Stop and remove a route (its copies stay in the target); raises :class:`RouteNotFound`."""
-        request = routes_pb2.DeleteRouteRequest(name=name)
         try:
-            self._router.call(lambda addr, t: self._router.admin(addr).DeleteRoute(request, timeout=t),
-                              write=True, what=f"delete route {name}")
+            self._router.admin_call(delete_route_call(name))
         except RouteNotFound as err:
             if not err.after_unknown_outcome:
                 raise

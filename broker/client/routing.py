@@ -31,6 +31,7 @@ from typing import TypeVar, cast
 
 import grpc
 
+from broker.client.calls import AdminCall
 from broker.client.errors import (
     BrokerError,
     Unavailable,
@@ -356,6 +357,12 @@ class Router:
                 self.learn(address, is_leader=True)
             self.learn_members_soon(address)
             return result
+
+    def admin_call(self, call: AdminCall[T]) -> T:
+        """Run ``call`` (:mod:`broker.client.calls`) as :meth:`call` runs any call; its parsed answer."""
+        response = self.call(lambda a, t: getattr(self.admin(a), call.method)(call.request, timeout=t),
+                             write=call.write, what=call.what)
+        return call.parse(response)
 
     def tls_watch(self) -> TlsWatch:
         """A :class:`TlsWatch` for one call's attempts (or one stream's reopenings)."""

@@ -28,6 +28,10 @@ without a schema is not compatible: nothing guarantees its values fit the model.
 Values are published as ``model.model_dump_json(by_alias=True)``; a dict is validated into the
 model first. Reading yields model instances; a stored value that does not fit the model raises
 :class:`SchemaMismatchError` naming its partition and offset.
+
+The asyncio SDK's typed topics (:mod:`broker.client.aio.typed`) check, encode and decode with the
+plain functions here (:func:`check_model`, :func:`check_topic_schema`, :func:`model_value`,
+:func:`model_records`, :func:`decode`); only their calls are awaited.
 """
 
 from __future__ import annotations
@@ -121,6 +125,59 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema()
 
 
+def check_model(model: object) -> None:
+    """InvalidArgument unless ``model`` is a pydantic model class."""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise invalid_argument(f"a typed topic needs a pydantic model class, got {model!r}")
+
+
+def check_topic_schema(info: TopicInfo, model: type[BaseModel], schema: Mapping[str, Any]) -> None:
+    """:class:`SchemaMismatchError` unless the topic ``info`` describes can carry ``model`` (whose
+    schema is ``schema``): see the module docstring."""
+    name = info.name
+    if not info.schema_json:
+        raise SchemaMismatchError("FAILED_PRECONDITION", f"topic {name!r} has no schema, so nothing guarantees "
+                                  f"its values fit {model.__name__}; create it with the model's schema")
+    reason = incompatibility(json.loads(info.schema_json), schema)
+    if reason is not None:
+        raise SchemaMismatchError("FAILED_PRECONDITION", f"topic {name!r} cannot carry {model.__name__}: {reason}")
+
+
+def model_value(model: type[M], item: M | Mapping[str, Any]) -> str:
+    """The JSON published for ``item`` (an instance, or a dict validated into one first)."""
+    if isinstance(item, model):
+        return item.model_dump_json(by_alias=True)
+    if isinstance(item, Mapping):
+        try:
+            return model.model_validate(item).model_dump_json(by_alias=True)
+        except ValidationError as err:
+            raise invalid_argument(f"the value does not fit {model.__name__}: {err}") from None
+    raise invalid_argument(f"publish a {model.__name__} or a dict, got {type(item).__name__}")
+
+
+def model_records(model: type[M], items: Sequence[M | Mapping[str, Any]],
+                  key: Callable[[M], bytes | str | None] | None) -> list[OutgoingRecord]:
+    """The records of a typed ``publish_batch``; ``key(instance)`` picks each one's key."""
+    values = [model_value(model, item) for item in items]
+    records = []
+    for item, value in zip(items, values, strict=True):
+        instance = item if isinstance(item, model) else model.model_validate_json(value)
+        records.append(OutgoingRecord(value=value, key=key(cast(M, instance)) if key else None))
+    return records
+
+
+def decode(model: type[M], record: Record) -> M:
+    """``record``'s value as a ``model`` instance; :class:`SchemaMismatchError` (naming where the
+    record is) when it does not fit."""
+    try:
+        return model.model_validate_json(record.value)
+    except ValidationError as err:
+        raise SchemaMismatchError(
+            "FAILED_PRECONDITION",
+            f"{record.topic} partition {record.partition} offset {record.offset}: the value does not fit "
+            f"{model.__name__}: {err.errors()[0]['msg']}") from None
+
+
 class TypedSubscription(Iterator[M], Generic[M]):
     """Model instances of a subscription; :attr:`record` is the record of the last one yielded.
 
@@ -142,13 +199,7 @@ class TypedSubscription(Iterator[M], Generic[M]):
                 self._on_event(item)
                 continue
             self.record = item
-            try:
-                return self._model.model_validate_json(item.value)
-            except ValidationError as err:
-                raise SchemaMismatchError(
-                    "FAILED_PRECONDITION",
-                    f"{item.topic} partition {item.partition} offset {item.offset}: the value does not fit "
-                    f"{self._model.__name__}: {err.errors()[0]['msg']}") from None
+            return decode(self._model, item)
 
     def close(self) -> None:
         self._subscription.close()
@@ -176,47 +227,25 @@ class TypedTopic(Generic[M]):
     def open(cls, client: Client, name: str, model: type[M], *, partitions: int = 1,
              **create_options: Any) -> TypedTopic[M]:
         """Create ``name`` with ``model``'s schema, or check the existing topic's schema."""
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise invalid_argument(f"a typed topic needs a pydantic model class, got {model!r}")
+        check_model(model)
         schema = model_schema(model)
         try:
             info = client.create_topic(name, partitions, schema=schema, **create_options)
         except TopicExists:
             info = client.describe_topic(name)
-        if not info.schema_json:
-            raise SchemaMismatchError("FAILED_PRECONDITION", f"topic {name!r} has no schema, so nothing guarantees "
-                                      f"its values fit {model.__name__}; create it with the model's schema")
-        reason = incompatibility(json.loads(info.schema_json), schema)
-        if reason is not None:
-            raise SchemaMismatchError("FAILED_PRECONDITION",
-                                      f"topic {name!r} cannot carry {model.__name__}: {reason}")
+        check_topic_schema(info, model, schema)
         return cls(client, info, model)
-
-    def _value(self, item: M | Mapping[str, Any]) -> str:
-        if isinstance(item, self.model):
-            return item.model_dump_json(by_alias=True)
-        if isinstance(item, Mapping):
-            try:
-                return self.model.model_validate(item).model_dump_json(by_alias=True)
-            except ValidationError as err:
-                raise invalid_argument(f"the value does not fit {self.model.__name__}: {err}") from None
-        raise invalid_argument(f"publish a {self.model.__name__} or a dict, got {type(item).__name__}")
 
     def publish(self, item: M | Mapping[str, Any], *, key: bytes | str | None = None, partition: int | None = None,
                 headers: Mapping[str, str] | None = None, idempotency_key: str | None = None) -> PublishResult:
         """Publish one model instance (or a dict validated into one)."""
-        return self._client.publish(self.name, self._value(item), key=key, partition=partition, headers=headers,
-                                    idempotency_key=idempotency_key)
+        return self._client.publish(self.name, model_value(self.model, item), key=key, partition=partition,
+                                    headers=headers, idempotency_key=idempotency_key)
 
     def publish_batch(self, items: Sequence[M | Mapping[str, Any]], *,
                       key: Callable[[M], bytes | str | None] | None = None) -> PublishResults:
         """Publish instances all-or-nothing; ``key(instance)`` picks each record's key."""
-        values = [self._value(item) for item in items]
-        records = []
-        for item, value in zip(items, values, strict=True):
-            instance = item if isinstance(item, self.model) else self.model.model_validate_json(value)
-            records.append(OutgoingRecord(value=value, key=key(cast(M, instance)) if key else None))
-        return self._client.publish_batch(self.name, records)
+        return self._client.publish_batch(self.name, model_records(self.model, items, key))
 
     def subscribe(self, *, start: str | int | bytes = "earliest", partition: int | None = None,
                   timestamp_ms: int | None = None, stop_at_end: bool = False, filter: str | None = None,
