@@ -13,6 +13,10 @@ in flight per topic (:mod:`broker.client.aio.coalescing`; ``coalesce_publishes=F
 and those requests travel on one ``PublishStream`` per topic, cheaper for the node than a call each
 (:mod:`broker.client.aio.publish_streams`; ``stream_publishes=False``: unary calls).
 
+Retention changes, prune and clear (:mod:`.log_admin`), routes (:mod:`.routes`), bounded reads
+(:mod:`.ranges`), typed topics (:mod:`.typed`) and ``client.groups`` (:mod:`.groups`) are the sync
+client's calls, built and read by the same functions (:mod:`broker.client.calls`) and awaited.
+
 :meth:`AsyncClient.close` ends every subscription and consumer being iterated: the iteration raises
 ``BrokerError`` (CANCELLED) "the client was closed", as with the sync client. Arguments are checked
 (InvalidArgument naming the argument) before anything is sent or leased.
@@ -34,10 +38,15 @@ import grpc
 from broker.client import checks, wire
 from broker.client.acks import settled_each
 from broker.client.aio.coalescing import PublishCoalescer
+from broker.client.aio.groups import AsyncGroups
 from broker.client.aio.handlers import AsyncHandler, HandlerRun
+from broker.client.aio.log_admin import AsyncLogAdminMixin
 from broker.client.aio.publish_streams import PublishStreams
+from broker.client.aio.ranges import AsyncRangesMixin
+from broker.client.aio.routes import AsyncRoutesMixin
 from broker.client.aio.routing import AsyncRouter, metadata
 from broker.client.aio.streams import AsyncBatchSubscription, AsyncConsumer, AsyncMessage, AsyncSubscription, Observer
+from broker.client.aio.typed import AsyncTypedTopicsMixin
 from broker.client.client import RecordLike
 from broker.client.consumer import GROUP_FILTER_REFUSED
 from broker.client.errors import (
@@ -49,8 +58,9 @@ from broker.client.errors import (
     TopicNotFound,
     invalid_argument,
 )
-from broker.client.groups import GroupLag, PartitionLag
+from broker.client.groups import GroupLag, lag_call
 from broker.client.handlers import log_event
+from broker.client.membership import add_node_call, remove_node_call
 from broker.client.models import (
     ClusterStatus,
     Event,
@@ -58,6 +68,7 @@ from broker.client.models import (
     PublishResult,
     PublishResults,
     ReplicaVerification,
+    Retention,
     TopicInfo,
     Watermark,
 )
@@ -80,7 +91,7 @@ class Claimed(list[AsyncMessage]):
         self.events: list[Event] = []
 
 
-class AsyncClient:
+class AsyncClient(AsyncLogAdminMixin, AsyncRangesMixin, AsyncRoutesMixin, AsyncTypedTopicsMixin):
     """A connection to a raftbroker cluster for asyncio code; ``async with`` it or ``await close()``."""
 
     def __init__(self, bootstrap: Sequence[str] | str, *, timeout_s: float = 10.0, retry_deadline_s: float = 30.0,
@@ -141,7 +152,8 @@ class AsyncClient:
             write=write, what=what)
 
     # -- topics ---------------------------------------------------------------------------------
-    async def create_topic(self, name: str, partitions: int = 1, *, retention: Mapping[str, int | None] | None = None,
+    async def create_topic(self, name: str, partitions: int = 1, *,
+                           retention: Mapping[str, int | None] | Retention | None = None,
                            durability: str | None = None, full_policy: str | None = None,
                            dedup_window_ms: int | None = None, schema: Mapping[str, Any] | str | None = None,
                            dedup_fields: Sequence[str] | None = None, exist_ok: bool = False) -> TopicInfo:
@@ -176,17 +188,6 @@ class AsyncClient:
         except TopicNotFound as err:
             if not err.after_unknown_outcome:
                 raise
-
-    async def prune(self, topic: str, before_offset: int | None = None, partition: int | None = None, *,
-                    group: str | None = None) -> int:
-        """Delete records before ``before_offset`` (see :meth:`Client.prune`); returns how many."""
-        request = admin_pb2.PruneRequest(topic=topic, group=group or "",
-                                         before_offset=checks.prune_before(before_offset, group))
-        if partition is not None:
-            checks.in_range(partition, "partition", 0, checks.UINT32_MAX)
-            request.partition = partition
-        response = await self._admin("Prune", request, write=True, what=f"prune {topic}")
-        return int(response.records_pruned)
 
     # -- publishing -----------------------------------------------------------------------------
     async def publish(self, topic: str, value: bytes | str, *, key: bytes | str | None = None,
@@ -428,12 +429,15 @@ class AsyncClient:
         return await HandlerRun(handler, manual=ack == "manual", concurrency=concurrency, in_order=in_order,
                                 on_event=on_event or log_event).run(consumer, limit)
 
+    @property
+    def groups(self) -> AsyncGroups:
+        """Group administration (:class:`~broker.client.aio.groups.AsyncGroups`: the sync
+        ``Client.groups``, awaited): create, describe, lag, seek/replay, pause/resume, dead letters."""
+        return AsyncGroups(self._router)
+
     async def group_lag(self, topic: str, group: str) -> GroupLag:
-        request = admin_pb2.GroupLagRequest(topic=topic, group=group)
-        response = await self._admin("GroupLag", request, write=False, what=f"lag of group {group}")
-        return GroupLag(response.paused, tuple(
-            PartitionLag(p.partition, p.start_offset, p.end_offset, p.committed, p.lag, p.in_flight, p.retrying,
-                         p.dead, p.lag_ms) for p in response.partitions), response.node, response.applied_index)
+        """``await client.groups.lag(topic, group)`` (kept for the HTTP gateway and older callers)."""
+        return await self._router.admin_call(lag_call(topic, group))
 
     async def settle(self, verb: str, topic: str, group: str, positions: Sequence[bytes], *,
                      delay_ms: int | None = None, extend_ms: int | None = None) -> list[int]:
@@ -478,3 +482,15 @@ class AsyncClient:
             if node.grpc_address:
                 self._router.learn(node.grpc_address, is_leader=node.id == status.leader_id and node.reachable)
         return status
+
+    async def add_node(self, node_id: str, raft_address: str, grpc_address: str) -> None:
+        """Make a running node a member (the contract of :meth:`broker.client.Client.add_node`:
+        idempotent for the same addresses; ``MemberExists`` if the id or Raft address is another
+        member's; a node that does not answer is refused, FAILED_PRECONDITION)."""
+        await self._router.admin_call(add_node_call(node_id, raft_address, grpc_address))
+        self._router.learn(grpc_address, is_leader=False)
+
+    async def remove_node(self, node_id: str) -> None:
+        """Take a member out of the cluster (the leader hands leadership over first); stop its process
+        afterwards. A node that is not a member: ``MemberNotFound``."""
+        await self._router.admin_call(remove_node_call(node_id))

@@ -20,6 +20,7 @@ from typing import TypeVar, cast
 import grpc
 import grpc.aio
 
+from broker.client.calls import AdminCall
 from broker.client.errors import BrokerError, Unavailable, error_from_rpc, rpc_code, rpc_details
 from broker.client.packing import PublishBytesStub
 from broker.client.routing import _CHANNEL_OPTIONS, Backoff, Outcome, QuorumWatch, RetryPolicy, TlsWatch, classify
@@ -181,6 +182,14 @@ class AsyncRouter:
         return watch.covers(self.known_addresses)
 
     # -- the retry loop -------------------------------------------------------------------------
+    async def admin_call(self, call: AdminCall[T]) -> T:
+        """Run ``call`` (:mod:`broker.client.calls`) as :meth:`call` runs any call; its parsed answer
+        (the sync :meth:`broker.client.routing.Router.admin_call`, awaited)."""
+        response = await self.call(
+            lambda a, t: getattr(self.admin(a), call.method)(call.request, timeout=t, metadata=metadata()),
+            write=call.write, what=call.what)
+        return call.parse(response)
+
     async def call(self, fn: AsyncCall[T], *, write: bool, what: str) -> T:
         """``await fn(address, timeout_s)`` on the leader, following redirects and retrying
         (the contract of :meth:`broker.client.routing.Router.call`)."""

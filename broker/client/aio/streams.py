@@ -26,7 +26,7 @@ from broker.client import checks, wire
 from broker.client.acks import settled_each
 from broker.client.aio.acks import AckCoalescer
 from broker.client.aio.routing import AsyncRouter, metadata
-from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED
+from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED, commit_request
 from broker.client.errors import (
     BrokerError,
     GroupNotFound,
@@ -361,6 +361,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         self._merged: _Merged | None = None
         self._beats: asyncio.Task[None] | None = None
         self._acks = AckCoalescer(self._send_acks)
+        # by record: a record delivered again (its lease ran out) replaces its earlier delivery's message
+        self._unsettled: dict[tuple[int, int], AsyncMessage] = {}
         self.assigned: tuple[int, ...] = ()
 
     def __aiter__(self) -> AsyncConsumer:
@@ -374,6 +376,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             self._merged.start(self._run)
         item = await self._merged.next()
         assert isinstance(item, AsyncMessage | Event)
+        if isinstance(item, AsyncMessage):
+            self._unsettled[(item.partition, item.offset)] = item
         if self._on_event is not None:
             self._on_event("message" if isinstance(item, AsyncMessage) else "event", item)
         return item
@@ -455,6 +459,13 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             await self._router.call(lambda a, t: send(positions, a, t), write=True, what=f"{what} in {self.group}")
             for m in messages:
                 m.settled = True
+                self._forget(m)
+
+    def _forget(self, message: AsyncMessage) -> None:
+        """Drop a settled message from :meth:`unsettled` (not a later delivery of its record)."""
+        key = (message.partition, message.offset)
+        if self._unsettled.get(key) is message:
+            del self._unsettled[key]
 
     async def ack(self, messages: Sequence[AsyncMessage]) -> int:
         """Settle ``messages`` for good; returns once replicated, with how many of them this call
@@ -464,6 +475,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         settled = await self._acks.ack([m.position for m in pending])
         for m in pending:
             m.settled = True
+            self._forget(m)
         return sum(settled)
 
     async def _send_acks(self, positions: list[bytes]) -> list[bool]:
@@ -495,6 +507,19 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
             write=True, what=f"extend in {self.group}")
         return list(response.deadlines_ms)
 
+    async def commit(self, partition: int, offset: int) -> None:
+        """Stream mode: settle everything below ``offset`` in ``partition`` (never moves back). A
+        queue-mode group raises :class:`~broker.client.errors.FailedPrecondition`: settle its
+        messages with ``ack``/``nack``/``discard`` (:meth:`broker.client.Consumer.commit`)."""
+        request = commit_request(self.topic, self.group, partition, offset)
+        await self._router.call(lambda a, t: self._router.broker(a).Commit(request, timeout=t, metadata=metadata()),
+                                write=True, what=f"commit in {self.group}")
+
+    def unsettled(self) -> list[AsyncMessage]:
+        """The messages this member received and has not settled yet (a record delivered again
+        counts once, as its latest delivery); ``close`` forgets them (it gives them back)."""
+        return list(self._unsettled.values())
+
     async def stop(self) -> None:
         """Stop the stream but keep this member's leases: they run until settled or until their
         visibility timeout (what a claim wants; :meth:`close` gives them back)."""
@@ -506,6 +531,7 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
     async def close(self) -> None:
         """Stop the stream and leave the group (unsettled leases are redelivered at once)."""
         await self.stop()
+        self._unsettled.clear()
         with contextlib.suppress(BrokerError):  # best effort: leases also run out by themselves
             leave = broker_pb2.LeaveGroupRequest(topic=self.topic, group=self.group, member_id=self.member_id)
             await self._router.call(lambda a, t: self._router.broker(a).LeaveGroup(leave, timeout=t,
