@@ -23,6 +23,7 @@ more (keys, framing and the store's own overhead).
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Callable
@@ -47,26 +48,44 @@ def _total(state: BrokerStateMachine, leaving_out: int = 0) -> int:
 
 
 class InFlight:
-    """Bytes of ``memory``-topic publishes checked and not answered yet, on this node (thread-safe)."""
+    """Bytes of ``memory``-topic publishes checked and not answered yet, on this node (thread-safe).
+
+    A release takes no lock: it may run as a garbage-collection finalizer (``weakref.finalize`` of a
+    publish dropped unanswered) at any allocation, also on a thread inside :meth:`take`, which holds
+    the lock. It took the lock, and that thread waited for itself: the leader answered nothing more
+    (216 refused publishes to a full topic sufficed). Releases are queued and counted at the next
+    :meth:`take` or read of :attr:`bytes`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.bytes = 0
+        self._held = 0
+        self._released: collections.deque[int] = collections.deque()  # appended without the lock
+
+    def _drain(self) -> None:
+        while self._released:
+            self._held -= self._released.popleft()
+
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            self._drain()
+            return self._held
 
     def take(self, check: Callable[[int], None], new_bytes: int) -> Callable[[], None]:
         """``check(bytes in flight)`` (raises to refuse), then hold ``new_bytes``; returns the release
-        (idempotent)."""
+        (idempotent, lock-free)."""
         with self._lock:
-            check(self.bytes)
-            self.bytes += new_bytes
-        released = False
+            self._drain()
+            check(self._held)
+            self._held += new_bytes
+        held = [new_bytes]
 
         def release() -> None:
-            nonlocal released
-            with self._lock:
-                if not released:
-                    released = True
-                    self.bytes -= new_bytes
+            try:
+                n = held.pop()  # atomic: a second release finds nothing
+            except IndexError:
+                return
+            self._released.append(n)
 
         return release
 

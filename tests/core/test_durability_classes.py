@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from broker.core.members import Peer
 from broker.core.state_machine import BrokerStateMachine
 from broker.leader.changes import Changes
 from broker.leader.ephemeral import EphemeralHub
+from broker.leader.memory_topics import InFlight
 from broker.leader.reading import Reader
 from broker.leader.submitter import CommandSubmitter, PeerDirectory
 from broker.leader.topic_log import Limits, Placement, TopicLog
@@ -154,3 +156,24 @@ def test_replayed_appends_of_memory_topics_keep_no_records(store: MemoryStore) -
     assert [r.value for r in read(reader, "d")] == [b"0", b"1", b"2"]
     state.apply(live_index, live_command)
     assert [(r.offset, r.value) for r in read(reader, "m")[1:]] == [(3, b"0"), (4, b"1")]
+
+
+def test_a_release_run_by_the_garbage_collector_inside_a_take_does_not_deadlock() -> None:
+    """A publish dropped unanswered is released by a weakref finalizer, which the garbage collector
+    may run at any allocation, also inside :meth:`InFlight.take` on the thread holding its lock: the
+    release took the lock too, the thread waited for itself, and the leader answered nothing more."""
+    flight = InFlight()
+    first = flight.take(lambda held: None, 10)
+    seen: list[int] = []
+    done = threading.Event()
+
+    def take_while_released() -> None:
+        flight.take(lambda held: (seen.append(held), first()), 5)  # the finalizer runs inside the check
+        done.set()
+
+    worker = threading.Thread(target=take_while_released, daemon=True)
+    worker.start()
+    assert done.wait(10), "take deadlocked on a release run inside it"
+    assert seen == [10] and flight.bytes == 5
+    first()  # idempotent
+    assert flight.bytes == 5
