@@ -167,8 +167,12 @@ def test_a_release_run_by_the_garbage_collector_inside_a_take_does_not_deadlock(
     seen: list[int] = []
     done = threading.Event()
 
+    def check(held: int) -> None:
+        seen.append(held)
+        first()  # the finalizer, run inside the check
+
     def take_while_released() -> None:
-        flight.take(lambda held: (seen.append(held), first()), 5)  # the finalizer runs inside the check
+        flight.take(check, 5)
         done.set()
 
     worker = threading.Thread(target=take_while_released, daemon=True)
