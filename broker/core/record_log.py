@@ -561,9 +561,20 @@ def offset_for_time(store: Store, tid: int, partition: int, timestamp_ms: int, l
     return lo
 
 
-def sizes(store: Store, tid: int, partition: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
+def sizes(store: Store, tid: int, partition: int, begin: int, end: int, *, fill: bool = False
+          ) -> Iterator[tuple[int, int]]:
     """(offset, body bytes) of the stored records in ``[begin, end)``, oldest first, from the
-    tables (no record CRC is checked); offsets of a damaged batch count with 0 bytes (logged)."""
+    tables (no record CRC is checked); offsets of a damaged batch count with 0 bytes (logged).
+    ``fill``: every offset of ``[begin, end)``, one that is not stored with 0 bytes (a partition
+    has no gaps: a `memory` topic's records written before its skeletons have none)."""
+    if fill:
+        expected = begin
+        for offset, size in sizes(store, tid, partition, begin, end):
+            yield from ((o, 0) for o in range(expected, offset))
+            yield offset, size
+            expected = offset + 1
+        yield from ((o, 0) for o in range(expected, end))
+        return
     if end <= begin:
         return
     expected = begin

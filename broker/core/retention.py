@@ -99,7 +99,9 @@ class Retention:
             keep = state.end_offset - before < before - state.start_offset
             lo, hi = (before, state.end_offset) if keep else (state.start_offset, before)
             counted, counted_bytes = 0, 0
-            for _offset, size in record_log.sizes(self._state.sizes_store(tid), tid, partition, lo, hi):
+            stored_end = min(hi, pending.first if pending is not None else hi)  # this apply's own: below
+            for _offset, size in record_log.sizes(self._state.sizes_store(tid), tid, partition, lo, stored_end,
+                                                  fill=True):
                 counted += 1
                 counted_bytes += size
             for offset, size in pending.sizes() if pending is not None else ():  # written by this same apply
@@ -110,8 +112,10 @@ class Retention:
                                       else (counted, counted_bytes))
         # batches wholly before the cut go; one straddling it stays and is filtered on read
         record_log.delete_before(self._state.records_batch(tid, batch), tid, partition, state.start_offset, before)
-        self._state.cut_records(tid, partition, state.start_offset, before)
+        if self._state.skeletons_batch(tid, batch) is not None:  # a `memory` topic's skeletons go with them
+            record_log.delete_before(batch, tid, partition, state.start_offset, before)
         removed, removed_bytes = max(min(removed, state.records), 0), max(min(removed_bytes, state.bytes), 0)
+        self._state.cut_records(tid, partition, state.start_offset, before, removed_bytes)
         new = replace(state, start_offset=before, records=state.records - removed, bytes=state.bytes - removed_bytes)
         self._state.put_partition(tid, partition, new, batch, changes)
         self.deleted_records[reason] += removed
@@ -127,7 +131,7 @@ class Retention:
             return state
         tid = meta.topic_id
         stored = record_log.sizes(self._state.sizes_store(tid), tid, partition, state.start_offset,
-                                  state.end_offset)
+                                  pending.first if pending is not None else state.end_offset, fill=True)
         sizes = itertools.chain(stored, pending.sizes() if pending is not None else ())
         count, size, before = state.records, state.bytes, state.start_offset
         for offset, record_bytes in sizes:  # oldest first; stop as soon as the partition fits

@@ -224,10 +224,14 @@ class BrokerStateMachine:
         lost when it started (a restart, or a snapshot installed), while nothing has deleted past
         them since; None otherwise. Readers asking for them are told (SKIP_FORWARD), never silently
         started at the view."""
-        lost = self._lost.get((topic_id, partition))
+        key = (topic_id, partition)
+        lost = self._lost.get(key)
         if lost is None or self.partition(topic_id, partition).start_offset != lost.view_start:
             return None
-        return lost.first, lost.view_start
+        if self._cluster_format < formats.MEMORY_SKELETON_FORMAT:  # the counters followed the view
+            return lost.first, lost.view_start
+        start = self._partitions.get(key, PartitionState()).start_offset  # what was cut since is not lost
+        return max(lost.first, start), lost.view_start
 
     @property
     def store(self) -> Store:
@@ -288,29 +292,22 @@ class BrokerStateMachine:
             return self._store
         return self.records_store(topic_id)
 
-    def cut_records(self, topic_id: int, partition: int, start: int, before: int) -> None:
-        """This apply deletes the records of a partition before ``before``: a `memory` topic's value
-        that straddles the cut is rewritten after the apply's write (``record_log.rewrite_straddling``),
-        so what it no longer counts is freed too; and what this node lost of it no longer counts
-        the bytes cut (read from the skeletons before the write deletes them)."""
+    def cut_records(self, topic_id: int, partition: int, start: int, before: int, cut_bytes: int) -> None:
+        """This apply deletes the records of a partition in ``[start, before)``, ``cut_bytes`` of them:
+        a `memory` topic's value that straddles the cut is rewritten after the apply's write
+        (``record_log.rewrite_straddling``), so what it no longer counts is freed too; and the bytes
+        this node lost of it no longer count what was cut."""
         if topic_id not in self._volatile_ids:
             return
         self._volatile_cuts.append((topic_id, partition, before))
-        lost = self._lost.get((topic_id, partition))
-        if lost is not None and self._cluster_format >= formats.MEMORY_SKELETON_FORMAT:
-            stop = min(before, lost.view_start)
-            if start >= stop:
-                return
-            # counts the smaller side, as Retention.delete_before does (a cut of millions of lost records
-            # must not read each one's size)
-            if stop == lost.view_start:
-                cut = lost.bytes
-            elif stop - start <= lost.view_start - stop:
-                cut = sum(size for _, size in record_log.sizes(self._store, topic_id, partition, start, stop))
-            else:
-                cut = lost.bytes - sum(size for _, size in record_log.sizes(self._store, topic_id, partition, stop,
-                                                                            lost.view_start))
-            self._lost_cuts.append(((topic_id, partition), cut))
+        key = (topic_id, partition)
+        lost = self._lost.get(key)
+        if lost is None or self._cluster_format < formats.MEMORY_SKELETON_FORMAT or start >= lost.view_start:
+            return
+        # [start, before) lies in what was lost (start is never below it) unless it reaches past it;
+        # then the rest of what was lost goes, less what this apply's earlier cuts took
+        earlier = sum(cut for k, cut in self._lost_cuts if k == key)
+        self._lost_cuts.append((key, cut_bytes if before <= lost.view_start else lost.bytes - earlier))
 
     def records_store(self, topic_id: int) -> Store:
         """Where the records of ``topic_id`` live: RocksDB, or memory for `memory` topics."""
@@ -507,10 +504,17 @@ class BrokerStateMachine:
             if begins:
                 self.digests.start(batch, index)
 
+            crossing = self._cluster_format < formats.MEMORY_SKELETON_FORMAT <= value
+
             def raised() -> None:
                 self._cluster_format = value
                 if begins:
                     self.digests.advance(index, 0, started=True)
+                if crossing and not self._store_wal:
+                    # A crash must never replay commands from before the rise: they would be applied
+                    # again with the older rules, which decide `memory` topics from what this process
+                    # holds, and a restarted process holds none of their records (it diverged).
+                    self._store.flush()
                 log.info("the cluster's command format is now %d", value)
 
             commit.after_write.append(raised)

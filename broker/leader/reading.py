@@ -127,6 +127,24 @@ class Subscription:
     compact: bool = False  # packed stateless reads: stored records as ``CompactBatch`` responses
 
 
+
+def offset_at_time(state: BrokerStateMachine, tid: int, partition: int, timestamp_ms: int) -> int:
+    """The first offset of a stored partition whose record is at or after ``timestamp_ms``, as this
+    node holds it; in what this node lost at its start (a `memory` topic), where a lost record may be
+    (a reader starting there is told SKIP_FORWARD, never silently started later)."""
+    st = state.partition(tid, partition)
+    found = record_log.offset_for_time(state.records_store(tid), tid, partition, timestamp_ms, st.start_offset,
+                                       st.end_offset)
+    lost = state.lost_at_start(tid, partition)
+    if lost is None or found != st.start_offset or timestamp_ms > st.last_timestamp_ms:
+        return found
+    skeletons = state.sizes_store(tid)  # from command format 5: the lost records' timestamps
+    if skeletons is not state.records_store(tid):
+        at = record_log.offset_for_time(skeletons, tid, partition, timestamp_ms, *lost)
+        if at < lost[1] or record_log.timestamp_at(skeletons, tid, partition, lost[1] - 1) is not None:
+            return at  # the first lost record at or after the time, or none of them is
+    return lost[0]  # timestamps never decrease: a lost record may be at or after the time
+
 class Reader:
     """Serves stateless subscriptions from the local applied state."""
 
@@ -268,13 +286,7 @@ class Reader:
         assert kind == "timestamp_ms"
         if meta.config.durability == internal_pb2.DURABILITY_EPHEMERAL:
             return self._hub.first_at_or_after(tid, partition, position.timestamp_ms)
-        found = record_log.offset_for_time(self._state.records_store(tid), tid, partition, position.timestamp_ms,
-                                           start, end)
-        lost = self._state.lost_at_start(tid, partition)
-        if lost is not None and found == start and position.timestamp_ms <= self._state.partition(
-                tid, partition).last_timestamp_ms:
-            return lost[0]  # a lost record may be at or after the time (timestamps never decrease)
-        return found
+        return offset_at_time(self._state, tid, partition, position.timestamp_ms)
 
     # -- streaming ---------------------------------------------------------------------------
     def _stream(self, request: Subscription, meta: internal_pb2.TopicMeta,

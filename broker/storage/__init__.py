@@ -86,6 +86,11 @@ class Store(Protocol):
         """Write a consistent copy of the whole store into the new ``directory``."""
         ...
 
+    def flush(self) -> None:
+        """Make every write so far durable, written without the write-ahead log too, in one atomic
+        step across columns (a crash after it keeps them all)."""
+        ...
+
     def replace_with(self, directory: str) -> None:
         """Replace the whole content with the checkpoint in ``directory`` (consumed)."""
         ...

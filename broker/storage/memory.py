@@ -96,6 +96,9 @@ class MemoryStore:
             items = [(k, col.values[k]) for k in col.keys[lo:hi]]
         yield from items
 
+    def flush(self) -> None:
+        """Nothing to make durable: this store lives in the process."""
+
     def release_pages(self, column: Column, low: bytes, high: bytes) -> None:
         """Nothing to release: the records are this process's own memory."""
 

@@ -489,6 +489,17 @@ class RocksStore:
     def checkpoint(self, directory: str) -> None:
         Checkpoint(self._db).create_checkpoint(directory)
 
+    def flush(self) -> None:
+        """Every column family's memtables to table files in one atomic flush: a checkpoint's (made
+        and removed at once; its table files are hard links). rocksdict flushes one column family
+        at a time, and a crash between two would leave one ahead of another."""
+        directory = self._root / "flush-checkpoint"
+        shutil.rmtree(directory, ignore_errors=True)
+        try:
+            Checkpoint(self._db).create_checkpoint(str(directory))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
     def replace_with(self, directory: str) -> None:
         with self._lock:
             new_generation = self._generation + 1

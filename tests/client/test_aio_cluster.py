@@ -250,9 +250,10 @@ async def _a_claimed_then_a_and_b_pruned(c: AsyncClient, topic: str, metrics: st
     stream closes; then a and b are pruned."""
     await c.create_topic(topic, 1)
     await c.publish_batch(topic, ["a", "b", "c", "d"])
+    before = _open_streams(metrics)  # streams of earlier tests may still be closing on a busy machine
     [claimed] = await c.claim(topic, "w", max_records=1, visibility_ms=60_000)
     assert claimed.value == b"a"
-    wait_until(lambda: _open_streams(metrics) == 0, 30, "the claim's stream to close on the leader")
+    wait_until(lambda: _open_streams(metrics) <= before, 30, "the claim's stream to close on the leader")
     assert await c.prune(topic, 2, partition=0) == 2
     return claimed
 
@@ -298,10 +299,11 @@ def test_a_skip_forward_sent_to_a_client_that_settled_nothing_after_it_is_told_a
     async def main() -> tuple[int, list[object], int]:
         async with AsyncClient(cluster.addresses) as c:
             held = await _a_claimed_then_a_and_b_pruned(c, "aio-unheard", metrics)
+            before = _open_streams(metrics)
             claimed = await c.claim("aio-unheard", "w", max_records=1, visibility_ms=500)
             assert [m.value for m in claimed] == [b"c"]
             assert [(e.type, e.offset_before, e.offset_after) for e in claimed.events] == [("skip_forward", 0, 2)]
-            wait_until(lambda: _open_streams(metrics) == 0, 30, "the second claim's stream to close on the leader")
+            wait_until(lambda: _open_streams(metrics) <= before, 30, "the second claim's stream to close on the leader")
             assert await held.ack()
             committed = (await c.group_lag("aio-unheard", "w")).partitions[0].committed
             items: list[object] = []

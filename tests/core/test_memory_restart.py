@@ -31,6 +31,7 @@ from broker.services import wire
 from broker.storage import Column
 from broker.storage.memory import MemoryStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
+from tests.core.groups_env import make_env
 from tests.core.wire_inputs import publish_request
 
 pytestmark = pytest.mark.unit
@@ -204,3 +205,133 @@ def test_before_format_5_a_restarted_node_decides_from_what_it_holds() -> None:
         assert follower.counters(meta.topic_id, 0).records == 3, "from format 5: the replicated counters"
     finally:
         lead.replicator.close()
+
+
+def test_records_written_before_format_5_count_as_records_and_cuts_delete_skeletons() -> None:
+    """Records of a `memory` topic written before the format rose have no skeleton. A trim after the
+    rise skipped them when it walked sizes: the first append to a full `discard_old` topic deleted
+    every record, its own included. Cuts also left the skeletons they cut in the durable store."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.MEMORY_SKELETON_FORMAT - 1))
+        config = internal_pb2.TopicConfig
+        lead.log.create_topic(config(name="five", durability=MEMORY, retention=internal_pb2.Retention(max_records=5)))
+        lead.log.create_topic(config(name="many", durability=MEMORY))
+        lead.publish("five", *[b"%d" % i for i in range(10)])  # holds 5..9
+        lead.publish("many", *[b"m%d" % i for i in range(150)])
+        lead.submitter.submit(formats.set_format_command(formats.MEMORY_SKELETON_FORMAT))
+        state = lead.tap.state
+        five, many = state.topic("five"), state.topic("many")
+        assert five is not None and many is not None
+        lead.publish("five", b"10")
+        st = state.counters(five.topic_id, 0)
+        assert (st.start_offset, st.end_offset, st.records) == (6, 11, 5), st
+        assert [r.value for r in read(state, "five")] == [b"6", b"7", b"8", b"9", b"10"]
+        assert lead.log.prune("many", 0, 10) == 10
+        assert state.counters(many.topic_id, 0).records == 140
+        lead.publish("many", *[b"n%d" % i for i in range(20)])
+        assert lead.log.prune("many", 0, 160) == 150
+        assert lead.log.prune("five", 0, 10) == 4
+        stored = durable(lead.store)[Column.RECORDS.value]
+        kept = [record_log.records.RECORD_KEY.unpack(key) for key, _ in stored]
+        assert kept == [(five.topic_id, 0, 10), (many.topic_id, 0, 169)], "skeletons of cut records go with them"
+    finally:
+        lead.replicator.close()
+
+
+def test_a_restarted_node_tells_what_it_lost_by_time_and_not_what_was_pruned(leader: Leader) -> None:
+    config = internal_pb2.TopicConfig
+    retention = internal_pb2.Retention(max_age_ms=1000, max_records=8)
+    leader.log.create_topic(config(name="t", durability=MEMORY, retention=retention))
+    for i in range(4):  # offsets 2i, 2i+1 at 1,000,000 + 100i
+        leader.publish("t", b"%da" % i, b"%db" % i)
+        leader.clock.now += 100
+    store = MemoryStore()
+    follower = machine(store)
+    for index, command, _ in leader.tap.log:
+        follower.apply(index, command)
+    follower = machine(store)
+    meta = follower.topic("t")
+    assert meta is not None
+    assert follower.lost_at_start(meta.topic_id, 0) == (0, 8)
+    reader = Reader(follower, EphemeralHub(follower.notify_change), lambda: None)
+
+    def from_time(ms: int) -> list[tuple[int, int]]:
+        req = broker_pb2.SubscribeRequest(topic="t", stop_at_end=True, **{"from": common_pb2.Position(timestamp_ms=ms)})
+        items = reader.subscribe(wire.subscription(req), lambda: True)
+        return [(i.event.offset_before, i.event.offset_after) for i in items if i.HasField("event")]
+
+    assert from_time(1_000_250) == [(6, 8)], "only the lost records at or after the time"
+    assert from_time(1_000_000) == [(0, 8)]
+
+    def follow() -> None:
+        for index, command, _ in leader.tap.log[len(applied):]:
+            follower.apply(index, command)
+            applied.append(index)
+
+    applied = [index for index, _, _ in leader.tap.log]
+    leader.publish("t", b"x1", b"x2", b"x3")  # 8, 9, 10 at +400: 11 records, the oldest three go
+    leader.log.prune("t", 0, 4)
+    follow()
+    assert follower.lost_at_start(meta.topic_id, 0) == (4, 8), "what was cut since is not told as lost"
+    # one apply, two cuts in what it lost: age (4, 5 are older than 1,000 ms at +1,250), then max_records
+    leader.log.alter_topic("t", internal_pb2.Retention(max_age_ms=1000, max_records=4),
+                           internal_pb2.FULL_POLICY_DISCARD_OLD)
+    leader.clock.now = 1_001_250
+    leader.log.enforce_retention()
+    follow()
+    st, view = follower.counters(meta.topic_id, 0), follower.partition(meta.topic_id, 0)
+    assert st == leader.tap.state.counters(meta.topic_id, 0) and st.start_offset == 7, st
+    held = dict(record_log.sizes(follower.records_store(meta.topic_id), meta.topic_id, 0, 8, 11))
+    assert (view.start_offset, view.records, view.bytes) == (8, 3, sum(held.values())), (st, view)
+    assert follower.lost_at_start(meta.topic_id, 0) == (7, 8)
+    leader.log.prune("t", 0, 9)  # past what it lost: nothing lost is left
+    follow()
+    assert follower.lost_at_start(meta.topic_id, 0) is None
+    assert follower.partition(meta.topic_id, 0) == follower.counters(meta.topic_id, 0)
+
+
+class _Flushes(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_the_rise_to_format_5_flushes_a_journaled_store_so_that_no_replay_crosses_it() -> None:
+    """A node's applies skip the store's WAL (the Raft journal replays them after a crash). A replay
+    from before the rise would apply those commands with the older rules, which decide `memory`
+    topics from what this process holds: after a crash it holds nothing, and it diverged."""
+    store = _Flushes()
+    state = BrokerStateMachine(store, Changes(), journaled=True)
+    state.apply(1, formats.set_format_command(formats.MEMORY_SKELETON_FORMAT - 1).SerializeToString())
+    assert store.flushes == 0
+    state.apply(2, formats.set_format_command(formats.MEMORY_SKELETON_FORMAT).SerializeToString())
+    assert store.flushes == 1 and state.cluster_format == formats.MEMORY_SKELETON_FORMAT
+    state.apply(3, formats.set_format_command(formats.MEMORY_SKELETON_FORMAT).SerializeToString())
+    assert store.flushes == 1, "once"
+
+
+@pytest.mark.parametrize("fmt", [formats.MEMORY_SKELETON_FORMAT - 1, formats.MEMORY_SKELETON_FORMAT])
+def test_a_group_created_on_a_restarted_leader_is_told_what_it_lost(fmt: int) -> None:
+    """A new group starting from earliest (or an offset in what was lost) on a node that lost a
+    `memory` topic's records began where the node's records begin, with no event."""
+    store = MemoryStore()
+    first = make_env(BrokerStateMachine(store, Changes()))
+    first.service.submitter.submit(formats.set_format_command(fmt))
+    first.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+    first.publish("m", [b"%d" % i for i in range(5)])
+    first.replicator.close()
+    env = make_env(BrokerStateMachine(store, Changes()))  # the restarted node, now leading
+    try:
+        env.publish("m", [b"5", b"6"])
+        rt = env.group("m", "g")
+        delivery = env.pick(rt, stream_id=1)
+        assert [(e.type, e.offset_before, e.offset_after) for e in delivery.events] == [
+            (common_pb2.EVENT_TYPE_SKIP_FORWARD, 0, 5)]
+        assert "lost when this node restarted" in delivery.events[0].detail
+        assert [r.value for r in delivery.records] == [b"5", b"6"]
+    finally:
+        env.replicator.close()

@@ -438,8 +438,11 @@ class GroupRuntime:
                     before_incarnation=meta.reset_from_topic_id))
             if cursor.committed < start and not _covers(self._skips_sent.get((stream_id, p)), cursor.committed, start):
                 self._skips_sent[(stream_id, p)] = (cursor.committed, start)
+                lost = self._state.lost_at_start(meta.topic_id, p)
                 out.events.append(self.event(internal_pb2.EVENT_TYPE_SKIP_FORWARD, p, cursor.committed, start,
-                                             "records before this position were pruned or expired"))
+                                             "records before this position were pruned or expired" if lost is None
+                                             else "records before this position were lost when this node restarted "
+                                             "(a memory topic keeps its records in each node's memory only)"))
 
     def confirm_told(self, positions: list[Position]) -> None:
         """The client settled ``positions`` (ack, nack, discard) or released them (a nack with

@@ -44,6 +44,7 @@ from broker.core.state_machine import BrokerStateMachine
 from broker.core.topics import TOPICS_MAX, check_topic_count, validate_name
 from broker.leader.groups.leases import Lease, Position
 from broker.leader.groups.runtime import GroupRuntime
+from broker.leader.reading import offset_at_time
 from broker.leader.submitter import CommandSubmitter
 from broker.v1 import internal_pb2
 
@@ -223,16 +224,17 @@ class GroupService:
     def resolve(self, topic: K.TopicMeta, partition: int, position: internal_pb2.Position) -> int:
         """The offset ``position`` designates in one partition now."""
         st = self.state.partition(topic.topic_id, partition)
+        lost = self.state.lost_at_start(topic.topic_id, partition)
+        first = st.start_offset if lost is None else lost[0]  # from what this node lost: SKIP_FORWARD says so
         kind = position.WhichOneof("kind")
         if kind is None or (kind == "start" and position.start != internal_pb2.START_POSITION_LATEST):
-            return st.start_offset
+            return first
         if kind == "start":
             return st.end_offset
         if kind == "offset":
-            return min(max(position.offset, st.start_offset), st.end_offset)
+            return min(max(position.offset, first), st.end_offset)
         if kind == "timestamp_ms":
-            return record_log.offset_for_time(self.state.records_store(topic.topic_id), topic.topic_id, partition,
-                                              position.timestamp_ms, st.start_offset, st.end_offset)
+            return offset_at_time(self.state, topic.topic_id, partition, position.timestamp_ms)
         token = records.PositionToken.decode(position.token)
         if token.incarnation != topic.topic_id or token.partition != partition:
             return st.start_offset
