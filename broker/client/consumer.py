@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -50,6 +50,16 @@ def commit_request(topic: str, group: str, partition: int, offset: int) -> broke
     checks.check_int(partition, "partition", 0, checks.UINT32_MAX)
     checks.check_int(offset, "offset", 0, checks.UINT64_MAX)
     return broker_pb2.CommitRequest(topic=topic, group=group, partition=partition, offset=offset)
+
+
+M = TypeVar("M")
+
+
+def committed(unsettled: dict[tuple[int, int], M], partition: int, offset: int) -> list[M]:
+    """Remove from ``unsettled`` (by (partition, offset)) and return the messages a commit of
+    ``partition`` below ``offset`` settled (both SDKs')."""
+    done = [key for key in unsettled if key[0] == partition and key[1] < offset]
+    return [unsettled.pop(key) for key in done]
 
 
 class Message:
@@ -346,6 +356,9 @@ class Consumer:
         request = commit_request(self.topic, self.group, partition, offset)
         self._router.call(lambda a, t: self._router.broker(a).Commit(request, timeout=t), write=True,
                           what=f"commit in {self.group}")
+        with self._lock:
+            for message in committed(self._unsettled, partition, offset):
+                message.settled = True
 
     def unsettled(self) -> list[Message]:
         """The messages this member received and has not settled yet (a record delivered again

@@ -127,6 +127,8 @@ def test_a_stream_member_commits_and_knows_what_it_has_not_settled(sdk: Sdk) -> 
         assert [m.offset for m in consumer.unsettled()] == [1, 2, 3], "a settled message is forgotten"
         assert sdk.wait(consumer.commit(0, 3)) is None
         assert sdk.wait(c.groups.lag(t, g)).partitions[0].committed == 3
+        assert [m.offset for m in consumer.unsettled()] == [3], "a commit settles what lies below it"
+        assert all(m.settled for m in messages[:3] if not isinstance(m, Event))
         sdk.wait(consumer.commit(0, 1))
         assert sdk.wait(c.groups.lag(t, g)).partitions[0].committed == 3, "a commit never moves back"
     finally:

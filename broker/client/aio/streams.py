@@ -26,7 +26,7 @@ from broker.client import checks, wire
 from broker.client.acks import settled_each
 from broker.client.aio.acks import AckCoalescer
 from broker.client.aio.routing import AsyncRouter, metadata
-from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED, commit_request
+from broker.client.consumer import DEFAULT_IN_FLIGHT, GROUP_FILTER_REFUSED, commit_request, committed
 from broker.client.errors import (
     BrokerError,
     GroupNotFound,
@@ -514,6 +514,8 @@ class AsyncConsumer(AsyncIterator["AsyncMessage | Event"]):
         request = commit_request(self.topic, self.group, partition, offset)
         await self._router.call(lambda a, t: self._router.broker(a).Commit(request, timeout=t, metadata=metadata()),
                                 write=True, what=f"commit in {self.group}")
+        for message in committed(self._unsettled, partition, offset):
+            message.settled = True
 
     def unsettled(self) -> list[AsyncMessage]:
         """The messages this member received and has not settled yet (a record delivered again
