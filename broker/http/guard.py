@@ -13,7 +13,9 @@ connection (:class:`HttpLimits`):
 - a request body that sends nothing for ``body_idle_s`` closes the connection (a POST whose
   Content-Length promises more than it sends); a slow upload that keeps sending goes on;
 - at most ``connections_max`` connections: one more closes the oldest connection still waiting
-  for a head, or, when every connection has a request in hand (an SSE stream, a publish), the new
+  for its first request head, else the oldest waiting for a next one (a client keeping its
+  connection alive between requests: it was the oldest, so a flood of new idle connections closed
+  those first), or, when every connection has a request in hand (an SSE stream, a publish), the new
   one at once. A flood of idle connections cannot lock out the clients that send requests.
 
 A response in progress (an SSE stream for hours) is never timed out here: it holds a request the
@@ -62,12 +64,14 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._guard: asyncio.TimerHandle | None = None
         self._waiting_head = False
+        self._served = False  # a response was sent on it: a client, not one of a flood of idle connections
         super().connection_made(transport)
         order = _order(self.server_state)
         order[self] = None
         self._wait_for_head()
         if len(order) > self.limits.connections_max:
-            victim = next((c for c in order if c._waiting_head and c is not self), self)
+            victim = next((c for c in order if c._waiting_head and not c._served and c is not self), None) or \
+                next((c for c in order if c._waiting_head and c is not self), self)
             log.warning("HTTP gateway: %d connections, more than %d: closing %s", len(order),
                         self.limits.connections_max, "the oldest one waiting for its request head"
                         if victim is not self else "the new one (every other one has a request in hand)")
@@ -84,6 +88,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._served = True
         self._after_io()
 
     def send_400_response(self, msg: str) -> None:

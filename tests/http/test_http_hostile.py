@@ -150,14 +150,36 @@ def test_connections_that_never_send_a_whole_request_are_closed_and_capped(http_
     wait_until(lambda: closed(idle) and closed(half), 30, "the connections without a request head to be closed")
     assert time.monotonic() - started < 25
     wait_until(lambda: closed(body), 60, "a connection whose body stopped to be closed")
-    # a flood of idle connections: the oldest go, a real request gets through
+    # a flood of idle connections: the oldest go, a real request gets through, and a client keeping its
+    # connection alive between two requests keeps it (it was the oldest, so it went first)
+    kept = connect(b"")
+
+    def ask(sock: socket.socket) -> bytes:
+        sock.sendall(b"GET /v1/topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(30)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            assert chunk, "the kept-alive client's connection was closed"
+            answer += chunk
+        head, _, content = answer.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(content) < length:
+            chunk = sock.recv(4096)
+            assert chunk, "the connection was closed in the middle of an answer"
+            content += chunk
+        return head
+
+    assert ask(kept).startswith(b"HTTP/1.1 200")
     flood = [connect(b"") for _ in range(1100)]
     try:
         with gateway(http_cluster) as g:
             assert g.get("/v1/topics").status_code == 200
         assert sum(closed(sock) for sock in flood[:100]) >= 70
+        assert ask(kept).startswith(b"HTTP/1.1 200")
     finally:
-        for sock in flood + [idle, half, body]:
+        for sock in flood + [idle, half, body, kept]:
             sock.close()
 
 
