@@ -48,6 +48,16 @@ values they shadow, by every apply from command format 5 on: ``append(..., skele
 reports each offset of one as unreadable (nothing reads records from the durable store of a
 `memory` topic). docs/design/memory-topics.md.
 
+Even skeleton (format 5), written once per `memory` partition by the apply that raises the
+command format to 5, for the records written before it (which have no skeleton)::
+
+    header  >BIQ   format (5), count n, first offset
+            >Q     the records' bytes together, as the partition's counters hold them: each record
+                   counts ``total // n``, the first ``total % n`` one byte more
+            >I     r, then r x >Iq (records, timestamp_ms): one run, the partition's last timestamp
+                   then (no record of them is younger; age retention keeps them until it is old)
+            >I     CRC32C over (the 16-byte key, every header byte above)
+
 The formats live side by side in one store (the format byte leads each value); nothing rewrites
 a format-2 value. One applied batch is split into values of at most ``STORED_BATCH_RECORDS_MAX``
 records and ``STORED_BATCH_BYTES_MAX`` bytes (a larger lone record is stored alone), so a point
@@ -83,6 +93,7 @@ log = logging.getLogger(__name__)
 FORMAT_V2 = 2
 FORMAT_V3 = 3
 FORMAT_SKELETON = 4
+FORMAT_EVEN_SKELETON = 5
 STORED_BATCH_RECORDS_MAX = 1024  # records per stored value
 STORED_BATCH_BYTES_MAX = 256 * 1024  # frame bytes per stored value (a larger lone record goes alone)
 FORMAT_KEY = b"records_format"  # Column.META: >B, the format of every value in Column.RECORDS
@@ -148,6 +159,11 @@ class _Value:
     runs: tuple[tuple[int, int], ...] = ()  # format 3: (records, timestamp_ms) in offset order
     elements_crc: int = 0  # format 3
     sizes: tuple[int, ...] = ()  # format 4 (a skeleton): each record's body bytes, and no bodies
+    even: tuple[int, int] | None = None  # format 5 (an even skeleton): (bytes of each, how many have one more)
+
+    @property
+    def skeleton(self) -> bool:
+        return bool(self.sizes) or self.even is not None
     _intact: bool | None = None  # format 3: whether the elements' CRC matched (checked once)
 
     @property
@@ -164,7 +180,7 @@ class _Value:
         """The records at ``begin`` … ``stop - 1`` (in this value), each with its own CRC checked
         (``prefix_crc``: the CRC of the key's first 8 bytes) unless the format-3 elements' one CRC
         matched. The hot loop of every read of whole records."""
-        if self.sizes:
+        if self.skeleton:
             yield from (Entry(offset, 0, b"", "a skeleton holds no record") for offset in range(begin, stop))
             return
         if self.v3:
@@ -244,6 +260,8 @@ class _Value:
         i = offset - self.first
         if self.sizes:
             return self.sizes[i]
+        if self.even is not None:
+            return self.even[0] + (i < self.even[1])
         start, end = self.base + (self.ends[i - 1] if i else 0), self.base + self.ends[i]
         if self.v3:
             body_at = _body_start(self.raw, start, end)
@@ -252,7 +270,7 @@ class _Value:
 
     def timestamp_at(self, offset: int) -> int:
         i = offset - self.first
-        if self.v3 or self.sizes:
+        if self.v3 or self.skeleton:
             return self._stamps(i, 1)[0]
         return int(_TSFMT.unpack_from(self.raw, self.base + (self.ends[i - 1] if i else 0) + 4)[0])
 
@@ -282,6 +300,8 @@ def _decode(key: bytes, raw: bytes) -> _Value:
         return _decode_v3(key, raw, count, first)
     if fmt == FORMAT_SKELETON:
         return _decode_skeleton(key, raw, count, first)
+    if fmt == FORMAT_EVEN_SKELETON:
+        return _decode_even_skeleton(key, raw, count, first)
     if fmt != FORMAT_V2:
         raise _Damaged(f"unknown stored batch format {fmt}")
     base = _HEAD.size + 4 * count + 4
@@ -332,6 +352,37 @@ def _decode_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
         raise _Damaged(f"stored skeleton does not match its key (offsets {first}+{count})")
     sizes = struct.unpack_from(f">{count}I", raw, _HEAD.size)
     return _Value(first, first + count - 1, (), len(raw), raw, runs=runs, sizes=sizes)
+
+
+_EVEN = struct.Struct(">Q")
+
+
+def _decode_even_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
+    runs_at = _HEAD.size + _EVEN.size
+    if count < 1 or runs_at + 4 > len(raw):
+        raise _Damaged(f"stored skeleton header claims {count} records in {len(raw)} bytes")
+    nruns = _U32.unpack_from(raw, runs_at)[0]
+    end = runs_at + 4 + _RUN.size * nruns
+    if nruns < 1 or end + 4 != len(raw):
+        raise _Damaged(f"stored skeleton claims {nruns} timestamp runs in {len(raw)} bytes")
+    if google_crc32c.extend(google_crc32c.value(key), raw[:end]) != _U32.unpack_from(raw, end)[0]:
+        raise _Damaged("skeleton checksum mismatch")
+    runs = tuple(_RUN.iter_unpack(raw[runs_at + 4:end]))
+    if first + count - 1 != _KEY.unpack(key)[2] or sum(n for n, _ in runs) != count:
+        raise _Damaged(f"stored skeleton does not match its key (offsets {first}+{count})")
+    total = _EVEN.unpack_from(raw, _HEAD.size)[0]
+    return _Value(first, first + count - 1, (), len(raw), raw, runs=runs, even=divmod(total, count))
+
+
+def put_even_skeleton(batch: Batch, tid: int, partition: int, first: int, count: int, total_bytes: int,
+                      timestamp_ms: int) -> None:
+    """Put the even skeleton (format 5) of ``count`` records from ``first`` holding ``total_bytes``,
+    none younger than ``timestamp_ms``."""
+    assert count >= 1 and total_bytes >= 0, (count, total_bytes)
+    key = _KEY.pack(tid, partition, first + count - 1)
+    head = b"".join((_HEAD.pack(FORMAT_EVEN_SKELETON, count, first), _EVEN.pack(total_bytes), _U32.pack(1),
+                     _RUN.pack(count, timestamp_ms)))
+    batch.put(Column.RECORDS, key, head + _U32.pack(google_crc32c.value(key + head)))
 
 
 def _encode_skeleton(key: bytes, first: int, sizes: Sequence[int], runs: list[list[int]]) -> bytes:
@@ -595,6 +646,30 @@ def sizes(store: Store, tid: int, partition: int, begin: int, end: int, *, fill:
         if value.last + 1 >= end:
             return
         expected = value.last + 1
+
+
+def bytes_in(store: Store, tid: int, partition: int, begin: int, end: int) -> int:
+    """The body bytes of the stored records in ``[begin, end)`` (as :func:`sizes` counts them: a
+    damaged value's with 0), summed per value where its format allows (skeletons: no step per record)."""
+    total = 0
+    for key, raw in (_values(store, tid, partition, begin, end - begin) if end > begin else ()):
+        try:
+            value = _decode(key, raw)
+        except _Damaged:
+            if _KEY.unpack(key)[2] + 1 >= end:
+                break
+            continue
+        lo, hi = max(value.first, begin) - value.first, min(value.last + 1, end) - value.first
+        if value.sizes:
+            total += sum(value.sizes[lo:hi])
+        elif value.even is not None:
+            each, more = value.even
+            total += (hi - lo) * each + max(0, min(hi, more) - lo)
+        else:
+            total += sum(value.body_bytes(value.first + i) for i in range(lo, hi))
+        if value.last + 1 >= end:
+            break
+    return total
 
 
 def delete_before(batch: Batch, tid: int, partition: int, start: int, before: int) -> None:

@@ -98,12 +98,9 @@ class Retention:
         else:
             keep = state.end_offset - before < before - state.start_offset
             lo, hi = (before, state.end_offset) if keep else (state.start_offset, before)
-            counted, counted_bytes = 0, 0
             stored_end = min(hi, pending.first if pending is not None else hi)  # this apply's own: below
-            for _offset, size in record_log.sizes(self._state.sizes_store(tid), tid, partition, lo, stored_end,
-                                                  fill=True):
-                counted += 1
-                counted_bytes += size
+            counted = max(stored_end - lo, 0)  # a partition has no gaps
+            counted_bytes = record_log.bytes_in(self._state.sizes_store(tid), tid, partition, lo, stored_end)
             for offset, size in pending.sizes() if pending is not None else ():  # written by this same apply
                 if lo <= offset < hi:
                     counted += 1

@@ -231,7 +231,8 @@ class BrokerStateMachine:
         if self._cluster_format < formats.MEMORY_SKELETON_FORMAT:  # the counters followed the view
             return lost.first, lost.view_start
         start = self._partitions.get(key, PartitionState()).start_offset  # what was cut since is not lost
-        return max(lost.first, start), lost.view_start
+        first = max(lost.first, start)
+        return (first, lost.view_start) if first < lost.view_start else None
 
     @property
     def store(self) -> Store:
@@ -505,6 +506,8 @@ class BrokerStateMachine:
                 self.digests.start(batch, index)
 
             crossing = self._cluster_format < formats.MEMORY_SKELETON_FORMAT <= value
+            if crossing:
+                self._skeletons_before_rise(batch)
 
             def raised() -> None:
                 self._cluster_format = value
@@ -519,6 +522,17 @@ class BrokerStateMachine:
 
             commit.after_write.append(raised)
         return None
+
+    def _skeletons_before_rise(self, batch: Batch) -> None:
+        """At the rise to format 5: one even skeleton (``record_log``, format 5) per `memory` partition
+        for the records written before it, which have none: their bytes as the counters hold them,
+        spread evenly, and the partition's last timestamp (none of them is younger). Without it a trim
+        counted them as 0 bytes and went on cutting (a full ``max_bytes`` topic deleted the record it
+        had just acknowledged), and age retention took them for older than any time."""
+        for (tid, partition), st in sorted(self._partitions.items()):
+            if tid in self._volatile_ids and st.end_offset > st.start_offset:
+                record_log.put_even_skeleton(batch, tid, partition, st.start_offset, st.end_offset - st.start_offset,
+                                             st.bytes, st.last_timestamp_ms)
 
     def _reset_watermark(self, cmd: internal_pb2.ResetWatermarkCommand, batch: Batch) -> object:
         meta = self._topics.get(cmd.topic)

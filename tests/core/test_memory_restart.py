@@ -335,3 +335,40 @@ def test_a_group_created_on_a_restarted_leader_is_told_what_it_lost(fmt: int) ->
         assert [r.value for r in delivery.records] == [b"5", b"6"]
     finally:
         env.replicator.close()
+
+
+def test_records_written_before_format_5_keep_their_bytes_and_age() -> None:
+    """The rise writes one even skeleton per `memory` partition for the records before it: a trim
+    counted them as 0 bytes and went on cutting (a full max_bytes topic deleted the record it had
+    just acknowledged), and age retention took them for older than any time."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.MEMORY_SKELETON_FORMAT - 1))
+        config = internal_pb2.TopicConfig
+        lead.log.create_topic(config(name="bytes", durability=MEMORY, retention=internal_pb2.Retention(max_bytes=1000)))
+        lead.log.create_topic(config(name="aged", durability=MEMORY,
+                                     retention=internal_pb2.Retention(max_age_ms=600_000)))
+        lead.publish("bytes", *[b"p" * 100 for _ in range(9)])  # 108 bytes each as stored: 972
+        lead.publish("aged", *[b"a%d" % i for i in range(10)])
+        state = lead.tap.state
+        sized, aged = state.topic("bytes"), state.topic("aged")
+        assert sized is not None and aged is not None
+        before = state.counters(sized.topic_id, 0)
+        lead.submitter.submit(formats.set_format_command(formats.MEMORY_SKELETON_FORMAT))
+        lead.publish("bytes", b"n" * 100)  # past 1,000 bytes: the oldest one goes, not all of them
+        st = state.counters(sized.topic_id, 0)
+        held = dict(record_log.sizes(state.records_store(sized.topic_id), sized.topic_id, 0, st.start_offset, 10))
+        assert (st.start_offset, st.end_offset, st.records) == (1, 10, 9), st
+        assert st.bytes == sum(held.values()) == before.bytes - held[1] + held[9], (st, held)
+        assert lead.log.prune("bytes", 0, 5) == 4
+        st = state.counters(sized.topic_id, 0)
+        assert st.bytes == sum(size for _, size in record_log.sizes(state.records_store(sized.topic_id),
+                                                                    sized.topic_id, 0, 5, 10))
+        lead.clock.now += 1000
+        lead.log.enforce_retention()  # seconds old, not ten minutes: kept
+        assert state.counters(aged.topic_id, 0).start_offset == 0
+        lead.clock.now += 600_000
+        lead.log.enforce_retention()
+        assert state.counters(aged.topic_id, 0).start_offset == 10
+    finally:
+        lead.replicator.close()
