@@ -165,6 +165,8 @@ class RouteAdmin:
             info.last_error, info.copied, info.skipped = stats.last_error, stats.copied, stats.skipped
             info.lost = stats.lost
         kept = self._table.totals(meta.config.name) if totals else None
-        if kept is not None:  # replicated (command format 5): every leader's passes, not only this one's
-            info.copied, info.skipped, info.lost = kept
+        if kept is not None:  # replicated (command format 5): every leader's passes since the rise; this
+            # leader's own count is larger while it has led since before the rise
+            info.copied, info.skipped, info.lost = (max(a, b) for a, b in zip(kept, (info.copied, info.skipped,
+                                                                                      info.lost), strict=True))
         return info
