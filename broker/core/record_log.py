@@ -337,8 +337,12 @@ def _decode_v3(key: bytes, raw: bytes, count: int, first: int) -> _Value:
     return _Value(first, last, ends, base, raw, crcs, runs, elements_crc)
 
 
-def _decode_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
-    runs_at = _HEAD.size + 4 * count
+_EVEN = struct.Struct(">Q")
+
+
+def _skeleton_runs(key: bytes, raw: bytes, count: int, first: int, runs_at: int) -> tuple[tuple[int, int], ...]:
+    """The timestamp runs of a skeleton (format 4 or 5) whose runs start at ``runs_at``, its CRC and
+    its offsets checked against its key; raises :class:`_Damaged`."""
     if count < 1 or runs_at + 4 > len(raw):
         raise _Damaged(f"stored skeleton header claims {count} records in {len(raw)} bytes")
     nruns = _U32.unpack_from(raw, runs_at)[0]
@@ -350,26 +354,17 @@ def _decode_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
     runs = tuple(_RUN.iter_unpack(raw[runs_at + 4:end]))
     if first + count - 1 != _KEY.unpack(key)[2] or sum(n for n, _ in runs) != count:
         raise _Damaged(f"stored skeleton does not match its key (offsets {first}+{count})")
+    return runs
+
+
+def _decode_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
+    runs = _skeleton_runs(key, raw, count, first, _HEAD.size + 4 * count)
     sizes = struct.unpack_from(f">{count}I", raw, _HEAD.size)
     return _Value(first, first + count - 1, (), len(raw), raw, runs=runs, sizes=sizes)
 
 
-_EVEN = struct.Struct(">Q")
-
-
 def _decode_even_skeleton(key: bytes, raw: bytes, count: int, first: int) -> _Value:
-    runs_at = _HEAD.size + _EVEN.size
-    if count < 1 or runs_at + 4 > len(raw):
-        raise _Damaged(f"stored skeleton header claims {count} records in {len(raw)} bytes")
-    nruns = _U32.unpack_from(raw, runs_at)[0]
-    end = runs_at + 4 + _RUN.size * nruns
-    if nruns < 1 or end + 4 != len(raw):
-        raise _Damaged(f"stored skeleton claims {nruns} timestamp runs in {len(raw)} bytes")
-    if google_crc32c.extend(google_crc32c.value(key), raw[:end]) != _U32.unpack_from(raw, end)[0]:
-        raise _Damaged("skeleton checksum mismatch")
-    runs = tuple(_RUN.iter_unpack(raw[runs_at + 4:end]))
-    if first + count - 1 != _KEY.unpack(key)[2] or sum(n for n, _ in runs) != count:
-        raise _Damaged(f"stored skeleton does not match its key (offsets {first}+{count})")
+    runs = _skeleton_runs(key, raw, count, first, _HEAD.size + _EVEN.size)
     total = _EVEN.unpack_from(raw, _HEAD.size)[0]
     return _Value(first, first + count - 1, (), len(raw), raw, runs=runs, even=divmod(total, count))
 

@@ -172,7 +172,7 @@ class BrokerStateMachine:
             lost = self._lost.get(key)
             if lost is not None:
                 lost.bytes = max(lost.bytes - cut, 0)
-        for key in [k for k in self._lost if k not in self._partitions]:  # dropped
+        for key in [k for k in self._lost if k not in self._partitions] if changes.dropped else ():
             del self._lost[key]
             self._views.pop(key, None)
         for key in changes.partitions.keys() & self._lost.keys():

@@ -579,3 +579,23 @@ def test_skeletons_answer_sizes_and_timestamps_as_the_values_they_shadow() -> No
     skeletons.write(damaged)
     assert list(record_log.sizes(skeletons, 9, 2, 0, 3)) == [(0, 0), (1, 0), (2, 0)]
     assert record_log.timestamp_at(skeletons, 9, 2, 1) is None
+
+
+def test_an_even_skeleton_spreads_its_bytes_and_stamps_every_record_alike() -> None:
+    """The skeleton the rise to format 5 writes for a `memory` partition's older records."""
+    store = MemoryStore()
+    batch = store.batch()
+    record_log.put_even_skeleton(batch, 3, 1, 10, 7, 100, 5000)  # 100 bytes over 7 records: 15, 15, 14 x 5
+    store.write(batch)
+    assert list(record_log.sizes(store, 3, 1, 10, 17)) == [(10, 15), (11, 15)] + [(o, 14) for o in range(12, 17)]
+    assert [record_log.bytes_in(store, 3, 1, lo, hi) for lo, hi in ((10, 17), (11, 13), (12, 17), (16, 30))] == \
+        [100, 29, 70, 14]
+    assert {record_log.timestamp_at(store, 3, 1, o) for o in range(10, 17)} == {5000}
+    assert record_log.offset_for_time(store, 3, 1, 5000, 10, 17) == 10
+    assert record_log.offset_for_time(store, 3, 1, 5001, 10, 17) == 17
+    key, raw = next(iter(store.scan(Column.RECORDS, b"", b"\xff" * 16)))
+    damaged = store.batch()
+    damaged.put(Column.RECORDS, key, raw[:14] + bytes([raw[14] ^ 1]) + raw[15:])  # the byte total
+    store.write(damaged)
+    assert list(record_log.sizes(store, 3, 1, 10, 12)) == [(10, 0), (11, 0)]
+    assert record_log.bytes_in(store, 3, 1, 10, 17) == 0
