@@ -92,7 +92,8 @@ def clear(
 def prune(
     ctx: typer.Context,
     topic: Annotated[str, typer.Argument(help="Topic name.")],
-    before: Annotated[int | None, typer.Option("--before", min=0, help="Delete every record below this offset.",
+    before: Annotated[int | None, typer.Option("--before", min=0, help="Delete every record below this offset "
+                                               "(at most a partition's end: past it, nothing is deleted).",
                                                show_default=False)] = None,
     partition: Annotated[int | None, typer.Option("--partition", "-p", min=0,
                                                   help="Only this partition (default: every partition).")] = None,

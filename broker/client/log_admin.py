@@ -68,7 +68,9 @@ class LogAdminMixin:
     def prune(self, topic: str, before_offset: int | None = None, partition: int | None = None, *,
               group: str | None = None) -> int:
         """Delete every record before ``before_offset`` (in ``partition``, or in every partition);
-        returns how many were deleted. Readers behind the new start get ``skip_forward``.
+        returns how many were deleted. Readers behind the new start get ``skip_forward``. A
+        ``before_offset`` past the end of a pruned partition is ``InvalidArgument`` (nothing is
+        deleted; ``clear_topic`` empties a topic).
 
         ``group`` (a group marked lead, ``client.groups.mark``): prune up to what it has committed,
         and no further than ``before_offset`` when that is given too. A group marked protect refuses

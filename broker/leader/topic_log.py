@@ -383,7 +383,24 @@ class TopicLog:
         partitions = [partition] if partition is not None else list(range(count))
         if group and before_offset == 0:
             before_offset = records.MAX_OFFSET  # no bound of its own
+        elif not group:  # a group's committed positions bound it at the end already
+            self._check_prune_bound(meta, partitions, before_offset)
         return self._prune(meta, partitions, [before_offset] * len(partitions), group=group)
+
+    def _check_prune_bound(self, meta: internal_pb2.TopicMeta, partitions: list[int], before_offset: int) -> None:
+        """Refuse a bound past the end of a pruned partition (as a commit past the end is, and Kafka's
+        DeleteRecords): it used to empty the partition, so a typo (one digit too many) deleted every
+        record. Ends only grow until the apply, so the apply needs no check of its own (it clamps)."""
+        short = [(p, end) for p in partitions
+                 if before_offset > (end := self._state.counters(meta.topic_id, p).end_offset)]
+        if not short:
+            return
+        p, end = short[0]
+        more = f" (and {len(short) - 1} other partition(s))" if len(short) > 1 else ""
+        raise InvalidArgument(
+            f"before_offset {before_offset} is past the end of partition {p} ({end}){more} of topic "
+            f"{meta.config.name!r}: nothing was pruned; prune at most up to a partition's end (each partition "
+            "has its own offsets: prune one partition at a time), or clear the topic to delete every record")
 
     def clear_topic(self, name: str) -> int:
         """Delete every record; offsets keep growing from where they were."""

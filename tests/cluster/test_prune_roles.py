@@ -56,6 +56,10 @@ def test_a_lead_group_prunes_what_it_committed_unless_a_protecting_group_needs_i
         assert client.prune("archive", 25, group="archiver") == 0, "an offset bounds it further"
 
         client.groups.mark("archive", "audit", "none")
+        with pytest.raises(InvalidArgument, match=r"before_offset 51 is past the end of partition 0 \(50\) \(and 1 "
+                                                  r"other partition\(s\)\).*nothing was pruned"):
+            client.prune("archive", 51)
+        assert starts(client, "archive") == [30, 30], "a bound past the end deletes nothing"
         assert client.prune("archive", 45) == 30
         with pytest.raises(GroupNotFound):
             client.groups.mark("archive", "nobody", "lead")

@@ -76,6 +76,12 @@ def test_policies_prune_and_drop(tmp_path: Path) -> None:
                                                             for i in range(10)]))
         token = items(s, "log")[2].position
         assert s.admin.Prune(admin_pb2.PruneRequest(topic="log", before_offset=6)).records_pruned == 6
+        # a bound past the end is refused whole (a typo of one digit too many used to empty the partition)
+        with pytest.raises(grpc.RpcError) as past:
+            s.admin.Prune(admin_pb2.PruneRequest(topic="log", before_offset=11))
+        assert past.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "before_offset 11 is past the end of partition 0 (10)" in (past.value.details() or "")
+        assert s.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(name="log")).partitions[0].start_offset == 6
         s.close()
 
         old = c.leader()
