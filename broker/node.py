@@ -14,8 +14,11 @@ import functools
 import logging
 import shutil
 import signal
+import threading
 import time
 from types import FrameType
+
+import grpc
 
 from broker import data_dir, node_groups
 from broker.clock import NodeClock
@@ -47,10 +50,12 @@ from broker.services.broker_service import BrokerServicer
 from broker.services.health import replica_health
 from broker.services.log_metrics import (
     FormatCollector,
+    MemoryRefillCollector,
     ReplicaCheckCollector,
     apply_failure_collector,
     deletion_collector,
 )
+from broker.services.memory_refill import MemoryRefill
 from broker.services.metrics import NodeMetrics
 from broker.services.peer_status import PeerStatus
 from broker.services.server import GrpcServer
@@ -103,7 +108,7 @@ class Node:
         self.store = RocksStore(config.data_dir / "store", direct_writes=config.store_direct_writes,
                                 compression=config.store_compression, drop_behind=config.store_drop_behind)
         # journaled: applies are written without RocksDB's WAL, the Raft journal is the WAL (docs/design/log.md)
-        self.state = BrokerStateMachine(self.store, Changes(), journaled=True)
+        self.state = BrokerStateMachine(self.store, Changes(), journaled=True, exclusive=threading.Lock())
         formats.check_data(self.state.cluster_format)  # a downgrade past the cluster's format: refuse
         self.retention = Retention(self.state)
         self.member_registry = MemberRegistry(self.state)  # members added at run time
@@ -149,6 +154,13 @@ class Node:
                                        is_leader, config.housekeeping_period_ms / 1000,
                                        on_lead=[self.replica_check.make_due],
                                        on_step_down=[hub.let_go])
+        # every node takes back from the others the `memory` records it lost at its start
+        self.memory_refill = MemoryRefill(
+            self.state, lambda: [p.grpc_address for p in peers.all() if p.node_id != config.node_id and p.grpc_address],
+            security.peer_channel if security is not None else grpc.insecure_channel)
+        self.metrics.registry.register(MemoryRefillCollector(
+            lambda: sum(s.view_start - s.first for s in self.state.lost_partitions()),
+            lambda: self.state.refilled_records))
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000, lambda peer: _answer(peer_status, peer))
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,
@@ -168,7 +180,7 @@ class Node:
                                    peer_status=peer_status, cluster_format=lambda: self.state.cluster_format,
                                    digests=lambda: self.state.digests)
         self.server = GrpcServer(config.grpc_address, broker, self.admin, self.max_message_bytes, self.streams,
-                                 health_check=lambda: replica_health(self.replicator),
+                                 health_check=lambda: replica_health(self.replicator, self.memory_refill.pending),
                                  extra=[self.routes.mirror_service()],
                                  interceptors=[self.metrics.grpc.aio_interceptor()], security=security)
 
@@ -212,11 +224,13 @@ class Node:
         self.housekeeper.start()
         self.groups.start()
         self.routes.start()
+        self.memory_refill.start()
         filters.preload()  # the CEL library, off the start's path (its first filter then waits for nothing)
         log.info("node %s serving gRPC on %s (raft %s, metrics %s)", self.config.node_id,
                  self.config.grpc_address, self.config.raft_address, self.config.metrics_address)
 
     def close(self) -> None:
+        self.memory_refill.stop()
         self.housekeeper.stop()
         self.groups.stop()
         self.routes.stop()

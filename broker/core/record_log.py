@@ -667,6 +667,27 @@ def bytes_in(store: Store, tid: int, partition: int, begin: int, end: int) -> in
     return total
 
 
+def skeleton_marks(store: Store, tid: int, partition: int, begin: int, end: int) -> dict[int, tuple[int, int]]:
+    """``{offset: (body bytes, timestamp_ms)}`` of the records in ``[begin, end)`` that a skeleton of
+    their own describes (format 4: a `memory` topic's records from command format 5 on); records of an
+    even skeleton (format 5, written before it), of a damaged one, or of none are absent. What a
+    record copied back from another node must match (``BrokerStateMachine.refill``)."""
+    marks: dict[int, tuple[int, int]] = {}
+    for key, raw in (_values(store, tid, partition, begin, end - begin) if end > begin else ()):
+        try:
+            value = _decode(key, raw)
+        except _Damaged:
+            value = None
+        if value is not None and value.sizes:
+            lo, hi = max(value.first, begin), min(value.last + 1, end)
+            stamps = value._stamps(lo - value.first, hi - lo)
+            for offset, ts in zip(range(lo, hi), stamps, strict=True):
+                marks[offset] = (value.sizes[offset - value.first], ts)
+        if _KEY.unpack(key)[2] + 1 >= end:
+            break
+    return marks
+
+
 def delete_before(batch: Batch, tid: int, partition: int, start: int, before: int) -> None:
     """Delete the stored values that lie wholly in ``[start, before)`` (a straddling one stays)."""
     batch.delete_range(Column.RECORDS, _KEY.pack(tid, partition, start), _KEY.pack(tid, partition, before))

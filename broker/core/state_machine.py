@@ -15,11 +15,15 @@ Layout in ``Column.META``: ``applied`` -> >Q index; ``next_topic_id`` -> >I;
 from __future__ import annotations
 
 import collections
+import contextlib
+import itertools
 import logging
+import operator
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from broker.core import append, dedup, formats, record_log, records, sessions
 from broker.core.applied import (
@@ -53,6 +57,18 @@ def _partition_key(topic_id: int, partition: int) -> bytes:
     return b"p/" + _PART.pack(topic_id, partition)
 
 
+class LostSpan(NamedTuple):
+    """Offsets ``[first, view_start)`` of one `memory` partition that this process lost at its start
+    (:meth:`BrokerStateMachine.lost_partitions`), and the bytes the counters count for them."""
+
+    topic: str
+    topic_id: int
+    partition: int
+    first: int
+    view_start: int
+    lost_bytes: int
+
+
 class _Lost:
     """What this process lost of one `memory` partition at its start (a restart, a snapshot
     installed, a replayed apply): offsets ``[first, view_start)``, and how many of the partition's
@@ -79,7 +95,7 @@ class BrokerStateMachine:
     """Applies :class:`internal_pb2.Command` bytes to a :class:`Store` and keeps read caches."""
 
     def __init__(self, store: Store, changes: ChangeSignal, volatile: Store | None = None, *,
-                 journaled: bool = False) -> None:
+                 journaled: bool = False, exclusive: contextlib.AbstractContextManager[object] | None = None) -> None:
         """``changes`` is told after every apply that changed topics or records (and after a
         restore); readers wait on it through :meth:`wait_for_change`.
 
@@ -91,7 +107,11 @@ class BrokerStateMachine:
         for a state machine whose commands nobody replays (in-memory replicators in tests).
 
         A replay re-applies `memory` topics' appends too; :meth:`journal_opened` bounds it, so that
-        a restart loses their records whatever the store had flushed (SPEC §2.1)."""
+        a restart loses their records whatever the store had flushed (SPEC §2.1).
+
+        ``exclusive`` (a lock; none: this state machine is used from one thread): held by every
+        apply, restore and discard, and by :meth:`refill`, which another thread calls (the apply
+        side takes no lock of its own: it imports nothing of threads)."""
         self._store = store
         self._store_wal = not journaled
         # records of `memory` topics: replicated, but kept only in this process (SPEC §2.1)
@@ -103,6 +123,10 @@ class BrokerStateMachine:
         # and the view of each that its readers get while the replicated start is below what it holds
         self._lost: dict[tuple[int, int], _Lost] = {}
         self._views: dict[tuple[int, int], PartitionState] = {}
+        # held by every apply, restore and discard, and by :meth:`refill` (the one writer that is not
+        # on the replicator's thread: records another node sends back into the volatile store)
+        self._apply_lock = exclusive if exclusive is not None else contextlib.nullcontext()
+        self.refilled_records = 0  # records of `memory` topics copied back from other nodes (refill)
         self._handlers: dict[str, Handler] = {}
         self._policy: AppendPolicy | None = None
         self._drop_listeners: list[Callable[[str], None]] = []
@@ -234,6 +258,66 @@ class BrokerStateMachine:
         first = max(lost.first, start)
         return (first, lost.view_start) if first < lost.view_start else None
 
+    def lost_partitions(self) -> list[LostSpan]:
+        """The `memory` partitions this process lost records of that :meth:`refill` can take back
+        from another node: from command format 5 on (the records' skeletons check what comes back)."""
+        if self._cluster_format < formats.MEMORY_SKELETON_FORMAT or not self._lost:
+            return []
+        names = {m.topic_id: m.config.name for m in self._topics.values()}
+        out = []
+        for tid, partition in list(self._lost):
+            span, lost = self.lost_at_start(tid, partition), self._lost.get((tid, partition))
+            if span is not None and lost is not None and tid in names:
+                out.append(LostSpan(names[tid], tid, partition, span[0], span[1], lost.bytes))
+        return out
+
+    def refill(self, topic_id: int, partition: int, entries: Sequence[tuple[int, int, bytes]]) -> int:
+        """Take back records of a `memory` partition that this process lost at its start, as another
+        node holds them: ``entries`` are (offset, timestamp_ms, body), consecutive, the last one just
+        below the view's start (:meth:`lost_at_start`). Each must have the body size and timestamp its
+        skeleton recorded (records from before command format 5 have no skeleton of their own); those
+        below the replicated start (cut meanwhile) are left out. They are written to the volatile
+        store and the view starts at the first; returns how many (0: nothing taken, the view is as it
+        was). Local to this process: the counters counted these records all along."""
+        with self._apply_lock:
+            key = (topic_id, partition)
+            lost, st = self._lost.get(key), self._partitions.get(key)
+            if (lost is None or st is None or not entries or topic_id not in self._volatile_ids
+                    or self._cluster_format < formats.MEMORY_SKELETON_FORMAT):
+                return 0
+            first = entries[0][0]
+            if entries[-1][0] != lost.view_start - 1 or [e[0] for e in entries] != list(range(first, lost.view_start)):
+                return 0
+            floor = max(lost.first, st.start_offset)
+            kept = list(entries[max(floor - first, 0):])
+            if not kept:
+                return 0
+            first = kept[0][0]
+            marks = record_log.skeleton_marks(self._store, topic_id, partition, first, lost.view_start)
+            for offset, timestamp_ms, body in kept:
+                mark = marks.get(offset)
+                if mark is not None and mark != (len(body), timestamp_ms):
+                    log.warning("topic id %d partition %d: the record at %d sent back by another node has %d bytes "
+                                "at %d ms, its skeleton says %s: not taken", topic_id, partition, offset, len(body),
+                                timestamp_ms, mark)
+                    return 0
+            batch = self._volatile.batch()
+            for timestamp_ms, run in itertools.groupby(kept, key=operator.itemgetter(1)):
+                same = list(run)
+                record_log.append(batch, topic_id, partition, same[0][0], timestamp_ms, [e[2] for e in same])
+            self._volatile.write(batch)
+            if first <= floor:  # everything lost is back (the view first, so no reader sees a gap)
+                self._views.pop(key, None)
+                self._lost.pop(key, None)
+            else:
+                counted = record_log.bytes_in(self._store, topic_id, partition, first, lost.view_start)
+                back = _Lost(lost.first, first, max(lost.bytes - counted, 0))
+                self._views[key] = back.view(st)
+                self._lost[key] = back
+            self.refilled_records += len(kept)
+        self._changes.notify()
+        return len(kept)
+
     @property
     def store(self) -> Store:
         return self._store
@@ -344,8 +428,9 @@ class BrokerStateMachine:
     def discard_state(self) -> None:
         """Empty the store (applied index 0): the replicator found it ahead of its journal and
         snapshot (``broker.replication.StateMachine.discard_state``)."""
-        self._store.clear()
-        self._load_caches()
+        with self._apply_lock:
+            self._store.clear()
+            self._load_caches()
         self._changes.notify()
 
     def journal_opened(self, last_index: int) -> None:
@@ -367,6 +452,10 @@ class BrokerStateMachine:
         wrote), and a command of a newer format than this code applies (``core/formats.py``:
         another node may apply it, so recording a failure here would diverge).
         """
+        with self._apply_lock:
+            return self._apply(index, command)
+
+    def _apply(self, index: int, command: bytes | memoryview) -> object:
         if index <= self._applied:
             return None
         self._volatile_batch = None
@@ -587,8 +676,9 @@ class BrokerStateMachine:
         if index <= self._applied:
             shutil.rmtree(directory, ignore_errors=True)
             return
-        self._store.replace_with(directory)
-        self._load_caches()
+        with self._apply_lock:
+            self._store.replace_with(directory)
+            self._load_caches()
         formats.check_data(self._cluster_format)  # a snapshot of a newer cluster: halt (the replicator does)
         log.info("restored snapshot at index %d (applied index now %d)", index, self._applied)
         self._changes.notify()

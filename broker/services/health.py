@@ -1,5 +1,6 @@
 """What gRPC health says about a node (SPEC §5): SERVING only when its Raft runs, a leader is
-known (and, on the leader, a quorum follows it), and it is not catching up.
+known (and, on the leader, a quorum follows it), it is not catching up, and (a follower) it is not
+taking back the `memory` records it lost at its start.
 
 *A leader is known* on a follower means: it names a leader and a message from a current leader
 reached it within :data:`LEADER_SILENCE_S_MAX` (with PreVote, a follower cut off from the rest
@@ -13,6 +14,7 @@ until the snapshot is in, so its applied index stays behind the leader's commit 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from broker.replication import ReplicaStatus, Role
@@ -32,8 +34,11 @@ class Observed(Protocol):
     def leader_contact(self) -> tuple[int | None, float]: ...
 
 
-def replica_health(replicator: Observed) -> tuple[bool, str]:
-    """(serving, why not) for the node whose replicator this is."""
+def replica_health(replicator: Observed, refilling: Callable[[], bool] = lambda: False) -> tuple[bool, str]:
+    """(serving, why not) for the node whose replicator this is. ``refilling()``: a follower is
+    taking back from the others the `memory` records it lost at its start (``services/memory_refill.py``):
+    not ready until it is done, so that a rolling restart (the StatefulSet waits for each pod to be
+    ready) does not restart the nodes it reads them from. A leader stays ready (it takes writes)."""
     failure = replicator.failure
     if failure is not None:
         return False, f"Raft halted: {failure}"
@@ -53,4 +58,6 @@ def replica_health(replicator: Observed) -> tuple[bool, str]:
     if behind > CATCH_UP_ENTRIES_MAX:
         return False, (f"catching up: applied index {status.applied_index} is {behind} entries behind the "
                        f"leader's commit index {leader_commit} (limit {CATCH_UP_ENTRIES_MAX})")
+    if refilling():
+        return False, "taking back from the other nodes the memory-topic records this node lost at its start"
     return True, ""

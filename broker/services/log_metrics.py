@@ -109,3 +109,19 @@ class RouteCollector(Collector):
         yield copied
         yield skipped
         yield lost
+
+
+class MemoryRefillCollector(Collector):
+    """``raftbroker_memory_records_lost``: records of `memory` topics this node lost at its start and
+    has not taken back from another node yet (broker/leader/memory_refill.py); a rolling restart
+    waits for 0 on a node before restarting the next. ``raftbroker_memory_records_refilled_total``:
+    the records it took back since it started."""
+
+    def __init__(self, lost: Callable[[], int], refilled: Callable[[], int]) -> None:
+        self._lost, self._refilled = lost, refilled
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("raftbroker_memory_records_lost", "Records of memory topics this node lost at "
+                                "its start and has not taken back from another node yet", value=self._lost())
+        yield CounterMetricFamily("raftbroker_memory_records_refilled", "Records of memory topics this node "
+                                  "took back from other nodes since it started", value=self._refilled())

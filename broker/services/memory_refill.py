@@ -1,0 +1,194 @@
+"""Taking back, from the other nodes, the records of `memory` topics that this node lost at its
+start (docs/design/memory-topics.md, "Taking the records back").
+
+A `memory` topic's records are replicated like any other, but each node keeps them in its own
+memory: a restarted node has none of them (``BrokerStateMachine.lost_at_start``), while the nodes
+that kept running still do. Without this, a rolling restart (every node in turn, as an upgrade on
+Kubernetes does) lost every record of every `memory` topic, and a restarted node that led told its
+consumer groups to skip what the others still held.
+
+How: a daemon thread on every node looks, every :data:`REFILL_PERIOD_S`, for the partitions it lost
+records of (``lost_partitions``, from command format 5 on). For each it reads the lost offsets back
+from another node through that node's own ``Subscribe`` (a stateless read with ``stop_at_end``,
+which a follower serves), newest first in chunks of about :data:`CHUNK_BYTES`, each chunk ending
+just below what this node holds, and hands each to ``BrokerStateMachine.refill``, which checks
+every record against the skeleton the apply wrote for it (its body size and timestamp) and
+starts the readers' view at the chunk's first record. So what a node holds stays one run of
+offsets with no gap, and a reader or a group never meets a hole.
+
+A node that does not answer, or answers with a gap (it lost the records too, or they were cut),
+is passed over for the next; a chunk no node can give whole is tried again next period. Nothing is
+replicated: every node already counted these records. A cluster whose nodes check callers'
+credentials lets this through only if the node's own certificate (mTLS) may read the topic; else
+the records stay lost on the restarted node, as before (logged once per partition).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from broker.core.errors import BrokerError
+from broker.core.records import PositionToken
+from broker.core.state_machine import BrokerStateMachine, LostSpan
+from broker.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+REFILL_PERIOD_S = 1.0  # how often a node looks for records it lost
+CHUNK_BYTES = 4 * 1024 * 1024  # about this many counted bytes of records are read back at a time
+CHUNK_RECORDS_MAX = 20_000  # and at most this many records
+READ_TIMEOUT_S = 10.0  # one chunk's read from one node
+# the channel options of a kept peer channel (services/peer_status.py): a node that was down is tried
+# again within a second
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_receive_message_length", 64 << 20))
+# what a returned record carries beyond its stored body (RecordBody shares Record's field numbers 4-11)
+_NOT_BODY = ("topic", "partition", "offset", "timestamp_ms", "position", "delivery_attempt")
+
+Entry = tuple[int, int, bytes]  # (offset, timestamp_ms, body)
+
+
+def chunk_records(span: LostSpan) -> int:
+    """How many records to read back at once: about :data:`CHUNK_BYTES` at the lost records'
+    average counted size, at least one and at most :data:`CHUNK_RECORDS_MAX`."""
+    count = span.view_start - span.first
+    each = max(span.lost_bytes // max(count, 1), 1)
+    return max(1, min(CHUNK_BYTES // each, CHUNK_RECORDS_MAX, count))
+
+
+def body_of(record: common_pb2.Record) -> bytes:
+    """The stored body of a record another node returned (what its producer gave)."""
+    for name in _NOT_BODY:
+        record.ClearField(name)
+    return record.SerializeToString()
+
+
+class MemoryRefill:
+    """Reads lost `memory` records back from other nodes (module docstring); one daemon thread."""
+
+    def __init__(self, state: BrokerStateMachine, peer_addresses: Callable[[], list[str]],
+                 channel: Callable[..., grpc.Channel] = grpc.insecure_channel,
+                 period_s: float = REFILL_PERIOD_S) -> None:
+        """``peer_addresses()``: the gRPC addresses of the other members, now; ``channel(address,
+        options=...)`` opens a channel to one (a TLS node's presents its certificate)."""
+        self._state = state
+        self._peer_addresses = peer_addresses
+        self._open = channel
+        self._period_s = period_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-refill", daemon=True)
+        self._refused: set[tuple[int, int]] = set()  # partitions whose refusal was logged
+        # (topic id, partition, view start) of lost spans that no other node could give on the last try
+        self._stalled: set[tuple[int, int, int]] = set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for channel in list(self._channels.values()):  # ends a read in flight (CANCELLED)
+            channel.close()
+        if self._thread.is_alive():
+            self._thread.join(READ_TIMEOUT_S + 5)
+        for channel in list(self._channels.values()):
+            channel.close()
+        self._channels.clear()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            try:
+                self.refill_all()
+            except Exception:  # noqa: BLE001 - a bug here must not end the thread: tried again next period
+                log.exception("taking back lost memory records failed; tried again in %.0f s", self._period_s)
+
+    def pending(self) -> bool:
+        """Whether some lost records have not been asked for yet, or came back on the last try (more
+        may follow): a follower is not ready meanwhile (``services/health.py``), so that a rolling
+        restart does not take down the nodes it takes them back from. Records that no other node
+        could give (a whole-cluster restart lost them everywhere, or the others are down) do not
+        hold it back; they are asked for again every period."""
+        return any((s.topic_id, s.partition, s.view_start) not in self._stalled
+                   for s in self._state.lost_partitions())
+
+    def refill_all(self) -> int:
+        """One pass: every lost partition, as far back as the other nodes give; returns the records taken."""
+        taken = 0
+        for span in self._state.lost_partitions():
+            taken += self._refill(span)
+        return taken
+
+    def _refill(self, span: LostSpan) -> int:
+        taken = 0
+        key = (span.topic_id, span.partition)
+        while not self._stop.is_set():
+            begin = max(span.first, span.view_start - chunk_records(span))
+            entries = self._fetch(span, begin)
+            got = self._state.refill(span.topic_id, span.partition, entries) if entries else 0
+            if not got:
+                self._stalled.add((span.topic_id, span.partition, span.view_start))
+                break
+            taken += got
+            lost = [s for s in self._state.lost_partitions() if (s.topic_id, s.partition) == key]
+            if not lost:
+                log.info("topic %r partition %d: took back every record this node lost at its start "
+                         "(%d in this pass)", span.topic, span.partition, taken)
+                break
+            span = lost[0]
+        return taken
+
+    def _fetch(self, span: LostSpan, begin: int) -> list[Entry]:
+        """Offsets ``[begin, span.view_start)`` of the partition from the first other node that holds
+        them all, or [] when none does now."""
+        want = span.view_start - begin
+        for address in self._peer_addresses():
+            try:
+                entries = list(self._read(address, span, begin, want))
+            except BrokerError as exc:  # e.g. a position token it cannot decode
+                log.debug("reading lost records back from %s failed: %s", address, exc)
+                continue
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else None
+                if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                    if (span.topic_id, span.partition) not in self._refused:
+                        self._refused.add((span.topic_id, span.partition))
+                        log.warning("topic %r partition %d: node %s refuses this node's read (%s): the records "
+                                    "this node lost stay lost here", span.topic, span.partition, address, code)
+                else:
+                    log.debug("reading lost records back from %s failed: %s", address, exc)
+                continue
+            if len(entries) == want:
+                return entries
+        return []
+
+    def _read(self, address: str, span: LostSpan, begin: int, want: int) -> Iterator[Entry]:
+        """The records of ``[begin, begin + want)`` ``address`` holds, in order, stopping at the first
+        gap (an event: it lost them or they were cut)."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = self._open(address, options=CHANNEL_OPTIONS)
+        request = broker_pb2.SubscribeRequest(topic=span.topic, partition=span.partition, stop_at_end=True,
+                                              **{"from": common_pb2.Position(offset=begin)})
+        call = broker_pb2_grpc.BrokerStub(channel).Subscribe(request, timeout=READ_TIMEOUT_S)
+        expected = begin
+        try:
+            for response in call:
+                if not response.HasField("batch"):
+                    return  # an event before the end: this node cannot give the span whole
+                records = response.batch.records
+                if records and PositionToken.decode(records[0].position).incarnation != span.topic_id:
+                    return  # the topic was dropped and re-created there: these are another topic's
+                for record in records:
+                    if record.offset != expected:
+                        return
+                    timestamp_ms = record.timestamp_ms
+                    yield expected, timestamp_ms, body_of(record)
+                    expected += 1
+                    if expected == begin + want:
+                        return
+        finally:
+            call.cancel()

@@ -1,0 +1,191 @@
+"""A restarted node takes back the `memory` records it lost from another node's copy
+(``BrokerStateMachine.refill``, docs/design/memory-topics.md "Taking the records back"): in chunks
+that end just below what it holds, each record checked against its skeleton, with cuts that
+happened meanwhile left out, and readers never shown a gap."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.core import formats, record_log
+from broker.core.state_machine import BrokerStateMachine, LostSpan
+from broker.services.memory_refill import MemoryRefill, body_of, chunk_records
+from broker.storage.memory import MemoryStore
+from broker.v1 import common_pb2, internal_pb2
+from tests.core.test_memory_restart import MEMORY, Leader, machine, read
+from tests.replication.cluster import free_port
+
+pytestmark = pytest.mark.unit
+
+Entry = tuple[int, int, bytes]
+
+
+def restarted(lead: Leader) -> BrokerStateMachine:
+    """A follower that applied the leader's whole log, then restarted (a new process: no records)."""
+    store = MemoryStore()
+    follower = machine(store)
+    for index, command, _ in lead.tap.log:
+        follower.apply(index, command)
+    return machine(store)
+
+
+def held(state: BrokerStateMachine, tid: int, begin: int, end: int) -> list[Entry]:
+    """What ``state`` holds of partition 0 in ``[begin, end)``, as another node would send it."""
+    return [(e.offset, e.timestamp_ms, e.body)
+            for e in record_log.read(state.records_store(tid), tid, 0, begin, end)]
+
+
+def catch_up(lead: Leader, follower: BrokerStateMachine) -> None:
+    for index, command, _ in lead.tap.log:
+        follower.apply(index, command)
+
+
+def test_a_restarted_node_takes_its_records_back_in_chunks_and_readers_see_no_gap() -> None:
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        for i in range(10):
+            lead.publish("m", *[b"v%d-%d" % (i, j) for j in range(i + 1)])  # 55 records, ten timestamps' worth
+            lead.clock.now += 5
+        state = lead.tap.state
+        meta = state.topic("m")
+        assert meta is not None
+        tid = meta.topic_id
+        follower = restarted(lead)
+        assert follower.lost_at_start(tid, 0) == (0, 55)
+        [span] = follower.lost_partitions()
+        assert (span.topic, span.first, span.view_start) == ("m", 0, 55)
+        assert span.lost_bytes == state.counters(tid, 0).bytes
+
+        lead.publish("m", b"after")  # applied by the restarted node: it holds 55 on
+        catch_up(lead, follower)
+        assert follower.refill(tid, 0, held(state, tid, 30, 54)) == 0, "a chunk must end just below the view"
+        assert follower.refill(tid, 0, held(state, tid, 30, 40) + held(state, tid, 41, 55)) == 0, "nor have a gap"
+        assert follower.refill(tid, 0, held(state, tid, 30, 55)) == 25
+        assert follower.lost_at_start(tid, 0) == (0, 30)
+        view = follower.partition(tid, 0)
+        assert (view.start_offset, view.records) == (30, 26)
+        assert view.bytes == sum(size for _, size in record_log.sizes(state.records_store(tid), tid, 0, 30, 56))
+        events = read(follower, "m")
+        assert (events[0].type, events[0].offset_before, events[0].offset_after) == (
+            common_pb2.EVENT_TYPE_SKIP_FORWARD, 0, 30), "what is still lost is said"
+        assert follower.refill(tid, 0, held(state, tid, 0, 30)) == 30
+        assert follower.lost_at_start(tid, 0) is None and follower.lost_partitions() == []
+        assert follower.partition(tid, 0) == state.counters(tid, 0), "the view is the counters again"
+        assert [(r.offset, r.value, r.timestamp_ms) for r in read(follower, "m")] == \
+            [(r.offset, r.value, r.timestamp_ms) for r in read(state, "m")]
+        assert follower.refilled_records == 55
+    finally:
+        lead.replicator.close()
+
+
+def test_a_record_that_differs_from_its_skeleton_is_not_taken() -> None:
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        lead.publish("m", b"a", b"bb", b"ccc")
+        state = lead.tap.state
+        meta = state.topic("m")
+        assert meta is not None
+        tid = meta.topic_id
+        follower = restarted(lead)
+        good = held(state, tid, 0, 3)
+        wrong_size = [*good[:2], (2, good[2][1], good[2][2] + b"x")]
+        wrong_time = [(0, good[0][1] + 1, good[0][2]), *good[1:]]
+        assert follower.refill(tid, 0, wrong_size) == 0
+        assert follower.refill(tid, 0, wrong_time) == 0
+        assert follower.lost_at_start(tid, 0) == (0, 3)
+        assert follower.refill(tid, 0, good) == 3
+    finally:
+        lead.replicator.close()
+
+
+def test_records_cut_meanwhile_are_left_out_and_a_cut_past_the_loss_ends_it() -> None:
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        lead.publish("m", *[b"r%02d" % i for i in range(20)])
+        state = lead.tap.state
+        meta = state.topic("m")
+        assert meta is not None
+        tid = meta.topic_id
+        follower = restarted(lead)
+        chunk = held(state, tid, 0, 20)  # read from the other node before the prune
+        assert lead.log.prune("m", 0, 8) == 8
+        catch_up(lead, follower)
+        assert follower.lost_at_start(tid, 0) == (8, 20)
+        assert follower.refill(tid, 0, chunk) == 12, "the pruned ones are left out"
+        assert follower.partition(tid, 0) == state.counters(tid, 0)
+        assert [r.offset for r in read(follower, "m")] == list(range(8, 20))
+
+        follower = restarted(lead)
+        lead.publish("m", b"late")
+        assert lead.log.prune("m", 0, 20) == 12
+        catch_up(lead, follower)
+        assert follower.lost_partitions() == [], "nothing it lost is left to take back"
+        assert follower.refill(tid, 0, held(state, tid, 20, 21)) == 0
+    finally:
+        lead.replicator.close()
+
+
+def test_before_format_5_nothing_is_taken_back() -> None:
+    """No skeletons to check a record against, and the counters follow the view then."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.MEMORY_SKELETON_FORMAT - 1))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        lead.publish("m", b"a", b"b")
+        meta = lead.tap.state.topic("m")
+        assert meta is not None
+        follower = restarted(lead)
+        assert follower.lost_partitions() == []
+        assert follower.refill(meta.topic_id, 0, held(lead.tap.state, meta.topic_id, 0, 2)) == 0
+    finally:
+        lead.replicator.close()
+
+
+def test_a_record_sent_back_keeps_its_stored_body() -> None:
+    body = internal_pb2.RecordBody(key=b"k", value=b"v", headers={"h": "1"}, producer="p", msg_id="m")
+    record = common_pb2.Record()
+    record.MergeFromString(body.SerializeToString())
+    record.topic, record.partition, record.offset, record.timestamp_ms = "t", 3, 9, 77
+    record.position, record.delivery_attempt = b"pos", 2
+    assert body_of(record) == body.SerializeToString()
+
+
+def test_a_chunk_holds_about_four_mib_of_records() -> None:
+    assert chunk_records(LostSpan("t", 1, 0, 0, 1_000_000, 1000 * 1_000_000)) == 4 * 1024 * 1024 // 1000
+    assert chunk_records(LostSpan("t", 1, 0, 0, 1_000_000, 10 * 1_000_000)) == 20_000, "at most 20,000"
+    assert chunk_records(LostSpan("t", 1, 0, 0, 5, 5 * 10 * 1024 * 1024)) == 1, "at least one"
+    assert chunk_records(LostSpan("t", 1, 0, 10, 30, 0)) == 20, "no more than what is lost"
+
+
+def test_records_no_other_node_can_give_do_not_hold_the_node_back() -> None:
+    """``MemoryRefill.pending`` (a follower is not ready while it holds): true until each lost span
+    was asked for; a span that no node gave (none answers here) no longer holds it, the next one
+    does again."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        lead.publish("m", b"a", b"b")
+        follower = restarted(lead)
+        refill = MemoryRefill(follower, lambda: [f"127.0.0.1:{free_port()}"])
+        try:
+            assert refill.pending()
+            assert refill.refill_all() == 0
+            assert not refill.pending(), "nobody could give them: it is not held back"
+            assert follower.lost_at_start(*_partition(follower)) == (0, 2)
+        finally:
+            refill.stop()
+    finally:
+        lead.replicator.close()
+
+
+def _partition(state: BrokerStateMachine) -> tuple[int, int]:
+    meta = state.topic("m")
+    assert meta is not None
+    return meta.topic_id, 0
