@@ -55,7 +55,7 @@ from broker.services.log_metrics import (
     apply_failure_collector,
     deletion_collector,
 )
-from broker.services.memory_refill import MemoryRefill
+from broker.services.memory_refill import MemoryRefill, period_from_env
 from broker.services.metrics import NodeMetrics
 from broker.services.peer_status import PeerStatus
 from broker.services.server import GrpcServer
@@ -142,7 +142,8 @@ class Node:
         is_leader = self._is_leader
         security = server_security(config)  # TLS and authentication (None: plaintext, no auth)
         peers.attach(self.member_registry, self.replicator.members)
-        peer_status = PeerStatus(security.peer_channel if security is not None else None)
+        self.peer_status = peer_status = PeerStatus(security.peer_channel if security is not None else None)
+        self.peers = peers
         self.format_raiser = FormatRaiser(lambda: self.state.cluster_format, peers.all,
                                           lambda others: _apply_formats(peer_status, others), submitter,
                                           self_id=config.node_id, hold=config.hold_command_format)
@@ -157,7 +158,7 @@ class Node:
         # every node takes back from the others the `memory` records it lost at its start
         self.memory_refill = MemoryRefill(
             self.state, lambda: [p.grpc_address for p in peers.all() if p.node_id != config.node_id and p.grpc_address],
-            security.peer_channel if security is not None else grpc.insecure_channel)
+            security.peer_channel if security is not None else grpc.insecure_channel, period_from_env())
         self.metrics.registry.register(MemoryRefillCollector(
             lambda: sum(s.view_start - s.first for s in self.state.lost_partitions()),
             lambda: self.state.refilled_records))
@@ -243,12 +244,21 @@ class Node:
         self.clock.stop()
 
 
+    def _ready_successor(self) -> str | None:
+        """The Raft address of a follower that is ready (gRPC health SERVING) when some others are
+        not, else None (the most caught-up one). A follower still taking back the `memory` records
+        it lost at its restart is not ready: handed the leadership, it served its groups a skip over
+        records the others held (found by an audit)."""
+        others = [p for p in self.peers.all() if p.node_id != self.config.node_id and p.raft_address]
+        ready = [p for p, serving in zip(others, self.peer_status.serving_each(others), strict=True) if serving]
+        return ready[0].raft_address if ready and len(ready) < len(others) else None
+
     def _hand_over_leadership(self) -> None:
         """A leader that stops gracefully hands over first, so writers wait milliseconds, not an
         election timeout."""
         if self.replicator.status().role != Role.LEADER:
             return
-        if not self.replicator.transfer_leadership():
+        if not self.replicator.transfer_leadership(self._ready_successor()):
             log.info("no caught-up follower to hand leadership to; stopping as leader")
             return
         deadline = time.monotonic() + TRANSFER_WAIT_S

@@ -261,7 +261,7 @@ class BrokerStateMachine:
     def lost_partitions(self) -> list[LostSpan]:
         """The `memory` partitions this process lost records of that :meth:`refill` can take back
         from another node: from command format 5 on (the records' skeletons check what comes back)."""
-        if self._cluster_format < formats.MEMORY_SKELETON_FORMAT or not self._lost:
+        if self._cluster_format < formats.MEMORY_SKELETON_FORMAT or not self._lost or self.replaying:
             return []
         names = {m.topic_id: m.config.name for m in self._topics.values()}
         out = []
@@ -270,6 +270,26 @@ class BrokerStateMachine:
             if span is not None and lost is not None and tid in names:
                 out.append(LostSpan(names[tid], tid, partition, span[0], span[1], lost.bytes))
         return out
+
+    @property
+    def replaying(self) -> bool:
+        """Whether this process is still re-applying the commands its Raft journal held at its start
+        (:meth:`journal_opened`): their appends keep no `memory` records, and move the views."""
+        return self._applied < self._replay_until
+
+    def refill_chunk_start(self, span: LostSpan, bytes_max: int, records_max: int) -> int:
+        """Where a chunk of ``span`` to take back (:meth:`refill`) starts: as far below its view start
+        as ``records_max`` records and ``bytes_max`` counted bytes (the skeletons' sizes) reach, at
+        least one record."""
+        hi = span.view_start
+        lo = max(span.first, hi - records_max)
+        sizes = [size for _, size in record_log.sizes(self._store, span.topic_id, span.partition, lo, hi, fill=True)]
+        total, start = 0, hi
+        for size in reversed(sizes):
+            if start < hi and total + size > bytes_max:
+                break
+            total, start = total + size, start - 1
+        return start
 
     def refill(self, topic_id: int, partition: int, entries: Sequence[tuple[int, int, bytes]]) -> int:
         """Take back records of a `memory` partition that this process lost at its start, as another
@@ -283,8 +303,8 @@ class BrokerStateMachine:
             key = (topic_id, partition)
             lost, st = self._lost.get(key), self._partitions.get(key)
             if (lost is None or st is None or not entries or topic_id not in self._volatile_ids
-                    or self._cluster_format < formats.MEMORY_SKELETON_FORMAT):
-                return 0
+                    or self._cluster_format < formats.MEMORY_SKELETON_FORMAT or self.replaying):
+                return 0  # replaying: a replayed append moves the view to the end again (journal_opened)
             first = entries[0][0]
             if entries[-1][0] != lost.view_start - 1 or [e[0] for e in entries] != list(range(first, lost.view_start)):
                 return 0
@@ -302,6 +322,9 @@ class BrokerStateMachine:
                                 timestamp_ms, mark)
                     return 0
             batch = self._volatile.batch()
+            # nothing of an earlier take may stay below the view (values are keyed by their last
+            # offset: another split of the same offsets would be read twice)
+            record_log.delete_before(batch, topic_id, partition, first, lost.view_start)
             for timestamp_ms, run in itertools.groupby(kept, key=operator.itemgetter(1)):
                 same = list(run)
                 record_log.append(batch, topic_id, partition, same[0][0], timestamp_ms, [e[2] for e in same])

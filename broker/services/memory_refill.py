@@ -10,15 +10,19 @@ consumer groups to skip what the others still held.
 How: a daemon thread on every node looks, every :data:`REFILL_PERIOD_S`, for the partitions it lost
 records of (``lost_partitions``, from command format 5 on). For each it reads the lost offsets back
 from another node through that node's own ``Subscribe`` (a stateless read with ``stop_at_end``,
-which a follower serves), newest first in chunks of about :data:`CHUNK_BYTES`, each chunk ending
-just below what this node holds, and hands each to ``BrokerStateMachine.refill``, which checks
-every record against the skeleton the apply wrote for it (its body size and timestamp) and
-starts the readers' view at the chunk's first record. So what a node holds stays one run of
-offsets with no gap, and a reader or a group never meets a hole.
+which a follower serves), newest first in chunks of at most :data:`CHUNK_BYTES` (by the sizes in
+the records' skeletons), each chunk ending just below what this node holds, and hands each to
+``BrokerStateMachine.refill``, which checks every record against the skeleton the apply wrote for
+it (its body size and timestamp) and starts the readers' view at the chunk's first record. So
+what a node holds stays one run of offsets with no gap, and a reader or a group never meets a hole.
 
-A node that does not answer, or answers with a gap (it lost the records too, or they were cut),
-is passed over for the next; a chunk no node can give whole is tried again next period. Nothing is
-replicated: every node already counted these records. A cluster whose nodes check callers'
+A node that holds only the chunk's newer part (it lost or cut the older ones: a ``SKIP_FORWARD``
+before them) gives that tail; the longest tail any node gives is taken. A node that does not
+answer, or gives nothing that reaches this node's records, is passed over. A span from which no
+node gives anything is "stalled" and no longer holds the node's readiness back
+(:meth:`MemoryRefill.pending`); it is asked for again every period. Nothing is
+replicated: every node already counted these records. While the node replays its Raft journal at
+its start, nothing is taken (the replay moves the view) and the node is not ready. A cluster whose nodes check callers'
 credentials lets this through only if the node's own certificate (mTLS) may read the topic; else
 the records stay lost on the restarted node, as before (logged once per partition).
 """
@@ -26,6 +30,7 @@ the records stay lost on the restarted node, as before (logged once per partitio
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 
@@ -39,7 +44,9 @@ from broker.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 log = logging.getLogger(__name__)
 
 REFILL_PERIOD_S = 1.0  # how often a node looks for records it lost
-CHUNK_BYTES = 4 * 1024 * 1024  # about this many counted bytes of records are read back at a time
+# Tests only: another period (e.g. hours: a node that stays "taking them back"); unset in production
+REFILL_PERIOD_ENV = "RAFTBROKER_TEST_REFILL_PERIOD_S"
+CHUNK_BYTES = 4 * 1024 * 1024  # at most this many counted bytes of records are read back at a time (or one record)
 CHUNK_RECORDS_MAX = 20_000  # and at most this many records
 READ_TIMEOUT_S = 10.0  # one chunk's read from one node
 # the channel options of a kept peer channel (services/peer_status.py): a node that was down is tried
@@ -52,12 +59,18 @@ _NOT_BODY = ("topic", "partition", "offset", "timestamp_ms", "position", "delive
 Entry = tuple[int, int, bytes]  # (offset, timestamp_ms, body)
 
 
-def chunk_records(span: LostSpan) -> int:
-    """How many records to read back at once: about :data:`CHUNK_BYTES` at the lost records'
-    average counted size, at least one and at most :data:`CHUNK_RECORDS_MAX`."""
-    count = span.view_start - span.first
-    each = max(span.lost_bytes // max(count, 1), 1)
-    return max(1, min(CHUNK_BYTES // each, CHUNK_RECORDS_MAX, count))
+def period_from_env() -> float:
+    """:data:`REFILL_PERIOD_S`, or the test setting :data:`REFILL_PERIOD_ENV` (a positive number)."""
+    raw = os.environ.get(REFILL_PERIOD_ENV, "")
+    if not raw:
+        return REFILL_PERIOD_S
+    try:
+        period = float(raw)
+    except ValueError:
+        period = 0.0
+    if not 0 < period < float("inf"):
+        raise ValueError(f"{REFILL_PERIOD_ENV}={raw!r}: expected a positive number of seconds")
+    return period
 
 
 def body_of(record: common_pb2.Record) -> bytes:
@@ -112,6 +125,8 @@ class MemoryRefill:
         restart does not take down the nodes it takes them back from. Records that no other node
         could give (a whole-cluster restart lost them everywhere, or the others are down) do not
         hold it back; they are asked for again every period."""
+        if self._state.replaying:
+            return True
         return any((s.topic_id, s.partition, s.view_start) not in self._stalled
                    for s in self._state.lost_partitions())
 
@@ -126,7 +141,7 @@ class MemoryRefill:
         taken = 0
         key = (span.topic_id, span.partition)
         while not self._stop.is_set():
-            begin = max(span.first, span.view_start - chunk_records(span))
+            begin = self._state.refill_chunk_start(span, CHUNK_BYTES, CHUNK_RECORDS_MAX)
             entries = self._fetch(span, begin)
             got = self._state.refill(span.topic_id, span.partition, entries) if entries else 0
             if not got:
@@ -142,9 +157,12 @@ class MemoryRefill:
         return taken
 
     def _fetch(self, span: LostSpan, begin: int) -> list[Entry]:
-        """Offsets ``[begin, span.view_start)`` of the partition from the first other node that holds
-        them all, or [] when none does now."""
+        """The most of offsets ``[begin, span.view_start)`` that another node holds up to the end:
+        all of them from the first node that has them all, else the longest tail any node has (the
+        others cut or lost the older ones: a whole-cluster restart, or retention that passed this
+        node's start), else []."""
         want = span.view_start - begin
+        best: list[Entry] = []
         for address in self._peer_addresses():
             try:
                 entries = list(self._read(address, span, begin, want))
@@ -161,34 +179,43 @@ class MemoryRefill:
                 else:
                     log.debug("reading lost records back from %s failed: %s", address, exc)
                 continue
+            if not entries or entries[-1][0] != span.view_start - 1:
+                continue  # it stopped short of what this node holds: nothing of it adjoins
             if len(entries) == want:
                 return entries
-        return []
+            if len(entries) > len(best):
+                best = entries
+        return best
 
     def _read(self, address: str, span: LostSpan, begin: int, want: int) -> Iterator[Entry]:
-        """The records of ``[begin, begin + want)`` ``address`` holds, in order, stopping at the first
-        gap (an event: it lost them or they were cut)."""
+        """The records ``address`` holds of ``[begin, begin + want)``, consecutive, in order: from
+        ``begin``, or from where a SKIP_FORWARD it sends first moves on to (it lost or cut the
+        older ones); they stop at a later gap or event."""
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = self._open(address, options=CHANNEL_OPTIONS)
         request = broker_pb2.SubscribeRequest(topic=span.topic, partition=span.partition, stop_at_end=True,
                                               **{"from": common_pb2.Position(offset=begin)})
         call = broker_pb2_grpc.BrokerStub(channel).Subscribe(request, timeout=READ_TIMEOUT_S)
-        expected = begin
+        expected, end = begin, begin + want
         try:
             for response in call:
                 if not response.HasField("batch"):
-                    return  # an event before the end: this node cannot give the span whole
+                    event = response.event
+                    if (expected != begin or event.type != common_pb2.EVENT_TYPE_SKIP_FORWARD
+                            or not begin < event.offset_after < end):
+                        return  # an event after records, or past what is wanted: nothing more adjoins
+                    expected = event.offset_after
+                    continue
                 records = response.batch.records
                 if records and PositionToken.decode(records[0].position).incarnation != span.topic_id:
                     return  # the topic was dropped and re-created there: these are another topic's
                 for record in records:
                     if record.offset != expected:
                         return
-                    timestamp_ms = record.timestamp_ms
-                    yield expected, timestamp_ms, body_of(record)
+                    yield expected, record.timestamp_ms, body_of(record)
                     expected += 1
-                    if expected == begin + want:
+                    if expected == end:
                         return
         finally:
             call.cancel()

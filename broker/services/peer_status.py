@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.core import apply_digest
 from broker.core.errors import BrokerError, NotFound
@@ -62,6 +63,22 @@ class PeerStatus:
             return admin_pb2.NodeInfo(id=peer.node_id, grpc_address=peer.grpc_address,
                                       raft_address=peer.raft_address, metrics_address=peer.metrics_address,
                                       role="unreachable", reachable=False)
+
+    def serving(self, peer: Peer) -> bool:
+        """Whether ``peer`` answers gRPC health SERVING (``services/health.py``: a member with a
+        leader, caught up, holding what it lost of `memory` topics) within the status timeout."""
+        if not peer.grpc_address:
+            return False
+        try:
+            reply = health_pb2_grpc.HealthStub(self._channel(peer.grpc_address)).Check(
+                health_pb2.HealthCheckRequest(), timeout=PEER_STATUS_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def serving_each(self, peers: Iterable[Peer]) -> list[bool]:
+        """:meth:`serving` of each of ``peers``, asked in parallel, in their order."""
+        return list(self._pool.map(self.serving, peers))
 
     def info_fresh(self, peer: Peer) -> admin_pb2.NodeInfo | None:
         """``peer``'s own status over a channel of its own, closed after (None: no answer). For a node

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import Client, Message
 from broker.core import formats
+from broker.devcluster import DevCluster
+from broker.services.memory_refill import REFILL_PERIOD_ENV
 from broker.v1 import admin_pb2, broker_pb2, common_pb2
 from tests.cluster.digests import topic_end_offsets, wait_converged
 from tests.cluster.stubs import stubs
@@ -173,22 +176,12 @@ def test_a_rolling_restart_keeps_every_memory_record(tmp_path: Path) -> None:
             except grpc.RpcError:  # e.g. the topic not applied yet on the restarted node
                 return False
 
-        def serving(i: int) -> bool:
-            channel = grpc.insecure_channel(c.grpc_address(i))
-            try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-                return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-            except grpc.RpcError:
-                return False
-            finally:
-                channel.close()
-
         for i in range(3):
             c.kill(i)
             c.spawn(i)
             c.wait_answering(i)
             # ready (what a StatefulSet waits for before restarting the next) only once it holds them again
-            wait_until(functools.partial(serving, i), 60, f"node {i} to be ready")
+            wait_until(functools.partial(serving, c, i), 60, f"node {i} to be ready")
             if c.leader() != i:  # a leader stays ready meanwhile: it takes writes
                 assert serves_all(i), f"node {i} is ready before it took back what it lost"
             wait_until(functools.partial(serves_all, i), 60, f"node {i} to serve every record again")
@@ -206,6 +199,114 @@ def test_a_rolling_restart_keeps_every_memory_record(tmp_path: Path) -> None:
                 if len(got) == 3_000:
                     break
         assert got == {(p, o, v) for p, rows in expected.items() for o, v in rows}
+    finally:
+        c.stop()
+
+
+def serving(c: DevCluster, i: int) -> bool:
+    """Whether node ``i`` answers gRPC health SERVING (what the StatefulSet's readiness probe asks)."""
+    channel = grpc.insecure_channel(c.grpc_address(i))
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+
+
+def memory_topic(c: DevCluster, count: int) -> list[bytes]:
+    """A `memory` topic "mem" of one partition with ``count`` records; returns their values."""
+    wait_until(lambda: [(v.cluster_format if v else None) for v in map(c.node_status, range(3))] ==
+               [formats.CODE_FORMAT] * 3, 60, "the cluster's command format to rise")
+    s = stubs(c.wait_ready())
+    try:
+        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
+            name="mem", durability=common_pb2.DURABILITY_MEMORY)))
+        values = [b"v%04d" % i for i in range(count)]
+        s.broker.Publish(broker_pb2.PublishRequest(topic="mem", records=[
+            broker_pb2.PublishRecord(value=v) for v in values]), timeout=30)
+        return values
+    finally:
+        s.close()
+
+
+def test_a_restarted_node_takes_back_what_the_others_hold_after_a_whole_cluster_restart(tmp_path: Path) -> None:
+    """After a whole-cluster restart every node lost the records before it, and holds those written
+    since. A follower restarted then takes back those it can: the others answer the older ones with
+    SKIP_FORWARD, and it took nothing (the newer ones were lost with the older: audit)."""
+    c = start_cluster(tmp_path)
+    try:
+        memory_topic(c, 500)
+        for i in range(3):
+            c.kill(i)
+        for i in range(3):
+            c.spawn(i)
+        s = stubs(c.wait_ready(60))
+        try:
+            s.broker.Publish(broker_pb2.PublishRequest(topic="mem", records=[
+                broker_pb2.PublishRecord(value=b"after%03d" % i) for i in range(100)]), timeout=30)
+        finally:
+            s.close()
+        leader = c.leader()
+        assert leader is not None
+        follower = (leader + 1) % 3
+        c.kill(follower)
+        c.spawn(follower)
+        c.wait_answering(follower)
+
+        def tail() -> list[object]:
+            try:
+                got = read(c.grpc_address(follower), "mem")
+            except grpc.RpcError:
+                return []
+            return [(r.type, r.offset_before, r.offset_after) if isinstance(r, common_pb2.Event) else r.value
+                    for r in got]
+
+        expected = [(common_pb2.EVENT_TYPE_SKIP_FORWARD, 0, 500), *(b"after%03d" % i for i in range(100))]
+        wait_until(lambda: tail() == expected, 60, "the restarted node to serve the records written since")
+        wait_until(functools.partial(serving, c, follower), 60, "the node to be ready")
+        assert metric(c.metrics_address(follower), "raftbroker_memory_records_lost") == 500, "lost everywhere"
+    finally:
+        c.stop()
+
+
+def test_a_stopping_leader_hands_over_to_a_ready_follower(tmp_path: Path) -> None:
+    """A follower still taking back what it lost is not ready; a leader stopped with SIGTERM hands the
+    leadership to the other one. Before, pysyncobj's choice (the higher address among followers
+    equally caught up) took the one taking them back, and its consumer groups skipped every record."""
+    c = start_cluster(tmp_path)
+    try:
+        values = memory_topic(c, 200)
+        leader = c.leader()
+        assert leader is not None
+        followers = [i for i in range(3) if i != leader]
+        slow = max(followers, key=c.raft_address)  # the one pysyncobj picked when both are caught up
+        c.kill(slow)
+        c.env_by_node[slow] = {REFILL_PERIOD_ENV: "3600"}  # it will not have taken them back for an hour
+        c.spawn(slow)
+        c.wait_answering(slow)
+
+        def caught_up() -> bool:
+            mine, theirs = c.node_status(slow), c.node_status(leader)
+            return mine is not None and theirs is not None and mine.applied_index >= theirs.commit_index
+
+        wait_until(caught_up, 60, "the restarted follower to catch up")
+        assert not serving(c, slow), "not ready while it has not taken its records back"
+        c.kill(leader, signal.SIGTERM)
+        wait_until(lambda: c.leader() is not None, 60, "a new leader")
+        new = c.leader()
+        assert new != slow, "the leadership went to the follower that is not ready"
+        got: list[bytes] = []
+        with Client([c.grpc_address(i) for i in followers], retry_deadline_s=60) as client, client.subscribe(
+                "mem", group="g", stop_at_end=True, max_in_flight=1000) as consumer:
+            for item in consumer:
+                assert isinstance(item, Message), f"nothing is skipped: {item}"
+                got.append(item.value)
+                item.ack()
+                if len(got) == len(values):
+                    break
+        assert sorted(got) == values
     finally:
         c.stop()
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from broker.core import formats, record_log
-from broker.core.state_machine import BrokerStateMachine, LostSpan
-from broker.services.memory_refill import MemoryRefill, body_of, chunk_records
+from broker.core.state_machine import BrokerStateMachine
+from broker.services.memory_refill import MemoryRefill, body_of
 from broker.storage.memory import MemoryStore
 from broker.v1 import common_pb2, internal_pb2
 from tests.core.test_memory_restart import MEMORY, Leader, machine, read
@@ -156,11 +156,65 @@ def test_a_record_sent_back_keeps_its_stored_body() -> None:
     assert body_of(record) == body.SerializeToString()
 
 
-def test_a_chunk_holds_about_four_mib_of_records() -> None:
-    assert chunk_records(LostSpan("t", 1, 0, 0, 1_000_000, 1000 * 1_000_000)) == 4 * 1024 * 1024 // 1000
-    assert chunk_records(LostSpan("t", 1, 0, 0, 1_000_000, 10 * 1_000_000)) == 20_000, "at most 20,000"
-    assert chunk_records(LostSpan("t", 1, 0, 0, 5, 5 * 10 * 1024 * 1024)) == 1, "at least one"
-    assert chunk_records(LostSpan("t", 1, 0, 10, 30, 0)) == 20, "no more than what is lost"
+def test_a_chunk_is_bounded_by_its_records_sizes() -> None:
+    """The sizes come from the skeletons: a burst of large records among small ones makes a short
+    chunk (the lost span's average made a 600 MB one in an audit), and a chunk holds at least one."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        lead.publish("m", *[b"s"] * 1000)  # 0..999: 1 byte each
+        lead.publish("m", *[b"L" * 1000] * 10)  # 1000..1009: 1,000 bytes each
+        follower = restarted(lead)
+        [span] = follower.lost_partitions()
+        assert (span.first, span.view_start) == (0, 1010)
+        tid = span.topic_id
+        sizes = [size for _, size in record_log.sizes(lead.tap.state.records_store(tid), tid, 0, 0, 1010)]
+        large = sizes[-1]
+        assert large > 1000 and set(sizes[1000:]) == {large}
+        assert follower.refill_chunk_start(span, large * 3 + large // 2, 20_000) == 1007, "three large ones"
+        assert follower.refill_chunk_start(span, 10, 20_000) == 1009, "at least one"
+        assert follower.refill_chunk_start(span, large * 10 + sum(sizes[900:1000]), 20_000) == 900, \
+            "ten large, then 100 small"
+        assert follower.refill_chunk_start(span, 10**9, 20_000) == 0, "no further than what was lost"
+        assert follower.refill_chunk_start(span, 10**9, 5) == 1005, "at most the records asked"
+    finally:
+        lead.replicator.close()
+
+
+def test_while_the_journal_replays_nothing_is_taken_back() -> None:
+    """A replayed append moves the view to the end again: a chunk taken before it stayed in memory,
+    and a later take split the same offsets differently, so readers got records twice (audit)."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        for i in range(6):
+            lead.publish("m", *[b"r%d-%d" % (i, j) for j in range(500)])
+        state = lead.tap.state
+        log = lead.tap.log
+        store = MemoryStore()
+        follower = machine(store)
+        half = len(log) - 3
+        for index, command, _ in log[:half]:
+            follower.apply(index, command)
+        follower = machine(store)  # restarted: its store is at `half`, its journal holds all
+        follower.journal_opened(log[-1][0])
+        tid, _ = _partition(follower)
+        assert follower.replaying and follower.lost_partitions() == []
+        refill = MemoryRefill(follower, list)
+        assert refill.pending(), "not ready while it replays"
+        assert follower.refill(tid, 0, held(state, tid, 1000, follower.partition(tid, 0).start_offset)) == 0
+        for index, command, _ in log[half:]:
+            follower.apply(index, command)
+        assert not follower.replaying
+        [span] = follower.lost_partitions()
+        assert (span.first, span.view_start) == (0, 3000)
+        assert follower.refill(tid, 0, held(state, tid, 1500, 3000)) == 1500
+        assert follower.refill(tid, 0, held(state, tid, 0, 1500)) == 1500
+        assert [(r.offset, r.value) for r in read(follower, "m")] == [(r.offset, r.value) for r in read(state, "m")]
+    finally:
+        lead.replicator.close()
 
 
 def test_records_no_other_node_can_give_do_not_hold_the_node_back() -> None:
