@@ -20,7 +20,8 @@ A node that holds only the chunk's newer part (it lost or cut the older ones: a 
 before them) gives that tail; the longest tail any node gives is taken. A node that does not
 answer, or gives nothing that reaches this node's records, is passed over. A span from which no
 node gives anything is "stalled" and no longer holds the node's readiness back
-(:meth:`MemoryRefill.pending`); it is asked for again every period. Nothing is
+(:meth:`MemoryRefill.pending`); it is asked for again after 1, 2, 4 ... up to
+:data:`STALLED_RETRY_S_MAX` seconds (a member that was down may have come back). Nothing is
 replicated: every node already counted these records. While the node replays its Raft journal at
 its start, nothing is taken (the replay moves the view) and the node is not ready. A cluster whose nodes check callers'
 credentials lets this through only if the node's own certificate (mTLS) may read the topic; else
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -49,6 +51,7 @@ REFILL_PERIOD_ENV = "RAFTBROKER_TEST_REFILL_PERIOD_S"
 CHUNK_BYTES = 4 * 1024 * 1024  # at most this many counted bytes of records are read back at a time (or one record)
 CHUNK_RECORDS_MAX = 20_000  # and at most this many records
 READ_TIMEOUT_S = 10.0  # one chunk's read from one node
+STALLED_RETRY_S_MAX = 60.0  # a span no node gave anything of is asked for again at most this far apart
 # the channel options of a kept peer channel (services/peer_status.py): a node that was down is tried
 # again within a second
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
@@ -96,8 +99,10 @@ class MemoryRefill:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-refill", daemon=True)
         self._refused: set[tuple[int, int]] = set()  # partitions whose refusal was logged
-        # (topic id, partition, view start) of lost spans that no other node could give on the last try
-        self._stalled: set[tuple[int, int, int]] = set()
+        # (topic id, partition, view start) of lost spans that no other node gave anything of on the
+        # last try -> (tries so far, when to ask again): asked again after 1, 2, 4 ... up to
+        # STALLED_RETRY_S_MAX seconds (a whole-cluster restart leaves every partition stalled for good)
+        self._stalled: dict[tuple[int, int, int], tuple[int, float]] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -124,17 +129,25 @@ class MemoryRefill:
         may follow): a follower is not ready meanwhile (``services/health.py``), so that a rolling
         restart does not take down the nodes it takes them back from. Records that no other node
         could give (a whole-cluster restart lost them everywhere, or the others are down) do not
-        hold it back; they are asked for again every period."""
+        hold it back; they are asked for again later (:data:`STALLED_RETRY_S_MAX`)."""
         if self._state.replaying:
             return True
         return any((s.topic_id, s.partition, s.view_start) not in self._stalled
                    for s in self._state.lost_partitions())
 
     def refill_all(self) -> int:
-        """One pass: every lost partition, as far back as the other nodes give; returns the records taken."""
+        """One pass: every lost partition, as far back as the other nodes give (a stalled one when
+        its time to ask again has come); returns the records taken."""
         taken = 0
-        for span in self._state.lost_partitions():
-            taken += self._refill(span)
+        now = time.monotonic()
+        spans = self._state.lost_partitions()
+        live = {(span.topic_id, span.partition, span.view_start) for span in spans}
+        # one swap (pending() reads it from other threads): spans gone or moved on are forgotten
+        self._stalled = {key: when for key, when in self._stalled.items() if key in live}
+        for span in spans:
+            stalled = self._stalled.get((span.topic_id, span.partition, span.view_start))
+            if stalled is None or stalled[1] <= now:
+                taken += self._refill(span)
         return taken
 
     def _refill(self, span: LostSpan) -> int:
@@ -145,7 +158,9 @@ class MemoryRefill:
             entries = self._fetch(span, begin)
             got = self._state.refill(span.topic_id, span.partition, entries) if entries else 0
             if not got:
-                self._stalled.add((span.topic_id, span.partition, span.view_start))
+                key3 = (span.topic_id, span.partition, span.view_start)
+                tries = self._stalled.get(key3, (0, 0.0))[0] + 1
+                self._stalled[key3] = (tries, time.monotonic() + min(2.0 ** (tries - 1), STALLED_RETRY_S_MAX))
                 break
             taken += got
             lost = [s for s in self._state.lost_partitions() if (s.topic_id, s.partition) == key]

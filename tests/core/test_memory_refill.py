@@ -227,12 +227,21 @@ def test_records_no_other_node_can_give_do_not_hold_the_node_back() -> None:
         lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
         lead.publish("m", b"a", b"b")
         follower = restarted(lead)
-        refill = MemoryRefill(follower, lambda: [f"127.0.0.1:{free_port()}"])
+        asked: list[int] = []
+
+        def nobody() -> list[str]:
+            asked.append(1)
+            return [f"127.0.0.1:{free_port()}"]
+
+        refill = MemoryRefill(follower, nobody)
         try:
             assert refill.pending()
             assert refill.refill_all() == 0
             assert not refill.pending(), "nobody could give them: it is not held back"
             assert follower.lost_at_start(*_partition(follower)) == (0, 2)
+            assert len(asked) == 1
+            refill.refill_all()
+            assert len(asked) == 1, "a stalled span is asked for again only later (1 s, then 2, 4 ... 60)"
         finally:
             refill.stop()
     finally:
