@@ -55,7 +55,7 @@ from broker.services.log_metrics import (
     apply_failure_collector,
     deletion_collector,
 )
-from broker.services.memory_refill import MemoryRefill, period_from_env
+from broker.services.memory_refill import CAMPAIGN_DEFERRAL_S_MAX, MemoryRefill, period_from_env
 from broker.services.metrics import NodeMetrics
 from broker.services.peer_status import PeerStatus
 from broker.services.server import GrpcServer
@@ -159,6 +159,9 @@ class Node:
         self.memory_refill = MemoryRefill(
             self.state, lambda: [p.grpc_address for p in peers.all() if p.node_id != config.node_id and p.grpc_address],
             security.peer_channel if security is not None else grpc.insecure_channel, period_from_env())
+        # a follower still taking them back lets the others campaign first (it would serve its groups a
+        # skip over records they hold), for a few seconds at most: never a leaderless cluster for long
+        self.replicator.defer_campaigns(self.memory_refill.unasked, CAMPAIGN_DEFERRAL_S_MAX)
         self.metrics.registry.register(MemoryRefillCollector(
             lambda: sum(s.view_start - s.first for s in self.state.lost_partitions()),
             lambda: self.state.refilled_records))

@@ -19,6 +19,7 @@ timeout runs one real election, which moves the whole group to its term once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pysyncobj.monotonic import monotonic
@@ -39,6 +40,20 @@ class PreVoteMixin:
         self._stale_leader_seen = False
         self.prevote_rounds = 0  # diagnostics
         self.prevote_wins = 0
+        # set_campaign_deferral: while it answers True, this node lets others campaign first
+        self._defer_campaign: Callable[[], bool] | None = None
+        self._defer_campaign_max_s = 0.0
+        self._deferring_since: float | None = None
+        self.campaigns_deferred = 0  # diagnostics
+
+    def set_campaign_deferral(self, defer: Callable[[], bool] | None, max_s: float) -> None:
+        """While ``defer()`` is true, this node starts no election of its own (it still votes), for at
+        most ``max_s`` after its first deferred one, then campaigns as usual. A node that would serve
+        badly as leader (one still taking back the `memory` records it lost: docs/design/memory-topics.md)
+        leaves the leadership to a node that would not, when there is one; a transfer (TimeoutNow) is
+        never deferred. ``defer`` runs on the tick thread: it must be quick and must not block."""
+        assert max_s >= 0
+        self._defer_campaign, self._defer_campaign_max_s = defer, max_s
 
     # -- the election gate ---------------------------------------------------------------------
     def _SyncObj__connectedToAnyone(self) -> bool:  # noqa: N802 (pysyncobj's mangled name)
@@ -54,8 +69,29 @@ class PreVoteMixin:
         if self._stale_leader_seen:  # fallback: our term is above the live leader's
             self._stale_leader_seen = False
             return True
+        if self._deferring():
+            s._SyncObj__raftElectionDeadline = monotonic() + s._SyncObj__generateRaftTimeout()
+            return False
         self._start_prevote()
         return False
+
+    def _deferring(self) -> bool:
+        """Whether to let this election deadline pass without a pre-vote (set_campaign_deferral)."""
+        defer = self._defer_campaign
+        try:
+            wanted = defer is not None and defer()
+        except Exception:  # noqa: BLE001 - a faulty hint must never keep a node from campaigning
+            wanted = False
+        if not wanted:
+            self._deferring_since = None
+            return False
+        now = monotonic()
+        if self._deferring_since is None:
+            self._deferring_since = now
+        if now - self._deferring_since >= self._defer_campaign_max_s:
+            return False
+        self.campaigns_deferred += 1
+        return True
 
     def _start_prevote(self) -> None:
         s: Any = self
@@ -85,6 +121,7 @@ class PreVoteMixin:
             s: Any = self
             if message["term"] >= s.raftCurrentTerm:
                 self._last_leader_contact = monotonic()
+                self._deferring_since = None
                 self._prevote_term = 0
                 self._prevote_won = False
                 self._stale_leader_seen = False

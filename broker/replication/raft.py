@@ -277,6 +277,7 @@ class PysyncobjReplicator:
         self._options = options or RaftOptions()
         self._restore = restore
         self._node: _RaftNode | None = None
+        self._campaign_deferral: tuple[Callable[[], bool] | None, float] = (None, 0.0)  # defer_campaigns
         self._closed = False
         self._lock = threading.Lock()  # guards _pending and _pending_bytes
         self._pending: dict[int, tuple[Callback, int]] = {}
@@ -328,6 +329,7 @@ class PysyncobjReplicator:
                          journal_cache_bytes=options.journal_cache_bytes,
                          journal_direct_write_min_bytes=options.journal_direct_write_min_bytes,
                          restore=self._restore)
+        node.set_campaign_deferral(*self._campaign_deferral)
         # pysyncobj stops ticking when the thread that built the SyncObj exits; tie it to the process.
         node._SyncObj__mainThread = threading.main_thread()
         node.addOnTickCallback(functools.partial(self._on_tick, node))
@@ -522,6 +524,12 @@ class PysyncobjReplicator:
         """Diagnostics: bytes of the Raft log entry at ``index`` as stored and sent, None if not held."""
         node = self._node
         return None if node is None else node.log_entry_size_bytes(index)
+
+    def defer_campaigns(self, defer: Callable[[], bool], max_s: float) -> None:
+        """Before :meth:`start`: while ``defer()`` is true this node starts no election of its own, for
+        at most ``max_s`` at a time (``prevote.PreVoteMixin.set_campaign_deferral``; needs PreVote)."""
+        assert self._node is None, "set before start()"
+        self._campaign_deferral = (defer, max_s)
 
     def transfer_leadership(self, target_address: str | None = None) -> bool:
         """Hand leadership to ``target_address`` (or the most caught-up connected peer).

@@ -51,6 +51,8 @@ REFILL_PERIOD_ENV = "RAFTBROKER_TEST_REFILL_PERIOD_S"
 CHUNK_BYTES = 4 * 1024 * 1024  # at most this many counted bytes of records are read back at a time (or one record)
 CHUNK_RECORDS_MAX = 20_000  # and at most this many records
 READ_TIMEOUT_S = 10.0  # one chunk's read from one node
+# a node taking records back starts no election for at most this long after a leader is lost (node.py)
+CAMPAIGN_DEFERRAL_S_MAX = 5.0
 STALLED_RETRY_S_MAX = 60.0  # a span no node gave anything of is asked for again at most this far apart
 # the channel options of a kept peer channel (services/peer_status.py): a node that was down is tried
 # again within a second
@@ -130,10 +132,15 @@ class MemoryRefill:
         restart does not take down the nodes it takes them back from. Records that no other node
         could give (a whole-cluster restart lost them everywhere, or the others are down) do not
         hold it back; they are asked for again later (:data:`STALLED_RETRY_S_MAX`)."""
-        if self._state.replaying:
-            return True
-        return any((s.topic_id, s.partition, s.view_start) not in self._stalled
-                   for s in self._state.lost_partitions())
+        return self._state.replaying or self.unasked()
+
+    def unasked(self) -> bool:
+        """Whether some lost span has not been asked for yet, or came back on the last try; false
+        while the journal replays (nothing is asked for then). What defers this node's campaigns
+        (node.py): a replay waits for a leader's commit index, so deferring on it would keep a
+        restarted cluster without a leader for the whole deferral."""
+        stalled = self._stalled
+        return any((s.topic_id, s.partition, s.view_start) not in stalled for s in self._state.lost_partitions())
 
     def refill_all(self) -> int:
         """One pass: every lost partition, as far back as the other nodes give (a stalled one when

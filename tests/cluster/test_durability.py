@@ -311,6 +311,37 @@ def test_a_stopping_leader_hands_over_to_a_ready_follower(tmp_path: Path) -> Non
         c.stop()
 
 
+def test_a_follower_taking_records_back_lets_another_win_the_election(tmp_path: Path) -> None:
+    """A leader killed with -9 cannot choose its successor: a follower still taking back its `memory`
+    records starts no election of its own (for 5 s at most), so the one that holds them wins. Twice,
+    each with the other follower ready; before, the first to time out won (one in two)."""
+    c = start_cluster(tmp_path)
+    try:
+        memory_topic(c, 200)
+        leader = c.leader()
+        assert leader is not None
+        slow = (leader + 1) % 3
+        c.kill(slow)
+        c.env_by_node[slow] = {REFILL_PERIOD_ENV: "3600"}  # it will not have taken them back for an hour
+        c.spawn(slow)
+        c.wait_answering(slow)
+        for _ in range(2):
+            wait_until(lambda: c.leader() is not None, 60, "every node to agree on the leader")
+            old = c.leader()
+            assert old is not None and old != slow
+            other = 3 - old - slow
+            wait_until(functools.partial(serving, c, other), 60, "the other follower to be ready")
+            wait_until(lambda: (c.node_status(slow) or admin_pb2.NodeInfo()).role == "follower", 60,
+                       "the slow node to follow")
+            c.kill(old)
+            wait_until(lambda: c.leader() is not None, 60, "a new leader")
+            assert c.leader() == other, "the node still taking records back was elected"
+            c.spawn(old)
+            c.wait_answering(old)
+    finally:
+        c.stop()
+
+
 def test_large_batches_replicate(tmp_path: Path) -> None:
     """A 4 MiB publish batch and a 1 MiB record are committed on every node."""
     c = start_cluster(tmp_path)
