@@ -163,7 +163,7 @@ class Node:
         # skip over records they hold), for a few seconds at most: never a leaderless cluster for long
         self.replicator.defer_campaigns(self.memory_refill.unasked, CAMPAIGN_DEFERRAL_S_MAX)
         self.metrics.registry.register(MemoryRefillCollector(
-            lambda: sum(s.view_start - s.first for s in self.state.lost_partitions()),
+            self.state.lost_records,
             lambda: self.state.refilled_records))
         membership = MembershipChanges(self.member_registry, self.replicator, self.replicator, submitter, peers,
                                        config.commit_timeout_ms / 1000, lambda peer: _answer(peer_status, peer))

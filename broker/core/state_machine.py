@@ -258,6 +258,15 @@ class BrokerStateMachine:
         first = max(lost.first, start)
         return (first, lost.view_start) if first < lost.view_start else None
 
+    def lost_records(self) -> int:
+        """How many records of `memory` topics this process lost at its start and does not hold
+        (:meth:`lost_at_start`, over every partition; also while the journal replays)."""
+        total = 0
+        for tid, partition in list(self._lost):
+            span = self.lost_at_start(tid, partition)
+            total += span[1] - span[0] if span is not None else 0
+        return total
+
     def lost_partitions(self) -> list[LostSpan]:
         """The `memory` partitions this process lost records of that :meth:`refill` can take back
         from another node: from command format 5 on (the records' skeletons check what comes back)."""
@@ -461,6 +470,13 @@ class BrokerStateMachine:
         no records of `memory` topics (the restart loses them, as :meth:`_load_caches` does for
         what the store held): the partitions' offsets move on and their view starts at the end."""
         self._replay_until = last_index
+
+    def journal_truncated(self, from_index: int) -> None:
+        """The journal dropped its entries from ``from_index`` on (uncommitted ones a new leader
+        replaced): the commands applied there later are new, not replays. Without it a node whose
+        journal ended in uncommitted entries counted itself replaying (and took no `memory` records
+        back, and was not ready) until the cluster's log grew past them: an idle cluster took hours."""
+        self._replay_until = min(self._replay_until, from_index - 1)
 
     def apply(self, index: int, command: bytes | memoryview) -> object:
         """Apply the command at Raft ``index``; never raises for a command it cannot carry out.

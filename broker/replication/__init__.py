@@ -45,6 +45,12 @@ class StateMachine(Protocol):
         but keeps none of their effects that a restart must lose (records of `memory` topics)."""
         ...
 
+    def journal_truncated(self, from_index: int) -> None:
+        """The replicator's journal dropped its entries from ``from_index`` on (a new leader's log
+        replaced entries this node held uncommitted): commands applied at those indexes later are
+        new ones, not replays of what :meth:`journal_opened` counted."""
+        ...
+
     def discard_state(self) -> None:
         """Drop the whole state: back to empty, applied index 0. A replicator calls it at start, before
         :meth:`journal_opened`, when the state is ahead of every index its journal and snapshot still

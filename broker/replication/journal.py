@@ -260,8 +260,11 @@ class DurableJournal(Journal):
                  snapshot_barrier: Callable[[], None] | None = None, simulate_power_loss: bool = False,
                  fsync_latency: LatencyTally | None = None, segment_bytes: int = SEGMENT_BYTES_DEFAULT,
                  legacy_file: Path | None = None, cache_bytes: int = CACHE_BYTES_DEFAULT,
-                 direct_write_min_bytes: int = DIRECT_WRITE_MIN_BYTES_DEFAULT) -> None:
+                 direct_write_min_bytes: int = DIRECT_WRITE_MIN_BYTES_DEFAULT,
+                 on_truncate: Callable[[int], None] | None = None) -> None:
         """``fsync_latency``: where each append fsync's duration is observed (metrics), if given.
+        ``on_truncate(index)``: told when the entries from ``index`` on are dropped (a new leader's
+        log replaced them: ``StateMachine.journal_truncated``).
         ``direct_write_min_bytes``: records at least this long are written with O_DIRECT (0: none)."""
         if sync_entries not in ("flagged", "all", "never"):
             raise ValueError(f"sync_entries must be flagged, all or never, not {sync_entries!r}")
@@ -275,6 +278,7 @@ class DurableJournal(Journal):
         self._needs_sync = needs_sync
         self._sync_entries = sync_entries
         self._snapshot_barrier = snapshot_barrier
+        self._on_truncate = on_truncate
         self._simulate = simulate_power_loss
         self._segment_bytes = segment_bytes
         # The held entries, oldest first (ascending indexes), position by position in six arrays:
@@ -1041,6 +1045,8 @@ class DurableJournal(Journal):
         index = self._indexes[entryFrom]
         self._drop_from(entryFrom)
         self._append(TRUNCATE, _U64.pack(index), self._sync_entries != "never")
+        if self._on_truncate is not None:
+            self._on_truncate(index)
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
         if entryTo <= 0:

@@ -263,7 +263,8 @@ class _RaftNode(PreVoteMixin, SnapshotGuardMixin, LeadershipTransferMixin, SyncO
                 sync_entries=journal_sync if "journal_sync" in active else "never",
                 snapshot_barrier=snapshot_barrier, simulate_power_loss=simulate_power_loss,
                 fsync_latency=self.counters.fsync, cache_bytes=journal_cache_bytes,
-                direct_write_min_bytes=journal_direct_write_min_bytes)
+                direct_write_min_bytes=journal_direct_write_min_bytes,
+                on_truncate=state_machine.journal_truncated)
             last_index = journal[-1][1] if len(journal) else 0
             if self._restore is not None:
                 self._history_end = self._restore.history_end(last_index)

@@ -124,7 +124,8 @@ class MemoryRefill:
             try:
                 self.refill_all()
             except Exception:  # noqa: BLE001 - a bug here must not end the thread: tried again next period
-                log.exception("taking back lost memory records failed; tried again in %.0f s", self._period_s)
+                if not self._stop.is_set():  # stopping closes the channels under a read in flight
+                    log.exception("taking back lost memory records failed; tried again in %.0f s", self._period_s)
 
     def pending(self) -> bool:
         """Whether some lost records have not been asked for yet, or came back on the last try (more

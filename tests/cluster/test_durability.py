@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -338,6 +339,52 @@ def test_a_follower_taking_records_back_lets_another_win_the_election(tmp_path: 
             assert c.leader() == other, "the node still taking records back was elected"
             c.spawn(old)
             c.wait_answering(old)
+    finally:
+        c.stop()
+
+
+def test_a_leader_restarted_with_uncommitted_entries_takes_its_records_back(tmp_path: Path) -> None:
+    """A leader cut off from its followers (SIGSTOP) takes appends nobody commits, then is killed
+    with -9. Restarted, its journal ends in entries the new leader's log replaced: it counted itself
+    replaying until the cluster's log grew past them, took nothing back and was not ready (an audit:
+    45 s with 40 of them, hours on an idle cluster). The truncation now ends the replay."""
+    c = start_cluster(tmp_path)
+    try:
+        values = memory_topic(c, 300)
+        leader = c.leader()
+        assert leader is not None
+        followers = [i for i in range(3) if i != leader]
+        for i in followers:
+            c.kill(i, signal.SIGSTOP)
+        try:
+            def publish(k: int) -> None:
+                s = stubs(c.grpc_address(leader))
+                try:
+                    s.broker.Publish(broker_pb2.PublishRequest(topic="mem", records=[
+                        broker_pb2.PublishRecord(value=b"pending%d" % k)]), timeout=3)
+                except grpc.RpcError:
+                    pass  # never committed: no quorum
+                finally:
+                    s.close()
+
+            pending = [threading.Thread(target=publish, args=(k,)) for k in range(40)]
+            for thread in pending:
+                thread.start()
+            wait_until(lambda: (metric(c.metrics_address(leader), "raftbroker_raft_follower_lag_entries") or 0) >= 40,
+                       30, "the cut-off leader to hold the 40 appends its followers lack")
+            c.kill(leader)
+            for thread in pending:
+                thread.join()
+        finally:
+            for i in followers:
+                c.kill(i, signal.SIGCONT)
+        c.wait_ready(60)
+        c.spawn(leader)
+        c.wait_answering(leader)
+        wait_until(functools.partial(serving, c, leader), 30, "the restarted node to be ready")
+        got = [r.value for r in read(c.grpc_address(leader), "mem") if isinstance(r, common_pb2.Record)]
+        assert got[:300] == values, "it took its records back"
+        assert metric(c.metrics_address(leader), "raftbroker_memory_records_lost") == 0
     finally:
         c.stop()
 

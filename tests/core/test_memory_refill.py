@@ -156,6 +156,31 @@ def test_a_record_sent_back_keeps_its_stored_body() -> None:
     assert body_of(record) == body.SerializeToString()
 
 
+def test_a_journal_that_ended_in_uncommitted_entries_replays_only_what_it_keeps() -> None:
+    """A node cut off as leader held appends nobody committed; the new leader's log replaced them.
+    It counted itself replaying up to its old journal end, took nothing back and was not ready
+    until the cluster's log grew past it (audit: 45 s here, hours on an idle cluster)."""
+    lead = Leader()
+    try:
+        lead.submitter.submit(formats.set_format_command(formats.CODE_FORMAT))
+        lead.log.create_topic(internal_pb2.TopicConfig(name="m", durability=MEMORY))
+        lead.publish("m", b"a", b"b")
+        store = MemoryStore()
+        follower = machine(store)
+        for index, command, _ in lead.tap.log:
+            follower.apply(index, command)
+        follower = machine(store)
+        last = lead.tap.log[-1][0]
+        follower.journal_opened(last + 40)  # 40 entries it held that were never committed
+        assert follower.replaying
+        follower.journal_truncated(last + 1)  # the new leader's log replaced them
+        assert not follower.replaying
+        assert [s.view_start for s in follower.lost_partitions()] == [2]
+        assert follower.lost_records() == 2
+    finally:
+        lead.replicator.close()
+
+
 def test_a_chunk_is_bounded_by_its_records_sizes() -> None:
     """The sizes come from the skeletons: a burst of large records among small ones makes a short
     chunk (the lost span's average made a 600 MB one in an audit), and a chunk holds at least one."""

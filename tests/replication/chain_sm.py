@@ -103,6 +103,9 @@ class ChainStateMachine:
     def journal_opened(self, last_index: int) -> None:
         self.journal_last_index = last_index  # what the replicator said (tests read it)
 
+    def journal_truncated(self, from_index: int) -> None:
+        self.journal_truncated_from = from_index  # what the replicator said (tests may read it)
+
     def chain(self) -> str:
         return self._chain
 

@@ -100,6 +100,19 @@ def test_entries_term_vote_truncation_and_commit_survive_a_reopen(tmp_path: Path
     again._destroy()
 
 
+def test_a_truncation_is_told_with_the_first_index_it_drops(tmp_path: Path) -> None:
+    """``on_truncate``: the state machine learns that later commands at those indexes are new ones
+    (``StateMachine.journal_truncated``), not replays of what the journal held at its start."""
+    told: list[int] = []
+    journal = open_journal(tmp_path / "raft.wal", on_truncate=told.append)
+    for index in range(1, 6):
+        journal.add(command(PLAIN_ID, b"e%d" % index), index, 1)
+    journal.deleteEntriesFrom(7)  # past the end: nothing dropped, nothing told
+    journal.deleteEntriesFrom(3)  # list position 3: index 4 and after
+    assert told == [4]
+    journal._destroy()
+
+
 def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
     path = tmp_path / "raft.wal"
     journal = open_journal(path)
