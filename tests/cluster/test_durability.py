@@ -81,6 +81,11 @@ def test_whole_cluster_kill_keeps_disk_and_metadata_and_tells_readers(tmp_path: 
         c.stop()
 
 
+def wait_format(c: DevCluster) -> None:
+    wait_until(lambda: [(v.cluster_format if v else None) for v in map(c.node_status, range(3))] ==
+               [formats.CODE_FORMAT] * 3, 60, "the cluster's command format to rise")
+
+
 def test_a_restarted_node_refuses_what_the_others_refuse_on_a_full_memory_topic(tmp_path: Path) -> None:
     """A `memory` topic keeps its counters on every node: a follower restarted (kill -9) holds none of
     the records, yet it refuses an append to a full `reject` topic as the others do, leading or not,
@@ -88,8 +93,7 @@ def test_a_restarted_node_refuses_what_the_others_refuse_on_a_full_memory_topic(
     accepted it, and an append it acknowledged as leader was missing from another node)."""
     c = start_cluster(tmp_path)
     try:
-        wait_until(lambda: [(v.cluster_format if v else None) for v in map(c.node_status, range(3))] ==
-                   [formats.CODE_FORMAT] * 3, 60, "the cluster's command format to rise")
+        wait_format(c)
         s = stubs(c.wait_ready())
         s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
             name="full", durability=common_pb2.DURABILITY_MEMORY, full_policy=common_pb2.FULL_POLICY_REJECT,
@@ -110,10 +114,7 @@ def test_a_restarted_node_refuses_what_the_others_refuse_on_a_full_memory_topic(
 
         leader = c.leader()
         assert leader is not None
-        follower = (leader + 1) % 3
-        c.kill(follower)
-        c.spawn(follower)
-        c.wait_answering(follower)
+        restart_a_follower(c)
         refused(c.wait_ready())
         wait_converged(c)
         assert [topic_end_offsets(c.grpc_address(i), "full") for i in range(3)] == [[3]] * 3
@@ -155,8 +156,7 @@ def test_a_rolling_restart_keeps_every_memory_record(tmp_path: Path) -> None:
     restarted leader told readers and groups to skip what the others still held."""
     c = start_cluster(tmp_path)
     try:
-        wait_until(lambda: [(v.cluster_format if v else None) for v in map(c.node_status, range(3))] ==
-                   [formats.CODE_FORMAT] * 3, 60, "the cluster's command format to rise")
+        wait_format(c)
         s = stubs(c.wait_ready())
         s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
             name="mem", partitions=2, durability=common_pb2.DURABILITY_MEMORY,
@@ -216,10 +216,20 @@ def serving(c: DevCluster, i: int) -> bool:
         channel.close()
 
 
+def restart_a_follower(c: DevCluster) -> int:
+    """Kill a follower with -9 and start it again; returns which (it answers, it may not be ready)."""
+    leader = c.leader()
+    assert leader is not None
+    follower = (leader + 1) % 3
+    c.kill(follower)
+    c.spawn(follower)
+    c.wait_answering(follower)
+    return follower
+
+
 def memory_topic(c: DevCluster, count: int) -> list[bytes]:
     """A `memory` topic "mem" of one partition with ``count`` records; returns their values."""
-    wait_until(lambda: [(v.cluster_format if v else None) for v in map(c.node_status, range(3))] ==
-               [formats.CODE_FORMAT] * 3, 60, "the cluster's command format to rise")
+    wait_format(c)
     s = stubs(c.wait_ready())
     try:
         s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(
@@ -249,12 +259,7 @@ def test_a_restarted_node_takes_back_what_the_others_hold_after_a_whole_cluster_
                 broker_pb2.PublishRecord(value=b"after%03d" % i) for i in range(100)]), timeout=30)
         finally:
             s.close()
-        leader = c.leader()
-        assert leader is not None
-        follower = (leader + 1) % 3
-        c.kill(follower)
-        c.spawn(follower)
-        c.wait_answering(follower)
+        follower = restart_a_follower(c)
 
         def tail() -> list[object]:
             try:
