@@ -261,7 +261,9 @@ class Node:
         election timeout."""
         if self.replicator.status().role != Role.LEADER:
             return
-        if not self.replicator.transfer_leadership(self._ready_successor()):
+        successor = self._ready_successor()
+        if not self.replicator.transfer_leadership(successor) and (
+                successor is None or not self.replicator.transfer_leadership()):  # not connected: any other
             log.info("no caught-up follower to hand leadership to; stopping as leader")
             return
         deadline = time.monotonic() + TRANSFER_WAIT_S
