@@ -113,7 +113,7 @@ class RouteCollector(Collector):
 
 class MemoryRefillCollector(Collector):
     """``raftbroker_memory_records_lost``: records of `memory` topics this node lost at its start and
-    has not taken back from another node yet (broker/leader/memory_refill.py); a rolling restart
+    has not taken back from another node yet (broker/services/memory_refill.py); a rolling restart
     waits for 0 on a node before restarting the next. ``raftbroker_memory_records_refilled_total``:
     the records it took back since it started."""
 
