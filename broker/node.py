@@ -157,7 +157,7 @@ class Node:
                                        on_step_down=[hub.let_go])
         # every node takes back from the others the `memory` records it lost at its start
         self.memory_refill = MemoryRefill(
-            self.state, lambda: [p.grpc_address for p in peers.all() if p.node_id != config.node_id and p.grpc_address],
+            self.state, lambda: [p.grpc_address for p in peers.others(config.node_id) if p.grpc_address],
             security.peer_channel if security is not None else grpc.insecure_channel, period_from_env())
         # a follower still taking them back lets the others campaign first (it would serve its groups a
         # skip over records they hold), for a few seconds at most: never a leaderless cluster for long
@@ -252,7 +252,7 @@ class Node:
         not, else None (the most caught-up one). A follower still taking back the `memory` records
         it lost at its restart is not ready: handed the leadership, it served its groups a skip over
         records the others held (found by an audit)."""
-        others = [p for p in self.peers.all() if p.node_id != self.config.node_id and p.raft_address]
+        others = [p for p in self.peers.others(self.config.node_id) if p.raft_address]
         ready = [p for p, serving in zip(others, self.peer_status.serving_each(others), strict=True) if serving]
         return ready[0].raft_address if ready and len(ready) < len(others) else None
 

@@ -248,15 +248,20 @@ class BrokerStateMachine:
         lost when it started (a restart, or a snapshot installed), while nothing has deleted past
         them since; None otherwise. Readers asking for them are told (SKIP_FORWARD), never silently
         started at the view."""
+        found = self._lost_span(topic_id, partition)
+        return found[:2] if found is not None else None
+
+    def _lost_span(self, topic_id: int, partition: int) -> tuple[int, int, _Lost] | None:
+        """:meth:`lost_at_start`'s span, with what this process keeps of it (one look-up)."""
         key = (topic_id, partition)
         lost = self._lost.get(key)
         if lost is None or self.partition(topic_id, partition).start_offset != lost.view_start:
             return None
         if self._cluster_format < formats.MEMORY_SKELETON_FORMAT:  # the counters followed the view
-            return lost.first, lost.view_start
+            return lost.first, lost.view_start, lost
         start = self._partitions.get(key, PartitionState()).start_offset  # what was cut since is not lost
         first = max(lost.first, start)
-        return (first, lost.view_start) if first < lost.view_start else None
+        return (first, lost.view_start, lost) if first < lost.view_start else None
 
     def lost_records(self) -> int:
         """How many records of `memory` topics this process lost at its start and does not hold
@@ -275,10 +280,21 @@ class BrokerStateMachine:
         names = {m.topic_id: m.config.name for m in self._topics.values()}
         out = []
         for tid, partition in list(self._lost):
-            span, lost = self.lost_at_start(tid, partition), self._lost.get((tid, partition))
-            if span is not None and lost is not None and tid in names:
-                out.append(LostSpan(names[tid], tid, partition, span[0], span[1], lost.bytes))
+            span = self._lost_span(tid, partition)
+            if span is not None and tid in names:
+                out.append(LostSpan(names[tid], tid, partition, span[0], span[1], span[2].bytes))
         return out
+
+    def lost_span(self, span: LostSpan) -> LostSpan | None:
+        """What is still lost of ``span``'s partition (:meth:`lost_partitions`, for that one alone):
+        None once it is all taken back, cut, or the topic is gone."""
+        if self._cluster_format < formats.MEMORY_SKELETON_FORMAT or self.replaying:
+            return None
+        found = self._lost_span(span.topic_id, span.partition)
+        meta = self._topics.get(span.topic)
+        if found is None or meta is None or meta.topic_id != span.topic_id:
+            return None
+        return span._replace(first=found[0], view_start=found[1], lost_bytes=found[2].bytes)
 
     @property
     def replaying(self) -> bool:

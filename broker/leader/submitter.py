@@ -52,6 +52,10 @@ class PeerDirectory:
             return list(self._by_raft.values())
         return [self.by_raft(address) or Peer(address, address, "") for address in self._current()]
 
+    def others(self, node_id: str) -> list[Peer]:
+        """The current members except ``node_id`` (:meth:`all`)."""
+        return [p for p in self.all() if p.node_id != node_id]
+
 
 class _Waiter:
     __slots__ = ("done", "result", "error")

@@ -160,7 +160,6 @@ class MemoryRefill:
 
     def _refill(self, span: LostSpan) -> int:
         taken = 0
-        key = (span.topic_id, span.partition)
         while not self._stop.is_set():
             begin = self._state.refill_chunk_start(span, CHUNK_BYTES, CHUNK_RECORDS_MAX)
             entries = self._fetch(span, begin)
@@ -171,12 +170,12 @@ class MemoryRefill:
                 self._stalled[key3] = (tries, time.monotonic() + min(2.0 ** (tries - 1), STALLED_RETRY_S_MAX))
                 break
             taken += got
-            lost = [s for s in self._state.lost_partitions() if (s.topic_id, s.partition) == key]
-            if not lost:
+            still = self._state.lost_span(span)
+            if still is None:
                 log.info("topic %r partition %d: took back every record this node lost at its start "
                          "(%d in this pass)", span.topic, span.partition, taken)
                 break
-            span = lost[0]
+            span = still
         return taken
 
     def _fetch(self, span: LostSpan, begin: int) -> list[Entry]:
