@@ -106,6 +106,9 @@ _RUN = struct.Struct(">Iq")
 _FIELD1 = b"\x0a"  # protobuf field 1, length-delimited
 _PREFIXES = 1 << 14  # element prefixes made once: every body shorter than this (a 2-byte varint)
 _ELEMENT_PREFIX = [_FIELD1 + varint(n) for n in range(_PREFIXES)]
+# by an element's length (the prefix's too): the length of its prefix, for every element whose
+# body is shorter than _PREFIXES (a body of 127 bytes makes an element of 129, one of 128 of 131)
+_PREFIX_BYTES = [2 if n < 130 else 3 for n in range(_PREFIXES + 3)]
 _FRAME_BYTES = records.FRAME_BYTES
 _KEY = records.RECORD_KEY
 assert STORED_BATCH_RECORDS_MAX >= 1 and STORED_BATCH_BYTES_MAX >= 1
@@ -267,6 +270,24 @@ class _Value:
             body_at = _body_start(self.raw, start, end)
             return end - body_at if body_at >= 0 else 0
         return end - start - _FRAME_BYTES
+
+    def bytes_between(self, lo: int, hi: int) -> int:
+        """The body bytes of records ``lo`` … ``hi - 1`` of this value (indexes, not offsets), each
+        as :meth:`body_bytes` counts it. No Python step per record for a skeleton, nor for an intact
+        format-3 value whose bodies are all shorter than 16 KiB: a prune or a retention cut of
+        millions of records counts them in one apply, on the Raft thread."""
+        if self.sizes:
+            return sum(self.sizes[lo:hi])
+        if self.even is not None:
+            each, more = self.even
+            return (hi - lo) * each + max(0, min(hi, more) - lo)
+        if self.v3 and hi > lo:
+            ends = self.ends
+            before = ends[lo - 1] if lo else 0
+            lengths = list(map(operator.sub, ends[lo:hi], (before, *ends[lo:hi - 1])))
+            if max(lengths) < len(_PREFIX_BYTES) and self.intact():
+                return ends[hi - 1] - before - sum(map(_PREFIX_BYTES.__getitem__, lengths))
+        return sum(self.body_bytes(self.first + i) for i in range(lo, hi))
 
     def timestamp_at(self, offset: int) -> int:
         i = offset - self.first
@@ -645,7 +666,7 @@ def sizes(store: Store, tid: int, partition: int, begin: int, end: int, *, fill:
 
 def bytes_in(store: Store, tid: int, partition: int, begin: int, end: int) -> int:
     """The body bytes of the stored records in ``[begin, end)`` (as :func:`sizes` counts them: a
-    damaged value's with 0), summed per value where its format allows (skeletons: no step per record)."""
+    damaged value's with 0), summed per value (:meth:`_Value.bytes_between`)."""
     total = 0
     for key, raw in (_values(store, tid, partition, begin, end - begin) if end > begin else ()):
         try:
@@ -654,17 +675,43 @@ def bytes_in(store: Store, tid: int, partition: int, begin: int, end: int) -> in
             if _KEY.unpack(key)[2] + 1 >= end:
                 break
             continue
-        lo, hi = max(value.first, begin) - value.first, min(value.last + 1, end) - value.first
-        if value.sizes:
-            total += sum(value.sizes[lo:hi])
-        elif value.even is not None:
-            each, more = value.even
-            total += (hi - lo) * each + max(0, min(hi, more) - lo)
-        else:
-            total += sum(value.body_bytes(value.first + i) for i in range(lo, hi))
+        total += value.bytes_between(max(value.first, begin) - value.first, min(value.last + 1, end) - value.first)
         if value.last + 1 >= end:
             break
     return total
+
+
+def cut_for_bytes(store: Store, tid: int, partition: int, begin: int, end: int, excess: int) -> tuple[int, int]:
+    """``(before, left)``: the first ``before`` in ``[begin, end]`` whose stored records ``[begin,
+    before)`` hold at least ``excess`` body bytes (as :func:`sizes` counts them, ``fill``: an offset
+    not stored or in a damaged value counts 0), and ``left`` = 0; or ``(end, what is still missing)``
+    when all of them hold less. Retention by bytes: the whole values it passes are summed per value
+    (:meth:`_Value.bytes_between`), only the one it stops in is walked record by record (a cap cut
+    from gigabytes to megabytes walked millions of records in one apply and cost the leadership)."""
+    if excess <= 0 or end <= begin:
+        return begin, max(excess, 0)
+    for key, raw in _values(store, tid, partition, begin, end - begin):
+        try:
+            value = _decode(key, raw)
+        except _Damaged as exc:
+            last = _KEY.unpack(key)[2]
+            log.error("topic id %d partition %d: the stored batch ending at %d is damaged (%s): its records "
+                      "count with 0 bytes", tid, partition, last, exc)
+            if last + 1 >= end:
+                break
+            continue
+        lo, hi = max(value.first, begin), min(value.last + 1, end)
+        whole = value.bytes_between(lo - value.first, hi - value.first)
+        if whole < excess:
+            excess -= whole
+        else:
+            for offset in range(lo, hi):
+                excess -= value.body_bytes(offset)
+                if excess <= 0:
+                    return offset + 1, 0
+        if value.last + 1 >= end:
+            break
+    return end, excess
 
 
 def skeleton_marks(store: Store, tid: int, partition: int, begin: int, end: int) -> dict[int, tuple[int, int]]:

@@ -19,7 +19,7 @@ from broker.storage.memory import MemoryStore
 from broker.storage.rocks import RocksStore
 from broker.v1 import broker_pb2, common_pb2, internal_pb2
 from tests.core.groups_env import Env, make_env
-from tests.record_store import damage_table, flip_record_byte, put_format1, stored_values, value_format
+from tests.record_store import damage_table, flip_record_byte, frame_span, put_format1, stored_values, value_format
 
 pytestmark = pytest.mark.unit
 CAP = record_log.STORED_BATCH_RECORDS_MAX
@@ -599,3 +599,60 @@ def test_an_even_skeleton_spreads_its_bytes_and_stamps_every_record_alike() -> N
     store.write(damaged)
     assert list(record_log.sizes(store, 3, 1, 10, 12)) == [(10, 0), (11, 0)]
     assert record_log.bytes_in(store, 3, 1, 10, 17) == 0
+
+
+def test_byte_counts_and_byte_cuts_sum_per_value_as_record_by_record() -> None:
+    """``bytes_in`` and ``cut_for_bytes`` sum whole values without a step per record (a prune or a
+    retention cut of millions of records runs in one apply); they must count exactly what
+    ``sizes`` counts record by record, for every stored format side by side: format 2, format 3
+    with bodies of every element-prefix width and some of 16 KiB or more, a format-3 value whose
+    element prefix is damaged (that record counts 0), a damaged header (its value counts 0), skeletons and
+    an even skeleton, and a gap (an offset not stored counts 0)."""
+    store = MemoryStore()
+    widths = [b"x" * n for n in (0, 1, 127, 128, 129, 5000, 16383, 16384, 40_000)]
+    batch = store.batch()
+    batch.put(Column.RECORDS, *record_log.encode(4, 0, 0, [
+        records.frame(records.record_key(4, 0, o), 7, b"f2-%d" % o) for o in range(6)]))  # format 2: 0-5
+    record_log.append(batch, 4, 0, 6, 8, widths * 3)  # format 3: 6-32
+    record_log.append(batch, 4, 0, 33, 9, [b"y" * (i % 300) for i in range(CAP + 40)])  # two values
+    first = 33 + CAP + 40
+    skeletons = store.batch()
+    record_log.append(store.batch(), 4, 0, first, 10, [b"z" * (i * 3) for i in range(50)], skeletons)  # no values
+    store.write(batch)
+    store.write(skeletons)  # format 4 (a `memory` topic's): the values' sizes without their bodies
+    batch = store.batch()
+    record_log.put_even_skeleton(batch, 4, 0, first + 60, 9, 1000, 11)  # 60 lost at the gap: 50 .. 59 unstored
+    store.write(batch)
+    end = first + 69
+    broken = 33 + CAP + 5  # in a value of small bodies only (one of 16 KiB or more is counted record by record)
+    key, value = next(iter(store.scan(Column.RECORDS, records.record_key(4, 0, broken), records.record_key(4, 0, end))))
+    at, _ = frame_span(value, broken - (33 + CAP))
+    damaged = store.batch()  # that record's element no longer starts with its field tag
+    damaged.put(Column.RECORDS, key, value[:at] + b"\x12" + value[at + 1:])
+    store.write(damaged)
+    damage_table(store, 4, 0, 40)  # the first value of 33-...: every offset counts 0
+    sized = dict(record_log.sizes(store, 4, 0, 0, end, fill=True))
+    assert sized[broken] == 0 and sized[broken + 1] == (broken + 1 - 33) % 300
+    assert sized[13] == 16384 and sized[40] == 0 and sized[first + 55] == 0
+    assert sized[first + 2] == 6 and sized[first + 60] == 112
+
+    def reference_cut(lo: int, hi: int, excess: int) -> tuple[int, int]:
+        if excess <= 0 or hi <= lo:
+            return lo, max(excess, 0)
+        for offset in range(lo, hi):
+            excess -= sized[offset]
+            if excess <= 0:
+                return offset + 1, 0
+        return hi, excess
+
+    bounds = [0, 1, 5, 6, 7, 13, 14, 32, 33, 34, 40, 33 + CAP, broken, broken + 1, first - 1, first, first + 49,
+              first + 50, first + 60, first + 63, end - 1, end]
+    for lo in bounds:
+        for hi in bounds:
+            if hi < lo:
+                continue
+            expected = sum(sized[o] for o in range(lo, hi))
+            assert record_log.bytes_in(store, 4, 0, lo, hi) == expected, (lo, hi)
+            for excess in (-1, 0, 1, expected // 3, expected - 1, expected, expected + 1, 10 ** 9):
+                assert record_log.cut_for_bytes(store, 4, 0, lo, hi, excess) == reference_cut(lo, hi, excess), \
+                    (lo, hi, excess)

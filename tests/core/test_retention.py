@@ -199,3 +199,47 @@ def test_cuts_keep_the_counters_exact_whichever_side_is_counted(env: Env, seed: 
             sizes = list(record_log.sizes(state.records_store(meta.topic_id), meta.topic_id, 0, st.start_offset,
                                           st.end_offset))
             assert (st.records, st.bytes) == (len(sizes), sum(s for _, s in sizes)), (topic, st)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cap_cuts_land_where_dropping_the_oldest_one_by_one_would(env: Env, seed: int) -> None:
+    """``discard_old`` finds its cut without walking each record it passes (a cap lowered from 10M
+    records to 1,000 walked them all in one apply): the cut must be where dropping the oldest
+    record one at a time until the partition fits both caps would stop, in an append's own trim
+    (this apply's records counted) and in an enforcement after a cap is lowered, across values of
+    1,024 records and bodies of every element-prefix width."""
+    log, _, state, _ = env
+    rng = random.Random(seed)
+    create(log, "capped")
+    create(log, "mirror")
+    meta, mirror = state.topic("capped"), state.topic("mirror")
+    assert meta is not None and mirror is not None
+    held: list[int] = []  # the body sizes the partition should hold, oldest first
+    caps: dict[str, int] = {}
+    first = 0
+
+    def trim() -> None:
+        nonlocal first
+        while held and (len(held) > caps.get("max_records", len(held)) or sum(held) > caps.get("max_bytes", sum(held))):
+            held.pop(0)
+            first += 1
+
+    for step in range(60):
+        if rng.random() < 0.3:
+            caps = {name: rng.choice(limits) for name, limits in (("max_records", (5, 900, 1500, 4000)),
+                                                                    ("max_bytes", (320, 20_000, 400_000)))
+                    if rng.random() < 0.6}
+            log.alter_topic("capped", internal_pb2.Retention(**caps), internal_pb2.FULL_POLICY_DISCARD_OLD)
+            log.enforce_retention()
+        else:
+            count = rng.choice((1, 3, 700, 1100))
+            values = [(b"%d:" % step + b"." * size)[:size]
+                      for size in [rng.choice((1, 40, 120, 125, 126, 300)) for _ in range(count)]]
+            for topic in ("capped", "mirror"):  # the mirror (no caps) tells each record's stored bytes
+                log.publish(publish_request(topic=topic, records=[broker_pb2.PublishRecord(value=v) for v in values]))
+            end = state.partition(mirror.topic_id, 0).end_offset
+            held += [n for _, n in record_log.sizes(state.records_store(mirror.topic_id), mirror.topic_id, 0,
+                                                    end - len(values), end)]
+        trim()
+        st = state.partition(meta.topic_id, 0)
+        assert (st.start_offset, st.records, st.bytes) == (first, len(held), sum(held)), (step, caps)
