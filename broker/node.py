@@ -169,7 +169,8 @@ class Node:
                                        config.commit_timeout_ms / 1000, lambda peer: _answer(peer_status, peer))
         self.groups = NodeGroups(self.state, group_applier, submitter=submitter, metrics=self.metrics,
                                  topics_max=config.max_topics,
-                                 clock=self.clock, response_bytes_max=self.response_bytes_max)
+                                 clock=self.clock, response_bytes_max=self.response_bytes_max,
+                                 held=self.memory_refill.held)
         self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
                                  submitter=submitter, limits=limits, is_leader=self._leads_ready, metrics=self.metrics,
                                  clock=self.clock, remote_security=route_security(config))

@@ -10,6 +10,8 @@ submitter and metrics exist (its services are then given to the servicers' const
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.clock import Clock
 from broker.core.groups.apply import GroupApplier
 from broker.core.retention import Retention
@@ -39,10 +41,12 @@ class NodeGroups:
 
     def __init__(self, state: BrokerStateMachine, applier: GroupApplier, *, submitter: CommandSubmitter,
                  metrics: NodeMetrics, clock: Clock, response_bytes_max: int = RESPONSE_BYTES_MAX,
-                 topics_max: int = TOPICS_MAX) -> None:
+                 topics_max: int = TOPICS_MAX,
+                 held: Callable[[int], frozenset[int]] = lambda topic_id: frozenset()) -> None:
         """``clock`` (the node clock) stamps group commands (wall) and times leases and member
-        sessions; ``response_bytes_max`` bounds the records of one group stream response."""
-        self.service = GroupService(state, applier, submitter, clock, topics_max=topics_max)
+        sessions; ``response_bytes_max`` bounds the records of one group stream response; ``held``:
+        the `memory` partitions this node still takes back (``GroupService``)."""
+        self.service = GroupService(state, applier, submitter, clock, topics_max=topics_max, held=held)
         self.delivery = GroupDelivery(self.service, response_bytes_max)
         self.operations = GroupOperations(self.service)
         metrics.registry.register(GroupCollector(self.operations, lambda: {

@@ -285,6 +285,17 @@ class BrokerStateMachine:
                 out.append(LostSpan(names[tid], tid, partition, span[0], span[1], span[2].bytes))
         return out
 
+    def lost_views(self) -> list[tuple[int, int, int]]:
+        """``(topic id, partition, view start)`` of every `memory` partition whose records this
+        process lost at its start and does not hold (:meth:`lost_at_start`; also while the journal
+        replays)."""
+        out = []
+        for tid, partition in list(self._lost):
+            span = self.lost_at_start(tid, partition)
+            if span is not None:
+                out.append((tid, partition, span[1]))
+        return out
+
     def lost_span(self, span: LostSpan) -> LostSpan | None:
         """What is still lost of ``span``'s partition (:meth:`lost_partitions`, for that one alone):
         None once it is all taken back, cut, or the topic is gone."""

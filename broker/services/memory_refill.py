@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from broker.core import formats
 from broker.core.errors import BrokerError
 from broker.core.records import PositionToken
 from broker.core.state_machine import BrokerStateMachine, LostSpan
@@ -105,6 +106,11 @@ class MemoryRefill:
         # last try -> (tries so far, when to ask again): asked again after 1, 2, 4 ... up to
         # STALLED_RETRY_S_MAX seconds (a whole-cluster restart leaves every partition stalled for good)
         self._stalled: dict[tuple[int, int, int], tuple[int, float]] = {}
+        # topic id -> partitions whose lost records this node still expects to take back (not
+        # stalled): its consumer groups, if it leads, deliver nothing of them meanwhile (:meth:`held`)
+        self._held: dict[int, frozenset[int]] = {}
+        self._held_at: tuple[int, int, int] | None = None  # (state version, applied index, stalled changes)
+        self._stalled_changes = 0  # counts the changes of _stalled (when to compute _held again)
 
     def start(self) -> None:
         self._thread.start()
@@ -126,6 +132,34 @@ class MemoryRefill:
             except Exception:  # noqa: BLE001 - a bug here must not end the thread: tried again next period
                 if not self._stop.is_set():  # stopping closes the channels under a read in flight
                     log.exception("taking back lost memory records failed; tried again in %.0f s", self._period_s)
+
+    def held(self, topic_id: int) -> frozenset[int]:
+        """The partitions of ``topic_id`` whose lost records this node still expects to take back:
+        some were lost at its start, and the last try to take them back was not empty (or none was
+        made yet). A leader's consumer groups deliver nothing of these partitions meanwhile, and tell
+        no SKIP_FORWARD (``GroupRuntime``): a group told to skip moves past the records for good,
+        although another member still holds them. Once no member gives anything (stalled), the
+        groups are told. May lag behind the state by one chunk: a caller checks
+        ``BrokerStateMachine.lost_at_start`` too. Empty before command format 5 (nothing is taken
+        back then)."""
+        state = self._state
+        at = (state.version, state.applied_index(), self._stalled_changes)
+        if at != self._held_at:  # an apply, a load or a take changed what is lost, or a span stalled
+            self._update_held()
+            self._held_at = at
+        return self._held.get(topic_id, frozenset())
+
+    def _update_held(self) -> None:
+        """Recompute :meth:`held` (one swap: group streams read it from their threads)."""
+        if self._state.cluster_format < formats.MEMORY_SKELETON_FORMAT:
+            self._held = {}
+            return
+        stalled = self._stalled
+        by_topic: dict[int, set[int]] = {}
+        for tid, partition, view_start in self._state.lost_views():
+            if (tid, partition, view_start) not in stalled:
+                by_topic.setdefault(tid, set()).add(partition)
+        self._held = {tid: frozenset(partitions) for tid, partitions in by_topic.items()}
 
     def pending(self) -> bool:
         """Whether some lost records have not been asked for yet, or came back on the last try (more
@@ -152,6 +186,7 @@ class MemoryRefill:
         live = {(span.topic_id, span.partition, span.view_start) for span in spans}
         # one swap (pending() reads it from other threads): spans gone or moved on are forgotten
         self._stalled = {key: when for key, when in self._stalled.items() if key in live}
+        self._stalled_changes += 1
         for span in spans:
             stalled = self._stalled.get((span.topic_id, span.partition, span.view_start))
             if stalled is None or stalled[1] <= now:
@@ -168,6 +203,9 @@ class MemoryRefill:
                 key3 = (span.topic_id, span.partition, span.view_start)
                 tries = self._stalled.get(key3, (0, 0.0))[0] + 1
                 self._stalled[key3] = (tries, time.monotonic() + min(2.0 ** (tries - 1), STALLED_RETRY_S_MAX))
+                self._stalled_changes += 1
+                if tries == 1:
+                    self._state.notify_change()  # a group that waited for it is told the skip now
                 break
             taken += got
             still = self._state.lost_span(span)

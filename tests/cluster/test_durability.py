@@ -317,6 +317,54 @@ def test_a_stopping_leader_hands_over_to_a_ready_follower(tmp_path: Path) -> Non
         c.stop()
 
 
+def test_a_leader_still_taking_records_back_holds_its_groups_until_they_are_back(tmp_path: Path) -> None:
+    """A node elected while it still takes back its `memory` records (here the only one that can
+    win: the other follower's log is behind) delivers nothing of those partitions to its consumer
+    groups until the records are back, then all of them. Before, it told the group SKIP_FORWARD at
+    once, and the group moved past 300 records the other follower held, for good."""
+    c = start_cluster(tmp_path)
+    try:
+        values = memory_topic(c, 300)
+        leader = c.leader()
+        assert leader is not None
+        slow, other = (leader + 1) % 3, (leader + 2) % 3
+        c.kill(slow)
+        c.env_by_node[slow] = {REFILL_PERIOD_ENV: "45"}  # its first look for lost records comes in 45 s
+        c.spawn(slow)
+        c.wait_answering(slow)
+        wait_until(lambda: (c.node_status(slow) or admin_pb2.NodeInfo()).applied_index >=
+                   (c.node_status(leader) or admin_pb2.NodeInfo(commit_index=1 << 62)).commit_index,
+                   60, "the restarted follower to catch up")
+        c.kill(other, signal.SIGSTOP)  # it misses the next records: it cannot win the next election
+        try:
+            late = [b"late%d" % i for i in range(10)]
+            s = stubs(c.grpc_address(leader))
+            try:
+                s.broker.Publish(broker_pb2.PublishRequest(topic="mem", records=[
+                    broker_pb2.PublishRecord(value=v) for v in late]), timeout=30)
+            finally:
+                s.close()
+            c.kill(leader)
+        finally:
+            c.kill(other, signal.SIGCONT)
+        wait_until(lambda: c.leader() == slow, 60, "the restarted node to be elected")
+        assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 0, \
+            "it leads before it took anything back"
+        got: list[bytes] = []
+        with Client([c.grpc_address(slow)], retry_deadline_s=60) as client, client.subscribe(
+                "mem", group="g", max_in_flight=1000) as consumer:
+            for item in consumer:
+                assert isinstance(item, Message), f"nothing is skipped: {item}"
+                got.append(item.value)
+                item.ack()
+                if len(got) == len(values) + len(late):
+                    break
+        assert sorted(got) == sorted(values + late)
+        assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 300
+    finally:
+        c.stop()
+
+
 def test_a_follower_taking_records_back_lets_another_win_the_election(tmp_path: Path) -> None:
     """A leader killed with -9 cannot choose its successor: a follower still taking back its `memory`
     records starts no election of its own (for 5 s at most), so the one that holds them wins. Twice,

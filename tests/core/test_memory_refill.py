@@ -233,10 +233,13 @@ def test_records_no_other_node_can_give_do_not_hold_the_node_back(lead: Leader) 
         return [f"127.0.0.1:{free_port()}"]
 
     refill = MemoryRefill(follower, nobody)
+    tid, _ = _partition(follower)
     try:
         assert refill.pending()
+        assert refill.held(tid) == {0}, "a leader's groups wait for the records"
         assert refill.refill_all() == 0
         assert not refill.pending(), "nobody could give them: it is not held back"
+        assert refill.held(tid) == frozenset(), "nor are the groups: they are told the skip"
         assert follower.lost_at_start(*_partition(follower)) == (0, 2)
         assert len(asked) == 1
         refill.refill_all()

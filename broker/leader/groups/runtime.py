@@ -19,6 +19,7 @@ import heapq
 import itertools
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.core import record_log, records
@@ -55,8 +56,12 @@ class Delivery:
 class GroupRuntime:
     """Delivery decisions and leases of one group (one group id) on the leader."""
 
-    def __init__(self, meta: internal_pb2.GroupMeta, state: BrokerStateMachine, applier: GroupApplier) -> None:
+    def __init__(self, meta: internal_pb2.GroupMeta, state: BrokerStateMachine, applier: GroupApplier,
+                 held: Callable[[int], frozenset[int]] = lambda topic_id: frozenset()) -> None:
+        """``held``: the partitions of a topic (by id) whose `memory` records this node lost and still
+        expects to take back (``MemoryRefill.held``): nothing of them is delivered meanwhile."""
         self.meta = meta
+        self._held = held
         self.gid = meta.group_id
         self.lock = threading.RLock()
         self.leases = LeaseTable()
@@ -199,7 +204,7 @@ class GroupRuntime:
         out = Delivery()
         if member_id in self._left:
             return out
-        eligible = self.eligible(member_id)
+        eligible = self._unheld(self.eligible(member_id))
         self._events(stream_id, eligible, out)
         if self.meta.paused or limit <= 0 or not eligible:
             return out
@@ -213,6 +218,17 @@ class GroupRuntime:
         for p in order:
             self._pick_fresh(p, stream_id, member_id, lease_now, out, budget)
         return out
+
+    def _unheld(self, partitions: list[int]) -> list[int]:
+        """``partitions`` without those whose `memory` records this node lost at its start and is
+        still taking back from the other members (``held``). The group waits for them as for a
+        paused group: told SKIP_FORWARD now, it would move past records another member holds, for
+        good, and a retry of one of them would be dead-lettered as pruned."""
+        held = self._held(self.meta.topic_id)
+        if not held:
+            return partitions
+        tid = self.meta.topic_id
+        return [p for p in partitions if p not in held or self._state.lost_at_start(tid, p) is None]
 
     def _pending(self, position: Position) -> bool:
         """Not settled, not leased, not waiting for a retry (retries are picked on their own)."""

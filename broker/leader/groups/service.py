@@ -15,6 +15,7 @@ import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 
 from broker.clock import Clock
 from broker.core import record_log, records
@@ -73,11 +74,14 @@ class GroupService:
     """Consumer groups on top of the replicated state machine (leader side)."""
 
     def __init__(self, state: BrokerStateMachine, applier: GroupApplier, submitter: CommandSubmitter,
-                 clock: Clock, tick_s: float = TICK_S, topics_max: int = TOPICS_MAX) -> None:
+                 clock: Clock, tick_s: float = TICK_S, topics_max: int = TOPICS_MAX,
+                 held: Callable[[int], frozenset[int]] = lambda topic_id: frozenset()) -> None:
         """``clock``: the node clock. Its wall reading (``now_ms``) is stamped into commands and
         shown to clients; its monotonic reading times lease deadlines, member sessions and
         revocations, which live only in this leader's memory. ``topics_max``: the node's
-        ``max_topics`` (a new group's dead-letter topic counts)."""
+        ``max_topics`` (a new group's dead-letter topic counts). ``held``: the partitions of a topic
+        (by id) whose `memory` records this node still takes back from the others
+        (``MemoryRefill.held``): its groups deliver nothing of them meanwhile."""
         self.topics_max = topics_max
         self.state = state
         self.applier = applier
@@ -85,6 +89,7 @@ class GroupService:
         self.clock = clock
         self._tick_s = tick_s
         self._runtimes: dict[tuple[str, str], GroupRuntime] = {}
+        self._held = held
         self._term: int | None = None
         self._lock = threading.Lock()
         self._barrier_lock = threading.Lock()
@@ -143,7 +148,7 @@ class GroupService:
         with self._lock:
             rt = self._runtimes.get((topic, group))
             if rt is None or rt.gid != meta.group_id or rt.gone:
-                rt = GroupRuntime(meta, self.state, self.applier)
+                rt = GroupRuntime(meta, self.state, self.applier, self._held)
                 self._runtimes[(topic, group)] = rt
                 self._work.set()
         rt.refresh()
