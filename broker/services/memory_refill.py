@@ -109,8 +109,10 @@ class MemoryRefill:
         # topic id -> partitions whose lost records this node still expects to take back (not
         # stalled): its consumer groups, if it leads, deliver nothing of them meanwhile (:meth:`held`)
         self._held: dict[int, frozenset[int]] = {}
-        self._held_at: tuple[int, int, int] | None = None  # (state version, applied index, stalled changes)
-        self._stalled_changes = 0  # counts the changes of _stalled (when to compute _held again)
+        # when to compute _held again: it counts every pass and every span that stalled (a span taken
+        # back or cut meanwhile is checked by the caller; a span is lost only at a load or a replay)
+        self._stalled_changes = 0
+        self._held_at: int | None = None  # the count _held was computed at
 
     def start(self) -> None:
         self._thread.start()
@@ -139,12 +141,12 @@ class MemoryRefill:
         made yet). A leader's consumer groups deliver nothing of these partitions meanwhile, and tell
         no SKIP_FORWARD (``GroupRuntime``): a group told to skip moves past the records for good,
         although another member still holds them. Once no member gives anything (stalled), the
-        groups are told. May lag behind the state by one chunk: a caller checks
+        groups are told. Computed again at each pass (every :data:`REFILL_PERIOD_S`) and when a span
+        stalls, so a partition taken back or cut past since may still be in it: a caller checks
         ``BrokerStateMachine.lost_at_start`` too. Empty before command format 5 (nothing is taken
         back then)."""
-        state = self._state
-        at = (state.version, state.applied_index(), self._stalled_changes)
-        if at != self._held_at:  # an apply, a load or a take changed what is lost, or a span stalled
+        at = self._stalled_changes  # not per apply: a node that lost thousands of partitions for good
+        if at != self._held_at:     # would walk them after every append
             self._update_held()
             self._held_at = at
         return self._held.get(topic_id, frozenset())
