@@ -664,21 +664,25 @@ def sizes(store: Store, tid: int, partition: int, begin: int, end: int, *, fill:
         expected = value.last + 1
 
 
+def _readable_values(store: Store, tid: int, partition: int, begin: int, end: int) -> Iterator[_Value]:
+    """The decoded stored values holding offsets of ``[begin, end)``, in order; a damaged one is
+    logged and left out (its records count 0 bytes, as :func:`sizes` counts them)."""
+    for key, raw in (_values(store, tid, partition, begin, end - begin) if end > begin else ()):
+        last = _KEY.unpack(key)[2]
+        try:
+            yield _decode(key, raw)
+        except _Damaged as exc:
+            log.error("topic id %d partition %d: the stored batch ending at %d is damaged (%s): its records "
+                      "count with 0 bytes", tid, partition, last, exc)
+        if last + 1 >= end:
+            return
+
+
 def bytes_in(store: Store, tid: int, partition: int, begin: int, end: int) -> int:
     """The body bytes of the stored records in ``[begin, end)`` (as :func:`sizes` counts them: a
     damaged value's with 0), summed per value (:meth:`_Value.bytes_between`)."""
-    total = 0
-    for key, raw in (_values(store, tid, partition, begin, end - begin) if end > begin else ()):
-        try:
-            value = _decode(key, raw)
-        except _Damaged:
-            if _KEY.unpack(key)[2] + 1 >= end:
-                break
-            continue
-        total += value.bytes_between(max(value.first, begin) - value.first, min(value.last + 1, end) - value.first)
-        if value.last + 1 >= end:
-            break
-    return total
+    return sum(value.bytes_between(max(value.first, begin) - value.first, min(value.last + 1, end) - value.first)
+               for value in _readable_values(store, tid, partition, begin, end))
 
 
 def cut_for_bytes(store: Store, tid: int, partition: int, begin: int, end: int, excess: int) -> tuple[int, int]:
@@ -690,27 +694,16 @@ def cut_for_bytes(store: Store, tid: int, partition: int, begin: int, end: int, 
     from gigabytes to megabytes walked millions of records in one apply and cost the leadership)."""
     if excess <= 0 or end <= begin:
         return begin, max(excess, 0)
-    for key, raw in _values(store, tid, partition, begin, end - begin):
-        try:
-            value = _decode(key, raw)
-        except _Damaged as exc:
-            last = _KEY.unpack(key)[2]
-            log.error("topic id %d partition %d: the stored batch ending at %d is damaged (%s): its records "
-                      "count with 0 bytes", tid, partition, last, exc)
-            if last + 1 >= end:
-                break
-            continue
+    for value in _readable_values(store, tid, partition, begin, end):
         lo, hi = max(value.first, begin), min(value.last + 1, end)
         whole = value.bytes_between(lo - value.first, hi - value.first)
         if whole < excess:
             excess -= whole
-        else:
-            for offset in range(lo, hi):
-                excess -= value.body_bytes(offset)
-                if excess <= 0:
-                    return offset + 1, 0
-        if value.last + 1 >= end:
-            break
+            continue
+        for offset in range(lo, hi):
+            excess -= value.body_bytes(offset)
+            if excess <= 0:
+                return offset + 1, 0
     return end, excess
 
 
