@@ -227,6 +227,21 @@ def restart_a_follower(c: DevCluster) -> int:
     return follower
 
 
+def restart_slowly(c: DevCluster, node: int, refill_period_s: int, leader: int | None = None) -> None:
+    """Kill ``node`` with -9 and start it again with its first look for lost records
+    ``refill_period_s`` away; with ``leader``, wait until it applied what the leader committed."""
+    c.kill(node)
+    c.env_by_node[node] = {REFILL_PERIOD_ENV: str(refill_period_s)}
+    c.spawn(node)
+    c.wait_answering(node)
+    if leader is not None:
+        def caught_up() -> bool:
+            mine, theirs = c.node_status(node), c.node_status(leader)
+            return mine is not None and theirs is not None and mine.applied_index >= theirs.commit_index
+
+        wait_until(caught_up, 60, "the restarted follower to catch up")
+
+
 def memory_topic(c: DevCluster, count: int) -> list[bytes]:
     """A `memory` topic "mem" of one partition with ``count`` records; returns their values."""
     wait_format(c)
@@ -288,16 +303,7 @@ def test_a_stopping_leader_hands_over_to_a_ready_follower(tmp_path: Path) -> Non
         assert leader is not None
         followers = [i for i in range(3) if i != leader]
         slow = max(followers, key=c.raft_address)  # the one pysyncobj picked when both are caught up
-        c.kill(slow)
-        c.env_by_node[slow] = {REFILL_PERIOD_ENV: "3600"}  # it will not have taken them back for an hour
-        c.spawn(slow)
-        c.wait_answering(slow)
-
-        def caught_up() -> bool:
-            mine, theirs = c.node_status(slow), c.node_status(leader)
-            return mine is not None and theirs is not None and mine.applied_index >= theirs.commit_index
-
-        wait_until(caught_up, 60, "the restarted follower to catch up")
+        restart_slowly(c, slow, 3600, leader)  # it will not have taken them back for an hour
         assert not serving(c, slow), "not ready while it has not taken its records back"
         c.kill(leader, signal.SIGTERM)
         wait_until(lambda: c.leader() is not None, 60, "a new leader")
@@ -328,13 +334,7 @@ def test_a_leader_still_taking_records_back_holds_its_groups_until_they_are_back
         leader = c.leader()
         assert leader is not None
         slow, other = (leader + 1) % 3, (leader + 2) % 3
-        c.kill(slow)
-        c.env_by_node[slow] = {REFILL_PERIOD_ENV: "45"}  # its first look for lost records comes in 45 s
-        c.spawn(slow)
-        c.wait_answering(slow)
-        wait_until(lambda: (c.node_status(slow) or admin_pb2.NodeInfo()).applied_index >=
-                   (c.node_status(leader) or admin_pb2.NodeInfo(commit_index=1 << 62)).commit_index,
-                   60, "the restarted follower to catch up")
+        restart_slowly(c, slow, 45, leader)  # its first look for lost records comes in 45 s
         c.kill(other, signal.SIGSTOP)  # it misses the next records: it cannot win the next election
         try:
             late = [b"late%d" % i for i in range(10)]
@@ -375,10 +375,7 @@ def test_a_follower_taking_records_back_lets_another_win_the_election(tmp_path: 
         leader = c.leader()
         assert leader is not None
         slow = (leader + 1) % 3
-        c.kill(slow)
-        c.env_by_node[slow] = {REFILL_PERIOD_ENV: "3600"}  # it will not have taken them back for an hour
-        c.spawn(slow)
-        c.wait_answering(slow)
+        restart_slowly(c, slow, 3600)  # it will not have taken them back for an hour
         for _ in range(2):
             wait_until(lambda: c.leader() is not None, 60, "every node to agree on the leader")
             old = c.leader()
