@@ -173,7 +173,8 @@ class Node:
                                  held=self.memory_refill.held)
         self.routes = NodeRoutes(self.state, route_table, cluster_id=config.cluster_id, node_id=config.node_id,
                                  submitter=submitter, limits=limits, is_leader=self._leads_ready, metrics=self.metrics,
-                                 clock=self.clock, remote_security=route_security(config))
+                                 clock=self.clock, remote_security=route_security(config),
+                                 held=self.memory_refill.held)
         reader = Reader(self.state, hub, submitter.ensure_leader, self.require_serving,
                         response_bytes_max=self.response_bytes_max, leader_term=submitter.leader_term)
         self.streams = StreamRuntime(self.state, streams_max=config.max_streams)

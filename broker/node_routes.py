@@ -35,14 +35,16 @@ class NodeRoutes:
 
     def __init__(self, state: BrokerStateMachine, table: RouteTable, *, cluster_id: str, node_id: str,
                  submitter: CommandSubmitter, limits: Limits, is_leader: Callable[[], bool], metrics: NodeMetrics,
-                 clock: Clock, remote_security: ClientSecurity | None = None) -> None:
+                 clock: Clock, remote_security: ClientSecurity | None = None,
+                 held: Callable[[int], frozenset[int]] = lambda topic_id: frozenset()) -> None:
         """``clock`` is the node clock whose wall reading stamps routed appends and route creations.
         ``remote_security``: TLS and token the router uses towards other clusters
-        (``route_client_config``); None: plaintext."""
+        (``route_client_config``); None: plaintext. ``held``: the `memory` partitions this node still
+        takes back (``RouteRunner``)."""
         self.table = table
         appender = TrustedAppender(state, submitter, limits, cluster_id, clock)
         self.runner = RouteRunner(state, table, appender, submitter, is_leader,
-                                  functools.partial(MirrorClient, security=remote_security))
+                                  functools.partial(MirrorClient, security=remote_security), held=held)
         self.admin = RouteAdmin(state, table, submitter, clock, self.runner, cluster_id=cluster_id,
                                 identify=functools.partial(identify_cluster, security=remote_security))
         metrics.registry.register(RouteCollector(self.admin))

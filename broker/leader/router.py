@@ -145,14 +145,18 @@ class RouteRunner:
     def __init__(self, state: BrokerStateMachine, table: RouteTable, appender: TrustedAppender,
                  submitter: CommandSubmitter, is_leader: Callable[[], bool],
                  remote: Callable[[list[str]], RemoteCluster], batch_records: int = BATCH_RECORDS,
-                 batch_bytes: int = BATCH_BYTES, wake_s: float = WAKE_S) -> None:
-        """``wake_s``: the longest an idle router (or lane) waits before it looks at the routes again."""
+                 batch_bytes: int = BATCH_BYTES, wake_s: float = WAKE_S,
+                 held: Callable[[int], frozenset[int]] = lambda topic_id: frozenset()) -> None:
+        """``wake_s``: the longest an idle router (or lane) waits before it looks at the routes again.
+        ``held``: the partitions of a topic (by id) whose `memory` records this node lost and still
+        expects to take back (``MemoryRefill.held``): a route whose cursor is in what it lost waits."""
         assert batch_records > 0 and batch_bytes > 0 and wake_s > 0
         self._state = state
         self._table = table
         self._appender = appender
         self._submitter = submitter
         self._is_leader = is_leader
+        self._held = held
         self._remote_factory = remote
         self._connections = Connections(remote)  # run_once's (remote routes on the calling thread)
         self._lanes: dict[tuple[str, ...], Lane] = {}
@@ -393,6 +397,7 @@ class RouteRunner:
         budget_records, budget_bytes = self._batch_records, self._batch_bytes
         cursors = self._table.cursors(route.meta.config.name)
         count, tid = source.config.partitions, source.topic_id
+        held = self._held(tid)
         route.first_partition = (route.first_partition + 1) % count
         for i in range(count):
             p = (route.first_partition + i) % count
@@ -401,6 +406,8 @@ class RouteRunner:
             st = self._state.partition(tid, p)
             stored_tid, stored = cursors.get(p, (0, 0))
             start = stored if stored_tid == tid else 0
+            if start < st.start_offset and p in held and self._state.lost_at_start(tid, p) is not None:
+                continue  # lost at this node's start, being taken back: it waits (counted lost, skipped for good)
             if start < st.start_offset:  # pruned or expired before it was routed: counted, not hidden
                 log.warning("route %s: source records %d..%d of partition %d were deleted before they were "
                             "routed", route.meta.config.name, start, st.start_offset - 1, p)

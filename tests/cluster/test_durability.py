@@ -323,14 +323,21 @@ def test_a_stopping_leader_hands_over_to_a_ready_follower(tmp_path: Path) -> Non
         c.stop()
 
 
-def test_a_leader_still_taking_records_back_holds_its_groups_until_they_are_back(tmp_path: Path) -> None:
+def test_a_leader_still_taking_records_back_holds_its_groups_and_routes_until_they_are_back(
+        tmp_path: Path) -> None:
     """A node elected while it still takes back its `memory` records (here the only one that can
     win: the other follower's log is behind) delivers nothing of those partitions to its consumer
-    groups until the records are back, then all of them. Before, it told the group SKIP_FORWARD at
-    once, and the group moved past 300 records the other follower held, for good."""
+    groups, and routes nothing of them, until the records are back, then all of them. Before, it
+    told the group SKIP_FORWARD at once, and the group moved past 300 records the other follower
+    held, for good; a route counted them lost and copied the 10 it held."""
     c = start_cluster(tmp_path)
     try:
         values = memory_topic(c, 300)
+        s = stubs(c.wait_ready())
+        try:
+            s.admin.CreateTopic(admin_pb2.CreateTopicRequest(config=admin_pb2.TopicConfig(name="copy")))
+        finally:
+            s.close()
         leader = c.leader()
         assert leader is not None
         slow, other = (leader + 1) % 3, (leader + 2) % 3
@@ -351,16 +358,21 @@ def test_a_leader_still_taking_records_back_holds_its_groups_until_they_are_back
         assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 0, \
             "it leads before it took anything back"
         got: list[bytes] = []
-        with Client([c.grpc_address(slow)], retry_deadline_s=60) as client, client.subscribe(
-                "mem", group="g", max_in_flight=1000) as consumer:
-            for item in consumer:
-                assert isinstance(item, Message), f"nothing is skipped: {item}"
-                got.append(item.value)
-                item.ack()
-                if len(got) == len(values) + len(late):
-                    break
-        assert sorted(got) == sorted(values + late)
-        assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 300
+        with Client([c.grpc_address(slow)], retry_deadline_s=60) as client:
+            client.create_route("r", "mem", "copy")  # it starts at the source's first offset: in what was lost
+            with client.subscribe("mem", group="g", max_in_flight=1000) as consumer:
+                for item in consumer:
+                    assert isinstance(item, Message), f"nothing is skipped: {item}"
+                    got.append(item.value)
+                    item.ack()
+                    if len(got) == len(values) + len(late):
+                        break
+            assert sorted(got) == sorted(values + late)
+            assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 300
+            wait_until(lambda: client.route("r").copied == len(values) + len(late), 60, "the route to copy all")
+            assert client.route("r").lost == 0
+        assert sorted(r.value for r in read(c.grpc_address(slow), "copy") if isinstance(r, common_pb2.Record)) == \
+            sorted(values + late)
     finally:
         c.stop()
 
