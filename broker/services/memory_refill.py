@@ -55,6 +55,10 @@ READ_TIMEOUT_S = 10.0  # one chunk's read from one node
 # a node taking records back starts no election for at most this long after a leader is lost (node.py)
 CAMPAIGN_DEFERRAL_S_MAX = 5.0
 STALLED_RETRY_S_MAX = 60.0  # a span no node gave anything of is asked for again at most this far apart
+# a leader's groups and routes wait for a span that came back empty because a member could not be
+# reached (or its read failed) until this many tries in a row did (tries 1, 2, 4 s apart: about 7 s,
+# plus a hung member's READ_TIMEOUT_S each); when every member answered and none had it, not at all
+HOLD_TRIES_MAX = 4
 # the channel options of a kept peer channel (services/peer_status.py): a node that was down is tried
 # again within a second
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
@@ -105,7 +109,8 @@ class MemoryRefill:
         # (topic id, partition, view start) of lost spans that no other node gave anything of on the
         # last try -> (tries so far, when to ask again): asked again after 1, 2, 4 ... up to
         # STALLED_RETRY_S_MAX seconds (a whole-cluster restart leaves every partition stalled for good)
-        self._stalled: dict[tuple[int, int, int], tuple[int, float]] = {}
+        # (the third item: every member answered on the last try, none gave anything)
+        self._stalled: dict[tuple[int, int, int], tuple[int, float, bool]] = {}
         # topic id -> partitions whose lost records this node still expects to take back (not
         # stalled): its consumer groups, if it leads, deliver nothing of them meanwhile (:meth:`held`)
         self._held: dict[int, frozenset[int]] = {}
@@ -138,9 +143,11 @@ class MemoryRefill:
     def held(self, topic_id: int) -> frozenset[int]:
         """The partitions of ``topic_id`` whose lost records this node still expects to take back:
         some were lost at its start, and the last try to take them back was not empty (or none was
-        made yet). A leader's consumer groups deliver nothing of these partitions meanwhile, and tell
-        no SKIP_FORWARD (``GroupRuntime``): a group told to skip moves past the records for good,
-        although another member still holds them. Once no member gives anything (stalled), the
+        made yet, or a member could not be reached on fewer than :data:`HOLD_TRIES_MAX` tries in a
+        row). A leader's consumer groups deliver nothing of these partitions meanwhile, and tell no
+        SKIP_FORWARD (``GroupRuntime``), nor do its routes copy past them (``RouteRunner``): a group
+        told to skip moves past the records for good, although another member still holds them.
+        Once every member answered with nothing, or none could be reached that many times, the
         groups are told. Computed again at each pass (every :data:`REFILL_PERIOD_S`) and when a span
         stalls, so a partition taken back or cut past since may still be in it: a caller checks
         ``BrokerStateMachine.lost_at_start`` too. Empty before command format 5 (nothing is taken
@@ -159,7 +166,8 @@ class MemoryRefill:
         stalled = self._stalled
         by_topic: dict[int, set[int]] = {}
         for tid, partition, view_start in self._state.lost_views():
-            if (tid, partition, view_start) not in stalled:
+            tried = stalled.get((tid, partition, view_start))
+            if tried is None or (not tried[2] and tried[0] < HOLD_TRIES_MAX):
                 by_topic.setdefault(tid, set()).add(partition)
         self._held = {tid: frozenset(partitions) for tid, partitions in by_topic.items()}
 
@@ -199,14 +207,15 @@ class MemoryRefill:
         taken = 0
         while not self._stop.is_set():
             begin = self._state.refill_chunk_start(span, CHUNK_BYTES, CHUNK_RECORDS_MAX)
-            entries = self._fetch(span, begin)
+            entries, answered = self._fetch(span, begin)
             got = self._state.refill(span.topic_id, span.partition, entries) if entries else 0
             if not got:
                 key3 = (span.topic_id, span.partition, span.view_start)
-                tries = self._stalled.get(key3, (0, 0.0))[0] + 1
-                self._stalled[key3] = (tries, time.monotonic() + min(2.0 ** (tries - 1), STALLED_RETRY_S_MAX))
+                tries = self._stalled.get(key3, (0, 0.0, False))[0] + 1
+                self._stalled[key3] = (tries, time.monotonic() + min(2.0 ** (tries - 1), STALLED_RETRY_S_MAX),
+                                       answered)
                 self._stalled_changes += 1
-                if tries == 1:
+                if answered or tries == HOLD_TRIES_MAX:
                     self._state.notify_change()  # a group that waited for it is told the skip now
                 break
             taken += got
@@ -218,13 +227,15 @@ class MemoryRefill:
             span = still
         return taken
 
-    def _fetch(self, span: LostSpan, begin: int) -> list[Entry]:
+    def _fetch(self, span: LostSpan, begin: int) -> tuple[list[Entry], bool]:
         """The most of offsets ``[begin, span.view_start)`` that another node holds up to the end:
         all of them from the first node that has them all, else the longest tail any node has (the
         others cut or lost the older ones: a whole-cluster restart, or retention that passed this
-        node's start), else []."""
+        node's start), else []; and whether every member answered (False: one could not be reached
+        or its read failed, e.g. it hung: the next try may get more)."""
         want = span.view_start - begin
         best: list[Entry] = []
+        answered = True
         for address in self._peer_addresses():
             try:
                 entries = list(self._read(address, span, begin, want))
@@ -239,15 +250,16 @@ class MemoryRefill:
                         log.warning("topic %r partition %d: node %s refuses this node's read (%s): the records "
                                     "this node lost stay lost here", span.topic, span.partition, address, code)
                 else:
+                    answered = False
                     log.debug("reading lost records back from %s failed: %s", address, exc)
                 continue
             if not entries or entries[-1][0] != span.view_start - 1:
                 continue  # it stopped short of what this node holds: nothing of it adjoins
             if len(entries) == want:
-                return entries
+                return entries, True
             if len(entries) > len(best):
                 best = entries
-        return best
+        return best, answered
 
     def _read(self, address: str, span: LostSpan, begin: int, want: int) -> Iterator[Entry]:
         """The records ``address`` holds of ``[begin, begin + want)``, consecutive, in order: from
