@@ -6,6 +6,7 @@ import functools
 import signal
 import threading
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -227,6 +228,19 @@ def restart_a_follower(c: DevCluster) -> int:
     return follower
 
 
+def outcome(call: Callable[[], object]) -> tuple[grpc.StatusCode, str] | None:
+    """``call``'s status code and details (OK when it answered); None while the node answers
+    nothing yet (just elected, it applies what came before its term)."""
+    try:
+        call()
+    except grpc.RpcError as exc:
+        assert isinstance(exc, grpc.Call)
+        if "just elected" in (exc.details() or ""):
+            return None
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
 def restart_slowly(c: DevCluster, node: int, refill_period_s: int, leader: int | None = None) -> None:
     """Kill ``node`` with -9 and start it again with its first look for lost records
     ``refill_period_s`` away; with ``leader``, wait until it applied what the leader committed."""
@@ -342,6 +356,14 @@ def test_a_leader_still_taking_records_back_holds_its_groups_and_routes_until_th
         assert leader is not None
         slow, other = (leader + 1) % 3, (leader + 2) % 3
         restart_slowly(c, slow, 45, leader)  # its first look for lost records comes in 45 s
+        s = stubs(c.grpc_address(leader))
+        try:  # a record leased on this leader, discarded later through the next one
+            stream = s.broker.Subscribe(broker_pb2.SubscribeRequest(topic="mem", group="d", max_in_flight=1),
+                                        timeout=30)
+            leased = next(r for r in stream if r.HasField("batch")).batch.records[0]
+            stream.cancel()
+        finally:
+            s.close()
         c.kill(other, signal.SIGSTOP)  # it misses the next records: it cannot win the next election
         try:
             late = [b"late%d" % i for i in range(10)]
@@ -357,6 +379,16 @@ def test_a_leader_still_taking_records_back_holds_its_groups_and_routes_until_th
         wait_until(lambda: c.leader() == slow, 60, "the restarted node to be elected")
         assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 0, \
             "it leads before it took anything back"
+        s = stubs(c.grpc_address(slow))
+        discard = broker_pb2.DiscardRequest(topic="mem", group="d", positions=[leased.position], reason="bad")
+        try:
+            answer = wait_until(lambda: outcome(lambda: s.broker.Discard(discard, timeout=30)), 30,
+                                "the new leader to answer a discard")
+            assert isinstance(answer, tuple)
+            code, message = answer
+            assert code == grpc.StatusCode.UNAVAILABLE and "still taking back" in message, (code, message)
+        finally:
+            s.close()
         got: list[bytes] = []
         with Client([c.grpc_address(slow)], retry_deadline_s=60) as client:
             client.create_route("r", "mem", "copy")  # it starts at the source's first offset: in what was lost
@@ -371,6 +403,14 @@ def test_a_leader_still_taking_records_back_holds_its_groups_and_routes_until_th
             assert metric(c.metrics_address(slow), "raftbroker_memory_records_refilled_total") == 300
             wait_until(lambda: client.route("r").copied == len(values) + len(late), 60, "the route to copy all")
             assert client.route("r").lost == 0
+        s = stubs(c.grpc_address(slow))
+        try:  # now it holds the record: the discard dead-letters it with its body (before: an empty one)
+            s.broker.Discard(discard, timeout=30)
+            [dead] = s.admin.ListDeadLetters(admin_pb2.ListDeadLettersRequest(topic="mem", group="d"),
+                                             timeout=30).dead_letters
+            assert (dead.offset, dead.record.value) == (leased.offset, leased.value) == (0, values[0])
+        finally:
+            s.close()
         assert sorted(r.value for r in read(c.grpc_address(slow), "copy") if isinstance(r, common_pb2.Record)) == \
             sorted(values + late)
     finally:

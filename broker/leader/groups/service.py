@@ -28,6 +28,7 @@ from broker.core.errors import (
     InvalidArgument,
     ResourceExhausted,
     TopicNotFound,
+    Unavailable,
 )
 from broker.core.groups import layout
 from broker.core.groups.apply import GroupApplier, Outcome, SettleResult
@@ -284,7 +285,9 @@ class GroupService:
 
     def entry(self, rt: GroupRuntime, kind: int, position: Position, reason: str = "",
               delay_ms: int | None = None) -> K.SettleEntry:
-        """A settle entry; NACK, EXPIRE and DISCARD carry the record body (copied if it dies)."""
+        """A settle entry; NACK, EXPIRE and DISCARD carry the record body (copied if it dies).
+        UNAVAILABLE for one of a `memory` record this node lost at its start and still takes back
+        (``held``): it would die without its body."""
         p, o = position
         entry = K.SettleEntry(kind=kind, partition=p, offset=o, reason=reason[:REASON_CHARS_MAX])  # type: ignore[arg-type]
         if delay_ms is not None:
@@ -292,6 +295,12 @@ class GroupService:
         if kind != K.SETTLE_ACK:
             tid = rt.meta.topic_id
             stored = record_log.get(self.state.records_store(tid), tid, p, o, self.state.partition(tid, p).start_offset)
+            if stored is None and p in self._held(tid):  # a record leased from the last leader (audit)
+                lost = self.state.lost_at_start(tid, p)
+                if lost is not None and lost[0] <= o < lost[1]:  # it would be dead-lettered without its body
+                    raise Unavailable(f"partition {p} offset {o} of {rt.meta.topic!r} is a `memory` record this "
+                                      "leader is still taking back from the other members: nothing was settled; "
+                                      "retry shortly")
             if stored is not None:
                 if stored.error is None:
                     entry.body, entry.timestamp_ms = stored.body, stored.timestamp_ms
